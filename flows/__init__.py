@@ -1,0 +1,1 @@
+"""flows: the streaming product around tsi_core (event handling, dataflow, command line)."""

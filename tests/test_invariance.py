@@ -1,0 +1,88 @@
+"""Decisions do not change when losses are shifted or rescaled (α·l + β, α > 0)."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
+
+COMPETITIONS = {
+    "fixed": lambda: Fixed(),
+    "switching": lambda: Switching(rate=0.02),
+    "decaying": lambda: Switching(),
+    "contextual": lambda: Contextual(2),
+    "markov": lambda: Markov([[0.8, 0.2, 0.0], [0.0, 0.7, 0.3], [0.25, 0.0, 0.75]], [0, 1, 1]),
+}
+
+
+def run(table, transform, competition, draws, contexts):
+    """Arms chosen and q's of a bandit fed transform(table[t, arm])."""
+    b = Bandit(table.shape[1], COMPETITIONS[competition](), seed=0, instance_id="x")
+    arms, qs = [], []
+    for t, u in enumerate(draws):
+        ctx = int(contexts[t]) if competition == "contextual" else None
+        qs.append(b.probabilities(ctx))
+        ticket = b.select(context=ctx, u=u)
+        arms.append(ticket.arm)
+        b.update(ticket, transform(table[t, ticket.arm]))
+    return arms, np.array(qs)
+
+
+tables = st.integers(0, 2**32 - 1).map(
+    lambda s: np.random.default_rng(s).integers(-50, 50, size=(120, 3)).astype(float)
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    table=tables,
+    k=st.integers(-30, 30),
+    shift=st.integers(-1000, 1000),
+    competition=st.sampled_from(sorted(COMPETITIONS)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_power_of_two_scale_and_integer_shift_give_identical_bits(table, k, shift, competition,
+                                                                   seed):
+    rng = np.random.default_rng(seed)
+    draws, contexts = rng.random(len(table)), rng.integers(0, 2, len(table))
+    arms, qs = run(table, float, competition, draws, contexts)
+    scaled_arms, scaled_qs = run(table, lambda x: float(np.ldexp(x + shift, k)), competition,
+                                 draws, contexts)
+    assert arms == scaled_arms
+    assert np.array_equal(qs, scaled_qs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    table=tables,
+    alpha=st.floats(1e-3, 1e3),
+    beta=st.floats(-1e3, 1e3),
+    competition=st.sampled_from(sorted(COMPETITIONS)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_any_affine_map_keeps_probabilities_to_rounding(table, alpha, beta, competition, seed):
+    rng = np.random.default_rng(seed)
+    draws, contexts = rng.random(len(table)), rng.integers(0, 2, len(table))
+    table = table + rng.random(table.shape)  # non-integer losses
+    arms, qs = run(table, float, competition, draws, contexts)
+    mapped_arms, mapped_qs = run(table, lambda x: alpha * x + beta, competition, draws, contexts)
+    assert arms == mapped_arms
+    np.testing.assert_allclose(mapped_qs, qs, rtol=1e-9, atol=0)
+
+
+def test_exp3_style_learning_rate_is_not_invariant():
+    """Control: the same check fails for a bandit that uses the raw loss scale."""
+    table = np.random.default_rng(3).integers(0, 10, size=(120, 3)).astype(float)
+    draws = np.random.default_rng(4).random(120)
+
+    def exp3(scale):
+        logw, arms = np.zeros(3), []
+        for t, u in enumerate(draws):
+            p = np.exp(logw - logw.max())
+            p /= p.sum()
+            arm = int(np.searchsorted(np.cumsum(p), u, side="right"))
+            arms.append(arm)
+            logw[arm] -= 0.1 * scale * table[t, arm] / p[arm]
+        return arms
+
+    assert exp3(1.0) != exp3(1024.0)

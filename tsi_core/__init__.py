@@ -1,0 +1,25 @@
+"""tsi_core: the translation- and scale-invariant adversarial bandit (numpy only, no I/O).
+
+>>> from tsi_core import Bandit, Switching
+>>> b = Bandit(n_arms=5, competition=Switching(rate=1e-3), seed=7)
+>>> sel = b.select()
+>>> b.update(sel, loss=12.5)
+"""
+
+from tsi_core.bandit import Bandit, TicketError
+from tsi_core.batch import BatchBandit, TicketBatch
+from tsi_core.competition import Contextual, Fixed, Markov, Switching, competition_from_dict
+from tsi_core.ticket import Ticket
+
+__all__ = [
+    "Bandit",
+    "BatchBandit",
+    "Contextual",
+    "Fixed",
+    "Markov",
+    "Switching",
+    "Ticket",
+    "TicketBatch",
+    "TicketError",
+    "competition_from_dict",
+]

@@ -1,0 +1,241 @@
+"""One translation- and scale-invariant bandit instance (Gokcesu & Gokcesu, Algorithm 1).
+
+>>> b = Bandit(n_arms=3, seed=7)
+>>> ticket = b.select()
+>>> b.update(ticket, loss=1e6 + 12.5)      # any real loss: no range, no horizon
+>>> round(float(b.probabilities().sum()), 12)
+1.0
+>>> Bandit.from_dict(b.to_dict()).probabilities().tolist() == b.probabilities().tolist()
+True
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from tsi_core.competition import Fixed, Structure, competition_from_dict
+from tsi_core.stats import BatchStep, exploration, observe
+from tsi_core.ticket import Ticket
+from tsi_core.validate import check_int, check_loss, check_real, check_unit
+
+FORMAT = "tsi.bandit"
+VERSION = 1
+
+
+class TicketError(ValueError):
+    """A ticket that this instance cannot settle (foreign, settled, discarded or forged)."""
+
+
+def default_gamma(competition: Any, n_arms: int) -> float:
+    """γ = sqrt(W) of the class (the paper's corollary); 1 where W = 0 (a single class)."""
+    w = competition.complexity(n_arms)
+    return math.sqrt(w) if w > 0 else 1.0
+
+
+def check_gamma(gamma: Any) -> float:
+    g = check_real("gamma", gamma, 0.0, math.inf)
+    if g == 0.0 or math.isinf(g):
+        raise ValueError(f"gamma must be finite and > 0, got {gamma!r}")
+    return g
+
+
+def check_context(structure: Structure, context: Any) -> int:
+    """Row of the weights a context selects; contextual classes require one, others refuse it."""
+    if structure.n_contexts == 1 and context is None:
+        return 0
+    if context is None:
+        raise ValueError(f"context is required: an integer in [0, {structure.n_contexts - 1}]")
+    if structure.n_contexts == 1:
+        raise ValueError(f"context given ({context!r}) but the competition class has no contexts")
+    return check_int("context", context, 0, structure.n_contexts - 1)
+
+
+def select_arm(cumulative_q: np.ndarray, u: float | np.ndarray) -> Any:
+    """Smallest i with u < q_0 + … + q_i (the last arm if rounding leaves u above the sum)."""
+    m = cumulative_q.shape[-1]
+    if cumulative_q.ndim == 1:
+        return min(int(np.searchsorted(cumulative_q, u, side="right")), m - 1)
+    return np.minimum((cumulative_q <= np.asarray(u)[:, None]).sum(axis=1), m - 1)
+
+
+class Bandit:
+    """A bandit instance: ``select`` an arm, later ``update`` its ticket with the loss.
+
+    Parameters: ``n_arms`` M >= 1; ``competition`` the class of arm sequences to compete
+    with (``Fixed()`` by default); ``gamma`` the learning-rate scale (default sqrt(W));
+    ``seed`` for the instance's own draws; ``instance_id`` names the instance on its
+    tickets (random when not given).
+    """
+
+    def __init__(
+        self,
+        n_arms: int,
+        competition: Any = None,
+        gamma: float | None = None,
+        seed: int | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        self.n_arms = check_int("n_arms", n_arms, 1)
+        self.competition = Fixed() if competition is None else competition
+        if not hasattr(self.competition, "bind"):
+            raise ValueError(f"competition must be a competition class, got {competition!r}")
+        self.structure = self.competition.bind(self.n_arms)
+        self.gamma = (
+            default_gamma(self.competition, self.n_arms) if gamma is None else check_gamma(gamma)
+        )
+        if seed is not None:
+            check_int("seed", seed, 0)
+        if instance_id is not None and not isinstance(instance_id, str):
+            raise ValueError(f"instance_id must be a string, got {instance_id!r}")
+        self.instance_id = instance_id if instance_id is not None else os.urandom(8).hex()
+        self._rng = np.random.default_rng(seed)
+        self._weights = self.structure.initial_state(1)
+        self.psi = math.inf
+        self._vn = 0.0
+        self._d_mant = 0.0
+        self._d_exp = 0
+        self.n_updates = 0
+        self.n_rounds = 0
+        self._pending: dict[int, Ticket] = {}
+
+    # ---------------------------------------------------------------- statistics
+    @property
+    def D(self) -> float:  # noqa: N802 - the paper's name
+        """Running max of φ (the range estimate); may print as inf for extreme losses."""
+        return math.ldexp(self._d_mant, self._d_exp) if self._d_mant else 0.0
+
+    @property
+    def V(self) -> float:  # noqa: N802 - the paper's name
+        """Σ v_t = Σ p_{i_t} φ_t² (kept internally as V / D², which never overflows)."""
+        d = self.D
+        return self._vn * d * d
+
+    @property
+    def eta(self) -> float:
+        """The current learning rate γ / sqrt(V + D²) (+inf until a positive φ is seen)."""
+        if not self._d_mant:
+            return math.inf
+        return self.gamma / (self.D * math.sqrt(self._vn + 1.0))
+
+    @property
+    def pending(self) -> tuple[Ticket, ...]:
+        """Tickets selected and not yet updated or discarded."""
+        return tuple(self._pending.values())
+
+    # ------------------------------------------------------------------ decisions
+    def _policy(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        c = np.array([self.gamma / math.sqrt(self._vn + 1.0)])
+        p = self.structure.arm_probabilities(self._weights, np.array([row]), c)[0]
+        eps = exploration(self.n_arms, self.n_updates + 1)
+        return (1.0 - eps) * p + eps / self.n_arms, p
+
+    def probabilities(self, context: int | None = None) -> np.ndarray:
+        """q: the distribution the next selection (in this context) is drawn from."""
+        return self._policy(check_context(self.structure, context))[0]
+
+    def select(self, context: int | None = None, u: float | None = None) -> Ticket:
+        """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
+        row = check_context(self.structure, context)
+        u = self._rng.random() if u is None else check_unit(u)
+        q, p = self._policy(row)
+        arm = select_arm(np.cumsum(q), u)
+        self.n_rounds += 1
+        ticket = Ticket(self.instance_id, self.n_rounds, arm, float(q[arm]), float(p[arm]), context)
+        self._pending[ticket.round] = ticket
+        return ticket
+
+    def update(self, ticket: Ticket, loss: float) -> None:
+        """Apply the loss of a ticket's arm; each ticket exactly once, in any order."""
+        self._check_pending(ticket)
+        loss = check_loss(loss)
+        step = observe(self.psi, self._vn, self._d_mant, self._d_exp, loss, ticket.prob, ticket.p)
+        if self.n_arms > 1:
+            self.structure.update(
+                self._weights,
+                np.zeros(1, dtype=np.int64),
+                np.array([0 if ticket.context is None else ticket.context]),
+                np.array([ticket.arm]),
+                BatchStep(*(np.array([v]) for v in step)),
+                np.array([self.gamma / math.sqrt(step.vn + 1.0)]),
+                np.array([self.n_updates + 1]),
+            )
+        self.psi, self._vn, self._d_mant, self._d_exp = step.psi, step.vn, step.d_mant, step.d_exp
+        self.n_updates += 1
+        del self._pending[ticket.round]
+
+    def discard(self, ticket: Ticket) -> None:
+        """Forget a pending ticket without feedback (its time to live ran out)."""
+        self._check_pending(ticket)
+        del self._pending[ticket.round]
+
+    def _check_pending(self, ticket: Any) -> None:
+        if not isinstance(ticket, Ticket):
+            raise TicketError(f"expected a Ticket, got {ticket!r}")
+        if ticket.instance != self.instance_id:
+            raise TicketError(
+                f"ticket of instance {ticket.instance!r} given to instance {self.instance_id!r}"
+            )
+        if self._pending.get(ticket.round) != ticket:
+            raise TicketError(
+                f"ticket round {ticket.round} is not pending here "
+                "(already updated, discarded, never issued, or altered)"
+            )
+
+    # -------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        """A versioned, JSON-serialisable snapshot (no pickle)."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "instance_id": self.instance_id,
+            "n_arms": self.n_arms,
+            "competition": self.competition.to_dict(),
+            "gamma": self.gamma,
+            "psi": None if math.isinf(self.psi) else self.psi,
+            "vn": self._vn,
+            "d_mant": self._d_mant,
+            "d_exp": self._d_exp,
+            "n_updates": self.n_updates,
+            "n_rounds": self.n_rounds,
+            "weights": [None if math.isinf(v) else v for v in self._weights.ravel().tolist()],
+            "pending": [t.to_dict() for t in self._pending.values()],
+            "rng": self._rng.bit_generator.state,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Bandit:
+        """Rebuild an instance from ``to_dict``; a malformed snapshot raises ``ValueError``."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} snapshot: {str(data)[:80]!r}")
+        if data.get("version") != VERSION:
+            raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
+        try:
+            b = cls(
+                data["n_arms"],
+                competition_from_dict(data["competition"]),
+                data["gamma"],
+                instance_id=data["instance_id"],
+            )
+            weights = np.array(
+                [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
+            )
+            if weights.size != b._weights.size or np.isnan(weights).any():
+                raise ValueError(f"weights must be {b._weights.size} numbers")
+            b._weights = weights.reshape(b._weights.shape)
+            b.psi = math.inf if data["psi"] is None else check_loss(data["psi"])
+            b._vn = check_real("vn", data["vn"], 0.0, math.inf)
+            b._d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
+            b._d_exp = check_int("d_exp", data["d_exp"], -(2**31))
+            b.n_updates = check_int("n_updates", data["n_updates"], 0)
+            b.n_rounds = check_int("n_rounds", data["n_rounds"], 0)
+            for raw in data["pending"]:
+                t = Ticket.from_dict(raw)
+                b._pending[t.round] = t
+            b._rng.bit_generator.state = data["rng"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed {FORMAT} snapshot: {exc!r}") from exc
+        return b

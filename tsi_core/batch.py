@@ -1,0 +1,227 @@
+"""Many independent bandit instances advanced together with vectorised numpy.
+
+Given the same uniform draws, ``BatchBandit`` makes the same selections as the same
+number of separate ``Bandit`` objects: both use the same competition structures, and the
+statistics are computed by the same operations in the same order.
+
+>>> bb = BatchBandit(n_instances=1000, n_arms=10, seed=1)
+>>> tickets = bb.select()
+>>> bb.update(tickets, losses=tickets.arms * 0.1 + 5.0)
+>>> bb.probabilities().shape
+(1000, 10)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tsi_core.bandit import TicketError, check_gamma, default_gamma, select_arm
+from tsi_core.competition import Fixed
+from tsi_core.stats import observe_batch
+from tsi_core.validate import check_int
+
+
+@dataclass(frozen=True, eq=False)
+class TicketBatch:
+    """The selections of one ``BatchBandit.select`` call, one entry per instance."""
+
+    owner: str
+    serial: int
+    instances: np.ndarray
+    rounds: np.ndarray
+    arms: np.ndarray
+    probs: np.ndarray
+    p: np.ndarray
+    contexts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+
+def _int_array(name: str, values: Any, n: int, low: int, high: int) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.shape != (n,) or not (np.issubdtype(arr.dtype, np.integer) or n == 0):
+        raise ValueError(f"{name} must be {n} integers, got {values!r}")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero((arr < low) | (arr > high))
+    if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
+    return arr
+
+
+def _real_array(name: str, values: Any, n: int, low: float, high: float) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be {n} real numbers, got {values!r}") from exc
+    if arr.shape != (n,) or np.asarray(values).dtype == bool:
+        raise ValueError(f"{name} must be {n} real numbers, got shape {arr.shape}")
+    bad = np.flatnonzero(~((arr >= low) & (arr <= high) & np.isfinite(arr)))
+    if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {float(arr[bad[0]])!r} is not a finite number in range")
+    return arr
+
+
+class BatchBandit:
+    """N independent instances of the same configuration (replay, simulation, per-user).
+
+    ``select`` draws for all (or the chosen) instances at once and returns a
+    ``TicketBatch``; ``update`` applies losses for a ticket batch, or for the entries
+    chosen by ``where`` (feedback may arrive in parts and late).
+    """
+
+    def __init__(
+        self,
+        n_instances: int,
+        n_arms: int,
+        competition: Any = None,
+        gamma: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.n_instances = check_int("n_instances", n_instances, 1)
+        self.n_arms = check_int("n_arms", n_arms, 1)
+        self.competition = Fixed() if competition is None else competition
+        if not hasattr(self.competition, "bind"):
+            raise ValueError(f"competition must be a competition class, got {competition!r}")
+        self.structure = self.competition.bind(self.n_arms)
+        self.gamma = (
+            default_gamma(self.competition, self.n_arms) if gamma is None else check_gamma(gamma)
+        )
+        if seed is not None:
+            check_int("seed", seed, 0)
+        self._rng = np.random.default_rng(seed)
+        self.token = os.urandom(8).hex()
+        n = self.n_instances
+        self.weights = self.structure.initial_state(n)
+        self.psi = np.full(n, math.inf)
+        self.vn = np.zeros(n)
+        self.d_mant = np.zeros(n)
+        self.d_exp = np.zeros(n, dtype=np.int64)
+        self.n_updates = np.zeros(n, dtype=np.int64)
+        self.n_rounds = np.zeros(n, dtype=np.int64)
+        self._open: dict[int, np.ndarray] = {}
+        self._serials = itertools.count(1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of per-instance state (weights and statistics)."""
+        arrays = (self.weights, self.psi, self.vn, self.d_mant, self.d_exp)
+        return sum(a.nbytes for a in arrays) + self.n_updates.nbytes + self.n_rounds.nbytes
+
+    def _rows(self, instances: Any) -> np.ndarray:
+        if instances is None:
+            return np.arange(self.n_instances)
+        rows = _int_array("instances", instances, len(np.atleast_1d(instances)), 0, self.n_instances - 1)
+        if len(np.unique(rows)) != len(rows):
+            raise ValueError("instances must not repeat within one call")
+        return rows
+
+    def _contexts(self, contexts: Any, n: int) -> np.ndarray:
+        c = self.structure.n_contexts
+        if contexts is None:
+            if c > 1:
+                raise ValueError(f"contexts are required: integers in [0, {c - 1}]")
+            return np.zeros(n, dtype=np.int64)
+        if c == 1:
+            raise ValueError("contexts given but the competition class has no contexts")
+        return _int_array("contexts", contexts, n, 0, c - 1)
+
+    def _policy(self, rows: np.ndarray, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c = self.gamma / np.sqrt(self.vn[rows] + 1.0)
+        p = self.structure.arm_probabilities(self.weights[rows], contexts, c)
+        t = (self.n_updates[rows] + 1).astype(float)
+        eps = np.minimum(0.5, np.sqrt(self.n_arms / t))[:, None]
+        return (1.0 - eps) * p + eps / self.n_arms, p
+
+    def probabilities(self, instances: Any = None, contexts: Any = None) -> np.ndarray:
+        """q for each chosen instance (rows in the order given), shape (n, M)."""
+        rows = self._rows(instances)
+        return self._policy(rows, self._contexts(contexts, len(rows)))[0]
+
+    def select(self, instances: Any = None, contexts: Any = None, u: Any = None) -> TicketBatch:
+        """Draw one arm per chosen instance; ``u`` gives the uniform draws (else the seed)."""
+        rows = self._rows(instances)
+        ctx = self._contexts(contexts, len(rows))
+        u = self._rng.random(len(rows)) if u is None else _real_array("u", u, len(rows), 0.0, 1.0)
+        if (u >= 1.0).any():
+            raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
+        q, p = self._policy(rows, ctx)
+        arms = select_arm(np.cumsum(q, axis=1), u)
+        idx = np.arange(len(rows))
+        self.n_rounds[rows] += 1
+        serial = next(self._serials)
+        self._open[serial] = np.ones(len(rows), dtype=bool)
+        return TicketBatch(
+            self.token, serial, rows, self.n_rounds[rows], arms, q[idx, arms], p[idx, arms], ctx
+        )
+
+    def _take(self, tickets: Any, where: Any) -> np.ndarray:
+        """Mask of the ticket entries to settle now; refuses foreign or settled entries."""
+        if not isinstance(tickets, TicketBatch):
+            raise TicketError(f"expected a TicketBatch, got {tickets!r}")
+        if tickets.owner != self.token:
+            raise TicketError("ticket batch belongs to another BatchBandit")
+        n = len(tickets)
+        if where is None:
+            take = np.ones(n, dtype=bool)
+        else:
+            take = np.asarray(where)
+            if take.shape != (n,) or take.dtype != bool:
+                raise ValueError(f"where must be {n} booleans, got {where!r}")
+        if not take.any():
+            return take
+        still_open = self._open.get(tickets.serial)
+        if still_open is None:
+            raise TicketError(f"ticket batch {tickets.serial} is already settled")
+        settled = np.flatnonzero(take & ~still_open)
+        if len(settled):
+            raise TicketError(f"ticket entry {settled[0]} of batch {tickets.serial} is already settled")
+        return take
+
+    def update(self, tickets: TicketBatch, losses: Any, where: Any = None) -> None:
+        """Apply the losses of a ticket batch (``losses`` has one entry per ticket)."""
+        take = self._take(tickets, where)
+        losses = np.asarray(losses, dtype=float) if not isinstance(losses, np.ndarray) else losses
+        if losses.shape != (len(tickets),):
+            raise ValueError(f"losses must be {len(tickets)} numbers, got shape {losses.shape}")
+        bad = np.flatnonzero(take & ~np.isfinite(losses))
+        if len(bad):
+            raise ValueError(f"loss must be a finite real number, got losses[{bad[0]}] = {float(losses[bad[0]])!r}")
+        rows = tickets.instances[take]
+        step = observe_batch(
+            self.psi[rows],
+            self.vn[rows],
+            self.d_mant[rows],
+            self.d_exp[rows],
+            losses[take],
+            tickets.probs[take],
+            tickets.p[take],
+        )
+        self.n_updates[rows] += 1
+        if self.n_arms > 1:
+            c = self.gamma / np.sqrt(step.vn + 1.0)
+            self.structure.update(
+                self.weights, rows, tickets.contexts[take], tickets.arms[take], step, c,
+                self.n_updates[rows],
+            )
+        self.psi[rows], self.vn[rows] = step.psi, step.vn
+        self.d_mant[rows], self.d_exp[rows] = step.d_mant, step.d_exp
+        self._settle(tickets.serial, take)
+
+    def discard(self, tickets: TicketBatch, where: Any = None) -> None:
+        """Forget ticket entries without feedback (their time to live ran out)."""
+        self._settle(tickets.serial, self._take(tickets, where))
+
+    def _settle(self, serial: int, take: np.ndarray) -> None:
+        if not take.any():
+            return
+        still_open = self._open[serial]
+        still_open &= ~take
+        if not still_open.any():
+            del self._open[serial]

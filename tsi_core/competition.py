@@ -1,0 +1,410 @@
+"""Competition classes: which arm sequences the bandit competes with.
+
+A class is a small, immutable, JSON-describable spec. ``bind(n_arms)`` turns it into a
+*structure*: the object that owns the weight arrays of that class and knows how to turn
+them into arm probabilities and how to apply one round's update. Structures work on a
+leading batch axis (one row per bandit instance), so one implementation serves
+``Bandit`` (one row) and ``BatchBandit`` (many rows).
+
+>>> Fixed().complexity(10) == math.log(10)
+True
+>>> round(Switching(rate=0.01, switches=2).complexity(10), 3)
+17.618
+>>> Contextual(3).complexity(4) == 3 * math.log(4)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from tsi_core.validate import check_int, check_real
+
+DEFAULT_HORIZON = 1_000_000
+
+
+class Structure(Protocol):
+    """What a bound competition class provides to the bandit engines."""
+
+    n_arms: int
+    n_contexts: int
+    state_shape: tuple[int, ...]
+
+    def initial_state(self, n: int) -> np.ndarray: ...
+
+    def arm_probabilities(
+        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
+    ) -> np.ndarray: ...
+
+    def update(
+        self,
+        state: np.ndarray,
+        rows: np.ndarray,
+        contexts: np.ndarray,
+        arms: np.ndarray,
+        step: Any,
+        c: np.ndarray,
+        n_updates: np.ndarray,
+    ) -> None: ...
+
+
+# --------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Compete with the best fixed arm: Ω = arms, T = identity, W = log M."""
+
+    def complexity(self, n_arms: int) -> float:
+        return math.log(n_arms)
+
+    def bind(self, n_arms: int) -> Structure:
+        return CumulativeLoss(n_arms, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "fixed"}
+
+
+@dataclass(frozen=True)
+class Contextual:
+    """Compete with the best map context → arm, for ``n_contexts`` finite contexts.
+
+    The product class factorises into one weight vector per context with shared ψ, V, D
+    and η; W = C·log M.
+    """
+
+    n_contexts: int
+
+    def __post_init__(self) -> None:
+        check_int("n_contexts", self.n_contexts, 1)
+
+    def complexity(self, n_arms: int) -> float:
+        return self.n_contexts * math.log(n_arms)
+
+    def bind(self, n_arms: int) -> Structure:
+        return CumulativeLoss(n_arms, self.n_contexts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "contextual", "n_contexts": self.n_contexts}
+
+
+@dataclass(frozen=True)
+class Switching:
+    """Compete with arm sequences that switch: T(m'|m) = 1-α if m' = m, else α/(M-1).
+
+    ``rate=α`` (constant, 0 <= α <= 1) suits a known horizon T and switch count S
+    (α ≈ S/T). ``rate=None`` uses the decaying α_k = 1/(k+1) at the k-th update, for an
+    unknown number of switches. ``switches`` and ``horizon`` only size the default
+    γ = sqrt(W): W = log M + S·log((M-1)/α) - (S/α - S)·log(1-α) for a constant rate
+    (the horizon S/α it implies), and W = log M + log H + S·log(H·(M-1)) when decaying.
+    Cost per update O(M); the M×M matrix is never built.
+    """
+
+    rate: float | None = None
+    switches: float = 1.0
+    horizon: int = DEFAULT_HORIZON
+
+    def __post_init__(self) -> None:
+        if self.rate is not None:
+            check_real("rate", self.rate, 0.0, 1.0)
+        check_real("switches", self.switches, 0.0, math.inf)
+        check_int("horizon", self.horizon, 1)
+
+    def complexity(self, n_arms: int) -> float:
+        w = math.log(n_arms)
+        s = float(self.switches)
+        if n_arms == 1 or s == 0.0:
+            return w
+        if self.rate is None:
+            h = float(self.horizon)
+            return w + math.log(h) + s * math.log(h * (n_arms - 1))
+        a = float(self.rate)
+        if a == 0.0:
+            return w
+        stay = 0.0 if a == 1.0 else -(s / a - s) * math.log1p(-a)
+        return w + s * math.log((n_arms - 1) / a) + stay
+
+    def bind(self, n_arms: int) -> Structure:
+        return SwitchingWeights(n_arms, self.rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "switching",
+            "rate": self.rate,
+            "switches": self.switches,
+            "horizon": self.horizon,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class Markov:
+    """Any finite class set with a Markov prior.
+
+    ``transition[μ, λ] = T(λ | μ)``: a K×K row-stochastic matrix, dense (array-like) or
+    sparse (anything with ``.tocoo()``, e.g. scipy.sparse). ``arm_of[λ]`` is the arm class
+    λ recommends; ``initial`` the distribution over classes at t = 1 (default uniform).
+    ``complexity_`` sizes the default γ; it defaults to log K (the fixed part of W).
+
+    >>> m = Markov([[0.9, 0.1], [0.1, 0.9]], arm_of=[0, 1])
+    >>> m.n_classes, round(m.complexity(2), 4)
+    (2, 0.6931)
+    """
+
+    transition: Any
+    arm_of: Any
+    initial: Any = None
+    complexity_: float | None = None
+    _edges: tuple[np.ndarray, np.ndarray, np.ndarray] = field(init=False, repr=False)
+    _arm_of: np.ndarray = field(init=False, repr=False)
+    _log_initial: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        src, dst, val, k = _edges_of(self.transition)
+        arm_of = np.asarray(self.arm_of)
+        if arm_of.shape != (k,) or not np.issubdtype(arm_of.dtype, np.integer):
+            raise ValueError(f"arm_of must be {k} integers (one per class), got {self.arm_of!r}")
+        if (arm_of < 0).any():
+            raise ValueError(f"arm_of has a negative arm: {int(arm_of.min())}")
+        if self.initial is None:
+            initial = np.full(k, 1.0 / k)
+        else:
+            initial = np.asarray(self.initial, dtype=float)
+            if initial.shape != (k,) or not np.isfinite(initial).all() or (initial < 0).any():
+                raise ValueError(
+                    f"initial must be {k} finite non-negative numbers, got {self.initial!r}"
+                )
+            if abs(initial.sum() - 1.0) > 1e-9:
+                raise ValueError(f"initial must sum to 1, sums to {float(initial.sum())!r}")
+        if self.complexity_ is not None:
+            check_real("complexity_", self.complexity_, 0.0, math.inf)
+        order = np.lexsort((src, dst))
+        with np.errstate(divide="ignore"):
+            log_initial = np.log(initial)
+        object.__setattr__(self, "_edges", (src[order], dst[order], np.log(val[order])))
+        object.__setattr__(self, "_arm_of", arm_of.astype(np.int64))
+        object.__setattr__(self, "_log_initial", log_initial)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self._arm_of)
+
+    def complexity(self, n_arms: int) -> float:
+        if self.complexity_ is not None:
+            return float(self.complexity_)
+        return math.log(self.n_classes)
+
+    def bind(self, n_arms: int) -> Structure:
+        if int(self._arm_of.max()) >= n_arms:
+            raise ValueError(
+                f"arm_of names arm {int(self._arm_of.max())}, but the bandit has {n_arms} arms"
+            )
+        return MarkovWeights(n_arms, self._arm_of, self._log_initial, self._edges)
+
+    def to_dict(self) -> dict[str, Any]:
+        src, dst, log_val = self._edges
+        return {
+            "kind": "markov",
+            "n_classes": self.n_classes,
+            "edges": [src.tolist(), dst.tolist(), np.exp(log_val).tolist()],
+            "arm_of": self._arm_of.tolist(),
+            "initial": np.exp(self._log_initial).tolist(),
+            "complexity": self.complexity_,
+        }
+
+
+def _edges_of(transition: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Non-zero entries (src, dst, value) of a dense or sparse K×K row-stochastic matrix."""
+    if hasattr(transition, "tocoo"):
+        coo = transition.tocoo()
+        shape = coo.shape
+        src, dst = np.asarray(coo.row, np.int64), np.asarray(coo.col, np.int64)
+        val = np.asarray(coo.data, dtype=float)
+    else:
+        try:
+            dense = np.asarray(transition, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"transition must be a numeric matrix, got {transition!r}") from exc
+        shape = dense.shape
+        if dense.ndim == 2:
+            src, dst = np.nonzero(dense)
+            val = dense[src, dst]
+        else:
+            src = dst = val = np.empty(0)
+    if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
+        raise ValueError(f"transition must be a square K×K matrix, got shape {shape}")
+    if not np.isfinite(val).all() or (val < 0).any():
+        raise ValueError("transition entries must be finite and non-negative")
+    k = shape[0]
+    row_sums = np.bincount(src, weights=val, minlength=k)
+    bad = np.flatnonzero(np.abs(row_sums - 1.0) > 1e-9)
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"transition row {i} sums to {float(row_sums[i])!r}, not 1")
+    keep = val > 0
+    return src[keep].astype(np.int64), dst[keep].astype(np.int64), val[keep], k
+
+
+def competition_from_dict(data: dict[str, Any]) -> Fixed | Contextual | Switching | Markov:
+    """Inverse of ``to_dict`` for every competition class.
+
+    >>> competition_from_dict(Switching(rate=0.1).to_dict())
+    Switching(rate=0.1, switches=1.0, horizon=1000000)
+    """
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind == "fixed":
+        return Fixed()
+    if kind == "contextual":
+        return Contextual(data["n_contexts"])
+    if kind == "switching":
+        return Switching(data["rate"], data["switches"], data["horizon"])
+    if kind == "markov":
+        k = data["n_classes"]
+        src, dst, val = data["edges"]
+        dense = np.zeros((k, k))
+        dense[np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)] = val
+        return Markov(dense, data["arm_of"], data["initial"], data["complexity"])
+    raise ValueError(f"unknown competition class: {data!r}")
+
+
+# ---------------------------------------------------------------------- structures
+
+
+def _log_normalise(rows: np.ndarray) -> np.ndarray:
+    """Subtract each row's log-sum-exp (rows of -inf stay as they are)."""
+    top = rows.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    total = np.log(np.exp(rows - top).sum(axis=-1, keepdims=True)) + top
+    return rows - total
+
+
+class CumulativeLoss:
+    """Identity transition (Fixed, Contextual): log w = -η_t · Φ_t in closed form.
+
+    With T = identity the powers η_t/η_{t-1} of the paper's update telescope, so the
+    log-weights are exactly -η_t times the cumulative φ of each (context, arm). The state
+    keeps that cumulative φ in units of the current range D (``Φ / D``); an update is O(1)
+    unless D grows, when the row is rescaled.
+    """
+
+    def __init__(self, n_arms: int, n_contexts: int) -> None:
+        self.n_arms = n_arms
+        self.n_contexts = n_contexts
+        self.state_shape = (n_contexts, n_arms)
+
+    def initial_state(self, n: int) -> np.ndarray:
+        return np.zeros((n, self.n_contexts, self.n_arms))
+
+    def arm_probabilities(
+        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
+    ) -> np.ndarray:
+        """p (n×M) for rows ``state`` (n×C×M), given each row's context and η·D."""
+        losses = state[np.arange(len(state)), contexts]
+        w = np.exp((losses.min(axis=1, keepdims=True) - losses) * c[:, None])
+        return w / w.sum(axis=1, keepdims=True)
+
+    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:  # noqa: ANN001
+        grown = step.ratio != 1.0
+        if grown.any():
+            state[rows[grown]] *= step.ratio[grown, None, None]
+        state[rows, contexts, arms] += step.x
+
+
+class SwitchingWeights:
+    """Fixed-share transition over arms, O(M) per update, in the log domain."""
+
+    def __init__(self, n_arms: int, rate: float | None) -> None:
+        self.n_arms = n_arms
+        self.n_contexts = 1
+        self.state_shape = (n_arms,)
+        self.rate = rate
+
+    def initial_state(self, n: int) -> np.ndarray:
+        return np.full((n, self.n_arms), -math.log(self.n_arms))
+
+    def arm_probabilities(
+        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
+    ) -> np.ndarray:
+        w = np.exp(state - state.max(axis=1, keepdims=True))
+        return w / w.sum(axis=1, keepdims=True)
+
+    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:  # noqa: ANN001
+        logw = _apply_loss(state[rows], step, c, np.arange(self.n_arms)[None, :] == arms[:, None])
+        if self.n_arms > 1:
+            logw = self._share(logw, n_updates)
+        state[rows] = _log_normalise(logw)
+
+    def _share(self, logw: np.ndarray, n_updates: np.ndarray) -> np.ndarray:
+        m = self.n_arms
+        alpha = (
+            1.0 / (n_updates.astype(float) + 1.0) if self.rate is None else np.full(len(logw), self.rate)
+        )[:, None]
+        top = logw.max(axis=1, keepdims=True)
+        e = np.exp(logw - top)
+        total = e.sum(axis=1, keepdims=True)
+        b = alpha / (m - 1)
+        a = 1.0 - alpha - b
+        shared = np.where(a >= 0, a * e + b * total, np.maximum((1.0 - alpha) * e + b * (total - e), 0.0))
+        with np.errstate(divide="ignore"):
+            return np.log(shared) + top
+
+
+class MarkovWeights:
+    """General Markov prior over K classes; transition as a sorted edge list (dense or sparse)."""
+
+    def __init__(
+        self,
+        n_arms: int,
+        arm_of: np.ndarray,
+        log_initial: np.ndarray,
+        edges: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> None:
+        self.n_arms = n_arms
+        self.n_contexts = 1
+        self.arm_of = arm_of
+        self.log_initial = log_initial
+        self.state_shape = (len(arm_of),)
+        self.src, dst, self.log_t = edges
+        self.targets, self.starts = np.unique(dst, return_index=True)
+        self.to_arms = np.zeros((len(arm_of), n_arms))
+        self.to_arms[np.arange(len(arm_of)), arm_of] = 1.0
+
+    def initial_state(self, n: int) -> np.ndarray:
+        return np.tile(self.log_initial, (n, 1))
+
+    def arm_probabilities(
+        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
+    ) -> np.ndarray:
+        w = np.exp(state - state.max(axis=1, keepdims=True)) @ self.to_arms
+        return w / w.sum(axis=1, keepdims=True)
+
+    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:  # noqa: ANN001
+        logw = _apply_loss(state[rows], step, c, self.arm_of[None, :] == arms[:, None])
+        state[rows] = _log_normalise(self._transition(logw))
+
+    def _transition(self, logz: np.ndarray) -> np.ndarray:
+        """w'_λ = Σ_μ T(λ|μ) z_μ, as a per-target log-sum-exp over the edges."""
+        terms = logz[:, self.src] + self.log_t
+        top = np.maximum.reduceat(terms, self.starts, axis=1)
+        safe_top = np.where(np.isfinite(top), top, 0.0)
+        total = np.add.reduceat(
+            np.exp(terms - np.repeat(safe_top, np.diff(np.append(self.starts, terms.shape[1])), axis=1)),
+            self.starts,
+            axis=1,
+        )
+        out = np.full(logz.shape, -np.inf)
+        with np.errstate(divide="ignore"):
+            out[:, self.targets] = np.log(total) + safe_top
+        return out
+
+
+def _apply_loss(logw: np.ndarray, step: Any, c: np.ndarray, hit: np.ndarray) -> np.ndarray:
+    """log z = r·log w - η·φ·[λ(1) = arm], with 0·(-inf) = -inf; rows with η = ∞ untouched."""
+    active = step.active[:, None]
+    r = step.r[:, None]
+    scaled = np.where(np.isneginf(logw), -np.inf, r * np.where(np.isneginf(logw), 0.0, logw))
+    eta_phi = (c * step.x)[:, None]
+    return np.where(active, scaled - eta_phi * hit, logw)

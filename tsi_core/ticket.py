@@ -1,0 +1,44 @@
+"""A selection, kept until its feedback arrives (feedback may come late and out of order).
+
+>>> t = Ticket(instance="a1", round=3, arm=2, prob=0.25, p=0.2, context=None)
+>>> Ticket.from_dict(t.to_dict()) == t
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What a selection was made with: the update needs these values, not current ones.
+
+    ``prob`` is q of the chosen arm (the logged propensity), ``p`` its policy mass before
+    the uniform mixing; ``round`` counts selections of this instance from 1.
+    """
+
+    instance: str
+    round: int
+    arm: int
+    prob: float
+    p: float
+    context: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Ticket:
+        try:
+            return cls(
+                instance=str(data["instance"]),
+                round=int(data["round"]),
+                arm=int(data["arm"]),
+                prob=float(data["prob"]),
+                p=float(data["p"]),
+                context=None if data.get("context") is None else int(data["context"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a ticket: {data!r} ({exc})") from exc
