@@ -138,8 +138,13 @@ def test_update_uses_the_ticket_values_not_the_current_policy():
 
 @pytest.mark.parametrize(
     "competition",
-    [None, Switching(rate=0.01), Switching(), Contextual(3),
-     Markov([[0.9, 0.1, 0], [0, 0.9, 0.1], [0.1, 0, 0.9]], [0, 1, 3], [0.2, 0.3, 0.5])],
+    [
+        None,
+        Switching(rate=0.01),
+        Switching(),
+        Contextual(3),
+        Markov([[0.9, 0.1, 0], [0, 0.9, 0.1], [0.1, 0, 0.9]], [0, 1, 3], [0.2, 0.3, 0.5]),
+    ],
 )
 def test_snapshot_round_trip_through_json_continues_identically(competition):
     b = played(competition)

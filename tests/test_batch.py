@@ -27,8 +27,10 @@ def test_batch_equals_separate_bandits_with_delayed_partial_feedback(competition
         ctx = rng.integers(0, 3, size=n) if contextual else None
         u = rng.random(n)
         tickets = batch.select(contexts=ctx, u=u)
-        single = [b.select(context=None if ctx is None else int(c), u=float(x))
-                  for b, c, x in zip(singles, ctx if contextual else [None] * n, u, strict=True)]
+        single = [
+            b.select(context=None if ctx is None else int(c), u=float(x))
+            for b, c, x in zip(singles, ctx if contextual else [None] * n, u, strict=True)
+        ]
         assert tickets.arms.tolist() == [t.arm for t in single]
         np.testing.assert_allclose(tickets.probs, [t.prob for t in single], rtol=1e-12)
         losses = scales * (tickets.arms + rng.normal(size=n))
@@ -44,8 +46,9 @@ def test_batch_equals_separate_bandits_with_delayed_partial_feedback(competition
     for i, b in enumerate(singles):
         assert batch.psi[i] == b.psi and batch.n_updates[i] == b.n_updates
         ctx = [0] if contextual else None
-        np.testing.assert_allclose(batch.probabilities([i], ctx)[0], b.probabilities(
-            0 if contextual else None), rtol=1e-12)
+        np.testing.assert_allclose(
+            batch.probabilities([i], ctx)[0], b.probabilities(0 if contextual else None), rtol=1e-12
+        )
 
 
 def test_subset_selection_only_touches_the_chosen_instances():
@@ -63,8 +66,10 @@ def test_subset_selection_only_touches_the_chosen_instances():
     [
         (lambda b, t: b.update(t, [1.0, float("nan"), 2.0]), r"losses\[1\] = nan"),
         (lambda b, t: b.update(t, [1.0, 2.0]), "losses must be 3 numbers"),
-        (lambda b, t: b.update(t, [1.0, np.inf, 2.0], where=np.array([True, True, False])),
-         r"losses\[1\] = inf"),
+        (
+            lambda b, t: b.update(t, [1.0, np.inf, 2.0], where=np.array([True, True, False])),
+            r"losses\[1\] = inf",
+        ),
         (lambda b, t: b.update(t, [1.0, 2.0, 3.0], where=[1, 0, 1]), "where must be 3 booleans"),
         (lambda b, t: b.select(u=[0.1, 1.0, 0.2]), r"u\[1\] = 1.0|u must be in"),
         (lambda b, t: b.select(u=[0.1, 0.2]), "u must be 2 real|u must be 3 real"),
@@ -88,7 +93,7 @@ def test_batch_tickets_settle_once_and_only_on_their_batch():
     a, other = BatchBandit(3, 2, seed=5), BatchBandit(3, 2, seed=5)
     t = a.select()
     a.update(t, [1.0, 2.0, 3.0], where=np.array([True, False, False]))
-    with pytest.raises(TicketError, match="entry 0 .* already settled"):
+    with pytest.raises(TicketError, match=r"entry 0 .* already settled"):
         a.update(t, [1.0, 2.0, 3.0])
     with pytest.raises(TicketError, match="another BatchBandit"):
         other.update(t, [1.0, 2.0, 3.0])

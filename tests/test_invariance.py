@@ -41,13 +41,15 @@ tables = st.integers(0, 2**32 - 1).map(
     competition=st.sampled_from(sorted(COMPETITIONS)),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_power_of_two_scale_and_integer_shift_give_identical_bits(table, k, shift, competition,
-                                                                   seed):
+def test_power_of_two_scale_and_integer_shift_give_identical_bits(
+    table, k, shift, competition, seed
+):
     rng = np.random.default_rng(seed)
     draws, contexts = rng.random(len(table)), rng.integers(0, 2, len(table))
     arms, qs = run(table, float, competition, draws, contexts)
-    scaled_arms, scaled_qs = run(table, lambda x: float(np.ldexp(x + shift, k)), competition,
-                                 draws, contexts)
+    scaled_arms, scaled_qs = run(
+        table, lambda x: float(np.ldexp(x + shift, k)), competition, draws, contexts
+    )
     assert arms == scaled_arms
     assert np.array_equal(qs, scaled_qs)
 

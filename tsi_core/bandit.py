@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 import os
+from bisect import bisect_right
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
 from tsi_core.competition import Fixed, Structure, competition_from_dict
-from tsi_core.stats import BatchStep, exploration, observe
+from tsi_core.stats import exploration, observe
 from tsi_core.ticket import Ticket
 from tsi_core.validate import check_int, check_loss, check_real, check_unit
 
@@ -54,14 +56,6 @@ def check_context(structure: Structure, context: Any) -> int:
     return check_int("context", context, 0, structure.n_contexts - 1)
 
 
-def select_arm(cumulative_q: np.ndarray, u: float | np.ndarray) -> Any:
-    """Smallest i with u < q_0 + … + q_i (the last arm if rounding leaves u above the sum)."""
-    m = cumulative_q.shape[-1]
-    if cumulative_q.ndim == 1:
-        return min(int(np.searchsorted(cumulative_q, u, side="right")), m - 1)
-    return np.minimum((cumulative_q <= np.asarray(u)[:, None]).sum(axis=1), m - 1)
-
-
 class Bandit:
     """A bandit instance: ``select`` an arm, later ``update`` its ticket with the loss.
 
@@ -92,8 +86,10 @@ class Bandit:
         if instance_id is not None and not isinstance(instance_id, str):
             raise ValueError(f"instance_id must be a string, got {instance_id!r}")
         self.instance_id = instance_id if instance_id is not None else os.urandom(8).hex()
-        self._rng = np.random.default_rng(seed)
-        self._weights = self.structure.initial_state(1)
+        self._seed = seed
+        self._rng_state: dict[str, Any] | None = None  # restored generator state, if any
+        self._rng_obj: np.random.Generator | None = None
+        self._state = self.structure.initial_state(1)[0]
         self.psi = math.inf
         self._vn = 0.0
         self._d_mant = 0.0
@@ -101,6 +97,15 @@ class Bandit:
         self.n_updates = 0
         self.n_rounds = 0
         self._pending: dict[int, Ticket] = {}
+
+    @property
+    def _rng(self) -> np.random.Generator:
+        """The instance's own generator, created on first use (streams pass their own u)."""
+        if self._rng_obj is None:
+            self._rng_obj = np.random.default_rng(self._seed)
+            if self._rng_state is not None:
+                self._rng_obj.bit_generator.state = self._rng_state
+        return self._rng_obj
 
     # ---------------------------------------------------------------- statistics
     @property
@@ -127,25 +132,33 @@ class Bandit:
         return tuple(self._pending.values())
 
     # ------------------------------------------------------------------ decisions
-    def _policy(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        c = np.array([self.gamma / math.sqrt(self._vn + 1.0)])
-        p = self.structure.arm_probabilities(self._weights, np.array([row]), c)[0]
+    def _policy(self, row: int) -> tuple[Any, Any]:
+        """(q, p) of one context: lists for few arms, arrays otherwise."""
+        c = self.gamma / math.sqrt(self._vn + 1.0)
+        p = self.structure.arm_probabilities_one(self._state, row, c)
         eps = exploration(self.n_arms, self.n_updates + 1)
-        return (1.0 - eps) * p + eps / self.n_arms, p
+        keep, spread = 1.0 - eps, eps / self.n_arms
+        if isinstance(p, list):
+            return [keep * x + spread for x in p], p
+        return keep * p + spread, p
 
     def probabilities(self, context: int | None = None) -> np.ndarray:
         """q: the distribution the next selection (in this context) is drawn from."""
-        return self._policy(check_context(self.structure, context))[0]
+        return np.asarray(self._policy(check_context(self.structure, context))[0])
 
     def select(self, context: int | None = None, u: float | None = None) -> Ticket:
         """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
         row = check_context(self.structure, context)
         u = self._rng.random() if u is None else check_unit(u)
         q, p = self._policy(row)
-        arm = select_arm(np.cumsum(q), u)
+        if isinstance(q, list):
+            arm = bisect_right(list(accumulate(q)), u)
+        else:
+            arm = int(np.searchsorted(np.cumsum(q), u, side="right"))
+        arm = min(arm, self.n_arms - 1)
         self.n_rounds += 1
         ticket = Ticket(self.instance_id, self.n_rounds, arm, float(q[arm]), float(p[arm]), context)
-        self._pending[ticket.round] = ticket
+        self._pending[self.n_rounds] = ticket
         return ticket
 
     def update(self, ticket: Ticket, loss: float) -> None:
@@ -154,15 +167,9 @@ class Bandit:
         loss = check_loss(loss)
         step = observe(self.psi, self._vn, self._d_mant, self._d_exp, loss, ticket.prob, ticket.p)
         if self.n_arms > 1:
-            self.structure.update(
-                self._weights,
-                np.zeros(1, dtype=np.int64),
-                np.array([0 if ticket.context is None else ticket.context]),
-                np.array([ticket.arm]),
-                BatchStep(*(np.array([v]) for v in step)),
-                np.array([self.gamma / math.sqrt(step.vn + 1.0)]),
-                np.array([self.n_updates + 1]),
-            )
+            context = 0 if ticket.context is None else ticket.context
+            c = self.gamma / math.sqrt(step.vn + 1.0)
+            self.structure.update_one(self._state, context, ticket.arm, step, c, self.n_updates + 1)
         self.psi, self._vn, self._d_mant, self._d_exp = step.psi, step.vn, step.d_mant, step.d_exp
         self.n_updates += 1
         del self._pending[ticket.round]
@@ -201,9 +208,10 @@ class Bandit:
             "d_exp": self._d_exp,
             "n_updates": self.n_updates,
             "n_rounds": self.n_rounds,
-            "weights": [None if math.isinf(v) else v for v in self._weights.ravel().tolist()],
+            "weights": [None if math.isinf(v) else v for v in self._state.ravel().tolist()],
             "pending": [t.to_dict() for t in self._pending.values()],
-            "rng": self._rng.bit_generator.state,
+            "seed": self._seed,
+            "rng": self._rng_state if self._rng_obj is None else self._rng_obj.bit_generator.state,
         }
 
     @classmethod
@@ -223,9 +231,9 @@ class Bandit:
             weights = np.array(
                 [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
             )
-            if weights.size != b._weights.size or np.isnan(weights).any():
-                raise ValueError(f"weights must be {b._weights.size} numbers")
-            b._weights = weights.reshape(b._weights.shape)
+            if weights.size != b._state.size or np.isnan(weights).any():
+                raise ValueError(f"weights must be {b._state.size} numbers")
+            b._state = weights.reshape(b._state.shape)
             b.psi = math.inf if data["psi"] is None else check_loss(data["psi"])
             b._vn = check_real("vn", data["vn"], 0.0, math.inf)
             b._d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
@@ -235,7 +243,10 @@ class Bandit:
             for raw in data["pending"]:
                 t = Ticket.from_dict(raw)
                 b._pending[t.round] = t
-            b._rng.bit_generator.state = data["rng"]
+            if data["seed"] is not None:
+                b._seed = check_int("seed", data["seed"], 0)
+            if data["rng"] is not None:
+                b._rng_state = data["rng"]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed {FORMAT} snapshot: {exc!r}") from exc
         return b

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core.bandit import TicketError, check_gamma, default_gamma, select_arm
+from tsi_core.bandit import TicketError, check_gamma, default_gamma
 from tsi_core.competition import Fixed
 from tsi_core.stats import observe_batch
 from tsi_core.validate import check_int
@@ -64,8 +64,15 @@ def _real_array(name: str, values: Any, n: int, low: float, high: float) -> np.n
         raise ValueError(f"{name} must be {n} real numbers, got shape {arr.shape}")
     bad = np.flatnonzero(~((arr >= low) & (arr <= high) & np.isfinite(arr)))
     if len(bad):
-        raise ValueError(f"{name}[{bad[0]}] = {float(arr[bad[0]])!r} is not a finite number in range")
+        raise ValueError(
+            f"{name}[{bad[0]}] = {float(arr[bad[0]])!r} is not a finite number in range"
+        )
     return arr
+
+
+def select_arms(cumulative_q: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per row, the smallest i with u < q_0 + … + q_i (the last arm if rounding leaves u above)."""
+    return np.minimum((cumulative_q <= u[:, None]).sum(axis=1), cumulative_q.shape[1] - 1)
 
 
 class BatchBandit:
@@ -117,7 +124,9 @@ class BatchBandit:
     def _rows(self, instances: Any) -> np.ndarray:
         if instances is None:
             return np.arange(self.n_instances)
-        rows = _int_array("instances", instances, len(np.atleast_1d(instances)), 0, self.n_instances - 1)
+        rows = _int_array(
+            "instances", instances, len(np.atleast_1d(instances)), 0, self.n_instances - 1
+        )
         if len(np.unique(rows)) != len(rows):
             raise ValueError("instances must not repeat within one call")
         return rows
@@ -152,7 +161,7 @@ class BatchBandit:
         if (u >= 1.0).any():
             raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
         q, p = self._policy(rows, ctx)
-        arms = select_arm(np.cumsum(q, axis=1), u)
+        arms = select_arms(np.cumsum(q, axis=1), u)
         idx = np.arange(len(rows))
         self.n_rounds[rows] += 1
         serial = next(self._serials)
@@ -181,7 +190,9 @@ class BatchBandit:
             raise TicketError(f"ticket batch {tickets.serial} is already settled")
         settled = np.flatnonzero(take & ~still_open)
         if len(settled):
-            raise TicketError(f"ticket entry {settled[0]} of batch {tickets.serial} is already settled")
+            raise TicketError(
+                f"ticket entry {settled[0]} of batch {tickets.serial} is already settled"
+            )
         return take
 
     def update(self, tickets: TicketBatch, losses: Any, where: Any = None) -> None:
@@ -192,7 +203,10 @@ class BatchBandit:
             raise ValueError(f"losses must be {len(tickets)} numbers, got shape {losses.shape}")
         bad = np.flatnonzero(take & ~np.isfinite(losses))
         if len(bad):
-            raise ValueError(f"loss must be a finite real number, got losses[{bad[0]}] = {float(losses[bad[0]])!r}")
+            raise ValueError(
+                "loss must be a finite real number, "
+                f"got losses[{bad[0]}] = {float(losses[bad[0]])!r}"
+            )
         rows = tickets.instances[take]
         step = observe_batch(
             self.psi[rows],
@@ -207,7 +221,12 @@ class BatchBandit:
         if self.n_arms > 1:
             c = self.gamma / np.sqrt(step.vn + 1.0)
             self.structure.update(
-                self.weights, rows, tickets.contexts[take], tickets.arms[take], step, c,
+                self.weights,
+                rows,
+                tickets.contexts[take],
+                tickets.arms[take],
+                step,
+                c,
                 self.n_updates[rows],
             )
         self.psi[rows], self.vn[rows] = step.psi, step.vn

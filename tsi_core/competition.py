@@ -18,38 +18,57 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from tsi_core.stats import BatchStep
 from tsi_core.validate import check_int, check_real
 
 DEFAULT_HORIZON = 1_000_000
+SCALAR_ARMS = 32  # up to this many arms one instance computes p with Python floats
 
 
-class Structure(Protocol):
-    """What a bound competition class provides to the bandit engines."""
+class Structure:
+    """What a bound competition class provides to the bandit engines.
+
+    The batch methods work on rows of a (n, *state_shape) array. The ``*_one`` methods
+    serve a single instance (``Bandit``); by default they run the batch methods on one row,
+    and structures override them where a scalar path is much faster.
+    """
 
     n_arms: int
     n_contexts: int
     state_shape: tuple[int, ...]
 
-    def initial_state(self, n: int) -> np.ndarray: ...
+    def initial_state(self, n: int) -> np.ndarray:
+        raise NotImplementedError
 
     def arm_probabilities(
         self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
-    ) -> np.ndarray: ...
+    ) -> np.ndarray:
+        raise NotImplementedError
 
-    def update(
-        self,
-        state: np.ndarray,
-        rows: np.ndarray,
-        contexts: np.ndarray,
-        arms: np.ndarray,
-        step: Any,
-        c: np.ndarray,
-        n_updates: np.ndarray,
-    ) -> None: ...
+    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
+        raise NotImplementedError
+
+    def arm_probabilities_one(self, state: np.ndarray, context: int, c: float) -> np.ndarray:
+        """p (length M) of one instance whose state is ``state`` (shape ``state_shape``)."""
+        return self.arm_probabilities(state[None], np.array([context]), np.array([c]))[0]
+
+    def update_one(
+        self, state: np.ndarray, context: int, arm: int, step: Any, c: float, n_updates: int
+    ) -> None:
+        """Apply one scalar ``Step`` to one instance's state, in place."""
+        self.update(
+            state[None],
+            np.zeros(1, dtype=np.int64),
+            np.array([context]),
+            np.array([arm]),
+            BatchStep(*(np.array([v]) for v in step)),
+            np.array([c]),
+            np.array([n_updates]),
+        )
 
 
 # --------------------------------------------------------------------------- specs
@@ -281,7 +300,7 @@ def _log_normalise(rows: np.ndarray) -> np.ndarray:
     return rows - total
 
 
-class CumulativeLoss:
+class CumulativeLoss(Structure):
     """Identity transition (Fixed, Contextual): log w = -η_t · Φ_t in closed form.
 
     With T = identity the powers η_t/η_{t-1} of the paper's update telescope, so the
@@ -306,14 +325,33 @@ class CumulativeLoss:
         w = np.exp((losses.min(axis=1, keepdims=True) - losses) * c[:, None])
         return w / w.sum(axis=1, keepdims=True)
 
-    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:  # noqa: ANN001
+    def arm_probabilities_one(self, state: np.ndarray, context: int, c: float) -> Any:
+        """p of one instance: a Python list for few arms (much faster there), else an array."""
+        if self.n_arms > SCALAR_ARMS:
+            losses = state[context]
+            w = np.exp((losses.min() - losses) * c)
+            return w / w.sum()
+        losses = state[context].tolist()
+        low = min(losses)
+        w = [math.exp((low - v) * c) for v in losses]
+        total = sum(w)
+        return [x / total for x in w]
+
+    def update_one(
+        self, state: np.ndarray, context: int, arm: int, step: Any, c: float, n_updates: int
+    ) -> None:
+        if step.ratio != 1.0:
+            state *= step.ratio
+        state[context, arm] += step.x
+
+    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
         grown = step.ratio != 1.0
         if grown.any():
             state[rows[grown]] *= step.ratio[grown, None, None]
         state[rows, contexts, arms] += step.x
 
 
-class SwitchingWeights:
+class SwitchingWeights(Structure):
     """Fixed-share transition over arms, O(M) per update, in the log domain."""
 
     def __init__(self, n_arms: int, rate: float | None) -> None:
@@ -331,7 +369,7 @@ class SwitchingWeights:
         w = np.exp(state - state.max(axis=1, keepdims=True))
         return w / w.sum(axis=1, keepdims=True)
 
-    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:  # noqa: ANN001
+    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
         logw = _apply_loss(state[rows], step, c, np.arange(self.n_arms)[None, :] == arms[:, None])
         if self.n_arms > 1:
             logw = self._share(logw, n_updates)
@@ -340,19 +378,23 @@ class SwitchingWeights:
     def _share(self, logw: np.ndarray, n_updates: np.ndarray) -> np.ndarray:
         m = self.n_arms
         alpha = (
-            1.0 / (n_updates.astype(float) + 1.0) if self.rate is None else np.full(len(logw), self.rate)
+            1.0 / (n_updates.astype(float) + 1.0)
+            if self.rate is None
+            else np.full(len(logw), self.rate)
         )[:, None]
         top = logw.max(axis=1, keepdims=True)
         e = np.exp(logw - top)
         total = e.sum(axis=1, keepdims=True)
         b = alpha / (m - 1)
         a = 1.0 - alpha - b
-        shared = np.where(a >= 0, a * e + b * total, np.maximum((1.0 - alpha) * e + b * (total - e), 0.0))
+        shared = np.where(
+            a >= 0, a * e + b * total, np.maximum((1.0 - alpha) * e + b * (total - e), 0.0)
+        )
         with np.errstate(divide="ignore"):
             return np.log(shared) + top
 
 
-class MarkovWeights:
+class MarkovWeights(Structure):
     """General Markov prior over K classes; transition as a sorted edge list (dense or sparse)."""
 
     def __init__(
@@ -381,7 +423,7 @@ class MarkovWeights:
         w = np.exp(state - state.max(axis=1, keepdims=True)) @ self.to_arms
         return w / w.sum(axis=1, keepdims=True)
 
-    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:  # noqa: ANN001
+    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
         logw = _apply_loss(state[rows], step, c, self.arm_of[None, :] == arms[:, None])
         state[rows] = _log_normalise(self._transition(logw))
 
@@ -391,7 +433,9 @@ class MarkovWeights:
         top = np.maximum.reduceat(terms, self.starts, axis=1)
         safe_top = np.where(np.isfinite(top), top, 0.0)
         total = np.add.reduceat(
-            np.exp(terms - np.repeat(safe_top, np.diff(np.append(self.starts, terms.shape[1])), axis=1)),
+            np.exp(
+                terms - np.repeat(safe_top, np.diff(np.append(self.starts, terms.shape[1])), axis=1)
+            ),
             self.starts,
             axis=1,
         )

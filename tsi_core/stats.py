@@ -118,11 +118,15 @@ def observe_batch(
             g_mant[big], g_exp[big] = h_mant, h_exp + 1
     phi_mant, phi_exp = np.frexp(g_mant / q)
     phi_exp = phi_exp.astype(np.int64) + g_exp
+    with np.errstate(over="ignore", under="ignore"):  # the discarded branch may overflow
+        return _combine(psi, vn, d_mant, d_exp, p, new_psi, g_mant, phi_mant, phi_exp)
+
+
+def _combine(psi, vn, d_mant, d_exp, p, new_psi, g_mant, phi_mant, phi_exp) -> BatchStep:
+    """The branch-free second half of ``observe_batch``."""
     positive = g_mant != 0.0
     no_range = d_mant == 0.0
-    grows = positive & (
-        no_range | (phi_exp > d_exp) | ((phi_exp == d_exp) & (phi_mant > d_mant))
-    )
+    grows = positive & (no_range | (phi_exp > d_exp) | ((phi_exp == d_exp) & (phi_mant > d_mant)))
     safe_phi = np.where(positive, phi_mant, 1.0)
     safe_d = np.where(no_range, 1.0, d_mant)
     ratio = np.where(
@@ -130,9 +134,7 @@ def observe_batch(
         np.where(no_range, 0.0, np.ldexp(safe_d / safe_phi, d_exp - phi_exp)),
         1.0,
     )
-    x = np.where(
-        grows, 1.0, np.where(positive, np.ldexp(safe_phi / safe_d, phi_exp - d_exp), 0.0)
-    )
+    x = np.where(grows, 1.0, np.where(positive, np.ldexp(safe_phi / safe_d, phi_exp - d_exp), 0.0))
     new_vn = np.where(grows, vn * ratio * ratio + p, np.where(positive, vn + p * x * x, vn))
     r = np.where(positive, ratio * np.sqrt((vn + 1.0) / (new_vn + 1.0)), 1.0)
     new_d_mant = np.where(grows, phi_mant, d_mant)

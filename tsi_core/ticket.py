@@ -7,12 +7,10 @@ True
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
+class Ticket(NamedTuple):
     """What a selection was made with: the update needs these values, not current ones.
 
     ``prob`` is q of the chosen arm (the logged propensity), ``p`` its policy mass before
@@ -27,7 +25,7 @@ class Ticket:
     context: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Ticket:

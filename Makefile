@@ -1,0 +1,22 @@
+# Everything a fresh machine needs is installed by these targets (Python 3.11+, make).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	touch $(STAMP)
+
+demo: $(STAMP)  ## the main job on its embedded default
+	$(VENV)/bin/tsi simulate
+
+test: $(STAMP)  ## the whole test suite, lint included
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+bench: $(STAMP)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
+	$(PY) bench/bench_core.py
