@@ -121,9 +121,10 @@ class BatchBandit:
         arrays = (self.weights, self.psi, self.vn, self.d_mant, self.d_exp)
         return sum(a.nbytes for a in arrays) + self.n_updates.nbytes + self.n_rounds.nbytes
 
-    def _rows(self, instances: Any) -> np.ndarray:
+    def _rows(self, instances: Any) -> np.ndarray | slice:
+        """Row selector: a slice for all instances (views, no copies), else unique indices."""
         if instances is None:
-            return np.arange(self.n_instances)
+            return slice(None)
         rows = _int_array(
             "instances", instances, len(np.atleast_1d(instances)), 0, self.n_instances - 1
         )
@@ -141,7 +142,9 @@ class BatchBandit:
             raise ValueError("contexts given but the competition class has no contexts")
         return _int_array("contexts", contexts, n, 0, c - 1)
 
-    def _policy(self, rows: np.ndarray, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _policy(
+        self, rows: np.ndarray | slice, contexts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         c = self.gamma / np.sqrt(self.vn[rows] + 1.0)
         p = self.structure.arm_probabilities(self.weights[rows], contexts, c)
         t = (self.n_updates[rows] + 1).astype(float)
@@ -151,24 +154,36 @@ class BatchBandit:
     def probabilities(self, instances: Any = None, contexts: Any = None) -> np.ndarray:
         """q for each chosen instance (rows in the order given), shape (n, M)."""
         rows = self._rows(instances)
-        return self._policy(rows, self._contexts(contexts, len(rows)))[0]
+        return self._policy(rows, self._contexts(contexts, self._count(rows)))[0]
 
     def select(self, instances: Any = None, contexts: Any = None, u: Any = None) -> TicketBatch:
         """Draw one arm per chosen instance; ``u`` gives the uniform draws (else the seed)."""
         rows = self._rows(instances)
-        ctx = self._contexts(contexts, len(rows))
-        u = self._rng.random(len(rows)) if u is None else _real_array("u", u, len(rows), 0.0, 1.0)
+        n = self._count(rows)
+        ctx = self._contexts(contexts, n)
+        u = self._rng.random(n) if u is None else _real_array("u", u, n, 0.0, 1.0)
         if (u >= 1.0).any():
             raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
         q, p = self._policy(rows, ctx)
         arms = select_arms(np.cumsum(q, axis=1), u)
-        idx = np.arange(len(rows))
+        idx = np.arange(n)
         self.n_rounds[rows] += 1
         serial = next(self._serials)
-        self._open[serial] = np.ones(len(rows), dtype=bool)
+        self._open[serial] = np.ones(n, dtype=bool)
+        instances = idx if isinstance(rows, slice) else rows
         return TicketBatch(
-            self.token, serial, rows, self.n_rounds[rows], arms, q[idx, arms], p[idx, arms], ctx
+            self.token,
+            serial,
+            instances,
+            self.n_rounds[rows],
+            arms,
+            q[idx, arms],
+            p[idx, arms],
+            ctx,
         )
+
+    def _count(self, rows: np.ndarray | slice) -> int:
+        return self.n_instances if isinstance(rows, slice) else len(rows)
 
     def _take(self, tickets: Any, where: Any) -> np.ndarray:
         """Mask of the ticket entries to settle now; refuses foreign or settled entries."""

@@ -9,7 +9,7 @@ leading batch axis (one row per bandit instance), so one implementation serves
 >>> Fixed().complexity(10) == math.log(10)
 True
 >>> round(Switching(rate=0.01, switches=2).complexity(10), 3)
-17.618
+17.897
 >>> Contextual(3).complexity(4) == 3 * math.log(4)
 True
 """
@@ -321,7 +321,7 @@ class CumulativeLoss(Structure):
         self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
     ) -> np.ndarray:
         """p (n×M) for rows ``state`` (n×C×M), given each row's context and η·D."""
-        losses = state[np.arange(len(state)), contexts]
+        losses = state[:, 0] if self.n_contexts == 1 else state[np.arange(len(state)), contexts]
         w = np.exp((losses.min(axis=1, keepdims=True) - losses) * c[:, None])
         return w / w.sum(axis=1, keepdims=True)
 
