@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core.competition import Fixed, Structure, competition_from_dict
+from tsi_core.competition import Fixed, competition_from_dict
 from tsi_core.stats import exploration, observe
+from tsi_core.structures import Structure
 from tsi_core.ticket import Ticket
 from tsi_core.validate import check_int, check_loss, check_real, check_unit
 
@@ -89,7 +90,7 @@ class Bandit:
         self._seed = seed
         self._rng_state: dict[str, Any] | None = None  # restored generator state, if any
         self._rng_obj: np.random.Generator | None = None
-        self._state = self.structure.initial_state(1)[0]
+        self._state = self.structure.initial_state(1)[..., 0].copy()
         self.psi = math.inf
         self._vn = 0.0
         self._d_mant = 0.0

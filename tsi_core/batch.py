@@ -70,9 +70,22 @@ def _real_array(name: str, values: Any, n: int, low: float, high: float) -> np.n
     return arr
 
 
+def cumulative(q: np.ndarray) -> np.ndarray:
+    """Cumulative sums over arms (axis 0); a loop of vector adds beats np.cumsum for few arms.
+
+    The additions are the same, in the same order, so the result is identical to np.cumsum.
+    """
+    if len(q) > 64:
+        return np.cumsum(q, axis=0)
+    out = q.copy()
+    for i in range(1, len(out)):
+        out[i] += out[i - 1]
+    return out
+
+
 def select_arms(cumulative_q: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Per row, the smallest i with u < q_0 + … + q_i (the last arm if rounding leaves u above)."""
-    return np.minimum((cumulative_q <= u[:, None]).sum(axis=1), cumulative_q.shape[1] - 1)
+    """Per instance (column), the smallest i with u < q_0 + … + q_i (else the last arm)."""
+    return np.minimum((cumulative_q <= u).sum(axis=0), cumulative_q.shape[0] - 1)
 
 
 class BatchBandit:
@@ -142,19 +155,18 @@ class BatchBandit:
             raise ValueError("contexts given but the competition class has no contexts")
         return _int_array("contexts", contexts, n, 0, c - 1)
 
-    def _policy(
-        self, rows: np.ndarray | slice, contexts: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _policy(self, rows: np.ndarray | slice, contexts: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(q, p), each of shape (M, n): arms on the first axis, instances on the second."""
         c = self.gamma / np.sqrt(self.vn[rows] + 1.0)
-        p = self.structure.arm_probabilities(self.weights[rows], contexts, c)
+        p = self.structure.arm_probabilities(self.weights, rows, contexts, c)
         t = (self.n_updates[rows] + 1).astype(float)
-        eps = np.minimum(0.5, np.sqrt(self.n_arms / t))[:, None]
+        eps = np.minimum(0.5, np.sqrt(self.n_arms / t))
         return (1.0 - eps) * p + eps / self.n_arms, p
 
     def probabilities(self, instances: Any = None, contexts: Any = None) -> np.ndarray:
         """q for each chosen instance (rows in the order given), shape (n, M)."""
         rows = self._rows(instances)
-        return self._policy(rows, self._contexts(contexts, self._count(rows)))[0]
+        return self._policy(rows, self._contexts(contexts, self._count(rows)))[0].T
 
     def select(self, instances: Any = None, contexts: Any = None, u: Any = None) -> TicketBatch:
         """Draw one arm per chosen instance; ``u`` gives the uniform draws (else the seed)."""
@@ -165,7 +177,7 @@ class BatchBandit:
         if (u >= 1.0).any():
             raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
         q, p = self._policy(rows, ctx)
-        arms = select_arms(np.cumsum(q, axis=1), u)
+        arms = select_arms(cumulative(q), u)
         idx = np.arange(n)
         self.n_rounds[rows] += 1
         serial = next(self._serials)
@@ -177,8 +189,8 @@ class BatchBandit:
             instances,
             self.n_rounds[rows],
             arms,
-            q[idx, arms],
-            p[idx, arms],
+            q[arms, idx],
+            p[arms, idx],
             ctx,
         )
 

@@ -1,10 +1,8 @@
 """Competition classes: which arm sequences the bandit competes with.
 
 A class is a small, immutable, JSON-describable spec. ``bind(n_arms)`` turns it into a
-*structure*: the object that owns the weight arrays of that class and knows how to turn
-them into arm probabilities and how to apply one round's update. Structures work on a
-leading batch axis (one row per bandit instance), so one implementation serves
-``Bandit`` (one row) and ``BatchBandit`` (many rows).
+*structure* (``tsi_core.structures``): the object that knows the class's weight arrays,
+how to turn them into arm probabilities and how to apply one round's update.
 
 >>> Fixed().complexity(10) == math.log(10)
 True
@@ -22,53 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core.stats import BatchStep
+from tsi_core.structures import CumulativeLoss, MarkovWeights, Structure, SwitchingWeights
 from tsi_core.validate import check_int, check_real
 
 DEFAULT_HORIZON = 1_000_000
-SCALAR_ARMS = 32  # up to this many arms one instance computes p with Python floats
-
-
-class Structure:
-    """What a bound competition class provides to the bandit engines.
-
-    The batch methods work on rows of a (n, *state_shape) array. The ``*_one`` methods
-    serve a single instance (``Bandit``); by default they run the batch methods on one row,
-    and structures override them where a scalar path is much faster.
-    """
-
-    n_arms: int
-    n_contexts: int
-    state_shape: tuple[int, ...]
-
-    def initial_state(self, n: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def arm_probabilities(
-        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
-    ) -> np.ndarray:
-        raise NotImplementedError
-
-    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
-        raise NotImplementedError
-
-    def arm_probabilities_one(self, state: np.ndarray, context: int, c: float) -> np.ndarray:
-        """p (length M) of one instance whose state is ``state`` (shape ``state_shape``)."""
-        return self.arm_probabilities(state[None], np.array([context]), np.array([c]))[0]
-
-    def update_one(
-        self, state: np.ndarray, context: int, arm: int, step: Any, c: float, n_updates: int
-    ) -> None:
-        """Apply one scalar ``Step`` to one instance's state, in place."""
-        self.update(
-            state[None],
-            np.zeros(1, dtype=np.int64),
-            np.array([context]),
-            np.array([arm]),
-            BatchStep(*(np.array([v]) for v in step)),
-            np.array([c]),
-            np.array([n_updates]),
-        )
 
 
 # --------------------------------------------------------------------------- specs
@@ -287,168 +242,3 @@ def competition_from_dict(data: dict[str, Any]) -> Fixed | Contextual | Switchin
         dense[np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)] = val
         return Markov(dense, data["arm_of"], data["initial"], data["complexity"])
     raise ValueError(f"unknown competition class: {data!r}")
-
-
-# ---------------------------------------------------------------------- structures
-
-
-def _log_normalise(rows: np.ndarray) -> np.ndarray:
-    """Subtract each row's log-sum-exp (rows of -inf stay as they are)."""
-    top = rows.max(axis=-1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    total = np.log(np.exp(rows - top).sum(axis=-1, keepdims=True)) + top
-    return rows - total
-
-
-class CumulativeLoss(Structure):
-    """Identity transition (Fixed, Contextual): log w = -η_t · Φ_t in closed form.
-
-    With T = identity the powers η_t/η_{t-1} of the paper's update telescope, so the
-    log-weights are exactly -η_t times the cumulative φ of each (context, arm). The state
-    keeps that cumulative φ in units of the current range D (``Φ / D``); an update is O(1)
-    unless D grows, when the row is rescaled.
-    """
-
-    def __init__(self, n_arms: int, n_contexts: int) -> None:
-        self.n_arms = n_arms
-        self.n_contexts = n_contexts
-        self.state_shape = (n_contexts, n_arms)
-
-    def initial_state(self, n: int) -> np.ndarray:
-        return np.zeros((n, self.n_contexts, self.n_arms))
-
-    def arm_probabilities(
-        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
-    ) -> np.ndarray:
-        """p (n×M) for rows ``state`` (n×C×M), given each row's context and η·D."""
-        losses = state[:, 0] if self.n_contexts == 1 else state[np.arange(len(state)), contexts]
-        w = np.exp((losses.min(axis=1, keepdims=True) - losses) * c[:, None])
-        return w / w.sum(axis=1, keepdims=True)
-
-    def arm_probabilities_one(self, state: np.ndarray, context: int, c: float) -> Any:
-        """p of one instance: a Python list for few arms (much faster there), else an array."""
-        if self.n_arms > SCALAR_ARMS:
-            losses = state[context]
-            w = np.exp((losses.min() - losses) * c)
-            return w / w.sum()
-        losses = state[context].tolist()
-        low = min(losses)
-        w = [math.exp((low - v) * c) for v in losses]
-        total = sum(w)
-        return [x / total for x in w]
-
-    def update_one(
-        self, state: np.ndarray, context: int, arm: int, step: Any, c: float, n_updates: int
-    ) -> None:
-        if step.ratio != 1.0:
-            state *= step.ratio
-        state[context, arm] += step.x
-
-    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
-        grown = step.ratio != 1.0
-        if grown.any():
-            state[rows[grown]] *= step.ratio[grown, None, None]
-        state[rows, contexts, arms] += step.x
-
-
-class SwitchingWeights(Structure):
-    """Fixed-share transition over arms, O(M) per update, in the log domain."""
-
-    def __init__(self, n_arms: int, rate: float | None) -> None:
-        self.n_arms = n_arms
-        self.n_contexts = 1
-        self.state_shape = (n_arms,)
-        self.rate = rate
-
-    def initial_state(self, n: int) -> np.ndarray:
-        return np.full((n, self.n_arms), -math.log(self.n_arms))
-
-    def arm_probabilities(
-        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
-    ) -> np.ndarray:
-        w = np.exp(state - state.max(axis=1, keepdims=True))
-        return w / w.sum(axis=1, keepdims=True)
-
-    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
-        logw = _apply_loss(state[rows], step, c, np.arange(self.n_arms)[None, :] == arms[:, None])
-        if self.n_arms > 1:
-            logw = self._share(logw, n_updates)
-        state[rows] = _log_normalise(logw)
-
-    def _share(self, logw: np.ndarray, n_updates: np.ndarray) -> np.ndarray:
-        m = self.n_arms
-        alpha = (
-            1.0 / (n_updates.astype(float) + 1.0)
-            if self.rate is None
-            else np.full(len(logw), self.rate)
-        )[:, None]
-        top = logw.max(axis=1, keepdims=True)
-        e = np.exp(logw - top)
-        total = e.sum(axis=1, keepdims=True)
-        b = alpha / (m - 1)
-        a = 1.0 - alpha - b
-        shared = np.where(
-            a >= 0, a * e + b * total, np.maximum((1.0 - alpha) * e + b * (total - e), 0.0)
-        )
-        with np.errstate(divide="ignore"):
-            return np.log(shared) + top
-
-
-class MarkovWeights(Structure):
-    """General Markov prior over K classes; transition as a sorted edge list (dense or sparse)."""
-
-    def __init__(
-        self,
-        n_arms: int,
-        arm_of: np.ndarray,
-        log_initial: np.ndarray,
-        edges: tuple[np.ndarray, np.ndarray, np.ndarray],
-    ) -> None:
-        self.n_arms = n_arms
-        self.n_contexts = 1
-        self.arm_of = arm_of
-        self.log_initial = log_initial
-        self.state_shape = (len(arm_of),)
-        self.src, dst, self.log_t = edges
-        self.targets, self.starts = np.unique(dst, return_index=True)
-        self.to_arms = np.zeros((len(arm_of), n_arms))
-        self.to_arms[np.arange(len(arm_of)), arm_of] = 1.0
-
-    def initial_state(self, n: int) -> np.ndarray:
-        return np.tile(self.log_initial, (n, 1))
-
-    def arm_probabilities(
-        self, state: np.ndarray, contexts: np.ndarray, c: np.ndarray
-    ) -> np.ndarray:
-        w = np.exp(state - state.max(axis=1, keepdims=True)) @ self.to_arms
-        return w / w.sum(axis=1, keepdims=True)
-
-    def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
-        logw = _apply_loss(state[rows], step, c, self.arm_of[None, :] == arms[:, None])
-        state[rows] = _log_normalise(self._transition(logw))
-
-    def _transition(self, logz: np.ndarray) -> np.ndarray:
-        """w'_λ = Σ_μ T(λ|μ) z_μ, as a per-target log-sum-exp over the edges."""
-        terms = logz[:, self.src] + self.log_t
-        top = np.maximum.reduceat(terms, self.starts, axis=1)
-        safe_top = np.where(np.isfinite(top), top, 0.0)
-        total = np.add.reduceat(
-            np.exp(
-                terms - np.repeat(safe_top, np.diff(np.append(self.starts, terms.shape[1])), axis=1)
-            ),
-            self.starts,
-            axis=1,
-        )
-        out = np.full(logz.shape, -np.inf)
-        with np.errstate(divide="ignore"):
-            out[:, self.targets] = np.log(total) + safe_top
-        return out
-
-
-def _apply_loss(logw: np.ndarray, step: Any, c: np.ndarray, hit: np.ndarray) -> np.ndarray:
-    """log z = r·log w - η·φ·[λ(1) = arm], with 0·(-inf) = -inf; rows with η = ∞ untouched."""
-    active = step.active[:, None]
-    r = step.r[:, None]
-    scaled = np.where(np.isneginf(logw), -np.inf, r * np.where(np.isneginf(logw), 0.0, logw))
-    eta_phi = (c * step.x)[:, None]
-    return np.where(active, scaled - eta_phi * hit, logw)
