@@ -101,3 +101,22 @@ def test_batch_tickets_settle_once_and_only_on_their_batch():
     with pytest.raises(TicketError, match="already settled"):
         a.update(t, [1.0, 2.0, 3.0])
     assert a.n_updates.tolist() == [1, 0, 0]
+
+
+@pytest.mark.parametrize("n_arms", [40, 300])  # above SCALAR_ARMS: the array path of Bandit
+def test_batch_equals_separate_bandits_with_many_arms(n_arms):
+    rng = np.random.default_rng(7)
+    batch = BatchBandit(3, n_arms, seed=0)
+    singles = [Bandit(n_arms, seed=0) for _ in range(3)]
+    means = rng.random(n_arms)
+    for _ in range(400):
+        u = rng.random(3)
+        tickets = batch.select(u=u)
+        single = [b.select(u=float(x)) for b, x in zip(singles, u, strict=True)]
+        assert tickets.arms.tolist() == [t.arm for t in single]
+        losses = means[tickets.arms] + rng.normal(size=3)
+        batch.update(tickets, losses)
+        for b, t, loss in zip(singles, single, losses, strict=True):
+            b.update(t, float(loss))
+    for i, b in enumerate(singles):
+        np.testing.assert_allclose(batch.probabilities([i])[0], b.probabilities(), rtol=1e-12)

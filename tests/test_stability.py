@@ -12,6 +12,7 @@ REGIMES = {
     "range 1e-300 at an offset": (1e-300, 1e-290),
     "huge and skewed": (1e300, -8e299),
     "subnormal range": (1e-310, 0.0),
+    "the float64 limit, both signs": (1.7e308, 0.0),
 }
 
 
@@ -59,3 +60,13 @@ def test_constant_losses_carry_no_information():
     b = play(Fixed(), 0.0, 3.0, 10_000, check_every=101)
     np.testing.assert_allclose(b.probabilities(), 1 / 3, rtol=0, atol=1e-15)
     assert b.D == 0.0 and b.eta == float("inf")
+
+
+def test_range_beyond_float64_is_handled_in_scale_free_form():
+    b = Bandit(2, seed=0)
+    for loss in (-1.7e308, 1.7e308, -1.7e308, 1.7e308):
+        b.update(b.select(u=0.0), loss)  # arm 0 every time: φ = 3.4e308 / q overflows float64
+    assert float("inf") == b.D  # reported as inf, but the algorithm never uses it raw
+    q = b.probabilities()
+    check(q)
+    assert q[0] < q[1]  # arm 0 lost the most

@@ -57,6 +57,18 @@ def check_context(structure: Structure, context: Any) -> int:
     return check_int("context", context, 0, structure.n_contexts - 1)
 
 
+def _first_above(cumulative_w: np.ndarray, u: float, scale: float, spread: float) -> int:
+    """Smallest i with u < scale·W_i + spread·(i + 1) (binary search, no full q array)."""
+    low, high = 0, len(cumulative_w)
+    while low < high:
+        mid = (low + high) // 2
+        if u < scale * cumulative_w[mid] + spread * (mid + 1):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
 class Bandit:
     """A bandit instance: ``select`` an arm, later ``update`` its ticket with the loss.
 
@@ -112,13 +124,16 @@ class Bandit:
     @property
     def D(self) -> float:  # noqa: N802 - the paper's name
         """Running max of φ (the range estimate); may print as inf for extreme losses."""
-        return math.ldexp(self._d_mant, self._d_exp) if self._d_mant else 0.0
+        try:
+            return math.ldexp(self._d_mant, self._d_exp)
+        except OverflowError:  # D itself is beyond float64; only its scale-free form is used
+            return math.inf
 
     @property
     def V(self) -> float:  # noqa: N802 - the paper's name
         """Σ v_t = Σ p_{i_t} φ_t² (kept internally as V / D², which never overflows)."""
         d = self.D
-        return self._vn * d * d
+        return self._vn * d * d if d else 0.0
 
     @property
     def eta(self) -> float:
@@ -133,32 +148,38 @@ class Bandit:
         return tuple(self._pending.values())
 
     # ------------------------------------------------------------------ decisions
-    def _policy(self, row: int) -> tuple[Any, Any]:
-        """(q, p) of one context: lists for few arms, arrays otherwise."""
+    def _weights(self, row: int) -> tuple[Any, Any, float, float, float]:
+        """(w, W, Σw, 1 - ε, ε/M) of one context, q = (1 - ε)·w/Σw + ε/M.
+
+        W is the cumulative sum of an array w (None for a list); Σw is summed in arm
+        order, as the batch engine sums over its arm axis.
+        """
         c = self.gamma / math.sqrt(self._vn + 1.0)
-        p = self.structure.arm_probabilities_one(self._state, row, c)
+        w = self.structure.arm_weights_one(self._state, row, c)
         eps = exploration(self.n_arms, self.n_updates + 1)
-        keep, spread = 1.0 - eps, eps / self.n_arms
-        if isinstance(p, list):
-            return [keep * x + spread for x in p], p
-        return keep * p + spread, p
+        if isinstance(w, list):
+            return w, None, sum(w), 1.0 - eps, eps / self.n_arms
+        cw = np.cumsum(w)
+        return w, cw, float(cw[-1]), 1.0 - eps, eps / self.n_arms
 
     def probabilities(self, context: int | None = None) -> np.ndarray:
         """q: the distribution the next selection (in this context) is drawn from."""
-        return np.asarray(self._policy(check_context(self.structure, context))[0])
+        w, _, total, keep, spread = self._weights(check_context(self.structure, context))
+        return keep * (np.asarray(w) / total) + spread
 
     def select(self, context: int | None = None, u: float | None = None) -> Ticket:
         """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
         row = check_context(self.structure, context)
         u = self._rng.random() if u is None else check_unit(u)
-        q, p = self._policy(row)
-        if isinstance(q, list):
-            arm = bisect_right(list(accumulate(q)), u)
+        w, cw, total, keep, spread = self._weights(row)
+        if cw is None:
+            arm = bisect_right(list(accumulate([keep * (x / total) + spread for x in w])), u)
         else:
-            arm = int(np.searchsorted(np.cumsum(q), u, side="right"))
+            arm = _first_above(cw, u, keep / total, spread)
         arm = min(arm, self.n_arms - 1)
+        p = float(w[arm]) / total
         self.n_rounds += 1
-        ticket = Ticket(self.instance_id, self.n_rounds, arm, float(q[arm]), float(p[arm]), context)
+        ticket = Ticket(self.instance_id, self.n_rounds, arm, keep * p + spread, p, context)
         self._pending[self.n_rounds] = ticket
         return ticket
 

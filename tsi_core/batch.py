@@ -158,7 +158,8 @@ class BatchBandit:
     def _policy(self, rows: np.ndarray | slice, contexts: np.ndarray) -> tuple[np.ndarray, ...]:
         """(q, p), each of shape (M, n): arms on the first axis, instances on the second."""
         c = self.gamma / np.sqrt(self.vn[rows] + 1.0)
-        p = self.structure.arm_probabilities(self.weights, rows, contexts, c)
+        w = self.structure.arm_weights(self.weights, rows, contexts, c)
+        p = w / cumulative(w)[-1]  # Σw in arm order, exactly as Bandit sums it
         t = (self.n_updates[rows] + 1).astype(float)
         eps = np.minimum(0.5, np.sqrt(self.n_arms / t))
         return (1.0 - eps) * p + eps / self.n_arms, p

@@ -8,7 +8,7 @@ structures override them where a scalar path is much faster.
 
 >>> s = CumulativeLoss(n_arms=3, n_contexts=1)
 >>> state = s.initial_state(2)
->>> s.arm_probabilities(state, slice(None), np.zeros(2, dtype=int), np.ones(2)).shape
+>>> s.arm_weights(state, slice(None), np.zeros(2, dtype=int), np.ones(2)).shape
 (3, 2)
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from tsi_core.stats import BatchStep
 
-SCALAR_ARMS = 32  # up to this many arms, one instance computes p with Python floats
+SCALAR_ARMS = 32  # up to this many arms, one instance computes w with Python floats
 
 Rows = np.ndarray | slice
 
@@ -36,10 +36,13 @@ class Structure:
     def initial_state(self, n: int) -> np.ndarray:
         raise NotImplementedError
 
-    def arm_probabilities(
+    def arm_weights(
         self, state: np.ndarray, rows: Rows, contexts: np.ndarray, c: np.ndarray
     ) -> np.ndarray:
-        """p, shape (M, n), of the instances ``rows`` given their contexts and η·D."""
+        """Unnormalised arm weights w, shape (M, n), of the instances ``rows`` (p = w / Σw).
+
+        Given their contexts and η·D; the largest weight of each instance is 1.
+        """
         raise NotImplementedError
 
     def update(
@@ -55,11 +58,11 @@ class Structure:
         """Apply one round's update (``step``) to the instances ``rows``, in place."""
         raise NotImplementedError
 
-    def arm_probabilities_one(self, state: np.ndarray, context: int, c: float) -> Any:
-        """p of one instance (a list or an array of length M)."""
-        return self.arm_probabilities(
-            state[..., None], slice(None), np.array([context]), np.array([c])
-        )[:, 0]
+    def arm_weights_one(self, state: np.ndarray, context: int, c: float) -> Any:
+        """Unnormalised arm weights w of one instance (p = w / Σw): a list or an array."""
+        return self.arm_weights(state[..., None], slice(None), np.array([context]), np.array([c]))[
+            :, 0
+        ]
 
     def update_one(
         self, state: np.ndarray, context: int, arm: int, step: Any, c: float, n_updates: int
@@ -107,14 +110,13 @@ class CumulativeLoss(Structure):
     def initial_state(self, n: int) -> np.ndarray:
         return np.zeros((self.n_contexts, self.n_arms, n))
 
-    def arm_probabilities(self, state, rows, contexts, c) -> np.ndarray:
+    def arm_weights(self, state, rows, contexts, c) -> np.ndarray:
         if self.n_contexts == 1:
             losses = state[0][:, rows]
         else:
             idx = np.arange(state.shape[-1])[rows]
             losses = state[contexts, :, idx].T
-        w = np.exp((losses.min(axis=0) - losses) * c)
-        return w / w.sum(axis=0)
+        return np.exp((losses.min(axis=0) - losses) * c)
 
     def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
         grown = step.ratio != 1.0
@@ -122,16 +124,13 @@ class CumulativeLoss(Structure):
             state[:, :, rows[grown]] *= step.ratio[grown]
         state[contexts, arms, rows] += step.x
 
-    def arm_probabilities_one(self, state: np.ndarray, context: int, c: float) -> Any:
+    def arm_weights_one(self, state: np.ndarray, context: int, c: float) -> Any:
         if self.n_arms > SCALAR_ARMS:
             losses = state[context]
-            w = np.exp((losses.min() - losses) * c)
-            return w / w.sum()
+            return np.exp((losses.min() - losses) * c)
         losses = state[context].tolist()
         low = min(losses)
-        w = [math.exp((low - v) * c) for v in losses]
-        total = sum(w)
-        return [x / total for x in w]
+        return [math.exp((low - v) * c) for v in losses]
 
     def update_one(
         self, state: np.ndarray, context: int, arm: int, step: Any, c: float, n_updates: int
@@ -153,10 +152,9 @@ class SwitchingWeights(Structure):
     def initial_state(self, n: int) -> np.ndarray:
         return np.full((self.n_arms, n), -math.log(self.n_arms))
 
-    def arm_probabilities(self, state, rows, contexts, c) -> np.ndarray:
+    def arm_weights(self, state, rows, contexts, c) -> np.ndarray:
         logw = state[:, rows]
-        w = np.exp(logw - logw.max(axis=0))
-        return w / w.sum(axis=0)
+        return np.exp(logw - logw.max(axis=0))
 
     def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
         hit = np.arange(self.n_arms)[:, None] == arms
@@ -205,10 +203,9 @@ class MarkovWeights(Structure):
     def initial_state(self, n: int) -> np.ndarray:
         return np.repeat(self.log_initial[:, None], n, axis=1)
 
-    def arm_probabilities(self, state, rows, contexts, c) -> np.ndarray:
+    def arm_weights(self, state, rows, contexts, c) -> np.ndarray:
         logw = state[:, rows]
-        w = self.from_classes @ np.exp(logw - logw.max(axis=0))
-        return w / w.sum(axis=0)
+        return self.from_classes @ np.exp(logw - logw.max(axis=0))
 
     def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
         logw = _apply_loss(state[:, rows], step, c, self.arm_of[:, None] == arms)
