@@ -103,11 +103,12 @@ def test_batch_tickets_settle_once_and_only_on_their_batch():
     assert a.n_updates.tolist() == [1, 0, 0]
 
 
+@pytest.mark.parametrize("competition", [Fixed(), Switching(rate=0.01)], ids=["fixed", "switching"])
 @pytest.mark.parametrize("n_arms", [40, 300])  # above SCALAR_ARMS: the array path of Bandit
-def test_batch_equals_separate_bandits_with_many_arms(n_arms):
+def test_batch_equals_separate_bandits_with_many_arms(n_arms, competition):
     rng = np.random.default_rng(7)
-    batch = BatchBandit(3, n_arms, seed=0)
-    singles = [Bandit(n_arms, seed=0) for _ in range(3)]
+    batch = BatchBandit(3, n_arms, competition, seed=0)
+    singles = [Bandit(n_arms, competition, seed=0) for _ in range(3)]
     means = rng.random(n_arms)
     for _ in range(400):
         u = rng.random(3)

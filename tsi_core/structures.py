@@ -163,6 +163,45 @@ class SwitchingWeights(Structure):
             logw = self._share(logw, n_updates)
         state[:, rows] = _log_normalise(logw)
 
+    def arm_weights_one(self, state: np.ndarray, context: int, c: float) -> Any:
+        if self.n_arms > SCALAR_ARMS:
+            return super().arm_weights_one(state, context, c)
+        logw = state.tolist()
+        top = max(logw)
+        return [math.exp(v - top) for v in logw]
+
+    def update_one(
+        self, state: np.ndarray, context: int, arm: int, step: Any, c: float, n_updates: int
+    ) -> None:
+        """The batch update's operations, in the same order, on Python floats."""
+        if self.n_arms > SCALAR_ARMS:
+            super().update_one(state, context, arm, step, c, n_updates)
+            return
+        logw = state.tolist()
+        if step.active:
+            r, eta_phi = step.r, c * step.x
+            logw = [
+                (r * v if math.isfinite(v) else -math.inf) - (eta_phi if i == arm else 0.0)
+                for i, v in enumerate(logw)
+            ]
+        m = self.n_arms
+        if m > 1:
+            top = max(logw)
+            e = [math.exp(v - top) for v in logw]
+            total = sum(e)
+            alpha = 1.0 / (n_updates + 1.0) if self.rate is None else self.rate
+            b = alpha / (m - 1)
+            a = 1.0 - alpha - b
+            if a >= 0:
+                shared = [a * x + b * total for x in e]
+            else:
+                shared = [max((1.0 - alpha) * x + b * (total - x), 0.0) for x in e]
+            logw = [(math.log(x) if x > 0 else -math.inf) + top for x in shared]
+        top = max(logw)
+        top = top if math.isfinite(top) else 0.0
+        lse = math.log(sum([math.exp(v - top) for v in logw])) + top
+        state[:] = [v - lse for v in logw]
+
     def _share(self, logw: np.ndarray, n_updates: np.ndarray) -> np.ndarray:
         """w' = (1-α)·z + α/(M-1)·(Σz - z), computed without cancellation when possible."""
         m = self.n_arms
