@@ -78,6 +78,25 @@ class Bandit:
     tickets (random when not given).
     """
 
+    __slots__ = (
+        "_d_exp",
+        "_d_mant",
+        "_pending",
+        "_rng_obj",
+        "_rng_state",
+        "_seed",
+        "_state",
+        "_vn",
+        "competition",
+        "gamma",
+        "instance_id",
+        "n_arms",
+        "n_rounds",
+        "n_updates",
+        "psi",
+        "structure",
+    )
+
     def __init__(
         self,
         n_arms: int,

@@ -83,6 +83,16 @@ def cumulative(q: np.ndarray) -> np.ndarray:
     return out
 
 
+def arm_total(w: np.ndarray) -> np.ndarray:
+    """Σ over arms (axis 0), added in arm order: the same sum as ``cumulative(w)[-1]``."""
+    if len(w) > 64:
+        return np.cumsum(w, axis=0)[-1]
+    total = w[0].copy()
+    for row in w[1:]:
+        total += row
+    return total
+
+
 def select_arms(cumulative_q: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Per instance (column), the smallest i with u < q_0 + … + q_i (else the last arm)."""
     return np.minimum((cumulative_q <= u).sum(axis=0), cumulative_q.shape[0] - 1)
@@ -159,10 +169,12 @@ class BatchBandit:
         """(q, p), each of shape (M, n): arms on the first axis, instances on the second."""
         c = self.gamma / np.sqrt(self.vn[rows] + 1.0)
         w = self.structure.arm_weights(self.weights, rows, contexts, c)
-        p = w / cumulative(w)[-1]  # Σw in arm order, exactly as Bandit sums it
+        p = np.divide(w, arm_total(w), out=w)  # Σw in arm order, exactly as Bandit sums it
         t = (self.n_updates[rows] + 1).astype(float)
         eps = np.minimum(0.5, np.sqrt(self.n_arms / t))
-        return (1.0 - eps) * p + eps / self.n_arms, p
+        q = (1.0 - eps) * p
+        q += eps / self.n_arms
+        return q, p
 
     def probabilities(self, instances: Any = None, contexts: Any = None) -> np.ndarray:
         """q for each chosen instance (rows in the order given), shape (n, M)."""

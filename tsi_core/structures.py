@@ -116,7 +116,9 @@ class CumulativeLoss(Structure):
         else:
             idx = np.arange(state.shape[-1])[rows]
             losses = state[contexts, :, idx].T
-        return np.exp((losses.min(axis=0) - losses) * c)
+        w = losses.min(axis=0) - losses
+        w *= c
+        return np.exp(w, out=w)
 
     def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
         grown = step.ratio != 1.0
