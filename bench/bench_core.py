@@ -49,11 +49,14 @@ Targets (from the issue) are printed beside the results as PASS/MISS; nothing is
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
+import itertools
 import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -177,6 +180,29 @@ class Exp3:
         return time.perf_counter() - t0
 
 
+class PythonExp3:
+    """EXP3 in plain Python floats (math.exp, bisect): what CPython manages at its leanest."""
+
+    def __init__(self, n_arms: int, horizon: int, seed: int) -> None:
+        self.logw = [0.0] * n_arms
+        self.eta = math.sqrt(2.0 * math.log(n_arms) / (horizon * n_arms))
+        self.rng = random.Random(seed)
+
+    def run(self, losses: np.ndarray, start: int, rounds: int) -> float:
+        logw, eta, draw = self.logw, self.eta, self.rng.random
+        last = len(logw) - 1
+        table = losses.tolist()
+        n_rows = len(table)
+        t0 = time.perf_counter()
+        for i in range(start, start + rounds):
+            top = max(logw)
+            w = [math.exp(v - top) for v in logw]
+            total = sum(w)
+            arm = min(bisect.bisect_right(list(itertools.accumulate(w)), draw() * total), last)
+            logw[arm] -= eta * table[i % n_rows][arm] * total / w[arm]
+        return time.perf_counter() - t0
+
+
 def run_batch(bb: BatchBandit, losses: np.ndarray, start: int, rounds: int) -> float:
     """Seconds for ``rounds`` batch select+update rounds; ``losses`` is (slabs, N, M)."""
     idx = np.arange(bb.n_instances)
@@ -253,6 +279,17 @@ def measure_exp3(name: str, n_arms: int, rounds: int, plan: Plan) -> dict:
 
     def once() -> float:
         e = Exp3(n_arms, horizon=plan.warmup + rounds, seed=1)
+        e.run(losses, 0, plan.warmup)
+        return e.run(losses, plan.warmup, rounds)
+
+    return repeat(name, plan.repeats, rounds, "rounds/s", once)
+
+
+def measure_python_exp3(name: str, n_arms: int, rounds: int, plan: Plan) -> dict:
+    losses = unit_table((min(plan.warmup + rounds, TABLE_ROWS), n_arms))
+
+    def once() -> float:
+        e = PythonExp3(n_arms, horizon=plan.warmup + rounds, seed=1)
         e.run(losses, 0, plan.warmup)
         return e.run(losses, plan.warmup, rounds)
 
@@ -428,6 +465,13 @@ def report(results: dict[str, Any]) -> str:
             f"| {label} | {fmt(x['median'])} | {x['unit']} | {fmt(x['min'])} - {fmt(x['max'])}"
             f" | {fmt(y['median'])} | {results['ratios'][key]:.3f} | {target} | {ok} |"
         )
+    floor = r["python_exp3_m10"]
+    lines += [
+        "",
+        f"Leanest CPython reference: a pure-Python EXP3 loop (lists, math.exp, bisect) at M=10 runs"
+        f" {fmt(floor['median'])} rounds/s ({fmt(floor['min'])} - {fmt(floor['max'])});"
+        f" tsi Bandit M=10 is {r['bandit_m10']['median'] / floor['median']:.3f} of it.",
+    ]
     lines += [
         "",
         "| Memory (M=10) | Bytes per instance |",
@@ -471,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "exp3_m10": measure_exp3("EXP3 M=10", 10, plan.exp3_m10, plan),
         "exp3_m1000": measure_exp3("EXP3 M=1000", 1000, plan.exp3_m1000, plan),
+        "python_exp3_m10": measure_python_exp3("pure-Python EXP3 M=10", 10, plan.exp3_m10, plan),
         "batch_n10000_m10": measure_batch("BatchBandit N=10000 M=10", plan.batch, plan),
         "exp3_batch_n10000_m10": measure_batch_exp3(
             "EXP3 batch N=10000 M=10", plan.exp3_batch, plan
