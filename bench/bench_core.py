@@ -274,22 +274,12 @@ def measure_bandit(name: str, n_arms: int, rounds: int, plan: Plan, **kw: Any) -
     return repeat(name, plan.repeats, rounds, "rounds/s", once)
 
 
-def measure_exp3(name: str, n_arms: int, rounds: int, plan: Plan) -> dict:
+def measure_exp3(name: str, kind: type, n_arms: int, rounds: int, plan: Plan) -> dict:
+    """An EXP3 reference loop (``Exp3`` in numpy or ``PythonExp3``)."""
     losses = unit_table((min(plan.warmup + rounds, TABLE_ROWS), n_arms))
 
     def once() -> float:
-        e = Exp3(n_arms, horizon=plan.warmup + rounds, seed=1)
-        e.run(losses, 0, plan.warmup)
-        return e.run(losses, plan.warmup, rounds)
-
-    return repeat(name, plan.repeats, rounds, "rounds/s", once)
-
-
-def measure_python_exp3(name: str, n_arms: int, rounds: int, plan: Plan) -> dict:
-    losses = unit_table((min(plan.warmup + rounds, TABLE_ROWS), n_arms))
-
-    def once() -> float:
-        e = PythonExp3(n_arms, horizon=plan.warmup + rounds, seed=1)
+        e = kind(n_arms, horizon=plan.warmup + rounds, seed=1)
         e.run(losses, 0, plan.warmup)
         return e.run(losses, plan.warmup, rounds)
 
@@ -513,9 +503,11 @@ def main(argv: list[str] | None = None) -> int:
             plan,
             competition=Switching(rate=1e-3),
         ),
-        "exp3_m10": measure_exp3("EXP3 M=10", 10, plan.exp3_m10, plan),
-        "exp3_m1000": measure_exp3("EXP3 M=1000", 1000, plan.exp3_m1000, plan),
-        "python_exp3_m10": measure_python_exp3("pure-Python EXP3 M=10", 10, plan.exp3_m10, plan),
+        "exp3_m10": measure_exp3("EXP3 M=10", Exp3, 10, plan.exp3_m10, plan),
+        "exp3_m1000": measure_exp3("EXP3 M=1000", Exp3, 1000, plan.exp3_m1000, plan),
+        "python_exp3_m10": measure_exp3(
+            "pure-Python EXP3 M=10", PythonExp3, 10, plan.exp3_m10, plan
+        ),
         "batch_n10000_m10": measure_batch("BatchBandit N=10000 M=10", plan.batch, plan),
         "exp3_batch_n10000_m10": measure_batch_exp3(
             "EXP3 batch N=10000 M=10", plan.exp3_batch, plan

@@ -16,7 +16,7 @@ app = typer.Typer(no_args_is_help=True, help="Translation- and scale-invariant b
 TRANSFORMS = [
     ("l", 1.0, 0.0),
     ("1000·l + 1e6", 1000.0, 1e6),
-    ("1e-9·l - 42", 1e-9, -42.0),
+    ("1e-6·l - 4.2", 1e-6, -4.2),
     ("-reward units: 2^20·l - 2^40", 2.0**20, -(2.0**40)),
 ]
 

@@ -65,7 +65,9 @@ def test_subset_selection_only_touches_the_chosen_instances():
     ("call", "message"),
     [
         (lambda b, t: b.update(t, [1.0, float("nan"), 2.0]), r"losses\[1\] = nan"),
-        (lambda b, t: b.update(t, [1.0, 2.0]), "losses must be 3 numbers"),
+        (lambda b, t: b.update(t, [1.0, 2.0]), "losses must be 3 real numbers"),
+        (lambda b, t: b.update(t, np.array(["a", "b", "c"])), "losses must be 3 real numbers"),
+        (lambda b, t: b.update(t, np.array([True, False, True])), "losses must be 3 real"),
         (
             lambda b, t: b.update(t, [1.0, np.inf, 2.0], where=np.array([True, True, False])),
             r"losses\[1\] = inf",

@@ -1,5 +1,7 @@
 """Decisions do not change when losses are shifted or rescaled (α·l + β, α > 0)."""
 
+import os
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +35,7 @@ tables = st.integers(0, 2**32 - 1).map(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=int(os.environ.get("TSI_HYPOTHESIS_EXAMPLES", 40)), deadline=None)
 @given(
     table=tables,
     k=st.integers(-30, 30),
@@ -54,15 +56,19 @@ def test_power_of_two_scale_and_integer_shift_give_identical_bits(
     assert np.array_equal(qs, scaled_qs)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=int(os.environ.get("TSI_HYPOTHESIS_EXAMPLES", 40)), deadline=None)
 @given(
     table=tables,
     alpha=st.floats(1e-3, 1e3),
-    beta=st.floats(-1e3, 1e3),
+    shift=st.floats(-1e3, 1e3),
     competition=st.sampled_from(sorted(COMPETITIONS)),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_any_affine_map_keeps_probabilities_to_rounding(table, alpha, beta, competition, seed):
+def test_any_affine_map_keeps_probabilities_to_rounding(table, alpha, shift, competition, seed):
+    """β = α·shift: the map α·l + β itself rounds each loss by about ulp(β)/α in units of the
+    loss scale; keeping |β|/α <= 1e3 keeps that input error near 1e-13, so a disagreement
+    beyond 1e-9 would be the algorithm's own."""
+    beta = alpha * shift
     rng = np.random.default_rng(seed)
     draws, contexts = rng.random(len(table)), rng.integers(0, 2, len(table))
     table = table + rng.random(table.shape)  # non-integer losses

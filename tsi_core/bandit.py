@@ -46,6 +46,19 @@ def check_gamma(gamma: Any) -> float:
     return g
 
 
+def configure(n_arms: Any, competition: Any, gamma: Any, seed: Any) -> tuple[int, Any, Any, float]:
+    """Validate a bandit's configuration: (M, competition class, its structure, γ)."""
+    n_arms = check_int("n_arms", n_arms, 1)
+    competition = Fixed() if competition is None else competition
+    if not hasattr(competition, "bind"):
+        raise ValueError(f"competition must be a competition class, got {competition!r}")
+    structure = competition.bind(n_arms)
+    gamma = default_gamma(competition, n_arms) if gamma is None else check_gamma(gamma)
+    if seed is not None:
+        check_int("seed", seed, 0)
+    return n_arms, competition, structure, gamma
+
+
 def check_context(structure: Structure, context: Any) -> int:
     """Row of the weights a context selects; contextual classes require one, others refuse it."""
     if structure.n_contexts == 1 and context is None:
@@ -105,16 +118,9 @@ class Bandit:
         seed: int | None = None,
         instance_id: str | None = None,
     ) -> None:
-        self.n_arms = check_int("n_arms", n_arms, 1)
-        self.competition = Fixed() if competition is None else competition
-        if not hasattr(self.competition, "bind"):
-            raise ValueError(f"competition must be a competition class, got {competition!r}")
-        self.structure = self.competition.bind(self.n_arms)
-        self.gamma = (
-            default_gamma(self.competition, self.n_arms) if gamma is None else check_gamma(gamma)
+        self.n_arms, self.competition, self.structure, self.gamma = configure(
+            n_arms, competition, gamma, seed
         )
-        if seed is not None:
-            check_int("seed", seed, 0)
         if instance_id is not None and not isinstance(instance_id, str):
             raise ValueError(f"instance_id must be a string, got {instance_id!r}")
         self.instance_id = instance_id if instance_id is not None else os.urandom(8).hex()

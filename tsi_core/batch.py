@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core.bandit import TicketError, check_gamma, default_gamma
-from tsi_core.competition import Fixed
+from tsi_core.bandit import TicketError, configure
 from tsi_core.stats import observe_batch
 from tsi_core.validate import check_int
 
@@ -115,16 +114,9 @@ class BatchBandit:
         seed: int | None = None,
     ) -> None:
         self.n_instances = check_int("n_instances", n_instances, 1)
-        self.n_arms = check_int("n_arms", n_arms, 1)
-        self.competition = Fixed() if competition is None else competition
-        if not hasattr(self.competition, "bind"):
-            raise ValueError(f"competition must be a competition class, got {competition!r}")
-        self.structure = self.competition.bind(self.n_arms)
-        self.gamma = (
-            default_gamma(self.competition, self.n_arms) if gamma is None else check_gamma(gamma)
+        self.n_arms, self.competition, self.structure, self.gamma = configure(
+            n_arms, competition, gamma, seed
         )
-        if seed is not None:
-            check_int("seed", seed, 0)
         self._rng = np.random.default_rng(seed)
         self.token = os.urandom(8).hex()
         n = self.n_instances
@@ -238,9 +230,13 @@ class BatchBandit:
     def update(self, tickets: TicketBatch, losses: Any, where: Any = None) -> None:
         """Apply the losses of a ticket batch (``losses`` has one entry per ticket)."""
         take = self._take(tickets, where)
-        losses = np.asarray(losses, dtype=float) if not isinstance(losses, np.ndarray) else losses
-        if losses.shape != (len(tickets),):
-            raise ValueError(f"losses must be {len(tickets)} numbers, got shape {losses.shape}")
+        try:
+            given = np.asarray(losses)
+            losses = given.astype(float, copy=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"losses must be {len(tickets)} real numbers, got {losses!r}") from exc
+        if losses.shape != (len(tickets),) or given.dtype == bool:
+            raise ValueError(f"losses must be {len(tickets)} real numbers, got {given!r}")
         bad = np.flatnonzero(take & ~np.isfinite(losses))
         if len(bad):
             raise ValueError(
