@@ -174,7 +174,7 @@ class Bandit:
 
     # ------------------------------------------------------------------ decisions
     def _weights(self, row: int) -> tuple[Any, Any, float, float, float]:
-        """(w, W, Σw, 1 - ε, ε/M) of one context, q = (1 - ε)·w/Σw + ε/M.
+        """(w, W, Σw, 1 - ε, ε/M) of one context: q = w·((1 - ε)/Σw) + ε/M, p = w/Σw.
 
         W is the cumulative sum of an array w (None for a list); Σw is summed in arm
         order, as the batch engine sums over its arm axis.
@@ -190,7 +190,7 @@ class Bandit:
     def probabilities(self, context: int | None = None) -> np.ndarray:
         """q: the distribution the next selection (in this context) is drawn from."""
         w, _, total, keep, spread = self._weights(check_context(self.structure, context))
-        return keep * (np.asarray(w) / total) + spread
+        return np.asarray(w) * (keep / total) + spread
 
     def select(self, context: int | None = None, u: float | None = None) -> Ticket:
         """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
@@ -198,13 +198,15 @@ class Bandit:
         u = self._rng.random() if u is None else check_unit(u)
         w, cw, total, keep, spread = self._weights(row)
         if cw is None:
-            arm = bisect_right(list(accumulate([keep * (x / total) + spread for x in w])), u)
+            scale = keep / total
+            arm = bisect_right(list(accumulate([x * scale + spread for x in w])), u)
         else:
             arm = _first_above(cw, u, keep / total, spread)
         arm = min(arm, self.n_arms - 1)
         p = float(w[arm]) / total
         self.n_rounds += 1
-        ticket = Ticket(self.instance_id, self.n_rounds, arm, keep * p + spread, p, context)
+        prob = float(w[arm]) * (keep / total) + spread
+        ticket = Ticket(self.instance_id, self.n_rounds, arm, prob, p, context)
         self._pending[self.n_rounds] = ticket
         return ticket
 

@@ -38,6 +38,7 @@ class TicketBatch:
     probs: np.ndarray
     p: np.ndarray
     contexts: np.ndarray
+    every: bool = False  # one entry per instance of the BatchBandit, in order
 
     def __len__(self) -> int:
         return len(self.instances)
@@ -158,15 +159,15 @@ class BatchBandit:
         return _int_array("contexts", contexts, n, 0, c - 1)
 
     def _policy(self, rows: np.ndarray | slice, contexts: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(q, p), each of shape (M, n): arms on the first axis, instances on the second."""
+        """(q, w, Σw): q and the arm weights w have shape (M, n), arms first; p = w / Σw."""
         c = self.gamma / np.sqrt(self.vn[rows] + 1.0)
         w = self.structure.arm_weights(self.weights, rows, contexts, c)
-        p = np.divide(w, arm_total(w), out=w)  # Σw in arm order, exactly as Bandit sums it
+        total = arm_total(w)  # Σw in arm order, exactly as Bandit sums it
         t = (self.n_updates[rows] + 1).astype(float)
         eps = np.minimum(0.5, np.sqrt(self.n_arms / t))
-        q = (1.0 - eps) * p
+        q = w * ((1.0 - eps) / total)
         q += eps / self.n_arms
-        return q, p
+        return q, w, total
 
     def probabilities(self, instances: Any = None, contexts: Any = None) -> np.ndarray:
         """q for each chosen instance (rows in the order given), shape (n, M)."""
@@ -181,7 +182,7 @@ class BatchBandit:
         u = self._rng.random(n) if u is None else _real_array("u", u, n, 0.0, 1.0)
         if (u >= 1.0).any():
             raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
-        q, p = self._policy(rows, ctx)
+        q, w, total = self._policy(rows, ctx)
         arms = select_arms(cumulative(q), u)
         idx = np.arange(n)
         self.n_rounds[rows] += 1
@@ -195,8 +196,9 @@ class BatchBandit:
             self.n_rounds[rows],
             arms,
             q[arms, idx],
-            p[arms, idx],
+            w[arms, idx] / total,
             ctx,
+            isinstance(rows, slice),
         )
 
     def _count(self, rows: np.ndarray | slice) -> int:
@@ -243,15 +245,18 @@ class BatchBandit:
                 "loss must be a finite real number, "
                 f"got losses[{bad[0]}] = {float(losses[bad[0]])!r}"
             )
-        rows = tickets.instances[take]
+        # the whole batch at once: slices give views instead of gathers and scatters
+        pick = slice(None) if take.all() else take
+        full = isinstance(pick, slice)
+        rows = slice(None) if tickets.every and full else tickets.instances[pick]
         step = observe_batch(
             self.psi[rows],
             self.vn[rows],
             self.d_mant[rows],
             self.d_exp[rows],
-            losses[take],
-            tickets.probs[take],
-            tickets.p[take],
+            losses[pick],
+            tickets.probs[pick],
+            tickets.p[pick],
         )
         self.n_updates[rows] += 1
         if self.n_arms > 1:
@@ -259,8 +264,8 @@ class BatchBandit:
             self.structure.update(
                 self.weights,
                 rows,
-                tickets.contexts[take],
-                tickets.arms[take],
+                tickets.contexts[pick],
+                tickets.arms[pick],
                 step,
                 c,
                 self.n_updates[rows],

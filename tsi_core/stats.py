@@ -118,25 +118,25 @@ def observe_batch(
             g_mant[big], g_exp[big] = h_mant, h_exp + 1
     phi_mant, phi_exp = np.frexp(g_mant / q)
     phi_exp = phi_exp.astype(np.int64) + g_exp
-    with np.errstate(over="ignore", under="ignore"):  # the discarded branch may overflow
-        return _combine(psi, vn, d_mant, d_exp, p, new_psi, g_mant, phi_mant, phi_exp)
-
-
-def _combine(psi, vn, d_mant, d_exp, p, new_psi, g_mant, phi_mant, phi_exp) -> BatchStep:
-    """The branch-free second half of ``observe_batch``."""
     positive = g_mant != 0.0
-    no_range = d_mant == 0.0
-    grows = positive & (no_range | (phi_exp > d_exp) | ((phi_exp == d_exp) & (phi_mant > d_mant)))
-    safe_phi = np.where(positive, phi_mant, 1.0)
-    safe_d = np.where(no_range, 1.0, d_mant)
-    ratio = np.where(
-        grows,
-        np.where(no_range, 0.0, np.ldexp(safe_d / safe_phi, d_exp - phi_exp)),
-        1.0,
+    grows = positive & (
+        (d_mant == 0.0) | (phi_exp > d_exp) | ((phi_exp == d_exp) & (phi_mant > d_mant))
     )
-    x = np.where(grows, 1.0, np.where(positive, np.ldexp(safe_phi / safe_d, phi_exp - d_exp), 0.0))
-    new_vn = np.where(grows, vn * ratio * ratio + p, np.where(positive, vn + p * x * x, vn))
-    r = np.where(positive, ratio * np.sqrt((vn + 1.0) / (new_vn + 1.0)), 1.0)
-    new_d_mant = np.where(grows, phi_mant, d_mant)
-    new_d_exp = np.where(grows, phi_exp, d_exp)
+    # most rounds keep D: compute that case for all, then redo the few where D grows
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        x = np.ldexp(phi_mant / d_mant, phi_exp - d_exp)
+    x[~positive] = 0.0
+    new_vn = vn + p * x * x
+    ratio = np.ones_like(vn)
+    new_d_mant, new_d_exp = d_mant.copy(), d_exp.copy()
+    grown = np.flatnonzero(grows)
+    if len(grown):
+        old_mant, old_exp, new_mant = d_mant[grown], d_exp[grown], phi_mant[grown]
+        with np.errstate(under="ignore"):
+            ratio[grown] = np.ldexp(old_mant / new_mant, old_exp - phi_exp[grown])  # 0 if D was 0
+        x[grown] = 1.0
+        new_vn[grown] = vn[grown] * ratio[grown] * ratio[grown] + p[grown]
+        new_d_mant[grown], new_d_exp[grown] = new_mant, phi_exp[grown]
+    r = ratio * np.sqrt((vn + 1.0) / (new_vn + 1.0))
+    r[~positive] = 1.0
     return BatchStep(new_psi, new_vn, new_d_mant, new_d_exp, x, ratio, r, new_d_mant != 0.0)

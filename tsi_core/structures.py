@@ -48,14 +48,17 @@ class Structure:
     def update(
         self,
         state: np.ndarray,
-        rows: np.ndarray,
+        rows: Rows,
         contexts: np.ndarray,
         arms: np.ndarray,
         step: BatchStep,
         c: np.ndarray,
         n_updates: np.ndarray,
     ) -> None:
-        """Apply one round's update (``step``) to the instances ``rows``, in place."""
+        """Apply one round's update (``step``) to the instances ``rows``, in place.
+
+        ``rows`` is an index array, or ``slice(None)`` for all instances in order.
+        """
         raise NotImplementedError
 
     def arm_weights_one(self, state: np.ndarray, context: int, c: float) -> Any:
@@ -121,10 +124,11 @@ class CumulativeLoss(Structure):
         return np.exp(w, out=w)
 
     def update(self, state, rows, contexts, arms, step, c, n_updates) -> None:
+        every = isinstance(rows, slice)  # all instances, in order
         grown = step.ratio != 1.0
         if grown.any():
-            state[:, :, rows[grown]] *= step.ratio[grown]
-        state[contexts, arms, rows] += step.x
+            state[:, :, np.flatnonzero(grown) if every else rows[grown]] *= step.ratio[grown]
+        state[contexts, arms, np.arange(state.shape[-1]) if every else rows] += step.x
 
     def arm_weights_one(self, state: np.ndarray, context: int, c: float) -> Any:
         if self.n_arms > SCALAR_ARMS:
