@@ -1,0 +1,98 @@
+"""The one dataflow builder: Kafka, files and tests differ only in sources and sinks.
+
+```
+requests ─ parse ─ route ─┐                     ┌─ selections ─ serialise ─ sink
+                          ├─ merge ─ stateful ──┤
+feedback ─ parse ─ route ─┘     (per instance)  └─ dead letters (+ every refusal upstream)
+```
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow, Stream
+
+from flows.events import DeadLetter, Feedback, Origin, Request, parse_feedback, parse_request
+from flows.operator import Routed, logic_builder
+from flows.registry import Registry
+
+Message = tuple[bytes, Origin]
+KeyedBytes = tuple[str, bytes]
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """Where messages come from and go to.
+
+    ``requests`` and ``feedback`` add their source to the flow and return a stream of raw
+    messages with their origin, plus a stream of dead letters for messages the source
+    itself could not deliver (e.g. Kafka errors). ``selections`` and ``dead_letters``
+    consume (key, JSON bytes) streams.
+    """
+
+    requests: Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
+    feedback: Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
+    selections: Callable[[str, Stream[KeyedBytes]], None]
+    dead_letters: Callable[[str, Stream[KeyedBytes]], None]
+
+
+def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] | DeadLetter:
+    """(instance key, (key, event)), or a dead letter for an unknown experiment or unit."""
+    experiment = registry.get(event.experiment)
+    if experiment is None:
+        return DeadLetter(
+            "unknown_experiment",
+            f"no experiment {event.experiment!r} in the registry",
+            event.raw,
+            event.origin,
+        )
+    try:
+        key = experiment.instance_key(event.unit)
+    except KeyError as exc:
+        return DeadLetter("missing_field", exc.args[0], event.raw, event.origin)
+    return key, (key, event)
+
+
+def build_flow(
+    registry: Registry,
+    wiring: Wiring,
+    clock: Callable[[], float] = time.time,
+    flow_id: str = "tsi",
+) -> Dataflow:
+    """The serving dataflow. Step ids are stable: recovery state is keyed by them."""
+    flow = Dataflow(flow_id)
+    dead: list[Stream[DeadLetter]] = []
+    routed: list[Stream[tuple[str, Routed]]] = []
+    for name, source, parse in (
+        ("requests", wiring.requests, parse_request),
+        ("feedback", wiring.feedback, parse_feedback),
+    ):
+        messages, source_errors = source(flow, f"{name}_in")
+        if source_errors is not None:
+            dead.append(source_errors)
+        parsed = op.map(f"parse_{name}", messages, lambda m, parse=parse: parse(m[0], m[1]))
+        keyed = op.map(
+            f"route_{name}",
+            parsed,
+            lambda e: e if isinstance(e, DeadLetter) else route(registry, e),
+        )
+        split = op.branch(f"split_{name}", keyed, lambda e: isinstance(e, DeadLetter))
+        dead.append(split.trues)
+        routed.append(split.falses)
+    events = op.merge("events", *routed)
+    outputs = op.stateful("bandit", events, logic_builder(registry, clock))
+    answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
+    dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))
+    selections = op.map("selection_json", answers.falses, lambda kv: (kv[0], kv[1].to_json()))
+    wiring.selections("selections_out", selections)
+    letters = op.map(
+        "dead_letter_json",
+        op.merge("dead_letters", *dead),
+        lambda d: (d.instance or "", d.to_json()),
+    )
+    wiring.dead_letters("dead_letters_out", letters)
+    return flow

@@ -1,0 +1,220 @@
+"""Event contracts: parsing of incoming messages and serialisation of outgoing ones.
+
+Every incoming message becomes either a typed event or a ``DeadLetter`` that keeps the
+original bytes, the reason and where the message came from. Nothing raises.
+
+>>> origin = Origin("tsi.requests", 0, 17)
+>>> parse_request(b'{"experiment": "home", "request_id": "r1"}', origin).request_id
+'r1'
+>>> parse_request(b'{"experiment": "home"}', origin).reason
+'missing_field'
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_ID_LENGTH = 256
+MAX_ABS_LOSS = 1e300
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a message came from: a topic (or file) with partition and offset (or line)."""
+
+    source: str
+    partition: int | None = None
+    offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A decision request; the instance is the experiment, or experiment + unit."""
+
+    experiment: str
+    unit: str | None
+    request_id: str
+    context: int | None
+    ts: float | None
+    raw: bytes
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """The loss of a served selection (``reward`` arrives as ``loss = -reward``)."""
+
+    experiment: str
+    unit: str | None
+    request_id: str
+    loss: float
+    arm: int | None
+    ts: float | None
+    raw: bytes
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The answer to a request; ``prob`` is the propensity the arm was drawn with."""
+
+    experiment: str
+    unit: str | None
+    request_id: str
+    instance: str
+    arm: int
+    arm_name: str
+    prob: float
+    round: int
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "experiment": self.experiment,
+                "unit": self.unit,
+                "request_id": self.request_id,
+                "arm": self.arm,
+                "arm_name": self.arm_name,
+                "prob": self.prob,
+                "round": self.round,
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An input that changed nothing, with the reason (a code and a human sentence)."""
+
+    reason: str
+    detail: str
+    raw: bytes
+    origin: Origin
+    instance: str | None = None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "reason": self.reason,
+                "detail": self.detail,
+                "source": self.origin.source,
+                "partition": self.origin.partition,
+                "offset": self.origin.offset,
+                "instance": self.instance,
+                "raw_b64": base64.b64encode(self.raw).decode("ascii"),
+            }
+        )
+
+
+class _InvalidError(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        raise _InvalidError("wrong_type", f"message must be bytes, got {type(raw).__name__}")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise _InvalidError("oversize", f"message has {len(raw)} bytes, limit {MAX_MESSAGE_BYTES}")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _InvalidError("malformed_json", f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _InvalidError("not_an_object", f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _identifier(data: dict[str, Any], name: str, required: bool = True) -> str | None:
+    value = data.get(name)
+    if value is None:
+        if required:
+            raise _InvalidError("missing_field", f"field {name!r} is required")
+        return None
+    if not isinstance(value, str):
+        raise _InvalidError("wrong_type", f"{name} must be a string, got {value!r}")
+    if not value or len(value) > MAX_ID_LENGTH:
+        raise _InvalidError("bad_value", f"{name} must have 1 to {MAX_ID_LENGTH} characters")
+    return value
+
+
+def _optional_index(data: dict[str, Any], name: str) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _InvalidError("wrong_type", f"{name} must be an integer, got {value!r}")
+    if value < 0:
+        raise _InvalidError("bad_value", f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def _optional_time(data: dict[str, Any]) -> float | None:
+    value = data.get("ts")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _InvalidError("wrong_type", f"ts must be a number, got {value!r}")
+    return float(value)
+
+
+def _loss(data: dict[str, Any]) -> float:
+    has_loss, has_reward = data.get("loss") is not None, data.get("reward") is not None
+    if has_loss == has_reward:
+        raise _InvalidError("missing_field", "exactly one of 'loss' or 'reward' is required")
+    name = "loss" if has_loss else "reward"
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _InvalidError("wrong_type", f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or abs(value) > MAX_ABS_LOSS:
+        raise _InvalidError("loss_out_of_range", f"|{name}| must be at most {MAX_ABS_LOSS:g}")
+    return value if has_loss else -value
+
+
+def parse_request(raw: bytes, origin: Origin) -> Request | DeadLetter:
+    """A decision request, or the dead letter that says why not."""
+    try:
+        data = _load(raw)
+        return Request(
+            experiment=_identifier(data, "experiment"),
+            unit=_identifier(data, "unit", required=False),
+            request_id=_identifier(data, "request_id"),
+            context=_optional_index(data, "context"),
+            ts=_optional_time(data),
+            raw=bytes(raw),
+            origin=origin,
+        )
+    except _InvalidError as bad:
+        return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
+
+
+def parse_feedback(raw: bytes, origin: Origin) -> Feedback | DeadLetter:
+    """A feedback event (loss or reward of a served request), or its dead letter."""
+    try:
+        data = _load(raw)
+        return Feedback(
+            experiment=_identifier(data, "experiment"),
+            unit=_identifier(data, "unit", required=False),
+            request_id=_identifier(data, "request_id"),
+            loss=_loss(data),
+            arm=_optional_index(data, "arm"),
+            ts=_optional_time(data),
+            raw=bytes(raw),
+            origin=origin,
+        )
+    except _InvalidError as bad:
+        return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
+
+
+def _as_bytes(raw: Any) -> bytes:
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return bytes(raw)
+    return repr(raw).encode("utf-8", "replace")

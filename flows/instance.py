@@ -1,0 +1,313 @@
+"""One bandit instance's event handling: pure logic, no I/O, the clock passed in.
+
+Requests draw an arm with u hashed from (seed, instance, request_id), so a retried or
+replayed request gets the same answer. A selection waits as an open ticket until its
+feedback arrives or its time to live passes. Feedback that arrives before its request
+waits in a bounded buffer. Whatever is not applied comes back as a ``DeadLetter`` with
+its reason: nothing is dropped silently, and a refused event changes no state.
+
+>>> from flows.registry import Registry
+>>> from flows.events import Origin, parse_request, parse_feedback
+>>> exp = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')["home"]
+>>> inst = Instance(exp, "home")
+>>> [sel] = inst.on_request(parse_request(b'{"experiment":"home","request_id":"r1"}',
+...                                       Origin("t")), now=0.0)
+>>> inst.on_feedback(parse_feedback(b'{"experiment":"home","request_id":"r1","loss":2}',
+...                                 Origin("t")), now=1.0)
+[]
+>>> inst.bandit.n_updates
+1
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+from flows.events import DeadLetter, Feedback, Origin, Request, Selection
+from flows.registry import Experiment
+from tsi_core import Bandit, Ticket
+
+Output = Selection | DeadLetter
+
+
+def uniform_draw(seed: int, instance: str, request_id: str) -> float:
+    """u in [0, 1) from a stable hash (never the salted built-in ``hash``).
+
+    >>> uniform_draw(1, "home", "r1") == uniform_draw(1, "home", "r1")
+    True
+    """
+    digest = hashlib.blake2b(
+        f"{seed}\x00{instance}\x00{request_id}".encode(), digest_size=8
+    ).digest()
+    return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)
+
+
+@dataclass(slots=True)
+class Open:
+    """A served selection waiting for its feedback."""
+
+    ticket: Ticket
+    selection: Selection
+    deadline: float
+    request: bytes
+    origin: Origin
+
+
+@dataclass(slots=True)
+class Early:
+    """Feedback that arrived before its request."""
+
+    feedback: Feedback
+    deadline: float
+
+
+class Instance:
+    """State and event handling of one instance (an experiment, or experiment + unit)."""
+
+    def __init__(self, experiment: Experiment, key: str, bandit: Bandit | None = None) -> None:
+        self.experiment = experiment
+        self.key = key
+        self.bandit = bandit if bandit is not None else experiment.new_bandit(key)
+        self.open: dict[str, Open] = {}
+        self.settled: dict[str, tuple[Selection, float]] = {}  # request_id -> (answer, forget at)
+        self.early: dict[str, Early] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap; entries may be stale
+
+    # ------------------------------------------------------------------ events
+    def on_request(self, request: Request, now: float) -> list[Output]:
+        rid = request.request_id
+        served = self.open.get(rid)
+        if served is not None:
+            if served.ticket.context != request.context:
+                return [
+                    self._dead(
+                        request,
+                        "context_mismatch",
+                        f"request_id {rid!r} was served with context "
+                        f"{served.ticket.context!r}, now asks {request.context!r}",
+                    )
+                ]
+            return [served.selection]  # a retried request gets the same answer
+        done = self.settled.get(rid)
+        if done is not None:
+            return [done[0]]
+        refused = self._check_context(request)
+        if refused is not None:
+            return [refused]
+        u = uniform_draw(self.experiment.seed, self.key, rid)
+        ticket = self.bandit.select(context=request.context, u=u)
+        selection = Selection(
+            request.experiment,
+            request.unit,
+            rid,
+            self.key,
+            ticket.arm,
+            self.experiment.arms[ticket.arm],
+            ticket.prob,
+            ticket.round,
+        )
+        deadline = now + self.experiment.feedback_ttl
+        self.open[rid] = Open(ticket, selection, deadline, request.raw, request.origin)
+        heapq.heappush(self._deadlines, (deadline, rid))
+        out: list[Output] = [selection]
+        waiting = self.early.pop(rid, None)
+        if waiting is not None:
+            out += self.on_feedback(waiting.feedback, now)
+        return out
+
+    def _check_context(self, request: Request) -> DeadLetter | None:
+        n_contexts, context = self.experiment.n_contexts, request.context
+        if n_contexts == 1 and context is not None:
+            return self._dead(
+                request,
+                "context_out_of_range",
+                f"experiment {self.experiment.name!r} takes no context",
+            )
+        if n_contexts > 1 and context is None:
+            return self._dead(
+                request, "missing_field", f"experiment {self.experiment.name!r} needs a context"
+            )
+        if n_contexts > 1 and context >= n_contexts:
+            return self._dead(
+                request,
+                "context_out_of_range",
+                f"context {context} is not in [0, {n_contexts - 1}]",
+            )
+        return None
+
+    def on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
+        rid = feedback.request_id
+        served = self.open.get(rid)
+        if served is None:
+            if rid in self.settled:
+                return [
+                    self._dead(
+                        feedback,
+                        "duplicate_feedback",
+                        f"request_id {rid!r} already has its feedback",
+                    )
+                ]
+            if rid in self.early:
+                return [
+                    self._dead(
+                        feedback,
+                        "duplicate_feedback",
+                        f"feedback for request_id {rid!r} is already waiting",
+                    )
+                ]
+            if len(self.early) >= self.experiment.early_feedback_limit:
+                return [
+                    self._dead(
+                        feedback,
+                        "early_buffer_full",
+                        f"{len(self.early)} feedback events already wait for their requests",
+                    )
+                ]
+            deadline = now + self.experiment.feedback_ttl
+            self.early[rid] = Early(feedback, deadline)
+            heapq.heappush(self._deadlines, (deadline, rid))
+            return []
+        if feedback.arm is not None and feedback.arm != served.ticket.arm:
+            return [
+                self._dead(
+                    feedback,
+                    "arm_mismatch",
+                    f"request_id {rid!r} was served arm {served.ticket.arm}, "
+                    f"feedback names arm {feedback.arm}",
+                )
+            ]
+        self.bandit.update(served.ticket, feedback.loss)
+        del self.open[rid]
+        forget = now + self.experiment.feedback_ttl
+        self.settled[rid] = (served.selection, forget)
+        heapq.heappush(self._deadlines, (forget, rid))
+        return []
+
+    def expire(self, now: float) -> list[Output]:
+        """Close what has waited too long: tickets without feedback, feedback without request."""
+        out: list[Output] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            due, rid = heapq.heappop(self._deadlines)
+            served = self.open.get(rid)
+            if served is not None and served.deadline == due:
+                self.bandit.discard(served.ticket)
+                del self.open[rid]
+                out.append(
+                    DeadLetter(
+                        "ticket_expired",
+                        f"no feedback for request_id {rid!r} within "
+                        f"{self.experiment.feedback_ttl:g} s",
+                        served.request,
+                        served.origin,
+                        self.key,
+                    )
+                )
+            waiting = self.early.get(rid)
+            if waiting is not None and waiting.deadline == due:
+                del self.early[rid]
+                out.append(
+                    self._dead(
+                        waiting.feedback,
+                        "unknown_ticket",
+                        f"no request {rid!r} arrived within "
+                        f"{self.experiment.feedback_ttl:g} s of its feedback",
+                    )
+                )
+            done = self.settled.get(rid)
+            if done is not None and done[1] == due:
+                del self.settled[rid]
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def _dead(self, event: Request | Feedback, reason: str, detail: str) -> DeadLetter:
+        return DeadLetter(reason, detail, event.raw, event.origin, self.key)
+
+    # ------------------------------------------------------------- snapshots
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able state (the bandit's own snapshot plus tickets and buffers)."""
+        return {
+            "experiment": self.experiment.name,
+            "key": self.key,
+            "bandit": self.bandit.to_dict(),
+            "open": [_open_to_dict(rid, o) for rid, o in self.open.items()],
+            "settled": [[rid, _selection_to_dict(s), t] for rid, (s, t) in self.settled.items()],
+            "early": [
+                [rid, _feedback_to_dict(e.feedback), e.deadline] for rid, e in self.early.items()
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, experiment: Experiment, data: dict[str, Any]) -> Instance:
+        inst = cls(experiment, data["key"], Bandit.from_dict(data["bandit"]))
+        for item in data["open"]:
+            rid = item["request_id"]
+            inst.open[rid] = Open(
+                Ticket.from_dict(item["ticket"]),
+                Selection(**item["selection"]),
+                item["deadline"],
+                bytes.fromhex(item["request"]),
+                Origin(*item["origin"]),
+            )
+            heapq.heappush(inst._deadlines, (item["deadline"], rid))
+        for rid, selection, forget in data["settled"]:
+            inst.settled[rid] = (Selection(**selection), forget)
+            heapq.heappush(inst._deadlines, (forget, rid))
+        for rid, feedback, deadline in data["early"]:
+            inst.early[rid] = Early(_feedback_from_dict(feedback), deadline)
+            heapq.heappush(inst._deadlines, (deadline, rid))
+        return inst
+
+
+def _selection_to_dict(s: Selection) -> dict[str, Any]:
+    return {
+        "experiment": s.experiment,
+        "unit": s.unit,
+        "request_id": s.request_id,
+        "instance": s.instance,
+        "arm": s.arm,
+        "arm_name": s.arm_name,
+        "prob": s.prob,
+        "round": s.round,
+    }
+
+
+def _open_to_dict(rid: str, o: Open) -> dict[str, Any]:
+    return {
+        "request_id": rid,
+        "ticket": o.ticket.to_dict(),
+        "selection": _selection_to_dict(o.selection),
+        "deadline": o.deadline,
+        "request": o.request.hex(),
+        "origin": [o.origin.source, o.origin.partition, o.origin.offset],
+    }
+
+
+def _feedback_to_dict(f: Feedback) -> dict[str, Any]:
+    return {
+        "experiment": f.experiment,
+        "unit": f.unit,
+        "request_id": f.request_id,
+        "loss": f.loss,
+        "arm": f.arm,
+        "ts": f.ts,
+        "raw": f.raw.hex(),
+        "origin": [f.origin.source, f.origin.partition, f.origin.offset],
+    }
+
+
+def _feedback_from_dict(d: dict[str, Any]) -> Feedback:
+    return Feedback(
+        d["experiment"],
+        d["unit"],
+        d["request_id"],
+        d["loss"],
+        d["arm"],
+        d["ts"],
+        bytes.fromhex(d["raw"]),
+        Origin(*d["origin"]),
+    )

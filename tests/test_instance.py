@@ -1,0 +1,163 @@
+"""Per-instance event handling: deterministic draws, tickets, buffers, expiry, refusals."""
+
+import json
+
+import orjson
+import pytest
+
+from flows.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.instance import Instance, uniform_draw
+from flows.registry import Registry
+
+REGISTRY = Registry.from_toml(
+    """
+[experiments.home]
+arms = ["a", "b", "c"]
+feedback_ttl = 10
+early_feedback_limit = 2
+seed = 5
+
+[experiments.ctx]
+arms = ["a", "b"]
+competition = { kind = "contextual", n_contexts = 3 }
+"""
+)
+
+
+def request(rid, experiment="home", **extra):
+    raw = orjson.dumps({"experiment": experiment, "request_id": rid, **extra})
+    return parse_request(raw, Origin("tsi.requests", 0, 1))
+
+
+def feedback(rid, loss=1.0, experiment="home", **extra):
+    raw = orjson.dumps({"experiment": experiment, "request_id": rid, "loss": loss, **extra})
+    return parse_feedback(raw, Origin("tsi.feedback", 0, 1))
+
+
+def state(inst):
+    return json.dumps(inst.to_dict(), sort_keys=True)
+
+
+def fresh(name="home"):
+    return Instance(REGISTRY[name], name)
+
+
+def test_the_draw_depends_only_on_seed_instance_and_request_id():
+    a, b = fresh(), fresh()
+    for i in range(50):
+        [sa], [sb] = a.on_request(request(f"r{i}"), 0.0), b.on_request(request(f"r{i}"), 5.0)
+        assert sa == sb
+    assert uniform_draw(5, "home", "r1") != uniform_draw(6, "home", "r1")
+    assert 0.0 <= uniform_draw(5, "home", "r1") < 1.0
+
+
+def test_retried_request_gets_the_same_selection_and_changes_nothing():
+    inst = fresh()
+    [first] = inst.on_request(request("r1"), 0.0)
+    before = state(inst)
+    assert inst.on_request(request("r1"), 1.0) == [first]
+    assert state(inst) == before
+    inst.on_feedback(feedback("r1"), 2.0)
+    assert inst.on_request(request("r1"), 3.0) == [first]  # also after its feedback
+
+
+def test_request_id_reused_with_another_context_is_refused():
+    inst = fresh("ctx")
+    inst.on_request(request("r1", "ctx", context=1), 0.0)
+    before = state(inst)
+    [dead] = inst.on_request(request("r1", "ctx", context=2), 1.0)
+    assert isinstance(dead, DeadLetter) and dead.reason == "context_mismatch"
+    assert state(inst) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "reason"),
+    [
+        ("ctx", {}, "missing_field"),
+        ("ctx", {"context": 3}, "context_out_of_range"),
+        ("home", {"context": 0}, "context_out_of_range"),
+    ],
+)
+def test_context_rules(name, extra, reason):
+    inst = fresh(name)
+    before = state(inst)
+    [dead] = inst.on_request(request("r1", name, **extra), 0.0)
+    assert dead.reason == reason and dead.instance == name
+    assert state(inst) == before
+
+
+def test_feedback_is_applied_exactly_once():
+    inst = fresh()
+    inst.on_request(request("r1"), 0.0)
+    assert inst.on_feedback(feedback("r1", 3.0), 1.0) == []
+    assert inst.bandit.n_updates == 1 and inst.bandit.psi == 3.0
+    before = state(inst)
+    [dead] = inst.on_feedback(feedback("r1", 3.0), 2.0)
+    assert dead.reason == "duplicate_feedback"
+    assert state(inst) == before
+
+
+def test_feedback_naming_another_arm_is_refused_and_the_ticket_stays_open():
+    inst = fresh()
+    [sel] = inst.on_request(request("r1"), 0.0)
+    before = state(inst)
+    [dead] = inst.on_feedback(feedback("r1", arm=(sel.arm + 1) % 3), 1.0)
+    assert dead.reason == "arm_mismatch" and state(inst) == before
+    assert inst.on_feedback(feedback("r1", arm=sel.arm), 1.0) == []
+    assert inst.bandit.n_updates == 1
+
+
+def test_early_feedback_waits_in_a_bounded_buffer_and_applies_on_its_request():
+    inst = fresh()
+    assert inst.on_feedback(feedback("r1", 4.0), 0.0) == []
+    assert inst.on_feedback(feedback("r2", 5.0), 0.0) == []
+    [dup] = inst.on_feedback(feedback("r1", 4.0), 0.5)
+    assert dup.reason == "duplicate_feedback"
+    [full] = inst.on_feedback(feedback("r3", 6.0), 1.0)
+    assert full.reason == "early_buffer_full"
+    [sel] = inst.on_request(request("r1"), 2.0)
+    assert isinstance(sel, Selection)
+    assert inst.bandit.n_updates == 1 and inst.bandit.psi == 4.0 and "r1" not in inst.early
+
+
+def test_expiry_reports_tickets_without_feedback_and_feedback_without_request():
+    inst = fresh()
+    inst.on_request(request("r1"), 0.0)
+    inst.on_feedback(feedback("zz"), 3.0)
+    assert inst.next_deadline() == 10.0
+    assert inst.expire(9.9) == []
+    [expired] = inst.expire(10.0)
+    assert expired.reason == "ticket_expired"
+    assert orjson.loads(expired.raw)["request_id"] == "r1"  # the original request bytes
+    assert inst.bandit.pending == () and inst.open == {}
+    [unknown] = inst.expire(13.0)
+    assert unknown.reason == "unknown_ticket" and orjson.loads(unknown.raw)["request_id"] == "zz"
+    # feedback after its ticket expired is unknown too: it waits, then is reported
+    assert inst.on_feedback(feedback("r1"), 14.0) == []
+    assert [d.reason for d in inst.expire(24.0)] == ["unknown_ticket"]
+    assert inst.bandit.n_updates == 0
+
+
+def test_settled_requests_are_forgotten_after_the_time_to_live():
+    inst = fresh()
+    inst.on_request(request("r1"), 0.0)
+    inst.on_feedback(feedback("r1"), 1.0)
+    assert "r1" in inst.settled
+    inst.expire(11.0)
+    assert "r1" not in inst.settled and inst.next_deadline() is None
+
+
+def test_snapshot_round_trip_continues_identically():
+    inst = fresh()
+    for i in range(6):
+        inst.on_request(request(f"r{i}"), float(i))
+    for i in range(3):
+        inst.on_feedback(feedback(f"r{i}", float(i)), 6.0)
+    inst.on_feedback(feedback("early"), 6.0)
+    copy = Instance.from_dict(REGISTRY["home"], json.loads(json.dumps(inst.to_dict())))
+    assert state(copy) == state(inst)
+    for target in (inst, copy):
+        target.on_feedback(feedback("r4", 2.5), 7.0)
+        target.on_request(request("early"), 7.5)
+    assert state(copy) == state(inst)
+    assert [d.reason for d in copy.expire(100.0)] == [d.reason for d in inst.expire(100.0)]
