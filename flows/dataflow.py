@@ -2,8 +2,8 @@
 
 ```
 requests ─ parse ─ route ─┐                     ┌─ selections ─ serialise ─ sink
-                          ├─ merge ─ stateful ──┤
-feedback ─ parse ─ route ─┘     (per instance)  └─ dead letters (+ every refusal upstream)
+feedback ─ parse ─ route ─┼─ merge ─ stateful ──┤
+ (events ─ parse ─ route)─┘     (per instance)  └─ dead letters (+ every refusal upstream)
 ```
 """
 
@@ -16,7 +16,15 @@ from dataclasses import dataclass
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 
-from flows.events import DeadLetter, Feedback, Origin, Request, parse_feedback, parse_request
+from flows.events import (
+    DeadLetter,
+    Feedback,
+    Origin,
+    Request,
+    parse_event,
+    parse_feedback,
+    parse_request,
+)
 from flows.operator import Routed, logic_builder
 from flows.registry import Registry
 
@@ -24,20 +32,29 @@ Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
 
 
+Open = Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
+PARSERS = {"requests": parse_request, "feedback": parse_feedback, "events": parse_event}
+
+
 @dataclass(frozen=True)
 class Wiring:
     """Where messages come from and go to.
 
-    ``requests`` and ``feedback`` add their source to the flow and return a stream of raw
-    messages with their origin, plus a stream of dead letters for messages the source
-    itself could not deliver (e.g. Kafka errors). ``selections`` and ``dead_letters``
-    consume (key, JSON bytes) streams.
+    ``inputs`` maps a kind (``requests``, ``feedback``, or ``events`` for a combined stream)
+    to a function that adds its source to the flow and returns a stream of raw messages
+    with their origin, plus a stream of dead letters for messages the source itself could
+    not deliver (e.g. Kafka errors) or None. ``selections`` and ``dead_letters`` consume
+    (key, JSON bytes) streams.
     """
 
-    requests: Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
-    feedback: Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
+    inputs: dict[str, Open]
     selections: Callable[[str, Stream[KeyedBytes]], None]
     dead_letters: Callable[[str, Stream[KeyedBytes]], None]
+
+    def __post_init__(self) -> None:
+        unknown = set(self.inputs) - set(PARSERS)
+        if unknown or not self.inputs:
+            raise ValueError(f"inputs must be some of {sorted(PARSERS)}, got {sorted(self.inputs)}")
 
 
 def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] | DeadLetter:
@@ -67,10 +84,8 @@ def build_flow(
     flow = Dataflow(flow_id)
     dead: list[Stream[DeadLetter]] = []
     routed: list[Stream[tuple[str, Routed]]] = []
-    for name, source, parse in (
-        ("requests", wiring.requests, parse_request),
-        ("feedback", wiring.feedback, parse_feedback),
-    ):
+    for name, source in sorted(wiring.inputs.items()):
+        parse = PARSERS[name]
         messages, source_errors = source(flow, f"{name}_in")
         if source_errors is not None:
             dead.append(source_errors)

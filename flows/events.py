@@ -214,6 +214,26 @@ def parse_feedback(raw: bytes, origin: Origin) -> Feedback | DeadLetter:
         return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
 
 
+def parse_event(raw: bytes, origin: Origin) -> Request | Feedback | DeadLetter:
+    """A message of the combined stream: ``"type"`` is ``"request"`` or ``"feedback"``.
+
+    One topic for both kinds, keyed by instance, fixes the order in which an instance sees
+    its requests and feedback; that order is what makes a replay after a crash re-emit
+    identical selections.
+    """
+    try:
+        kind = _load(raw).get("type")
+    except _InvalidError as bad:
+        return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
+    if kind == "request":
+        return parse_request(raw, origin)
+    if kind == "feedback":
+        return parse_feedback(raw, origin)
+    detail = "field 'type' must be 'request' or 'feedback'"
+    reason = "missing_field" if kind is None else "bad_value"
+    return DeadLetter(reason, f"{detail}, got {kind!r}", bytes(raw), origin)
+
+
 def _as_bytes(raw: Any) -> bytes:
     if isinstance(raw, bytes | bytearray | memoryview):
         return bytes(raw)

@@ -14,12 +14,22 @@ from flows.files import JsonLinesSource
 
 
 def memory_wiring(
-    requests: list[Message], feedback: list[Message], selections: list, dead_letters: list
+    requests: list[Message],
+    feedback: list[Message],
+    selections: list,
+    dead_letters: list,
+    events: list[Message] | None = None,
 ) -> Wiring:
-    """Read from lists of (bytes, Origin); append (key, JSON bytes) outputs to lists."""
+    """Read from lists of (bytes, Origin) (or one combined ``events`` list); append
+    (key, JSON bytes) outputs to lists."""
+    inputs = {"requests": requests, "feedback": feedback} if events is None else {"events": events}
     return Wiring(
-        requests=lambda flow, step: (op.input(step, flow, TestingSource(requests)), None),
-        feedback=lambda flow, step: (op.input(step, flow, TestingSource(feedback)), None),
+        inputs={
+            kind: (
+                lambda flow, step, items=items: (op.input(step, flow, TestingSource(items)), None)
+            )
+            for kind, items in inputs.items()
+        },
         selections=lambda step, up: op.output(step, up, TestingSink(selections)),
         dead_letters=lambda step, up: op.output(step, up, TestingSink(dead_letters)),
     )
@@ -35,8 +45,12 @@ def file_wiring(
         op.output(step, text, FileSink(Path(path)))
 
     return Wiring(
-        requests=lambda flow, step: (op.input(step, flow, JsonLinesSource(requests)), None),
-        feedback=lambda flow, step: (op.input(step, flow, JsonLinesSource(feedback)), None),
+        inputs={
+            kind: (
+                lambda flow, step, path=path: (op.input(step, flow, JsonLinesSource(path)), None)
+            )
+            for kind, path in (("requests", requests), ("feedback", feedback))
+        },
         selections=lambda step, up: lines(step, up, selections),
         dead_letters=lambda step, up: lines(step, up, dead_letters),
     )

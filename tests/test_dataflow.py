@@ -112,3 +112,35 @@ def test_file_wiring_reads_jsonl_and_writes_jsonl(tmp_path):
     assert [s["request_id"] for s in selections] == ["a", "b"]
     assert [(d["reason"], d["offset"]) for d in dead] == [("malformed_json", 3)]
     assert dead[0]["source"].endswith("rq.jsonl")
+
+
+def test_combined_event_stream_keeps_each_instance_in_stream_order():
+    events = []
+    for i in range(30):
+        unit = f"u{i % 3}"
+        events.append(
+            msg("ev", 2 * i, type="request", experiment="per_user", unit=unit, request_id=f"r{i}")
+        )
+        events.append(
+            msg(
+                "ev",
+                2 * i + 1,
+                type="feedback",
+                experiment="per_user",
+                unit=unit,
+                request_id=f"r{i}",
+                loss=float(i % 2),
+            )
+        )
+    events.append(msg("ev", 99, type="other", experiment="per_user", unit="u0", request_id="x"))
+    first_sel, first_dead = [], []
+    run_main(build_flow(REGISTRY, memory_wiring([], [], first_sel, first_dead, events=events)))
+    again_sel, again_dead = [], []
+    run_main(build_flow(REGISTRY, memory_wiring([], [], again_sel, again_dead, events=events)))
+    assert first_sel == again_sel and len(first_sel) == 30
+    assert [orjson.loads(v)["reason"] for _, v in first_dead] == ["bad_value"]
+    # every feedback met its open ticket (none waited as early feedback and expired)
+    rounds = {}
+    for key, value in first_sel:
+        rounds.setdefault(key, []).append(orjson.loads(value)["round"])
+    assert all(r == list(range(1, 11)) for r in rounds.values())

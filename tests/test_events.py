@@ -106,3 +106,24 @@ def test_outgoing_messages_are_json_with_everything_a_consumer_needs():
     assert base64.b64decode(data["raw_b64"]) == b"\x00\xffraw"
     assert (data["source"], data["partition"], data["offset"]) == ("tsi.requests", 3, 41)
     assert data["reason"] == "oversize"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"type": "request", "experiment": "e", "request_id": "r"}', Request),
+        (b'{"type": "feedback", "experiment": "e", "request_id": "r", "loss": 1}', Feedback),
+        (b'{"type": "click", "experiment": "e", "request_id": "r"}', "bad_value"),
+        (b'{"experiment": "e", "request_id": "r"}', "missing_field"),
+        (b'{"type": "request", "experiment": "e"}', "missing_field"),
+        (b"[]", "not_an_object"),
+    ],
+)
+def test_combined_stream_dispatches_on_type(raw, expected):
+    from flows.events import parse_event
+
+    out = parse_event(raw, ORIGIN)
+    if isinstance(expected, str):
+        assert isinstance(out, DeadLetter) and out.reason == expected and out.raw == raw
+    else:
+        assert isinstance(out, expected)
