@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from flows.events import DeadLetter, Feedback, Origin, Request, Selection
@@ -64,17 +65,41 @@ class Early:
     deadline: float
 
 
+_NONE: Any = MappingProxyType({})  # shared read-only stand-in for an empty table
+_NO_DEADLINES: Any = ()
+
+
 class Instance:
-    """State and event handling of one instance (an experiment, or experiment + unit)."""
+    """State and event handling of one instance (an experiment, or experiment + unit).
+
+    Idle instances are the common case with one bandit per user, so empty tables are a
+    shared read-only stand-in until something is stored, and go back to it when emptied.
+    """
+
+    __slots__ = ("_deadlines", "bandit", "early", "experiment", "key", "open", "settled")
 
     def __init__(self, experiment: Experiment, key: str, bandit: Bandit | None = None) -> None:
         self.experiment = experiment
         self.key = key
         self.bandit = bandit if bandit is not None else experiment.new_bandit(key)
-        self.open: dict[str, Open] = {}
-        self.settled: dict[str, tuple[Selection, float]] = {}  # request_id -> (answer, forget at)
-        self.early: dict[str, Early] = {}
-        self._deadlines: list[tuple[float, str]] = []  # heap; entries may be stale
+        self.open: dict[str, Open] = _NONE
+        self.settled: dict[str, tuple[Selection, float]] = _NONE  # rid -> (answer, forget at)
+        self.early: dict[str, Early] = _NONE
+        self._deadlines: list[tuple[float, str]] = _NO_DEADLINES  # heap; may hold stale entries
+
+    def _remember(self, table: str, rid: str, value: Any, due: float) -> None:
+        if getattr(self, table) is _NONE:
+            setattr(self, table, {})
+        getattr(self, table)[rid] = value
+        if self._deadlines is _NO_DEADLINES:
+            self._deadlines = []
+        heapq.heappush(self._deadlines, (due, rid))
+
+    def _forget(self, table: str, rid: str) -> None:
+        entries = getattr(self, table)
+        del entries[rid]
+        if not entries:
+            setattr(self, table, _NONE)
 
     # ------------------------------------------------------------------ events
     def on_request(self, request: Request, now: float) -> list[Output]:
@@ -110,11 +135,13 @@ class Instance:
             ticket.round,
         )
         deadline = now + self.experiment.feedback_ttl
-        self.open[rid] = Open(ticket, selection, deadline, request.raw, request.origin)
-        heapq.heappush(self._deadlines, (deadline, rid))
+        self._remember(
+            "open", rid, Open(ticket, selection, deadline, request.raw, request.origin), deadline
+        )
         out: list[Output] = [selection]
-        waiting = self.early.pop(rid, None)
+        waiting = self.early.get(rid)
         if waiting is not None:
+            self._forget("early", rid)
             out += self.on_feedback(waiting.feedback, now)
         return out
 
@@ -167,8 +194,7 @@ class Instance:
                     )
                 ]
             deadline = now + self.experiment.feedback_ttl
-            self.early[rid] = Early(feedback, deadline)
-            heapq.heappush(self._deadlines, (deadline, rid))
+            self._remember("early", rid, Early(feedback, deadline), deadline)
             return []
         if feedback.arm is not None and feedback.arm != served.ticket.arm:
             return [
@@ -180,10 +206,9 @@ class Instance:
                 )
             ]
         self.bandit.update(served.ticket, feedback.loss)
-        del self.open[rid]
+        self._forget("open", rid)
         forget = now + self.experiment.feedback_ttl
-        self.settled[rid] = (served.selection, forget)
-        heapq.heappush(self._deadlines, (forget, rid))
+        self._remember("settled", rid, (served.selection, forget), forget)
         return []
 
     def expire(self, now: float) -> list[Output]:
@@ -194,7 +219,7 @@ class Instance:
             served = self.open.get(rid)
             if served is not None and served.deadline == due:
                 self.bandit.discard(served.ticket)
-                del self.open[rid]
+                self._forget("open", rid)
                 out.append(
                     DeadLetter(
                         "ticket_expired",
@@ -207,7 +232,7 @@ class Instance:
                 )
             waiting = self.early.get(rid)
             if waiting is not None and waiting.deadline == due:
-                del self.early[rid]
+                self._forget("early", rid)
                 out.append(
                     self._dead(
                         waiting.feedback,
@@ -218,7 +243,9 @@ class Instance:
                 )
             done = self.settled.get(rid)
             if done is not None and done[1] == due:
-                del self.settled[rid]
+                self._forget("settled", rid)
+        if not self._deadlines:
+            self._deadlines = _NO_DEADLINES  # an idle instance keeps no list
         return out
 
     def next_deadline(self) -> float | None:
@@ -245,21 +272,18 @@ class Instance:
     def from_dict(cls, experiment: Experiment, data: dict[str, Any]) -> Instance:
         inst = cls(experiment, data["key"], Bandit.from_dict(data["bandit"]))
         for item in data["open"]:
-            rid = item["request_id"]
-            inst.open[rid] = Open(
+            served = Open(
                 Ticket.from_dict(item["ticket"]),
                 Selection(**item["selection"]),
                 item["deadline"],
                 bytes.fromhex(item["request"]),
                 Origin(*item["origin"]),
             )
-            heapq.heappush(inst._deadlines, (item["deadline"], rid))
+            inst._remember("open", item["request_id"], served, item["deadline"])
         for rid, selection, forget in data["settled"]:
-            inst.settled[rid] = (Selection(**selection), forget)
-            heapq.heappush(inst._deadlines, (forget, rid))
+            inst._remember("settled", rid, (Selection(**selection), forget), forget)
         for rid, feedback, deadline in data["early"]:
-            inst.early[rid] = Early(_feedback_from_dict(feedback), deadline)
-            heapq.heappush(inst._deadlines, (deadline, rid))
+            inst._remember("early", rid, Early(_feedback_from_dict(feedback), deadline), deadline)
         return inst
 
 

@@ -24,6 +24,8 @@ Routed = tuple[str, Request | Feedback]  # (instance key, event)
 class InstanceLogic(StatefulLogic[Routed, Output, dict[str, Any]]):
     """Holds one ``Instance`` (weights, ψ, V, D, tickets, buffers) for one key."""
 
+    __slots__ = ("clock", "instance", "registry")
+
     def __init__(
         self, registry: Registry, resume: dict[str, Any] | None, clock: Callable[[], float]
     ) -> None:

@@ -11,10 +11,12 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from bisect import bisect_right
 from itertools import accumulate
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -29,10 +31,14 @@ FORMAT = "tsi.bandit"
 VERSION = 1
 
 
+_NO_TICKETS: Any = MappingProxyType({})  # shared read-only stand-in for an empty table
+
+
 class TicketError(ValueError):
     """A ticket that this instance cannot settle (foreign, settled, discarded or forged)."""
 
 
+@functools.lru_cache(maxsize=1024)
 def default_gamma(competition: Any, n_arms: int) -> float:
     """γ = sqrt(W) of the class (the paper's corollary); 1 where W = 0 (a single class)."""
     w = competition.complexity(n_arms)
@@ -46,13 +52,19 @@ def check_gamma(gamma: Any) -> float:
     return g
 
 
+@functools.lru_cache(maxsize=1024)
+def _bound(competition: Any, n_arms: int) -> Structure:
+    """Structures hold configuration only: instances of one configuration share one."""
+    return competition.bind(n_arms)
+
+
 def configure(n_arms: Any, competition: Any, gamma: Any, seed: Any) -> tuple[int, Any, Any, float]:
     """Validate a bandit's configuration: (M, competition class, its structure, γ)."""
     n_arms = check_int("n_arms", n_arms, 1)
     competition = Fixed() if competition is None else competition
     if not hasattr(competition, "bind"):
         raise ValueError(f"competition must be a competition class, got {competition!r}")
-    structure = competition.bind(n_arms)
+    structure = _bound(competition, n_arms)
     gamma = default_gamma(competition, n_arms) if gamma is None else check_gamma(gamma)
     if seed is not None:
         check_int("seed", seed, 0)
@@ -134,7 +146,7 @@ class Bandit:
         self._d_exp = 0
         self.n_updates = 0
         self.n_rounds = 0
-        self._pending: dict[int, Ticket] = {}
+        self._pending: dict[int, Ticket] = _NO_TICKETS
 
     @property
     def _rng(self) -> np.random.Generator:
@@ -207,6 +219,8 @@ class Bandit:
         self.n_rounds += 1
         prob = float(w[arm]) * (keep / total) + spread
         ticket = Ticket(self.instance_id, self.n_rounds, arm, prob, p, context)
+        if self._pending is _NO_TICKETS:
+            self._pending = {}
         self._pending[self.n_rounds] = ticket
         return ticket
 
@@ -221,12 +235,17 @@ class Bandit:
             self.structure.update_one(self._state, context, ticket.arm, step, c, self.n_updates + 1)
         self.psi, self._vn, self._d_mant, self._d_exp = step.psi, step.vn, step.d_mant, step.d_exp
         self.n_updates += 1
-        del self._pending[ticket.round]
+        self._settle(ticket)
 
     def discard(self, ticket: Ticket) -> None:
         """Forget a pending ticket without feedback (its time to live ran out)."""
         self._check_pending(ticket)
+        self._settle(ticket)
+
+    def _settle(self, ticket: Ticket) -> None:
         del self._pending[ticket.round]
+        if not self._pending:  # an idle instance keeps no ticket table
+            self._pending = _NO_TICKETS
 
     def _check_pending(self, ticket: Any) -> None:
         if not isinstance(ticket, Ticket):
@@ -291,6 +310,8 @@ class Bandit:
             b.n_rounds = check_int("n_rounds", data["n_rounds"], 0)
             for raw in data["pending"]:
                 t = Ticket.from_dict(raw)
+                if b._pending is _NO_TICKETS:
+                    b._pending = {}
                 b._pending[t.round] = t
             if data["seed"] is not None:
                 b._seed = check_int("seed", data["seed"], 0)
