@@ -6,9 +6,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import typer
 
+from flows.registry import Registry, RegistryError
+from flows.service import ConfigError, Service, client_config
+from flows.service import run as run_flow
+from flows.wiring import Topics
 from tsi_core.simulate import bernoulli_table, run
 
 app = typer.Typer(no_args_is_help=True, help="Translation- and scale-invariant bandits.")
@@ -50,4 +55,53 @@ def simulate(
     typer.echo(
         f"paper's bound on the normalised regret: 5 + 4·sqrt(log M) = {bound:.3f}; "
         "the last column is the same in every row: the algorithm is invariant."
+    )
+
+
+@app.command("run")
+def run_service(
+    registry: Path = typer.Option(..., help="Experiments registry (TOML)."),
+    brokers: str = typer.Option(
+        "127.0.0.1:9092",
+        envvar="KAFKA_BOOTSTRAP_SERVERS",
+        help="Kafka bootstrap servers, comma-separated.",
+    ),
+    kafka_config: Path | None = typer.Option(
+        None,
+        help="TOML with [kafka], [kafka.consumer], [kafka.producer] client settings "
+        "(SASL, TLS, ...), passed to librdkafka untouched.",
+    ),
+    requests_topic: str = typer.Option(Topics.requests, help="Decision requests topic."),
+    feedback_topic: str = typer.Option(Topics.feedback, help="Feedback topic."),
+    events_topic: str | None = typer.Option(
+        None, help="One topic for requests and feedback (field 'type'); replaces the two."
+    ),
+    selections_topic: str = typer.Option(Topics.selections, help="Selections topic."),
+    dlq_topic: str = typer.Option(Topics.dead_letters, help="Dead-letter topic."),
+    recovery_dir: Path | None = typer.Option(None, help="Recovery directory (enables recovery)."),
+    snapshot_every: float = typer.Option(10.0, min=0.01, help="Seconds between snapshots."),
+    backup_every: float = typer.Option(30.0, min=0.0, help="Seconds snapshots are kept."),
+    workers: int = typer.Option(1, min=1, help="Worker threads in this process."),
+    process_id: int | None = typer.Option(None, min=0, help="This process's index in a cluster."),
+    addresses: str | None = typer.Option(None, help="Cluster addresses 'host:port;host:port'."),
+) -> None:
+    """Serve decisions from Kafka: requests and feedback in, selections and dead letters out."""
+    try:
+        consumer, producer = client_config(kafka_config)
+        topics = Topics(requests_topic, feedback_topic, selections_topic, dlq_topic, events_topic)
+        service = Service(Registry.load(registry), brokers.split(","), topics, consumer, producer)
+    except (ConfigError, RegistryError) as exc:
+        typer.echo(f"tsi run: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if (process_id is None) != (addresses is None):
+        typer.echo("tsi run: --process-id and --addresses go together", err=True)
+        raise typer.Exit(2)
+    run_flow(
+        service.flow(),
+        workers,
+        process_id,
+        None if addresses is None else addresses.split(";"),
+        recovery_dir,
+        snapshot_every,
+        backup_every,
     )

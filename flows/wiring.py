@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import bytewax.operators as op
 from bytewax.connectors.files import FileSink
-from bytewax.dataflow import Stream
+from bytewax.dataflow import Dataflow, Stream
 from bytewax.testing import TestingSink, TestingSource
 
-from flows.dataflow import Message, Wiring
+from flows.dataflow import Message, Open, Wiring
+from flows.events import DeadLetter, Origin
 from flows.files import JsonLinesSource
+from flows.kafka_io import DeliveryCheckedKafkaSink, kafka_messages
 
 
 def memory_wiring(
@@ -53,4 +58,66 @@ def file_wiring(
         },
         selections=lambda step, up: lines(step, up, selections),
         dead_letters=lambda step, up: lines(step, up, dead_letters),
+    )
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Kafka topic names; with ``events`` set, requests and feedback share that one topic."""
+
+    requests: str = "tsi.requests"
+    feedback: str = "tsi.feedback"
+    selections: str = "tsi.selections"
+    dead_letters: str = "tsi.dlq"
+    events: str | None = None
+
+
+def kafka_wiring(
+    brokers: list[str],
+    topics: Topics = Topics(),
+    consumer_config: dict[str, Any] | None = None,
+    producer_config: dict[str, Any] | None = None,
+    tail: bool = True,
+) -> Wiring:
+    """Read and write Kafka; the message key of every output is the instance id.
+
+    ``tail=False`` stops at the end of the input topics (replays, tests). Client settings
+    (SASL, TLS, ...) pass through the two config dicts untouched.
+    """
+
+    def source(topic: str) -> Open:
+        def open_source(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
+            read = kafka_messages(
+                step, flow, brokers, [topic], add_config=consumer_config, tail=tail
+            )
+            messages = op.map(
+                f"{step}_messages",
+                read.oks,
+                lambda m: (m.value, Origin(m.topic, m.partition, m.offset)),
+            )
+            errors = op.map(f"{step}_errors", read.errs, _kafka_dead_letter)
+            return messages, errors
+
+        return open_source
+
+    def sink(topic: str) -> Callable[[str, Stream], None]:
+        return lambda step, up: op.output(
+            step, up, DeliveryCheckedKafkaSink(brokers, topic, producer_config)
+        )
+
+    inputs = (
+        {"events": source(topics.events)}
+        if topics.events is not None
+        else {"requests": source(topics.requests), "feedback": source(topics.feedback)}
+    )
+    return Wiring(inputs, sink(topics.selections), sink(topics.dead_letters))
+
+
+def _kafka_dead_letter(error: Any) -> DeadLetter:
+    msg = error.msg
+    return DeadLetter(
+        "kafka_error",
+        str(error.err),
+        msg.value or b"",
+        Origin(msg.topic or "?", msg.partition, msg.offset),
     )
