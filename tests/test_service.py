@@ -1,0 +1,92 @@
+"""Service configuration: registry, Kafka client settings, environment, the `tsi run` errors."""
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.registry import Registry, RegistryError
+from flows.service import ConfigError, client_config, service_from_env
+
+REGISTRY_TOML = '[experiments.home]\narms = ["a", "b"]\n'
+
+
+def test_client_settings_pass_through_untouched(tmp_path):
+    path = tmp_path / "kafka.toml"
+    path.write_text(
+        '[kafka]\n"security.protocol" = "SASL_SSL"\n"sasl.mechanism" = "PLAIN"\n'
+        '[kafka.consumer]\n"fetch.min.bytes" = 1\n[kafka.producer]\n"linger.ms" = 2\n'
+    )
+    consumer, producer = client_config(path)
+    assert consumer == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "fetch.min.bytes": 1,
+    }
+    assert producer == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "linger.ms": 2}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[kafka\n", "not valid TOML"),
+        ("kafka = 3\n", "must be a table"),
+        ('[kafka]\n"x" = [1]\n', "must be a scalar"),
+    ],
+)
+def test_bad_client_settings_are_refused(tmp_path, text, message):
+    path = tmp_path / "kafka.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        client_config(path)
+
+
+def test_environment_configures_the_service(tmp_path):
+    (tmp_path / "r.toml").write_text(REGISTRY_TOML)
+    service = service_from_env(
+        {
+            "TSI_REGISTRY": str(tmp_path / "r.toml"),
+            "KAFKA_BOOTSTRAP_SERVERS": "h1:1,h2:2",
+            "TSI_TOPIC_EVENTS": "all.events",
+        }
+    )
+    assert service.brokers == ["h1:1", "h2:2"] and service.topics.events == "all.events"
+    assert service.topics.selections == "tsi.selections"
+    with pytest.raises(ConfigError, match="TSI_REGISTRY"):
+        service_from_env({})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "at least one"),
+        ('[experiments.e]\narms = ["a", "a"]', "distinct"),
+        ('[experiments.e]\narms = ["a"]\nfeedback_ttl = -1', "feedback_ttl"),
+        ('[experiments.e]\narms = ["a"]\ncolour = 1', "unknown setting"),
+        ('[experiments.e]\narms = ["a", "b"]\ncompetition = "magic"', "unknown competition"),
+        (
+            '[experiments.e]\narms = ["a", "b"]\ncompetition = {kind = "switching", rate = 2}',
+            "rate must be in",
+        ),
+        ('[experiments.e]\narms = ["a", "b"]\ngamma = 0', "gamma"),
+        ('[experiments.e]\narms = ["a", "b"]\nper_unit = "yes"', "per_unit"),
+    ],
+)
+def test_invalid_registry_is_refused_naming_the_problem(text, message):
+    with pytest.raises(RegistryError, match=message):
+        Registry.from_toml(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--registry", "/no/such/file.toml"], "cannot read registry"),
+        (["--registry", "{reg}", "--kafka-config", "/no/such.toml"], "cannot read Kafka config"),
+        (["--registry", "{reg}", "--process-id", "0"], "go together"),
+    ],
+)
+def test_tsi_run_explains_user_mistakes_in_one_line(tmp_path, args, message):
+    (tmp_path / "r.toml").write_text(REGISTRY_TOML)
+    args = [a.replace("{reg}", str(tmp_path / "r.toml")) for a in args]
+    result = CliRunner().invoke(app, ["run", *args])
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
