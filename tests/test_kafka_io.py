@@ -1,0 +1,167 @@
+"""flows.kafka_io against a real broker (the kafka_bootstrap fixture), inside real dataflows."""
+
+from __future__ import annotations
+
+import time
+
+import bytewax.operators as op
+import pytest
+from bytewax.connectors.kafka import KafkaSink, KafkaSinkMessage, KafkaSourceMessage
+from bytewax.connectors.kafka import operators as kop
+from bytewax.dataflow import Dataflow
+from bytewax.testing import TestingSink, TestingSource, run_main
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from flows.kafka_io import DeliveryCheckedKafkaSink, kafka_messages
+from tests.kafka_broker import consume_all, create_topic, free_port, unique_topic
+
+QUIET = {"log_level": 0}  # librdkafka logs every failed connection attempt to stderr
+
+
+def run_sink(items: list, sink, batch_size: int = 50) -> None:
+    flow = Dataflow("sink_test")
+    stream = op.input("in", flow, TestingSource(items, batch_size=batch_size))
+    op.output("out", stream, sink)
+    run_main(flow)
+
+
+def error_chain(exc: BaseException) -> str:
+    """The messages of an exception and of everything it was raised from."""
+    parts = []
+    seen: BaseException | None = exc
+    while seen is not None:
+        parts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    return "\n".join(parts)
+
+
+def test_sink_delivers_in_order_per_partition(kafka_bootstrap: str) -> None:
+    topic = create_topic(kafka_bootstrap, unique_topic("sink"), partitions=3)
+    items = [(f"key-{i % 7}", f"value-{i}".encode()) for i in range(300)]
+    items.append((None, b"no key"))
+    items.append((b"bytes-key", b""))
+    run_sink(items, DeliveryCheckedKafkaSink([kafka_bootstrap], topic, timeout_s=10))
+
+    got = consume_all(kafka_bootstrap, topic)
+    assert sum(map(len, got.values())) == len(items)
+    where: dict[bytes | None, int] = {}
+    for part, msgs in got.items():
+        for key, _, _ in msgs:
+            assert where.setdefault(key, part) == part, "one key, one partition"
+    sent = [(k.encode() if isinstance(k, str) else k, v) for k, v in items]
+    for part, msgs in got.items():  # each partition holds its keys' items in input order
+        assert [(k, v) for k, v, _ in msgs] == [(k, v) for k, v in sent if where[k] == part]
+    assert len([p for p in got.values() if p]) > 1, "keys spread over partitions"
+
+
+def test_sink_accepts_kafka_sink_messages(kafka_bootstrap: str) -> None:
+    topic = create_topic(kafka_bootstrap, unique_topic("sinkmsg"), partitions=2)
+    items = [
+        KafkaSinkMessage(b"k", b"to p1", topic=topic, partition=1, headers=[("h", b"1")]),
+        KafkaSinkMessage(b"k", b"to p0", topic=topic, partition=0),
+    ]
+    run_sink(items, DeliveryCheckedKafkaSink([kafka_bootstrap], topic=None, timeout_s=10))
+    got = consume_all(kafka_bootstrap, topic)
+    assert got == {0: [(b"k", b"to p0", [])], 1: [(b"k", b"to p1", [("h", b"1")])]}
+
+
+def test_sink_fails_loudly_on_unknown_topic(kafka_bootstrap: str) -> None:
+    topic = unique_topic("missing")  # never created; the broker does not auto-create
+    sink = DeliveryCheckedKafkaSink([kafka_bootstrap], topic, add_config=QUIET, timeout_s=1)
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as info:  # bytewax wraps the sink's RuntimeError
+        run_sink([("k", b"v%d" % i) for i in range(5)], sink)
+    text = error_chain(info.value)
+    assert topic in text
+    assert "did not acknowledge 5 of 5 messages" in text
+    assert time.monotonic() - t0 < 10
+
+
+def test_sink_fails_loudly_when_no_broker_listens() -> None:
+    topic = unique_topic("nobroker")
+    sink = DeliveryCheckedKafkaSink([f"127.0.0.1:{free_port()}"], topic, QUIET, timeout_s=1)
+    with pytest.raises(Exception) as info:
+        run_sink([("k", b"v")], sink)
+    text = error_chain(info.value)
+    assert topic in text
+    assert "did not acknowledge 1 of 1 messages" in text
+    assert "Connection refused" in text or "brokers are down" in text  # from error_cb
+
+
+def test_stock_kafka_sink_drops_silently(kafka_bootstrap: str) -> None:
+    """Why the checked sink exists: Bytewax's KafkaSink ignores delivery reports, so the
+    same unknown topic makes it return normally with nothing written."""
+    topic = unique_topic("stock")
+    sink = KafkaSink([kafka_bootstrap], topic, add_config={"message.timeout.ms": 1000, **QUIET})
+    items = [KafkaSinkMessage(b"k", b"v%d" % i) for i in range(5)]
+    run_sink(items, sink)  # no exception: 5 messages lost
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    assert topic not in admin.list_topics(timeout=10).topics
+
+
+def produce(bootstrap: str, topic: str, messages: list[tuple[int, bytes, bytes]]) -> None:
+    """Produce (partition, key, value) messages with confluent_kafka; all must be acked."""
+    errors: list = []
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for part, key, value in messages:
+        producer.produce(
+            topic, value, key, partition=part, on_delivery=lambda e, _: errors.append(e)
+        )
+    assert producer.flush(10) == 0
+    assert errors == [None] * len(messages)
+
+
+def read_flow(bootstrap: str, topic: str, **kwargs) -> tuple[list, list]:
+    """Run kafka_messages(tail=False) to the end of the topic; return (oks, errs)."""
+    oks: list[KafkaSourceMessage] = []
+    errs: list = []
+    flow = Dataflow("source_test")
+    msgs = kafka_messages("in", flow, [bootstrap], [topic], tail=False, **kwargs)
+    op.output("oks", msgs.oks, TestingSink(oks))
+    op.output("errs", msgs.errs, TestingSink(errs))
+    run_main(flow)
+    return oks, errs
+
+
+def test_source_reads_from_the_beginning_with_positions(kafka_bootstrap: str) -> None:
+    topic = create_topic(kafka_bootstrap, unique_topic("src"), partitions=2)
+    sent = [(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(40)]
+    produce(kafka_bootstrap, topic, sent)
+
+    oks, errs = read_flow(kafka_bootstrap, topic)
+    assert errs == []
+    assert all(m.topic == topic for m in oks)
+    for part in (0, 1):
+        mine = [m for m in oks if m.partition == part]
+        assert [m.offset for m in mine] == list(range(20))
+        assert [(m.key, m.value) for m in mine] == [(k, v) for p, k, v in sent if p == part]
+        assert all(m.timestamp is not None and m.timestamp[1] > 0 for m in mine)
+
+
+def test_source_resumes_past_deleted_records(kafka_bootstrap: str) -> None:
+    """A start/resume offset that retention already deleted must not skip to the end.
+
+    An explicit starting_offset takes the same path as a recovery resume state (both go
+    into Consumer.assign). librdkafka's default auto.offset.reset ("largest") jumps to the
+    end of the partition: the stock kop.input reads nothing; kafka_messages reads what is
+    left.
+    """
+    topic = create_topic(kafka_bootstrap, unique_topic("gap"), partitions=1)
+    produce(kafka_bootstrap, topic, [(0, b"k", b"%d" % i) for i in range(10)])
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    cut = TopicPartition(topic, 0, 5)
+    admin.delete_records([cut])[cut].result(10)  # offsets 0..4 are gone, as after retention
+
+    oks, errs = read_flow(kafka_bootstrap, topic, starting_offset=2)
+    assert errs == []
+    assert [m.offset for m in oks] == [5, 6, 7, 8, 9]
+
+    stock: list = []
+    flow = Dataflow("stock_source")
+    msgs = kop.input(
+        "in", flow, brokers=[kafka_bootstrap], topics=[topic], tail=False, starting_offset=2
+    )
+    op.output("oks", msgs.oks, TestingSink(stock))
+    run_main(flow)
+    assert stock == []  # silently skipped 5..9
