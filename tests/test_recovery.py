@@ -1,0 +1,177 @@
+"""kill -9 and restart with recovery: the state and the answers of an uninterrupted run.
+
+The service runs as a real process (`python -m bytewax.run flows.main:flow`) on the
+project's Kafka broker, reading one combined events topic: requests and feedback of an
+instance share a partition, so every run sees an instance's events in the same order.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Producer
+
+from flows.events import Origin, parse_event
+from flows.instance import Instance
+from flows.recovery_store import read_states
+from flows.registry import Registry
+from tests.kafka_broker import consume_all, create_topic, unique_topic
+
+REGISTRY_TOML = """
+[experiments.shop]
+arms = ["a", "b", "c", "d"]
+per_unit = true
+seed = 9
+competition = { kind = "switching", rate = 0.01 }
+"""
+UNITS = 12
+REQUESTS = 360
+
+
+def event_stream(rng):
+    """(key, bytes) events: each request's feedback a few events later, some feedback early."""
+    events = []
+    for i in range(REQUESTS):
+        unit = f"u{i % UNITS}"
+        key = f"shop\x1f{unit}"
+        req = {"type": "request", "experiment": "shop", "unit": unit, "request_id": f"r{i}"}
+        fb = {
+            "type": "feedback",
+            "experiment": "shop",
+            "unit": unit,
+            "request_id": f"r{i}",
+            "loss": rng.choice([0.0, 1.0, 5.0]) + (i % 4 == 0),
+        }
+        pair = [fb, req] if i % 25 == 0 else [req, fb]  # a few feedback before the request
+        events += [(key, orjson.dumps(e)) for e in pair]
+    events.insert(100, ("shop\x1fu1", b"{broken"))
+    return events
+
+
+def reference_states(registry, events):
+    """The uninterrupted run: each instance fed its events in stream order."""
+    instances = {}
+    for key, raw in events:
+        event = parse_event(raw, Origin("ref"))
+        if not hasattr(event, "request_id"):
+            continue
+        inst = instances.setdefault(key, Instance(registry["shop"], key))
+        (inst.on_request if event.__class__.__name__ == "Request" else inst.on_feedback)(event, 0.0)
+    return {k: v.to_dict() for k, v in instances.items()}
+
+
+def comparable(state):
+    """What must match exactly (deadlines are wall-clock times and may differ)."""
+    return (
+        state["bandit"],
+        sorted(o["request_id"] for o in state["open"]),
+        sorted(s[0] for s in state["settled"]),
+        sorted(e[0] for e in state["early"]),
+    )
+
+
+def start(env, recovery):
+    cmd = [
+        sys.executable,
+        "-m",
+        "bytewax.run",
+        "flows.main:flow",
+        "-r",
+        str(recovery),
+        "-s",
+        "1",
+        "-b",
+        "0",
+    ]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def kill_repeatedly(env, recovery, rng, producer):
+    """Start the service and kill -9 it mid-run, until the stream is in and 3 kills done."""
+    kills = 0
+    while producer.is_alive() or kills < 3:
+        proc = start(env, recovery)
+        time.sleep(rng.uniform(1.5, 4.0))
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # killed mid-run
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    return kills
+
+
+def test_kill_9_at_random_points_then_restart_equals_an_uninterrupted_run(
+    kafka_bootstrap, tmp_path
+):
+    rng = random.Random(2026)
+    events_topic, sel_topic, dlq_topic = (unique_topic(n) for n in ("ev", "sel", "dlq"))
+    create_topic(kafka_bootstrap, events_topic, 3)
+    create_topic(kafka_bootstrap, sel_topic, 3)
+    create_topic(kafka_bootstrap, dlq_topic, 1)
+    registry_path = tmp_path / "registry.toml"
+    registry_path.write_text(REGISTRY_TOML)
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
+    env = {
+        **os.environ,
+        "TSI_REGISTRY": str(registry_path),
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "TSI_TOPIC_EVENTS": events_topic,
+        "TSI_TOPIC_SELECTIONS": sel_topic,
+        "TSI_TOPIC_DLQ": dlq_topic,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    events = event_stream(rng)
+
+    def produce_slowly():  # the stream keeps flowing while the service is killed
+        producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+        for start_at in range(0, len(events), 40):
+            for key, value in events[start_at : start_at + 40]:
+                producer.produce(events_topic, key=key, value=value)
+            if producer.flush(30) or stop.is_set():
+                return
+            time.sleep(0.25)
+
+    producer = threading.Thread(target=produce_slowly, daemon=True)
+    stop = threading.Event()
+    producer.start()
+    try:
+        kills = kill_repeatedly(env, recovery, rng, producer)
+    finally:
+        stop.set()
+    producer.join()
+    expected = reference_states(Registry.from_toml(REGISTRY_TOML), events)
+    proc = start(env, recovery)  # the last run catches up, snapshots, and is killed too
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            states = read_states(recovery)
+            if {k: comparable(v) for k, v in states.items()} == {
+                k: comparable(v) for k, v in expected.items()
+            }:
+                break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    states = read_states(recovery)
+    assert set(states) == set(expected)
+    for key, state in expected.items():  # weights, ψ, V, D, counters, tickets: all equal
+        assert comparable(states[key]) == comparable(state), key
+    answers = {}
+    for part in consume_all(kafka_bootstrap, sel_topic).values():
+        for _key, value, _ in part:
+            sel = orjson.loads(value)
+            answers.setdefault(sel["request_id"], set()).add(value)
+    assert len(answers) == REQUESTS
+    assert all(len(v) == 1 for v in answers.values())  # re-emitted selections are identical
+    dead = [orjson.loads(v)["reason"] for _, v, _ in consume_all(kafka_bootstrap, dlq_topic)[0]]
+    assert set(dead) == {"malformed_json"}  # no feedback was lost, refused or applied twice
+    assert kills >= 3
