@@ -84,6 +84,9 @@ def run_service(
     workers: int = typer.Option(1, min=1, help="Worker threads in this process."),
     process_id: int | None = typer.Option(None, min=0, help="This process's index in a cluster."),
     addresses: str | None = typer.Option(None, help="Cluster addresses 'host:port;host:port'."),
+    stop_at_end: bool = typer.Option(
+        False, help="Stop at the end of the input topics instead of waiting for more."
+    ),
 ) -> None:
     """Serve decisions from Kafka: requests and feedback in, selections and dead letters out."""
     try:

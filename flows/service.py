@@ -9,6 +9,7 @@ come from options (``tsi run``) or environment variables (``flows.main``):
 | ``KAFKA_BOOTSTRAP_SERVERS`` | brokers, comma-separated | ``127.0.0.1:9092`` |
 | ``TSI_KAFKA_CONFIG`` | TOML with ``[kafka]``, ``[kafka.consumer]``, ``[kafka.producer]`` | none |
 | ``TSI_TOPIC_REQUESTS`` … ``TSI_TOPIC_DLQ``, ``TSI_TOPIC_EVENTS`` | topic names | ``tsi.*`` |
+| ``TSI_STOP_AT_END`` | ``1``: stop at the end of the input topics (replays, tests) | ``0`` |
 """
 
 from __future__ import annotations

@@ -17,63 +17,10 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Producer
 
-from flows.events import Origin, parse_event
-from flows.instance import Instance
 from flows.recovery_store import read_states
 from flows.registry import Registry
 from tests.kafka_broker import consume_all, create_topic, unique_topic
-
-REGISTRY_TOML = """
-[experiments.shop]
-arms = ["a", "b", "c", "d"]
-per_unit = true
-seed = 9
-competition = { kind = "switching", rate = 0.01 }
-"""
-UNITS = 12
-REQUESTS = 360
-
-
-def event_stream(rng):
-    """(key, bytes) events: each request's feedback a few events later, some feedback early."""
-    events = []
-    for i in range(REQUESTS):
-        unit = f"u{i % UNITS}"
-        key = f"shop\x1f{unit}"
-        req = {"type": "request", "experiment": "shop", "unit": unit, "request_id": f"r{i}"}
-        fb = {
-            "type": "feedback",
-            "experiment": "shop",
-            "unit": unit,
-            "request_id": f"r{i}",
-            "loss": rng.choice([0.0, 1.0, 5.0]) + (i % 4 == 0),
-        }
-        pair = [fb, req] if i % 25 == 0 else [req, fb]  # a few feedback before the request
-        events += [(key, orjson.dumps(e)) for e in pair]
-    events.insert(100, ("shop\x1fu1", b"{broken"))
-    return events
-
-
-def reference_states(registry, events):
-    """The uninterrupted run: each instance fed its events in stream order."""
-    instances = {}
-    for key, raw in events:
-        event = parse_event(raw, Origin("ref"))
-        if not hasattr(event, "request_id"):
-            continue
-        inst = instances.setdefault(key, Instance(registry["shop"], key))
-        (inst.on_request if event.__class__.__name__ == "Request" else inst.on_feedback)(event, 0.0)
-    return {k: v.to_dict() for k, v in instances.items()}
-
-
-def comparable(state):
-    """What must match exactly (deadlines are wall-clock times and may differ)."""
-    return (
-        state["bandit"],
-        sorted(o["request_id"] for o in state["open"]),
-        sorted(s[0] for s in state["settled"]),
-        sorted(e[0] for e in state["early"]),
-    )
+from tests.streams import REGISTRY_TOML, REQUESTS, comparable, event_stream, reference_states
 
 
 def start(env, recovery):

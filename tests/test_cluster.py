@@ -1,0 +1,90 @@
+"""Two Bytewax processes on loopback (-i/-a) give the single-process results.
+
+Instances are partitioned by key across the workers of both processes; if an instance's
+state were split or duplicated, its round counters and draws would differ from the
+single-process run, and so would its weights.
+"""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Producer
+
+from flows.recovery_store import read_states
+from flows.registry import Registry
+from tests.kafka_broker import consume_all, create_topic, free_port, unique_topic
+from tests.streams import REGISTRY_TOML, REQUESTS, comparable, event_stream, reference_states
+
+
+def run_service(env, recovery, processes):
+    """Run the service in `processes` processes until the end of the input; return the states."""
+    recovery.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "bytewax.recovery", str(recovery), str(processes)], check=True
+    )
+    addresses = ";".join(f"127.0.0.1:{free_port()}" for _ in range(processes))
+    procs = []
+    for index in range(processes):
+        cmd = [
+            sys.executable,
+            "-m",
+            "bytewax.run",
+            "flows.main:flow",
+            "-r",
+            str(recovery),
+            "-s",
+            "1",
+            "-b",
+            "0",
+        ]
+        if processes > 1:
+            cmd += ["-i", str(index), "-a", addresses]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        )
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    return read_states(recovery)
+
+
+def selections(bootstrap, topic):
+    return sorted(v for part in consume_all(bootstrap, topic).values() for _, v, _ in part)
+
+
+def test_two_processes_equal_one_process(kafka_bootstrap, tmp_path):
+    events_topic = create_topic(kafka_bootstrap, unique_topic("ev"), 4)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    events = event_stream(random.Random(7))
+    for key, value in events:
+        producer.produce(events_topic, key=key, value=value)
+    assert producer.flush(30) == 0
+    (tmp_path / "registry.toml").write_text(REGISTRY_TOML)
+    results = {}
+    for processes in (1, 2):
+        sel_topic = create_topic(kafka_bootstrap, unique_topic("sel"), 4)
+        dlq_topic = create_topic(kafka_bootstrap, unique_topic("dlq"), 1)
+        env = {
+            **os.environ,
+            "TSI_REGISTRY": str(tmp_path / "registry.toml"),
+            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "TSI_TOPIC_EVENTS": events_topic,
+            "TSI_TOPIC_SELECTIONS": sel_topic,
+            "TSI_TOPIC_DLQ": dlq_topic,
+            "TSI_STOP_AT_END": "1",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
+        states = run_service(env, tmp_path / f"recovery-{processes}", processes)
+        results[processes] = (
+            {k: comparable(v) for k, v in states.items()},
+            selections(kafka_bootstrap, sel_topic),
+            [orjson.loads(v)["reason"] for _, v, _ in consume_all(kafka_bootstrap, dlq_topic)[0]],
+        )
+    expected = reference_states(Registry.from_toml(REGISTRY_TOML), events)
+    assert results[1][0] == {k: comparable(v) for k, v in expected.items()}
+    assert results[2] == results[1]
+    assert len(results[2][1]) == REQUESTS and results[2][2] == ["malformed_json"]
