@@ -122,3 +122,43 @@ def test_kill_9_at_random_points_then_restart_equals_an_uninterrupted_run(
     dead = [orjson.loads(v)["reason"] for _, v, _ in consume_all(kafka_bootstrap, dlq_topic)[0]]
     assert set(dead) == {"malformed_json"}  # no feedback was lost, refused or applied twice
     assert kills >= 3
+
+
+def test_a_refused_output_fails_the_flow_and_is_delivered_after_restart(kafka_bootstrap, tmp_path):
+    events_topic = create_topic(kafka_bootstrap, unique_topic("ev"), 2)
+    dlq_topic = create_topic(kafka_bootstrap, unique_topic("dlq"), 1)
+    sel_topic = unique_topic("sel")  # not created yet: the broker refuses the selections
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for key, value in event_stream(random.Random(3))[:120]:
+        producer.produce(events_topic, key=key, value=value)
+    assert producer.flush(30) == 0
+    (tmp_path / "registry.toml").write_text(REGISTRY_TOML)
+    (tmp_path / "kafka.toml").write_text('[kafka.producer]\n"message.timeout.ms" = 3000\n')
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
+    env = {
+        **os.environ,
+        "TSI_REGISTRY": str(tmp_path / "registry.toml"),
+        "TSI_KAFKA_CONFIG": str(tmp_path / "kafka.toml"),
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "TSI_TOPIC_EVENTS": events_topic,
+        "TSI_TOPIC_SELECTIONS": sel_topic,
+        "TSI_TOPIC_DLQ": dlq_topic,
+        "TSI_STOP_AT_END": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    failed = start(env, recovery)
+    _, err = failed.communicate(timeout=120)
+    assert failed.returncode != 0
+    assert sel_topic in err.decode()  # the error names the topic that refused
+    create_topic(kafka_bootstrap, sel_topic, 2)
+    again = start(env, recovery)
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err.decode()[-2000:]
+    answered = {
+        orjson.loads(v)["request_id"]
+        for part in consume_all(kafka_bootstrap, sel_topic).values()
+        for _, v, _ in part
+    }
+    assert answered == {f"r{i}" for i in range(60)}  # nothing lost with the failed batch
