@@ -1,0 +1,57 @@
+"""The Bytewax StatefulLogic around an instance: guarded events, timers, snapshots."""
+
+import orjson
+from bytewax.operators import StatefulLogic
+
+from flows.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.instance import Instance
+from flows.operator import logic_builder
+from flows.registry import Registry
+
+REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
+
+
+def request(rid):
+    return parse_request(orjson.dumps({"experiment": "e", "request_id": rid}), Origin("t", 0, 1))
+
+
+def test_an_unexpected_error_becomes_a_dead_letter_and_the_logic_lives_on(monkeypatch):
+    logic = logic_builder(REGISTRY, clock=lambda: 100.0)(None)
+    out, keep = logic.on_item(("e", request("r1")))
+    assert keep is StatefulLogic.RETAIN and isinstance(next(iter(out)), Selection)
+
+    def explode(*_args):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(Instance, "on_request", explode)
+    out, keep = logic.on_item(("e", request("r2")))
+    [dead] = list(out)
+    assert isinstance(dead, DeadLetter) and dead.reason == "internal_error"
+    assert "disk on fire" in dead.detail and keep is StatefulLogic.RETAIN
+
+
+def test_timer_is_timezone_aware_and_expiry_runs_on_notify():
+    now = [100.0]
+    logic = logic_builder(REGISTRY, clock=lambda: now[0])(None)
+    assert logic.notify_at() is None
+    logic.on_item(("e", request("r1")))
+    due = logic.notify_at()
+    assert due.tzinfo is not None and due.timestamp() == 105.0
+    now[0] = 106.0
+    out, _ = logic.on_notify()
+    assert [d.reason for d in out] == ["ticket_expired"]
+
+
+def test_snapshot_resumes_the_same_instance():
+    logic = logic_builder(REGISTRY, clock=lambda: 0.0)(None)
+    logic.on_item(("e", request("r1")))
+    fb = parse_feedback(
+        orjson.dumps({"experiment": "e", "request_id": "r1", "loss": 2}), Origin("t", 0, 2)
+    )
+    resumed = logic_builder(REGISTRY, clock=lambda: 0.0)(logic.snapshot())
+    assert resumed.snapshot() == logic.snapshot()
+    assert list(resumed.on_item(("e", fb))[0]) == []
+    assert resumed.instance.bandit.n_updates == 1
+    # an experiment removed from the registry: its saved state is dropped, not a crash
+    other = Registry.from_toml('[experiments.f]\narms = ["a"]\n')
+    assert logic_builder(other)(logic.snapshot()).instance is None
