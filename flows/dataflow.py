@@ -33,7 +33,7 @@ KeyedBytes = tuple[str, bytes]
 
 
 Open = Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
-PARSERS = {"requests": parse_request, "feedback": parse_feedback, "events": parse_event}
+PARSERS = {"requests": parse_request, "events": parse_event, "feedback": parse_feedback}
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,10 @@ def build_flow(
     flow = Dataflow(flow_id)
     dead: list[Stream[DeadLetter]] = []
     routed: list[Stream[tuple[str, Routed]]] = []
-    for name, source in sorted(wiring.inputs.items()):
-        parse = PARSERS[name]
+    # Requests first: when both topics have a backlog, the source built first is read
+    # first, and feedback read before its request would crowd the early-feedback buffer.
+    for name in (n for n in PARSERS if n in wiring.inputs):
+        source, parse = wiring.inputs[name], PARSERS[name]
         messages, source_errors = source(flow, f"{name}_in")
         if source_errors is not None:
             dead.append(source_errors)

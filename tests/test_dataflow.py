@@ -1,9 +1,10 @@
 """The dataflow end to end in memory (the same builder runs on Kafka and files)."""
 
+import bytewax.operators as op
 import orjson
-from bytewax.testing import run_main
+from bytewax.testing import TestingSink, TestingSource, run_main
 
-from flows.dataflow import build_flow
+from flows.dataflow import Wiring, build_flow
 from flows.events import Origin
 from flows.registry import Registry
 from flows.wiring import file_wiring, memory_wiring
@@ -144,3 +145,24 @@ def test_combined_event_stream_keeps_each_instance_in_stream_order():
     for key, value in first_sel:
         rounds.setdefault(key, []).append(orjson.loads(value)["round"])
     assert all(r == list(range(1, 11)) for r in rounds.values())
+
+
+def test_a_backlog_of_both_topics_does_not_overflow_the_early_feedback_buffer():
+    registry = Registry.from_toml(
+        '[experiments.busy]\narms = ["a", "b"]\nearly_feedback_limit = 5\n'
+    )
+    requests = [msg("rq", i, experiment="busy", request_id=f"r{i}") for i in range(200)]
+    feedback = [msg("fb", i, experiment="busy", request_id=f"r{i}", loss=1.0) for i in range(200)]
+    selections, dead = [], []
+
+    def backlog(items):  # a consumer catching up reads big batches from each topic
+        return lambda flow, step: (op.input(step, flow, TestingSource(items, 1000)), None)
+
+    wiring = Wiring(
+        {"requests": backlog(requests), "feedback": backlog(feedback)},
+        lambda step, up: op.output(step, up, TestingSink(selections)),
+        lambda step, up: op.output(step, up, TestingSink(dead)),
+    )
+    run_main(build_flow(registry, wiring))
+    assert len(selections) == 200
+    assert [orjson.loads(v)["reason"] for _, v in dead] == []
