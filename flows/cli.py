@@ -80,7 +80,12 @@ def run_service(
     dlq_topic: str = typer.Option(Topics.dead_letters, help="Dead-letter topic."),
     recovery_dir: Path | None = typer.Option(None, help="Recovery directory (enables recovery)."),
     snapshot_every: float = typer.Option(10.0, min=0.01, help="Seconds between snapshots."),
-    backup_every: float = typer.Option(30.0, min=0.0, help="Seconds snapshots are kept."),
+    backup_every: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="Seconds old snapshots are kept after a newer one is committed "
+        "(raise it when the recovery directory is copied to durable storage).",
+    ),
     workers: int = typer.Option(1, min=1, help="Worker threads in this process."),
     process_id: int | None = typer.Option(None, min=0, help="This process's index in a cluster."),
     addresses: str | None = typer.Option(None, help="Cluster addresses 'host:port;host:port'."),
@@ -100,7 +105,7 @@ def run_service(
         typer.echo("tsi run: --process-id and --addresses go together", err=True)
         raise typer.Exit(2)
     run_flow(
-        service.flow(),
+        service.flow(tail=not stop_at_end, recovery=recovery_dir is not None),
         workers,
         process_id,
         None if addresses is None else addresses.split(";"),

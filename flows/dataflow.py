@@ -79,8 +79,13 @@ def build_flow(
     wiring: Wiring,
     clock: Callable[[], float] = time.time,
     flow_id: str = "tsi",
+    snapshots: bool = True,
 ) -> Dataflow:
-    """The serving dataflow. Step ids are stable: recovery state is keyed by them."""
+    """The serving dataflow. Step ids are stable: recovery state is keyed by them.
+
+    ``snapshots=False`` when the flow runs without recovery: per-key snapshots are then
+    never built (Bytewax asks for them at every epoch close regardless).
+    """
     flow = Dataflow(flow_id)
     dead: list[Stream[DeadLetter]] = []
     routed: list[Stream[tuple[str, Routed]]] = []
@@ -101,7 +106,7 @@ def build_flow(
         dead.append(split.trues)
         routed.append(split.falses)
     events = op.merge("events", *routed)
-    outputs = op.stateful("bandit", events, logic_builder(registry, clock))
+    outputs = op.stateful("bandit", events, logic_builder(registry, clock, snapshots))
     answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
     dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))
     selections = op.map("selection_json", answers.falses, lambda kv: (kv[0], kv[1].to_json()))

@@ -5,12 +5,22 @@ The flow is built when Bytewax asks for it, not at import.
 """
 
 import os
+import sys
 from typing import Any
 
 from flows.service import service_from_env
 
 
+def _recovery_requested() -> bool:
+    """Whether ``bytewax.run`` was started with a recovery directory (-r or its env var)."""
+    args = sys.argv[1:]
+    flags = ("-r", "--recovery-directory")
+    given = any(a in flags or a.startswith("--recovery-directory=") for a in args)
+    return given or bool(os.environ.get("BYTEWAX_RECOVERY_DIRECTORY"))
+
+
 def __getattr__(name: str) -> Any:
     if name == "flow":
-        return service_from_env().flow(tail=os.environ.get("TSI_STOP_AT_END", "0") != "1")
+        tail = os.environ.get("TSI_STOP_AT_END", "0") != "1"
+        return service_from_env().flow(tail=tail, recovery=_recovery_requested())
     raise AttributeError(name)

@@ -24,13 +24,18 @@ Routed = tuple[str, Request | Feedback]  # (instance key, event)
 class InstanceLogic(StatefulLogic[Routed, Output, dict[str, Any]]):
     """Holds one ``Instance`` (weights, ψ, V, D, tickets, buffers) for one key."""
 
-    __slots__ = ("clock", "instance", "registry")
+    __slots__ = ("clock", "instance", "registry", "snapshots")
 
     def __init__(
-        self, registry: Registry, resume: dict[str, Any] | None, clock: Callable[[], float]
+        self,
+        registry: Registry,
+        resume: dict[str, Any] | None,
+        clock: Callable[[], float],
+        snapshots: bool = True,
     ) -> None:
         self.registry = registry
         self.clock = clock
+        self.snapshots = snapshots
         self.instance: Instance | None = None
         if resume is not None:
             experiment = registry.get(resume["experiment"])
@@ -63,16 +68,23 @@ class InstanceLogic(StatefulLogic[Routed, Output, dict[str, Any]]):
         due = None if self.instance is None else self.instance.next_deadline()
         return None if due is None else datetime.fromtimestamp(due, tz=UTC)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {} if self.instance is None else self.instance.to_dict()
+    def snapshot(self) -> dict[str, Any] | None:
+        """The instance's state for recovery. Bytewax asks for it at every epoch close, for
+        every key touched, recovery or not: without recovery nothing is built."""
+        if not self.snapshots or self.instance is None:
+            return None
+        return self.instance.to_dict()
 
 
 def logic_builder(
-    registry: Registry, clock: Callable[[], float] = time.time
+    registry: Registry, clock: Callable[[], float] = time.time, snapshots: bool = True
 ) -> Callable[[dict[str, Any] | None], InstanceLogic]:
-    """The builder ``op.stateful`` calls for each new key (with its resume state)."""
+    """The builder ``op.stateful`` calls for each new key (with its resume state).
+
+    ``snapshots=False`` (no recovery configured) skips building snapshots.
+    """
 
     def build(resume: dict[str, Any] | None) -> InstanceLogic:
-        return InstanceLogic(registry, resume or None, clock)
+        return InstanceLogic(registry, resume or None, clock, snapshots)
 
     return build

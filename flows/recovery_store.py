@@ -2,7 +2,8 @@
 
 Bytewax keeps one SQLite file per recovery partition; the stateful step's rows hold the
 pickled ``Instance.to_dict()`` of each key at each epoch. The state of record is the
-latest snapshot at or before the partition's committed epoch. Only read recovery
+latest snapshot at or before the partition's committed epoch: what a restart resumes
+from (the commit lags the newest snapshot by the backup interval). Only read recovery
 directories you trust: snapshots are pickles.
 """
 

@@ -45,11 +45,12 @@ class Service:
     consumer_config: dict[str, Any] = field(default_factory=dict)
     producer_config: dict[str, Any] = field(default_factory=dict)
 
-    def flow(self, tail: bool = True) -> Dataflow:
+    def flow(self, tail: bool = True, recovery: bool = True) -> Dataflow:
+        """The Kafka dataflow; ``recovery=False`` skips the per-key snapshots."""
         wiring = kafka_wiring(
             self.brokers, self.topics, self.consumer_config, self.producer_config, tail=tail
         )
-        return build_flow(self.registry, wiring)
+        return build_flow(self.registry, wiring, snapshots=recovery)
 
 
 def client_config(path: str | Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -106,7 +107,7 @@ def run(
     addresses: list[str] | None = None,
     recovery_dir: str | Path | None = None,
     snapshot_every: float = 10.0,
-    backup_every: float = 30.0,
+    backup_every: float = 0.0,
 ) -> None:
     """Run the flow in this process (one process of a cluster when ``addresses`` is given).
 

@@ -88,3 +88,47 @@ def test_two_processes_equal_one_process(kafka_bootstrap, tmp_path):
     assert results[1][0] == {k: comparable(v) for k, v in expected.items()}
     assert results[2] == results[1]
     assert len(results[2][1]) == REQUESTS and results[2][2] == ["malformed_json"]
+
+
+def test_tsi_run_serves_a_topic_to_its_end_with_recovery(kafka_bootstrap, tmp_path):
+    events_topic = create_topic(kafka_bootstrap, unique_topic("ev"), 2)
+    sel_topic = create_topic(kafka_bootstrap, unique_topic("sel"), 2)
+    dlq_topic = create_topic(kafka_bootstrap, unique_topic("dlq"), 1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    events = event_stream(random.Random(5))[:200]
+    for key, value in events:
+        producer.produce(events_topic, key=key, value=value)
+    assert producer.flush(30) == 0
+    (tmp_path / "registry.toml").write_text(REGISTRY_TOML)
+    tsi = Path(sys.executable).parent / "tsi"
+    done = subprocess.run(
+        [
+            str(tsi),
+            "run",
+            "--registry",
+            str(tmp_path / "registry.toml"),
+            "--brokers",
+            kafka_bootstrap,
+            "--events-topic",
+            events_topic,
+            "--selections-topic",
+            sel_topic,
+            "--dlq-topic",
+            dlq_topic,
+            "--recovery-dir",
+            str(tmp_path / "rec"),
+            "--snapshot-every",
+            "1",
+            "--stop-at-end",
+        ],
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    expected = reference_states(Registry.from_toml(REGISTRY_TOML), events)
+    states = read_states(tmp_path / "rec")
+    assert {k: comparable(v) for k, v in states.items()} == {
+        k: comparable(v) for k, v in expected.items()
+    }
+    assert len(selections(kafka_bootstrap, sel_topic)) == 100

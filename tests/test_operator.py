@@ -55,3 +55,9 @@ def test_snapshot_resumes_the_same_instance():
     # an experiment removed from the registry: its saved state is dropped, not a crash
     other = Registry.from_toml('[experiments.f]\narms = ["a"]\n')
     assert logic_builder(other)(logic.snapshot()).instance is None
+
+
+def test_without_recovery_no_snapshot_is_built():
+    logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False)(None)
+    logic.on_item(("e", request("r1")))
+    assert logic.snapshot() is None
