@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench
+.PHONY: demo test bench bench-flow
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,3 +20,6 @@ test: $(STAMP)  ## the whole test suite, lint included
 
 bench: $(STAMP)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py
+
+bench-flow: $(STAMP)  ## the streaming service on a real broker: throughput, latency, memory (~7 min)
+	$(PY) bench/bench_flow.py
