@@ -1,0 +1,1286 @@
+"""End-to-end benchmark of the streaming service on a real Kafka broker.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_flow.py                # full run (~7-9 min)
+    .venv/bin/python bench/bench_flow.py --quick        # smoke run (< 2 min)
+    .venv/bin/python bench/bench_flow.py --out bench/flow_results.json
+
+It prints a Markdown report to stdout (progress goes to stderr) and writes every raw number
+to the JSON file given by ``--out`` (default ``bench/flow_results.json``).
+
+Broker: ``$KAFKA_BOOTSTRAP_SERVERS`` when set, otherwise the project's single-node broker
+(``deploy/kafka``), started into a temp dir with ``tests/kafka_broker.py``'s
+``start_broker`` and stopped at the end. Every run uses fresh topics; requests, feedback
+and selection topics have 3 partitions, the dead-letter topic 1. The workload is one
+per-unit experiment with 10 arms (``per_unit = true``); messages are keyed by instance id
+(``experiment + "\\x1f" + unit``). One Bytewax process, one worker, no recovery.
+
+What each figure means
+----------------------
+* Throughput (in this process, ``bytewax.testing.run_main`` on
+  ``Service(...).flow(tail=False)``): N requests over ``units`` units and their N feedback
+  events are produced first (separate ``requests``/``feedback`` topics, or one combined
+  ``events`` topic where each request is followed by its feedback); the time is
+  ``run_main`` from start to EOF. ``raw`` = 2N / time. The fixed cost (process-local
+  start: partition listing, consumers, producers, first fetches, EOF detection) is the
+  median time of the same run on a tiny input (10 + 10 events); ``steady`` =
+  (2N - 20) / (time - fixed cost). Median over the repeats. CPU: the worker thread's CPU
+  time (``time.thread_time``: Python, Bytewax's Rust runtime), the process CPU (plus the
+  librdkafka threads) and the broker's CPU, each as a share of one core over the run.
+* Decision latency: the service runs in a background process (``python -m bytewax.run
+  flows.main:flow`` or, for sub-second epochs, ``bench/flow_helpers.py serve``, tail mode). This
+  process sends requests paced at a fixed rate with ``time.perf_counter`` (one producer,
+  ``linger.ms=0``) and a consumer thread reads the selections topic; latency = time the
+  selection is consumed - time its request was produced, matched by ``request_id``. The
+  first seconds at the target rate are a warm-up and are not counted. Requests not
+  answered within the drain time count as unanswered.
+* Memory: the service runs in a background process (``python -m bytewax.run
+  flows.main:flow``, epoch 10 s). After 100 warm-up instances its RSS is the baseline;
+  then new units arrive in cumulative stages and, once the selections topic holds every
+  answer, the RSS is read again (psutil; peak = VmHWM). Bytes per instance =
+  (RSS - baseline) / instances, per stage, and the least-squares slope over the stages.
+  Two states: "open ticket" (one request per unit, no feedback: the selection waits for
+  its feedback for the experiment's ``feedback_ttl``, 3600 s) and "idle" (request then
+  feedback on the combined events topic, ``feedback_ttl`` = 1 s, RSS read after the
+  settled answers have expired, so each instance is only its bandit state). Two
+  decompositions: tracemalloc of the Python objects of one ``Instance`` in three states
+  (in this process), and Bytewax's own RSS per key for a logic that keeps nothing
+  (``bench/flow_helpers.py floor``, fresh process).
+* Profile: cProfile around ``run_main`` of the separate-topics throughput run; the own time
+  (tottime) of every function is put into a group by file; built-ins and generated code
+  (``<string>``: dataclass ``__init__``) go to the group of their callers, in proportion.
+
+Targets (from the issue) are printed beside the results as PASS/MISS; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import importlib
+import json
+import os
+import platform
+import pstats
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import tracemalloc
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import bytewax
+import confluent_kafka
+import numpy as np
+import orjson
+import psutil
+from bytewax.testing import run_main
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from flows.events import Origin, parse_feedback, parse_request
+from flows.instance import Instance
+from flows.registry import Registry
+from flows.service import Service
+from flows.wiring import Topics
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENT = "bench"
+N_ARMS = 10
+PARTITIONS = 3
+TINY = 10  # requests (and as many feedback events) of the fixed-cost run
+WARM_UNITS = 100  # warm-up requests of the memory run
+TARGET_EVENTS_PER_S = 20_000
+TARGET_P99_MS = 50.0
+TARGET_BYTES_PER_INSTANCE = 1024
+
+
+def registry_toml(feedback_ttl: float = 3600.0) -> str:
+    arms = ", ".join(f'"arm{i}"' for i in range(N_ARMS))
+    return (
+        f"[experiments.{EXPERIMENT}]\narms = [{arms}]\nper_unit = true\nseed = 7\n"
+        f"feedback_ttl = {feedback_ttl}\n"
+    )
+
+
+def log(msg: str) -> None:
+    print(f"[bench_flow {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ plan
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    name: str
+    server: tuple[str, ...]  # arguments after the Python executable
+    epoch: str
+    feedback: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str
+    requests: int  # N: throughput runs have 2N events
+    units: int
+    repeats: int
+    short_epoch_ms: float | None  # extra throughput run with a short epoch (None: skip)
+    latency_rate: float
+    latency_seconds: float
+    latency_warmup_seconds: float
+    latency_configs: tuple[LatencyConfig, ...]
+    memory_stages: tuple[int, ...]  # cumulative numbers of instances, open tickets
+    idle_stages: tuple[int, ...]  # the same, idle instances
+
+
+RUN_DEFAULT = LatencyConfig(
+    "python -m bytewax.run flows.main:flow", ("-m", "bytewax.run", "flows.main:flow"), "10 s"
+)
+RUN_S1 = LatencyConfig(
+    "python -m bytewax.run flows.main:flow -s 1",
+    ("-m", "bytewax.run", "flows.main:flow", "-s", "1"),
+    "1 s",
+)
+HELPERS = str(ROOT / "bench" / "flow_helpers.py")
+SERVER_100MS = LatencyConfig("bench/flow_helpers.py serve 100", (HELPERS, "serve", "100"), "100 ms")
+SERVER_10MS = LatencyConfig("bench/flow_helpers.py serve 10", (HELPERS, "serve", "10"), "10 ms")
+NO_SNAPSHOT = LatencyConfig(
+    "diagnostic: serve 10000 --no-snapshot",
+    (HELPERS, "serve", "10000", "--no-snapshot"),
+    "10 s",
+)
+NO_SNAPSHOT_NO_GC = LatencyConfig(
+    "diagnostic: serve 10000 --no-snapshot --no-gc",
+    (HELPERS, "serve", "10000", "--no-snapshot", "--no-gc"),
+    "10 s",
+)
+RUN_DEFAULT_FEEDBACK = LatencyConfig(
+    "python -m bytewax.run flows.main:flow, + feedback",
+    RUN_DEFAULT.server,
+    "10 s",
+    feedback=True,
+)
+
+FULL = Plan(
+    mode="full",
+    requests=100_000,
+    units=10_000,
+    repeats=3,
+    short_epoch_ms=100.0,
+    latency_rate=2000.0,
+    latency_seconds=20.0,
+    latency_warmup_seconds=2.0,
+    latency_configs=(
+        RUN_DEFAULT,
+        RUN_S1,
+        SERVER_100MS,
+        SERVER_10MS,
+        RUN_DEFAULT_FEEDBACK,
+        NO_SNAPSHOT,
+        NO_SNAPSHOT_NO_GC,
+    ),
+    memory_stages=(100_000, 300_000, 1_000_000),
+    idle_stages=(100_000, 300_000),
+)
+QUICK = Plan(
+    mode="quick",
+    requests=50_000,
+    units=10_000,
+    repeats=1,
+    short_epoch_ms=None,
+    latency_rate=2000.0,
+    latency_seconds=8.0,
+    latency_warmup_seconds=1.0,
+    latency_configs=(RUN_DEFAULT, SERVER_100MS),
+    memory_stages=(30_000, 100_000),
+    idle_stages=(30_000, 100_000),
+)
+
+
+# ------------------------------------------------------------------------------ Kafka
+
+
+def kafka_broker_helpers() -> ModuleType:
+    """``tests/kafka_broker.py`` (the repository root is not on sys.path when run as a script)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("tests.kafka_broker")
+
+
+@dataclass
+class Broker:
+    bootstrap: str
+    pid: int | None  # None: an external broker (its CPU is not measured)
+    started_here: bool
+
+    def cpu_seconds(self) -> float | None:
+        if self.pid is None:
+            return None
+        try:
+            t = psutil.Process(self.pid).cpu_times()
+        except psutil.Error:
+            return None
+        return t.user + t.system
+
+
+@contextlib.contextmanager
+def broker() -> Iterator[Broker]:
+    kb = kafka_broker_helpers()
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield Broker(external, None, False)
+        return
+    with tempfile.TemporaryDirectory(prefix="tsi-bench-kafka-") as tmp:
+        data_dir = Path(tmp)
+        log("starting the project's Kafka broker (deploy/kafka/start.sh)")
+        bootstrap = kb.start_broker(data_dir)
+        try:
+            pid = int((data_dir / "broker.pid").read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+        try:
+            yield Broker(bootstrap, pid, True)
+        finally:
+            log("stopping the broker")
+            kb.stop_broker(data_dir)
+
+
+def new_topics(bootstrap: str, kinds: Iterable[str]) -> dict[str, str]:
+    """Fresh topics; ``dlq`` has one partition, the others PARTITIONS."""
+    kb = kafka_broker_helpers()
+    names = {}
+    for kind in kinds:
+        name = kb.unique_topic(f"bench-{kind}")
+        kb.create_topic(bootstrap, name, 1 if kind == "dlq" else PARTITIONS)
+        names[kind] = name
+    return names
+
+
+def bulk_producer(bootstrap: str) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,  # keeps the order of a key's messages
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 2_000_000,
+        }
+    )
+
+
+def produce_all(producer: Producer, messages: Iterable[tuple[str, str, bytes]]) -> int:
+    """Produce (topic, key, value) messages and wait for every acknowledgement."""
+    n = 0
+    for topic, key, value in messages:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        n += 1
+        if n % 10_000 == 0:
+            producer.poll(0)
+    left = producer.flush(120)
+    if left:
+        raise RuntimeError(f"{left} messages not acknowledged by the broker")
+    return n
+
+
+class Counter:
+    """Number of messages in a topic (sum of high watermarks; fresh topics start at 0)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tsi-bench"})
+
+    def count(self, topic: str, partitions: int = PARTITIONS) -> int:
+        total = 0
+        for p in range(partitions):
+            lo, hi = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=10, cached=False
+            )
+            total += hi - lo
+        return total
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def instance_key(unit: str) -> str:
+    return f"{EXPERIMENT}\x1f{unit}"
+
+
+def request_value(unit: str, rid: str, typed: bool = False, ts: float | None = None) -> bytes:
+    event: dict[str, Any] = {"experiment": EXPERIMENT, "unit": unit, "request_id": rid}
+    if typed:
+        event["type"] = "request"
+    if ts is not None:
+        event["ts"] = ts
+    return orjson.dumps(event)
+
+
+def feedback_value(unit: str, rid: str, loss: float, typed: bool = False) -> bytes:
+    event: dict[str, Any] = {"experiment": EXPERIMENT, "unit": unit, "request_id": rid}
+    if typed:
+        event["type"] = "feedback"
+    event["loss"] = loss
+    return orjson.dumps(event)
+
+
+def loss_of(i: int) -> float:
+    return (i * 7919 % 1000) / 10.0  # any finite numbers: the algorithm needs no range
+
+
+def workload(topics: dict[str, str], n: int, units: int) -> Iterator[tuple[str, str, bytes]]:
+    """n requests then their n feedback events (separate topics), or request i followed by
+    its feedback (the combined ``events`` topic)."""
+    if "events" in topics:
+        for i in range(n):
+            unit, rid = f"u{i % units}", f"r{i}"
+            key = instance_key(unit)
+            yield topics["events"], key, request_value(unit, rid, typed=True)
+            yield topics["events"], key, feedback_value(unit, rid, loss_of(i), typed=True)
+        return
+    for i in range(n):
+        unit = f"u{i % units}"
+        yield topics["requests"], instance_key(unit), request_value(unit, f"r{i}")
+    for i in range(n):
+        unit = f"u{i % units}"
+        yield topics["feedback"], instance_key(unit), feedback_value(unit, f"r{i}", loss_of(i))
+
+
+# ------------------------------------------------------------------------------ throughput
+
+
+@dataclass
+class Input:
+    """Pre-produced input topics of one throughput mode."""
+
+    mode: str  # "separate" or "events"
+    topics: dict[str, str]
+    events: int
+
+    def service_topics(self, out: dict[str, str]) -> Topics:
+        if self.mode == "events":
+            return Topics(
+                selections=out["sel"], dead_letters=out["dlq"], events=self.topics["events"]
+            )
+        return Topics(
+            requests=self.topics["requests"],
+            feedback=self.topics["feedback"],
+            selections=out["sel"],
+            dead_letters=out["dlq"],
+        )
+
+
+def prepare_input(bk: Broker, mode: str, n: int, units: int) -> Input:
+    kinds = ("events",) if mode == "events" else ("requests", "feedback")
+    topics = new_topics(bk.bootstrap, kinds)
+    producer = bulk_producer(bk.bootstrap)
+    t0 = time.perf_counter()
+    events = produce_all(producer, workload(topics, n, units))
+    log(f"  produced {events:,} {mode} events in {time.perf_counter() - t0:.1f} s")
+    return Input(mode, topics, events)
+
+
+def run_once(
+    bk: Broker,
+    registry: Registry,
+    inp: Input,
+    counter: Counter,
+    epoch_ms: float | None = None,
+    profiler: cProfile.Profile | None = None,
+) -> dict[str, Any]:
+    """One ``run_main`` of the Kafka flow from the start of ``inp`` to EOF."""
+    out = new_topics(bk.bootstrap, ("sel", "dlq"))
+    flow = Service(registry, [bk.bootstrap], inp.service_topics(out)).flow(
+        tail=False, recovery=False
+    )
+    epoch = None if epoch_ms is None else timedelta(milliseconds=epoch_ms)
+    broker0 = bk.cpu_seconds()
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
+    thread0 = time.thread_time()
+    t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    try:
+        run_main(flow, epoch_interval=epoch)
+    finally:
+        if profiler is not None:
+            profiler.disable()
+    seconds = time.perf_counter() - t0
+    thread = time.thread_time() - thread0
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    broker1 = bk.cpu_seconds()
+    process = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+    requests = inp.events // 2
+    selections = counter.count(out["sel"])
+    dead = counter.count(out["dlq"], 1)
+    if selections != requests or dead:
+        log(f"  WARNING: {selections} selections for {requests} requests, {dead} dead letters")
+    return {
+        "seconds": seconds,
+        "events": inp.events,
+        "events_per_s": inp.events / seconds,
+        "worker_thread_cpu": thread / seconds,
+        "process_cpu": process / seconds,
+        "broker_cpu": None if broker0 is None or broker1 is None else (broker1 - broker0) / seconds,
+        "selections": selections,
+        "dead_letters": dead,
+    }
+
+
+def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for mode in ("separate", "events"):
+        log(f"throughput, {mode} topics: fixed cost on {TINY} + {TINY} events")
+        tiny = prepare_input(bk, mode, TINY, TINY)
+        fixed = [run_once(bk, registry, tiny, counter) for _ in range(plan.repeats)]
+        fixed_s = statistics.median(r["seconds"] for r in fixed)
+        log(f"throughput, {mode} topics: {plan.requests:,} requests + feedback")
+        inp = prepare_input(bk, mode, plan.requests, plan.units)
+        runs = []
+        for k in range(plan.repeats):
+            r = run_once(bk, registry, inp, counter)
+            r["steady_events_per_s"] = (inp.events - tiny.events) / (r["seconds"] - fixed_s)
+            log(f"  repeat {k + 1}: {r['seconds']:.2f} s, {r['events_per_s']:,.0f} events/s raw")
+            runs.append(r)
+        results[mode] = {
+            "fixed_cost_runs": fixed,
+            "fixed_cost_s": fixed_s,
+            "runs": runs,
+            "raw_events_per_s": statistics.median(r["events_per_s"] for r in runs),
+            "steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in runs),
+            "seconds": statistics.median(r["seconds"] for r in runs),
+            "input": inp,
+        }
+        if mode == "separate" and plan.short_epoch_ms is not None:
+            log(f"throughput, separate topics, epoch {plan.short_epoch_ms:g} ms (1 run)")
+            r = run_once(bk, registry, inp, counter, epoch_ms=plan.short_epoch_ms)
+            r["steady_events_per_s"] = (inp.events - tiny.events) / (r["seconds"] - fixed_s)
+            r["epoch_ms"] = plan.short_epoch_ms
+            results["separate_short_epoch"] = r
+    return results
+
+
+# ------------------------------------------------------------------------------ profile
+
+GROUPS = (
+    "Bytewax runtime (Rust run loop, operator shims)",
+    "JSON (orjson)",
+    "Kafka client (confluent-kafka, Bytewax connector, flows/kafka_io.py)",
+    "parsing/validation/serialisation (flows/events.py)",
+    "per-instance logic (flows/instance.py, flows/operator.py)",
+    "routing and glue (flows/dataflow.py, wiring.py, registry.py)",
+    "algorithm (tsi_core)",
+    "other (imports, stdlib)",
+)
+BYTEWAX, JSON_, KAFKA, EVENTS, INSTANCE, ROUTING, ALGORITHM, OTHER = GROUPS
+FuncKey = tuple[str, int, str]
+
+
+def group_of(key: FuncKey) -> str | None:
+    """The group of a function, or None for built-ins and generated code (-> callers)."""
+    filename, _, name = key
+    if filename == "~":
+        if "orjson" in name:
+            return JSON_
+        if "cimpl" in name or "confluent_kafka" in name:
+            return KAFKA
+        if "bytewax" in name:
+            return BYTEWAX
+        return None
+    if filename.startswith("<") and not filename.startswith("<frozen"):
+        return None
+    path = filename.replace("\\", "/")
+    if "/bytewax/connectors/kafka" in path or "/confluent_kafka/" in path:
+        return KAFKA
+    if path.endswith("flows/kafka_io.py"):
+        return KAFKA
+    if "/bytewax/" in path:
+        return BYTEWAX
+    if path.endswith("flows/events.py"):
+        return EVENTS
+    if path.endswith(("flows/instance.py", "flows/operator.py")):
+        return INSTANCE
+    if path.endswith(("flows/dataflow.py", "flows/wiring.py", "flows/registry.py")):
+        return ROUTING
+    if "/tsi_core/" in path:
+        return ALGORITHM
+    return OTHER
+
+
+def attribute(stats: dict[FuncKey, Any], key: FuncKey, depth: int = 0) -> dict[str, float]:
+    """Group shares of a function: its own group, or its callers' in proportion."""
+    group = group_of(key)
+    if group is not None:
+        return {group: 1.0}
+    callers = stats[key][4]
+    total = sum(edge[2] for edge in callers.values())
+    if depth > 6 or not callers or total <= 0:
+        return {OTHER: 1.0}
+    shares: dict[str, float] = {}
+    for caller, edge in callers.items():
+        if caller not in stats:
+            continue
+        for g, share in attribute(stats, caller, depth + 1).items():
+            shares[g] = shares.get(g, 0.0) + share * edge[2] / total
+    return shares or {OTHER: 1.0}
+
+
+def short_name(key: FuncKey) -> str:
+    filename, line, name = key
+    if filename == "~":
+        return name
+    parts = Path(filename).parts
+    for anchor in ("site-packages", "main"):
+        if anchor in parts:
+            parts = parts[parts.index(anchor) + 1 :]
+            break
+    return f"{'/'.join(parts)}:{line}({name})"
+
+
+def profile(
+    bk: Broker, registry: Registry, inp: Input, counter: Counter, unprofiled_s: float
+) -> dict[str, Any]:
+    log(f"profile: cProfile on the separate-topics run ({inp.events:,} events)")
+    profiler = cProfile.Profile()
+    run = run_once(bk, registry, inp, counter, profiler=profiler)
+    stats = pstats.Stats(profiler).stats
+    groups = dict.fromkeys(GROUPS, 0.0)
+    for key, (_, _, tottime, _, _) in stats.items():
+        for g, share in attribute(stats, key).items():
+            groups[g] += tottime * share
+    total = sum(groups.values())
+    top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:20]
+
+    def calls(path_end: str, name: str) -> dict[str, float] | None:
+        for (filename, _, fname), (cc, _, _, ct, _) in stats.items():
+            if fname == name and filename.replace("\\", "/").endswith(path_end):
+                return {"calls": cc, "cumtime_s": ct}
+        return None
+
+    requests = inp.events // 2
+    feedback_calls = calls("flows/instance.py", "on_feedback")
+    early = None
+    if feedback_calls is not None:
+        early = (feedback_calls["calls"] - requests) / requests  # early feedback runs twice
+    return {
+        "run": run,
+        "profiled_seconds": run["seconds"],
+        "unprofiled_seconds": unprofiled_s,
+        "total_tottime_s": total,
+        "groups": {g: {"seconds": s, "share": s / total} for g, s in groups.items()},
+        "us_per_event": {g: s / inp.events * 1e6 for g, s in groups.items()},
+        "top": [
+            {
+                "function": short_name(key),
+                "group": max(attribute(stats, key).items(), key=lambda kv: kv[1])[0],
+                "calls": v[0],
+                "tottime_s": v[2],
+                "cumtime_s": v[3],
+            }
+            for key, v in top
+        ],
+        "snapshot": calls("flows/operator.py", "snapshot"),
+        "instance_to_dict": calls("flows/instance.py", "to_dict"),
+        "early_feedback_share": early,
+    }
+
+
+# ------------------------------------------------------------------------------ services
+
+
+@contextlib.contextmanager
+def service_process(
+    bk: Broker, args: tuple[str, ...], topics: dict[str, str], registry_path: Path, logfile: Path
+) -> Iterator[subprocess.Popen]:
+    """The Kafka service in a background process (tail mode), stopped at the end."""
+    env = dict(
+        os.environ,
+        TSI_REGISTRY=str(registry_path),
+        KAFKA_BOOTSTRAP_SERVERS=bk.bootstrap,
+        TSI_TOPIC_SELECTIONS=topics["sel"],
+        TSI_TOPIC_DLQ=topics["dlq"],
+    )
+    for name in ("TSI_TOPIC_REQUESTS", "TSI_TOPIC_FEEDBACK", "TSI_TOPIC_EVENTS"):
+        env.pop(name, None)
+    env.pop("TSI_KAFKA_CONFIG", None)
+    env.pop("TSI_STOP_AT_END", None)  # tail mode: the service waits for new messages
+    if "events" in topics:
+        env["TSI_TOPIC_EVENTS"] = topics["events"]
+    else:
+        env["TSI_TOPIC_REQUESTS"] = topics["requests"]
+        env["TSI_TOPIC_FEEDBACK"] = topics["feedback"]
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *args], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+
+
+def check_alive(proc: subprocess.Popen, logfile: Path) -> None:
+    if proc.poll() is not None:
+        tail = logfile.read_text(errors="replace").splitlines()[-20:]
+        raise RuntimeError(f"service exited with {proc.returncode}:\n" + "\n".join(tail))
+
+
+# ------------------------------------------------------------------------------ latency
+
+
+class SelectionReader:
+    """A thread that records when each request_id's selection is consumed."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.received: dict[str, float] = {}
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "tsi-bench-unused",
+                "enable.auto.commit": False,
+            }
+        )
+        self._consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)]
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # poll() returns as soon as one message is there (consume(n, t) waits to fill n).
+        while not self._stop.is_set():
+            msg = self._consumer.poll(0.05)
+            if msg is None or msg.error() is not None:
+                continue
+            now = time.perf_counter()
+            self.received[orjson.loads(msg.value())["request_id"]] = now
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._consumer.close()
+
+
+def paced(rate: float, seconds: float) -> Iterator[int]:
+    """Indices 0, 1, ... yielded at ``rate`` per second for ``seconds`` (perf_counter)."""
+    n = round(rate * seconds)
+    start = time.perf_counter()
+    k = 0
+    while k < n:
+        due = min(n, int((time.perf_counter() - start) * rate) + 1)
+        while k < due:
+            yield k
+            k += 1
+        next_at = start + k / rate
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def latency_run(
+    bk: Broker, plan: Plan, cfg: LatencyConfig, registry_path: Path, workdir: Path
+) -> dict[str, Any]:
+    topics = new_topics(bk.bootstrap, ("requests", "feedback", "sel", "dlq"))
+    logfile = workdir / f"latency-{len(list(workdir.glob('latency-*')))}.log"
+    reader = SelectionReader(bk.bootstrap, topics["sel"])
+    # No linger (nothing waits to fill a batch); idempotence caps the requests in flight at 5,
+    # so under load messages batch while earlier requests are in flight (without it every
+    # message is its own produce request, and the broker and the service's consumers pay).
+    producer = Producer(
+        {"bootstrap.servers": bk.bootstrap, "linger.ms": 0, "enable.idempotence": True}
+    )
+    sent: dict[str, float] = {}
+
+    def send(rid: str, unit: str) -> None:
+        value = request_value(unit, rid, ts=time.time())
+        t = time.perf_counter()
+        producer.produce(topics["requests"], key=instance_key(unit), value=value)
+        producer.poll(0)
+        sent[rid] = t
+
+    try:
+        with service_process(bk, cfg.server, topics, registry_path, logfile) as proc:
+            t0 = time.perf_counter()
+            k = 0
+            while not reader.received:  # ready: a probe request has been answered
+                check_alive(proc, logfile)
+                if time.perf_counter() - t0 > 90:
+                    raise TimeoutError("the service answered no request within 90 s")
+                send(f"probe{k}", f"probe{k}")
+                k += 1
+                time.sleep(0.2)
+            ready_s = time.perf_counter() - t0
+            for k in paced(plan.latency_rate, plan.latency_warmup_seconds):
+                send(f"w{k}", f"u{k % plan.units}")
+            lag = round(plan.latency_rate * 0.5)  # feedback 0.5 s after its request
+            t_start = time.perf_counter()
+            for k in paced(plan.latency_rate, plan.latency_seconds):
+                send(f"m{k}", f"u{k % plan.units}")
+                if cfg.feedback and k >= lag:
+                    j = k - lag
+                    unit = f"u{j % plan.units}"
+                    producer.produce(
+                        topics["feedback"],
+                        key=instance_key(unit),
+                        value=feedback_value(unit, f"m{j}", loss_of(j)),
+                    )
+            send_seconds = time.perf_counter() - t_start
+            producer.flush(10)
+            measured = [rid for rid in sent if rid.startswith("m")]
+            deadline = time.perf_counter() + 10
+            while time.perf_counter() < deadline and not all(
+                rid in reader.received for rid in measured
+            ):
+                time.sleep(0.1)
+            time.sleep(0.5)
+            check_alive(proc, logfile)
+    finally:
+        reader.close()
+    gc_pauses = None  # full collections in the service (logged by flow_helpers.py serve)
+    if cfg.server[0] == HELPERS:
+        gc_pauses = [
+            float(line.split()[1])
+            for line in logfile.read_text(errors="replace").splitlines()
+            if line.startswith("GC2 ")
+        ]
+    answered = [rid for rid in measured if rid in reader.received]
+    lat = np.array([(reader.received[rid] - sent[rid]) * 1e3 for rid in answered])
+    if not len(lat):
+        raise RuntimeError("no measured request was answered")
+    at = np.array([sent[rid] - t0 for rid in answered])  # seconds since the service started
+    timeline = []  # per second: [second since start, answered, p50 ms, max ms]
+    for second in range(int(at.min()), int(at.max()) + 1):
+        chunk = lat[(at >= second) & (at < second + 1)]
+        if len(chunk):
+            timeline.append([second, len(chunk), float(np.median(chunk)), float(chunk.max())])
+    return {
+        "config": asdict(cfg),
+        "rate": plan.latency_rate,
+        "seconds": plan.latency_seconds,
+        "achieved_rate": len(measured) / send_seconds,
+        "ready_s": ready_s,
+        "measured_from_s": t_start - t0,
+        "sent": len(measured),
+        "answered": len(answered),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p90_ms": float(np.percentile(lat, 90)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "max_ms": float(lat.max()),
+        "mean_ms": float(lat.mean()),
+        "share_over_50ms": float((lat > TARGET_P99_MS).mean()),
+        "timeline": timeline,
+        "gc2_pauses_ms": gc_pauses,
+    }
+
+
+def latency(bk: Broker, plan: Plan, registry_path: Path, workdir: Path) -> list[dict[str, Any]]:
+    out = []
+    for cfg in plan.latency_configs:
+        log(f"latency: {cfg.name} (epoch {cfg.epoch}), {plan.latency_rate:g} requests/s")
+        r = latency_run(bk, plan, cfg, registry_path, workdir)
+        log(f"  p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms")
+        out.append(r)
+    return out
+
+
+# ------------------------------------------------------------------------------ memory
+
+
+def rss_of(pid: int) -> dict[str, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {
+        "rss": psutil.Process(pid).memory_info().rss,
+        "hwm": int(fields["VmHWM"].split()[0]) * 1024,
+    }
+
+
+def wait_for(
+    counter: Counter, topic: str, target: int, proc: subprocess.Popen, logfile: Path
+) -> None:
+    last, last_change = -1, time.perf_counter()
+    while True:
+        n = counter.count(topic)
+        if n >= target:
+            return
+        check_alive(proc, logfile)
+        if n != last:
+            last, last_change = n, time.perf_counter()
+        elif time.perf_counter() - last_change > 60:
+            raise TimeoutError(f"{topic}: stuck at {n} of {target} messages for 60 s")
+        time.sleep(0.25)
+
+
+@dataclass(frozen=True)
+class MemoryVariant:
+    name: str
+    feedback_ttl: float
+    events: bool  # each request followed by its feedback on the combined events topic
+    idle_wait: float  # seconds to wait after the last answer before reading the RSS
+
+
+OPEN_TICKETS = MemoryVariant("open ticket (request, no feedback; TTL 3600 s)", 3600.0, False, 1.0)
+IDLE = MemoryVariant("idle (request + feedback, events topic; TTL 1 s, expired)", 1.0, True, 3.0)
+
+
+def memory_messages(
+    topics: dict[str, str], units: Iterable[str], rid: str
+) -> Iterator[tuple[str, str, bytes]]:
+    """One request per unit, or request then feedback on the events topic."""
+    for unit in units:
+        key = instance_key(unit)
+        if "events" in topics:
+            yield topics["events"], key, request_value(unit, rid, typed=True)
+            yield topics["events"], key, feedback_value(unit, rid, 1.0, typed=True)
+        else:
+            yield topics["requests"], key, request_value(unit, rid)
+
+
+def memory_run(
+    bk: Broker, variant: MemoryVariant, stages: tuple[int, ...], counter: Counter, workdir: Path
+) -> dict[str, Any]:
+    """RSS of the service process after cumulative stages of new instances."""
+    kinds = ("events", "sel", "dlq") if variant.events else ("requests", "feedback", "sel", "dlq")
+    topics = new_topics(bk.bootstrap, kinds)
+    registry_path = workdir / f"registry-ttl-{variant.feedback_ttl:g}.toml"
+    registry_path.write_text(registry_toml(variant.feedback_ttl))
+    logfile = workdir / f"memory-ttl-{variant.feedback_ttl:g}.log"
+    producer = bulk_producer(bk.bootstrap)
+    results: list[dict[str, Any]] = []
+    with service_process(bk, RUN_DEFAULT.server, topics, registry_path, logfile) as proc:
+        log(f"memory, {variant.name}: {WARM_UNITS} warm-up instances")
+        produce_all(producer, memory_messages(topics, (f"w{i}" for i in range(WARM_UNITS)), "w"))
+        wait_for(counter, topics["sel"], WARM_UNITS, proc, logfile)
+        time.sleep(variant.idle_wait)
+        base = rss_of(proc.pid)
+        done = 0
+        for n in stages:
+            log(f"memory, {variant.name}: {n:,} instances")
+            t0 = time.perf_counter()
+            produce_all(producer, memory_messages(topics, (f"u{i}" for i in range(done, n)), "r"))
+            wait_for(counter, topics["sel"], WARM_UNITS + n, proc, logfile)
+            seconds = time.perf_counter() - t0
+            time.sleep(variant.idle_wait)
+            now = rss_of(proc.pid)
+            results.append(
+                {
+                    "instances": n,
+                    "rss": now["rss"],
+                    "hwm": now["hwm"],
+                    "bytes_per_instance": (now["rss"] - base["rss"]) / n,
+                    "new_instances_per_s": (n - done) / seconds,
+                }
+            )
+            per = results[-1]["bytes_per_instance"]
+            log(f"  RSS {now['rss'] / 2**20:,.0f} MiB, {per:,.0f} B per instance")
+            done = n
+        check_alive(proc, logfile)
+        dead = counter.count(topics["dlq"], 1)
+    xs = np.array([0] + [r["instances"] for r in results], dtype=float)
+    ys = np.array([base["rss"]] + [r["rss"] for r in results], dtype=float)
+    return {
+        "variant": asdict(variant),
+        "baseline_rss": base["rss"],
+        "baseline_hwm": base["hwm"],
+        "stages": results,
+        "slope_bytes_per_instance": float(np.polyfit(xs, ys, 1)[0]),
+        "dead_letters": dead,
+    }
+
+
+def memory(bk: Broker, plan: Plan, counter: Counter, workdir: Path) -> dict[str, Any]:
+    n = plan.idle_stages[-1]
+    log(f"memory: Bytewax's own memory per key ({n:,} keys, flow_helpers.py floor)")
+    floor = subprocess.run(
+        [sys.executable, HELPERS, "floor", str(n)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return {
+        "open_tickets": memory_run(bk, OPEN_TICKETS, plan.memory_stages, counter, workdir),
+        "idle": memory_run(bk, IDLE, plan.idle_stages, counter, workdir),
+        "python_breakdown": python_breakdown(),
+        "bytewax_floor": json.loads(floor.stdout.strip().splitlines()[-1]),
+    }
+
+
+def python_breakdown(n: int = 10_000) -> dict[str, float]:
+    """tracemalloc bytes per ``Instance`` (Python objects only), in three states.
+
+    Message bytes are copied to exact-size objects, as Kafka hands them over: orjson.dumps
+    returns a bytes object with a 4 KB allocation, which the open ticket would keep.
+    """
+    registry = Registry.from_toml(registry_toml())
+    exp = registry[EXPERIMENT]
+    out: dict[str, float] = {}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        insts = []
+        for i in range(n):
+            raw = bytes(bytearray(request_value(f"u{i}", "r")))
+            inst = Instance(exp, instance_key(f"u{i}"))
+            inst.on_request(parse_request(raw, Origin("requests", 0, i)), now=0.0)
+            insts.append(inst)
+        out["open_ticket"] = (tracemalloc.get_traced_memory()[0] - before) / n
+        for i, inst in enumerate(insts):
+            raw = bytes(bytearray(feedback_value(f"u{i}", "r", 1.0)))
+            inst.on_feedback(parse_feedback(raw, Origin("feedback", 0, i)), now=0.0)
+        out["settled"] = (tracemalloc.get_traced_memory()[0] - before) / n
+        for inst in insts:
+            inst.expire(now=1e9)
+        out["idle_after_expiry"] = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    return out
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def machine_info(bk: Broker) -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "flows", "tsi_core"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
+    return {
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "memory_gib": psutil.virtual_memory().total / 2**30,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "bytewax": getattr(bytewax, "__version__", None) or _version("bytewax"),
+        "confluent_kafka": confluent_kafka.__version__,
+        "librdkafka": confluent_kafka.libversion()[0],
+        "broker": (
+            "project broker, deploy/kafka (Kafka 4.1.1, single node), started by this run"
+            if bk.started_here
+            else f"external, KAFKA_BOOTSTRAP_SERVERS={bk.bootstrap}"
+        ),
+        "load_average_at_start": os.getloadavg(),
+        "git_commit": commit,
+        "uncommitted_files_in_flows_tsi_core": len([x for x in dirty if x.strip()]),
+    }
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def fmt_load(load: Iterable[float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in load)
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def report(results: dict[str, Any]) -> str:
+    m, plan = results["machine"], results["plan"]
+    lines = [
+        "# Streaming service benchmark (bench/bench_flow.py)",
+        "",
+        f"- CPU: {m['cpu_model']} ({m['cpu_count']} logical, {m['usable_cpus']} usable), "
+        f"{m['memory_gib']:.0f} GiB RAM; {m['platform']}",
+        f"- Python {m['python']}, Bytewax {m['bytewax']}, confluent-kafka "
+        f"{m['confluent_kafka']} (librdkafka {m['librdkafka']})",
+        f"- Broker: {m['broker']}; broker, service and load generator share the machine",
+        f"- Code: git {m['git_commit']} ({m['uncommitted_files_in_flows_tsi_core']} uncommitted "
+        "files in flows/ and tsi_core/)",
+        f"- Mode: {plan['mode']}; {results['wall_seconds']:.0f} s in all; command: "
+        f"`{results['command']}`",
+        f"- Workload: one per-unit experiment, {N_ARMS} arms; one Bytewax process, one worker, "
+        "no recovery",
+        f"- Load average (1, 5, 15 min) at start {fmt_load(m['load_average_at_start'])}, at end "
+        f"{fmt_load(results['load_average_at_end'])} (other jobs on the machine skew figures)",
+        "",
+    ]
+    errors = results.get("errors", {})
+    tp = results.get("throughput")
+    if tp:
+        n = plan["requests"]
+        lines += [
+            f"## Throughput, end to end ({n:,} requests + {n:,} feedback, {plan['units']:,} "
+            f"units, median of {plan['repeats']})",
+            "",
+            "`bytewax.testing.run_main(Service(...).flow(tail=False, recovery=False))` in this "
+            "process, from start to EOF; epoch 10 s (default).",
+            "",
+            "| Input | Time (s) | Raw events/s | Fixed cost (s) | Steady events/s | Target "
+            "| | Worker thread CPU | Process CPU | Broker CPU |",
+            "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        ]
+        for mode, label in (("separate", "requests + feedback topics"), ("events", "events topic")):
+            r = tp.get(mode)
+            if not r:
+                continue
+            last = r["runs"][len(r["runs"]) // 2]
+            lines.append(
+                f"| {label} | {r['seconds']:.2f} | {r['raw_events_per_s']:,.0f} | "
+                f"{r['fixed_cost_s']:.2f} | {r['steady_events_per_s']:,.0f} | "
+                f">= {TARGET_EVENTS_PER_S:,} | "
+                f"{verdict(r['steady_events_per_s'] >= TARGET_EVENTS_PER_S)} | "
+                f"{pct(last['worker_thread_cpu'])} | {pct(last['process_cpu'])} | "
+                f"{pct(last['broker_cpu'])} |"
+            )
+        short = tp.get("separate_short_epoch")
+        if short:
+            lines.append(
+                f"| requests + feedback, epoch {short['epoch_ms']:g} ms (1 run) | "
+                f"{short['seconds']:.2f} | {short['events_per_s']:,.0f} | | "
+                f"{short['steady_events_per_s']:,.0f} | | | {pct(short['worker_thread_cpu'])} | "
+                f"{pct(short['process_cpu'])} | {pct(short['broker_cpu'])} |"
+            )
+        all_runs = [(mode, r) for mode in ("separate", "events") for r in tp[mode]["runs"]]
+        clean = all(
+            r["dead_letters"] == 0 and 2 * r["selections"] == r["events"] for _, r in all_runs
+        )
+        lines += [
+            "",
+            "Repeats (raw events/s): "
+            + "; ".join(f"{mode} {r['events_per_s']:,.0f}" for mode, r in all_runs)
+            + ". Every run answered every request with no dead letter: "
+            + ("yes." if clean else "NO (see JSON)."),
+            "",
+        ]
+    lat = results.get("latency")
+    if lat:
+        lines += [
+            f"## Decision latency at {plan['latency_rate']:,.0f} requests/s for "
+            f"{plan['latency_seconds']:g} s (after {plan['latency_warmup_seconds']:g} s warm-up)",
+            "",
+            "Produce (request) to consume (selection), in ms; service in a background process, "
+            "no recovery. Rows marked diagnostic are not the product: `flow_helpers.py serve` "
+            "with `InstanceLogic.snapshot` stubbed (Bytewax calls it for every key touched in "
+            "an epoch when the epoch closes, recovery or not) and/or the cyclic GC disabled, "
+            "to show what the tail is made of.",
+            "",
+            "| Service | Epoch | Feedback | Answered | p50 | p90 | p99 | max | > 50 ms | "
+            f"Target p99 < {TARGET_P99_MS:g} | |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in lat:
+            c = r["config"]
+            fb = f"{r['rate']:,.0f}/s, 0.5 s later" if c["feedback"] else "none"
+            lines.append(
+                f"| `{c['name'].replace(', + feedback', '')}` | {c['epoch']} | {fb} | "
+                f"{r['answered']:,} / {r['sent']:,} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | "
+                f"{r['p99_ms']:.1f} | {r['max_ms']:.1f} | {pct(r['share_over_50ms'])} | "
+                f"< {TARGET_P99_MS:g} | {verdict(r['p99_ms'] < TARGET_P99_MS)} |"
+            )
+        lines += [
+            "",
+            "Seconds (since the service process started; requests sent in that second) whose "
+            "slowest answer took over 100 ms:",
+            "",
+        ]
+        for r in lat:
+            slow = [f"{sec} s: {worst:.0f} ms" for sec, _, _, worst in r["timeline"] if worst > 100]
+            gcs = r["gc2_pauses_ms"]
+            gc_note = (
+                ""
+                if gcs is None
+                else f"; full GCs in the service: {len(gcs)}"
+                + (f", longest {max(gcs):.0f} ms" if gcs else "")
+            )
+            lines.append(
+                f"- `{r['config']['name']}` (measured from {r['measured_from_s']:.1f} s): "
+                + (", ".join(slow) if slow else "none")
+                + gc_note
+            )
+        lines.append("")
+    mem = results.get("memory")
+    if mem:
+        lines += [
+            "## Memory per instance (RSS of the service process)",
+            "",
+            "`python -m bytewax.run flows.main:flow` (epoch 10 s); new units in cumulative "
+            f"stages; baseline = RSS after {WARM_UNITS} warm-up instances. Open ticket: one "
+            "request per unit, the selection waits for its feedback (TTL 3600 s). Idle: request "
+            "then feedback on the events topic with feedback_ttl = 1 s, RSS read once the "
+            "settled answers have expired, so only the instance (bandit state) remains.",
+            "",
+            "| Instances | State | Baseline (MiB) | RSS (MiB) | Peak RSS (MiB) | "
+            "(RSS - baseline) / instances (B) | New instances/s |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for key, label in (("open_tickets", "open ticket"), ("idle", "idle")):
+            run = mem.get(key)
+            for st in run["stages"] if run else ():
+                lines.append(
+                    f"| {st['instances']:,} | {label} | {run['baseline_rss'] / 2**20:,.1f} | "
+                    f"{st['rss'] / 2**20:,.1f} | {st['hwm'] / 2**20:,.1f} | "
+                    f"{st['bytes_per_instance']:,.0f} | {st['new_instances_per_s']:,.0f} |"
+                )
+        lines.append("")
+        for key, label in (("open_tickets", "open ticket"), ("idle", "idle")):
+            run = mem.get(key)
+            if not run:
+                continue
+            last = run["stages"][-1]
+            ok = last["bytes_per_instance"] < TARGET_BYTES_PER_INSTANCE
+            lines.append(
+                f"- {label}: {last['bytes_per_instance']:,.0f} B per instance at "
+                f"{last['instances']:,} instances (least-squares slope "
+                f"{run['slope_bytes_per_instance']:,.0f} B); target < "
+                f"{TARGET_BYTES_PER_INSTANCE:,} B: **{verdict(ok)}**; dead letters: "
+                f"{run['dead_letters']}."
+            )
+        b = mem["python_breakdown"]
+        lines += [
+            f"- Python objects of one `Instance` alone (tracemalloc, 10,000 instances, in this "
+            f"process, without Bytewax's per-key state): open ticket {b['open_ticket']:,.0f} B, "
+            f"settled (answer kept for the TTL) {b['settled']:,.0f} B, idle after expiry "
+            f"{b['idle_after_expiry']:,.0f} B.",
+            f"- Bytewax's own state per key (`op.stateful` with a logic that keeps nothing, "
+            f"{mem['bytewax_floor']['keys']:,} keys, RSS, `bench/flow_helpers.py floor`): "
+            f"{mem['bytewax_floor']['bytes_per_key']:,.0f} B.",
+            "",
+        ]
+    prof = results.get("profile")
+    if prof:
+        lines += [
+            f"## Profile (cProfile, requests + feedback topics, {plan['requests'] * 2:,} events)",
+            "",
+            f"Profiled run {prof['profiled_seconds']:.1f} s vs {prof['unprofiled_seconds']:.1f} s "
+            "unprofiled: cProfile inflates Python calls more than C calls, so shares of Python "
+            "code are upper bounds. Own time (tottime) by group; built-ins and generated code "
+            "count for their callers.",
+            "",
+            "| Group | Seconds | Share | µs per event (profiled) |",
+            "|---|---:|---:|---:|",
+        ]
+        for g, v in sorted(prof["groups"].items(), key=lambda kv: -kv[1]["seconds"]):
+            lines.append(
+                f"| {g} | {v['seconds']:.2f} | {pct(v['share'])} | {prof['us_per_event'][g]:.1f} |"
+            )
+        lines += ["", "Top functions by own time:", "", "| Function | Group | Calls | Own s |"]
+        lines.append("|---|---|---:|---:|")
+        for t in prof["top"][:15]:
+            lines.append(
+                f"| `{t['function']}` | {t['group'].split(' (')[0]} | {t['calls']:,} | "
+                f"{t['tottime_s']:.3f} |"
+            )
+        snap, to_dict = prof["snapshot"], prof["instance_to_dict"]
+        lines.append("")
+        if snap:
+            lines.append(
+                f"`InstanceLogic.snapshot` was called {snap['calls']:,} times "
+                f"({snap['cumtime_s']:.2f} s cumulative; `Instance.to_dict` "
+                f"{(to_dict or {}).get('calls', 0):,} times) in a run without recovery."
+            )
+        if prof.get("early_feedback_share") is not None:
+            lines.append(
+                f"Feedback that arrived before its request (buffered, then applied): "
+                f"{pct(prof['early_feedback_share'])}."
+            )
+        lines.append("")
+    if errors:
+        lines += ["## Errors", ""]
+        for name, err in errors.items():
+            lines += [f"- {name}:", "", "```", err.strip(), "```", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
+    """Run one part of the benchmark; a failure is reported, the others still run."""
+    try:
+        value = fn()
+    except Exception:
+        log(f"{name} FAILED")
+        results.setdefault("errors", {})[name] = traceback.format_exc()
+        return None
+    results[name] = value
+    return value
+
+
+def jsonable(x: Any) -> Any:
+    if isinstance(x, Input):
+        return {"mode": x.mode, "topics": x.topics, "events": x.events}
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    return x
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes)")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "flow_results.json", help="JSON results"
+    )
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    command = "python bench/bench_flow.py" + (" --quick" if args.quick else "")
+    t0 = time.perf_counter()
+    results: dict[str, Any] = {"plan": asdict(plan), "command": command}
+    registry = Registry.from_toml(registry_toml())
+    with tempfile.TemporaryDirectory(prefix="tsi-bench-") as tmp, broker() as bk:
+        workdir = Path(tmp)
+        registry_path = workdir / "registry.toml"
+        registry_path.write_text(registry_toml())
+        results["machine"] = machine_info(bk)
+        counter = Counter(bk.bootstrap)
+        try:
+            tp = section(results, "throughput", lambda: throughput(bk, plan, registry, counter))
+            if tp:
+                inp, unprofiled = tp["separate"]["input"], tp["separate"]["seconds"]
+                section(results, "profile", lambda: profile(bk, registry, inp, counter, unprofiled))
+            section(results, "latency", lambda: latency(bk, plan, registry_path, workdir))
+            section(results, "memory", lambda: memory(bk, plan, counter, workdir))
+        finally:
+            counter.close()
+    results["wall_seconds"] = time.perf_counter() - t0
+    results["load_average_at_end"] = os.getloadavg()
+    text = report(results)
+    print(text)
+    args.out.write_text(json.dumps(jsonable(results), indent=2) + "\n")
+    log(f"raw results written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

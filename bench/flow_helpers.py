@@ -1,0 +1,108 @@
+"""Subprocess helpers of ``bench_flow.py`` (each runs in a fresh interpreter).
+
+``python bench/flow_helpers.py serve EPOCH_MS [--no-snapshot] [--no-gc]``
+    The Kafka service, configured by the same environment variables as
+    ``python -m bytewax.run flows.main:flow`` (``TSI_REGISTRY``, ``KAFKA_BOOTSTRAP_SERVERS``,
+    ``TSI_TOPIC_*``; see ``flows.service``), one worker, no recovery, with an epoch interval
+    in milliseconds (``bytewax.run -s`` only takes whole seconds). Every full (generation 2)
+    garbage collection is logged to stderr as ``GC2 <ms> ms``. Diagnostics only, to find
+    what delays answers: ``--no-snapshot`` replaces ``InstanceLogic.snapshot`` (which Bytewax
+    calls for every key touched in an epoch, at the epoch's close, even without recovery)
+    by one returning None; ``--no-gc`` disables the cyclic garbage collector.
+
+``python bench/flow_helpers.py floor N``
+    Bytewax's own memory per key: N keys through ``op.stateful`` with a logic that keeps
+    nothing; prints ``{"keys": N, "bytes_per_key": ...}`` (RSS growth / N, read by the
+    logic of a last probe key once every other key has its logic).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import bytewax.operators as op
+import psutil
+from bytewax.dataflow import Dataflow
+from bytewax.operators import StatefulLogic
+from bytewax.run import cli_main
+from bytewax.testing import TestingSink, TestingSource, run_main
+
+PROBE = -1
+
+
+def serve(epoch_ms: float, options: list[str]) -> None:
+    import flows.operator
+    from flows.service import service_from_env
+
+    unknown = set(options) - {"--no-snapshot", "--no-gc"}
+    if unknown:
+        sys.exit(f"unknown options {sorted(unknown)}")
+    if "--no-snapshot" in options:
+        flows.operator.InstanceLogic.snapshot = lambda self: None  # type: ignore[method-assign]
+    if "--no-gc" in options:
+        gc.disable()
+    started: list[float] = []
+
+    def log_full_collections(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started[:] = [time.perf_counter()]
+        elif started:
+            ms = (time.perf_counter() - started[0]) * 1e3
+            print(f"GC2 {ms:.1f} ms", file=sys.stderr, flush=True)
+
+    gc.callbacks.append(log_full_collections)
+    epoch = timedelta(milliseconds=epoch_ms)
+    cli_main(service_from_env().flow(recovery=False), workers_per_process=1, epoch_interval=epoch)
+
+
+class _Empty(StatefulLogic[int, Any, None]):
+    """Keeps nothing; the probe item records the RSS."""
+
+    __slots__ = ()
+    rss: int | None = None
+
+    def on_item(self, value: int) -> tuple[list[Any], bool]:
+        if value == PROBE:
+            _Empty.rss = psutil.Process().memory_info().rss
+        return [], StatefulLogic.RETAIN
+
+    def snapshot(self) -> None:
+        return None
+
+
+def floor(n: int) -> dict[str, float]:
+    def items() -> Iterator[tuple[str, int]]:
+        for i in range(n):
+            yield f"bench\x1fu{i}", i  # the same keys as the service's instances
+        yield "probe", PROBE
+
+    flow = Dataflow("floor")
+    keyed = op.input("in", flow, TestingSource(items(), batch_size=1000))
+    out = op.stateful("state", keyed, lambda _resume: _Empty())
+    op.output("out", out, TestingSink([]))
+    before = psutil.Process().memory_info().rss
+    run_main(flow)
+    if _Empty.rss is None:
+        raise RuntimeError("the probe key was never processed")
+    return {"keys": n, "bytes_per_key": (_Empty.rss - before) / n}
+
+
+def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[1] not in ("serve", "floor"):
+        sys.exit("usage: flow_helpers.py serve EPOCH_MS [--no-snapshot] [--no-gc] | floor N")
+    if sys.argv[1] == "serve":
+        serve(float(sys.argv[2]), sys.argv[3:])
+    else:
+        print(json.dumps(floor(int(sys.argv[2]))))
+
+
+if __name__ == "__main__":
+    main()
