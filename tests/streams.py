@@ -1,5 +1,10 @@
 """A deterministic event stream for the service tests, and what an uninterrupted run makes of it."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import orjson
 
 from flows.events import Origin, Request, parse_event
@@ -56,3 +61,35 @@ def comparable(state):
         sorted(s[0] for s in state["settled"]),
         sorted(e[0] for e in state["early"]),
     )
+
+
+def service_env(bootstrap, registry_path, events, selections, dlq, **extra):
+    """Environment for `python -m bytewax.run flows.main:flow` on the combined topic."""
+    return {
+        **os.environ,
+        "TSI_REGISTRY": str(registry_path),
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "TSI_TOPIC_EVENTS": events,
+        "TSI_TOPIC_SELECTIONS": selections,
+        "TSI_TOPIC_DLQ": dlq,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        **extra,
+    }
+
+
+def start_service(env, recovery, *args):
+    """The service as a real process, snapshotting every second into `recovery`."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "bytewax.run",
+        "flows.main:flow",
+        "-r",
+        str(recovery),
+        "-s",
+        "1",
+        "-b",
+        "0",
+        *args,
+    ]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -5,7 +5,6 @@ state were split or duplicated, its round counters and draws would differ from t
 single-process run, and so would its weights.
 """
 
-import os
 import random
 import subprocess
 import sys
@@ -17,7 +16,15 @@ from confluent_kafka import Producer
 from flows.recovery_store import read_states
 from flows.registry import Registry
 from tests.kafka_broker import consume_all, create_topic, free_port, unique_topic
-from tests.streams import REGISTRY_TOML, REQUESTS, comparable, event_stream, reference_states
+from tests.streams import (
+    REGISTRY_TOML,
+    REQUESTS,
+    comparable,
+    event_stream,
+    reference_states,
+    service_env,
+    start_service,
+)
 
 
 def run_service(env, recovery, processes):
@@ -29,23 +36,8 @@ def run_service(env, recovery, processes):
     addresses = ";".join(f"127.0.0.1:{free_port()}" for _ in range(processes))
     procs = []
     for index in range(processes):
-        cmd = [
-            sys.executable,
-            "-m",
-            "bytewax.run",
-            "flows.main:flow",
-            "-r",
-            str(recovery),
-            "-s",
-            "1",
-            "-b",
-            "0",
-        ]
-        if processes > 1:
-            cmd += ["-i", str(index), "-a", addresses]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        )
+        cluster = ["-i", str(index), "-a", addresses] if processes > 1 else []
+        procs.append(start_service(env, recovery, *cluster))
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err.decode()[-2000:]
@@ -68,16 +60,14 @@ def test_two_processes_equal_one_process(kafka_bootstrap, tmp_path):
     for processes in (1, 2):
         sel_topic = create_topic(kafka_bootstrap, unique_topic("sel"), 4)
         dlq_topic = create_topic(kafka_bootstrap, unique_topic("dlq"), 1)
-        env = {
-            **os.environ,
-            "TSI_REGISTRY": str(tmp_path / "registry.toml"),
-            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "TSI_TOPIC_EVENTS": events_topic,
-            "TSI_TOPIC_SELECTIONS": sel_topic,
-            "TSI_TOPIC_DLQ": dlq_topic,
-            "TSI_STOP_AT_END": "1",
-            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-        }
+        env = service_env(
+            kafka_bootstrap,
+            tmp_path / "registry.toml",
+            events_topic,
+            sel_topic,
+            dlq_topic,
+            TSI_STOP_AT_END="1",
+        )
         states = run_service(env, tmp_path / f"recovery-{processes}", processes)
         results[processes] = (
             {k: comparable(v) for k, v in states.items()},

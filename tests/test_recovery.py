@@ -5,14 +5,12 @@ project's Kafka broker, reading one combined events topic: requests and feedback
 instance share a partition, so every run sees an instance's events in the same order.
 """
 
-import os
 import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import orjson
 from confluent_kafka import Producer
@@ -20,30 +18,22 @@ from confluent_kafka import Producer
 from flows.recovery_store import read_states
 from flows.registry import Registry
 from tests.kafka_broker import consume_all, create_topic, unique_topic
-from tests.streams import REGISTRY_TOML, REQUESTS, comparable, event_stream, reference_states
-
-
-def start(env, recovery):
-    cmd = [
-        sys.executable,
-        "-m",
-        "bytewax.run",
-        "flows.main:flow",
-        "-r",
-        str(recovery),
-        "-s",
-        "1",
-        "-b",
-        "0",
-    ]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+from tests.streams import (
+    REGISTRY_TOML,
+    REQUESTS,
+    comparable,
+    event_stream,
+    reference_states,
+    service_env,
+    start_service,
+)
 
 
 def kill_repeatedly(env, recovery, rng, producer):
     """Start the service and kill -9 it mid-run, until the stream is in and 3 kills done."""
     kills = 0
     while producer.is_alive() or kills < 3:
-        proc = start(env, recovery)
+        proc = start_service(env, recovery)
         time.sleep(rng.uniform(1.5, 4.0))
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # killed mid-run
         proc.send_signal(signal.SIGKILL)
@@ -65,15 +55,7 @@ def test_kill_9_at_random_points_then_restart_equals_an_uninterrupted_run(
     recovery = tmp_path / "recovery"
     recovery.mkdir()
     subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
-    env = {
-        **os.environ,
-        "TSI_REGISTRY": str(registry_path),
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "TSI_TOPIC_EVENTS": events_topic,
-        "TSI_TOPIC_SELECTIONS": sel_topic,
-        "TSI_TOPIC_DLQ": dlq_topic,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-    }
+    env = service_env(kafka_bootstrap, registry_path, events_topic, sel_topic, dlq_topic)
     events = event_stream(rng)
 
     def produce_slowly():  # the stream keeps flowing while the service is killed
@@ -94,7 +76,7 @@ def test_kill_9_at_random_points_then_restart_equals_an_uninterrupted_run(
         stop.set()
     producer.join()
     expected = reference_states(Registry.from_toml(REGISTRY_TOML), events)
-    proc = start(env, recovery)  # the last run catches up, snapshots, and is killed too
+    proc = start_service(env, recovery)  # the last run catches up, snapshots, and is killed too
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -137,23 +119,21 @@ def test_a_refused_output_fails_the_flow_and_is_delivered_after_restart(kafka_bo
     recovery = tmp_path / "recovery"
     recovery.mkdir()
     subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
-    env = {
-        **os.environ,
-        "TSI_REGISTRY": str(tmp_path / "registry.toml"),
-        "TSI_KAFKA_CONFIG": str(tmp_path / "kafka.toml"),
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "TSI_TOPIC_EVENTS": events_topic,
-        "TSI_TOPIC_SELECTIONS": sel_topic,
-        "TSI_TOPIC_DLQ": dlq_topic,
-        "TSI_STOP_AT_END": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-    }
-    failed = start(env, recovery)
+    env = service_env(
+        kafka_bootstrap,
+        tmp_path / "registry.toml",
+        events_topic,
+        sel_topic,
+        dlq_topic,
+        TSI_KAFKA_CONFIG=str(tmp_path / "kafka.toml"),
+        TSI_STOP_AT_END="1",
+    )
+    failed = start_service(env, recovery)
     _, err = failed.communicate(timeout=120)
     assert failed.returncode != 0
     assert sel_topic in err.decode()  # the error names the topic that refused
     create_topic(kafka_bootstrap, sel_topic, 2)
-    again = start(env, recovery)
+    again = start_service(env, recovery)
     _, err = again.communicate(timeout=120)
     assert again.returncode == 0, err.decode()[-2000:]
     answered = {
