@@ -179,39 +179,56 @@ def _loss(data: dict[str, Any]) -> float:
     return value if has_loss else -value
 
 
-def parse_request(raw: bytes, origin: Origin) -> Request | DeadLetter:
-    """A decision request, or the dead letter that says why not."""
+def _request(data: dict[str, Any], raw: bytes, origin: Origin) -> Request:
+    return Request(
+        experiment=_identifier(data, "experiment"),
+        unit=_identifier(data, "unit", required=False),
+        request_id=_identifier(data, "request_id"),
+        context=_optional_index(data, "context"),
+        ts=_optional_time(data),
+        raw=bytes(raw),
+        origin=origin,
+    )
+
+
+def _feedback(data: dict[str, Any], raw: bytes, origin: Origin) -> Feedback:
+    return Feedback(
+        experiment=_identifier(data, "experiment"),
+        unit=_identifier(data, "unit", required=False),
+        request_id=_identifier(data, "request_id"),
+        loss=_loss(data),
+        arm=_optional_index(data, "arm"),
+        ts=_optional_time(data),
+        raw=bytes(raw),
+        origin=origin,
+    )
+
+
+def _event(data: dict[str, Any], raw: bytes, origin: Origin) -> Request | Feedback:
+    kind = data.get("type")
+    if kind == "request":
+        return _request(data, raw, origin)
+    if kind == "feedback":
+        return _feedback(data, raw, origin)
+    detail = f"field 'type' must be 'request' or 'feedback', got {kind!r}"
+    raise _InvalidError("missing_field" if kind is None else "bad_value", detail)
+
+
+def _parse(build: Any, raw: bytes, origin: Origin) -> Any:
     try:
-        data = _load(raw)
-        return Request(
-            experiment=_identifier(data, "experiment"),
-            unit=_identifier(data, "unit", required=False),
-            request_id=_identifier(data, "request_id"),
-            context=_optional_index(data, "context"),
-            ts=_optional_time(data),
-            raw=bytes(raw),
-            origin=origin,
-        )
+        return build(_load(raw), raw, origin)
     except _InvalidError as bad:
         return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
+
+
+def parse_request(raw: bytes, origin: Origin) -> Request | DeadLetter:
+    """A decision request, or the dead letter that says why not."""
+    return _parse(_request, raw, origin)
 
 
 def parse_feedback(raw: bytes, origin: Origin) -> Feedback | DeadLetter:
     """A feedback event (loss or reward of a served request), or its dead letter."""
-    try:
-        data = _load(raw)
-        return Feedback(
-            experiment=_identifier(data, "experiment"),
-            unit=_identifier(data, "unit", required=False),
-            request_id=_identifier(data, "request_id"),
-            loss=_loss(data),
-            arm=_optional_index(data, "arm"),
-            ts=_optional_time(data),
-            raw=bytes(raw),
-            origin=origin,
-        )
-    except _InvalidError as bad:
-        return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
+    return _parse(_feedback, raw, origin)
 
 
 def parse_event(raw: bytes, origin: Origin) -> Request | Feedback | DeadLetter:
@@ -221,17 +238,7 @@ def parse_event(raw: bytes, origin: Origin) -> Request | Feedback | DeadLetter:
     its requests and feedback; that order is what makes a replay after a crash re-emit
     identical selections.
     """
-    try:
-        kind = _load(raw).get("type")
-    except _InvalidError as bad:
-        return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
-    if kind == "request":
-        return parse_request(raw, origin)
-    if kind == "feedback":
-        return parse_feedback(raw, origin)
-    detail = "field 'type' must be 'request' or 'feedback'"
-    reason = "missing_field" if kind is None else "bad_value"
-    return DeadLetter(reason, f"{detail}, got {kind!r}", bytes(raw), origin)
+    return _parse(_event, raw, origin)
 
 
 def _as_bytes(raw: Any) -> bytes:
