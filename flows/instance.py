@@ -51,7 +51,7 @@ class Open:
     """A served selection waiting for its feedback."""
 
     ticket: Ticket
-    selection: Selection
+    unit: str | None  # echoed in the answer (the rest of it is rebuilt from the ticket)
     deadline: float
     request: bytes
     origin: Origin
@@ -83,7 +83,8 @@ class Instance:
         self.key = key
         self.bandit = bandit if bandit is not None else experiment.new_bandit(key)
         self.open: dict[str, Open] = _NONE
-        self.settled: dict[str, tuple[Selection, float]] = _NONE  # rid -> (answer, forget at)
+        # rid -> (ticket, unit, forget at): enough to answer a retried request identically
+        self.settled: dict[str, tuple[Ticket, str | None, float]] = _NONE
         self.early: dict[str, Early] = _NONE
         self._deadlines: list[tuple[float, str]] = _NO_DEADLINES  # heap; may hold stale entries
 
@@ -115,30 +116,19 @@ class Instance:
                         f"{served.ticket.context!r}, now asks {request.context!r}",
                     )
                 ]
-            return [served.selection]  # a retried request gets the same answer
+            return [self._answer(rid, served.ticket, served.unit)]  # a retry: the same answer
         done = self.settled.get(rid)
         if done is not None:
-            return [done[0]]
+            return [self._answer(rid, done[0], done[1])]
         refused = self._check_context(request)
         if refused is not None:
             return [refused]
         u = uniform_draw(self.experiment.seed, self.key, rid)
         ticket = self.bandit.select(context=request.context, u=u)
-        selection = Selection(
-            request.experiment,
-            request.unit,
-            rid,
-            self.key,
-            ticket.arm,
-            self.experiment.arms[ticket.arm],
-            ticket.prob,
-            ticket.round,
-        )
         deadline = now + self.experiment.feedback_ttl
-        self._remember(
-            "open", rid, Open(ticket, selection, deadline, request.raw, request.origin), deadline
-        )
-        out: list[Output] = [selection]
+        served = Open(ticket, request.unit, deadline, request.raw, request.origin)
+        self._remember("open", rid, served, deadline)
+        out: list[Output] = [self._answer(rid, ticket, request.unit)]
         waiting = self.early.get(rid)
         if waiting is not None:
             self._forget("early", rid)
@@ -208,7 +198,7 @@ class Instance:
         self.bandit.update(served.ticket, feedback.loss)
         self._forget("open", rid)
         forget = now + self.experiment.feedback_ttl
-        self._remember("settled", rid, (served.selection, forget), forget)
+        self._remember("settled", rid, (served.ticket, served.unit, forget), forget)
         return []
 
     def expire(self, now: float) -> list[Output]:
@@ -242,7 +232,7 @@ class Instance:
                     )
                 )
             done = self.settled.get(rid)
-            if done is not None and done[1] == due:
+            if done is not None and done[2] == due:
                 self._forget("settled", rid)
         if not self._deadlines:
             self._deadlines = _NO_DEADLINES  # an idle instance keeps no list
@@ -250,6 +240,19 @@ class Instance:
 
     def next_deadline(self) -> float | None:
         return self._deadlines[0][0] if self._deadlines else None
+
+    def _answer(self, rid: str, ticket: Ticket, unit: str | None) -> Selection:
+        """The selection a ticket stands for (built when emitted, not stored)."""
+        return Selection(
+            self.experiment.name,
+            unit,
+            rid,
+            self.key,
+            ticket.arm,
+            self.experiment.arms[ticket.arm],
+            ticket.prob,
+            ticket.round,
+        )
 
     def _dead(self, event: Request | Feedback, reason: str, detail: str) -> DeadLetter:
         return DeadLetter(reason, detail, event.raw, event.origin, self.key)
@@ -262,7 +265,9 @@ class Instance:
             "key": self.key,
             "bandit": self.bandit.to_dict(),
             "open": [_open_to_dict(rid, o) for rid, o in self.open.items()],
-            "settled": [[rid, _selection_to_dict(s), t] for rid, (s, t) in self.settled.items()],
+            "settled": [
+                [rid, t.to_dict(), unit, forget] for rid, (t, unit, forget) in self.settled.items()
+            ],
             "early": [
                 [rid, _feedback_to_dict(e.feedback), e.deadline] for rid, e in self.early.items()
             ],
@@ -274,37 +279,24 @@ class Instance:
         for item in data["open"]:
             served = Open(
                 Ticket.from_dict(item["ticket"]),
-                Selection(**item["selection"]),
+                item["unit"],
                 item["deadline"],
                 bytes.fromhex(item["request"]),
                 Origin(*item["origin"]),
             )
             inst._remember("open", item["request_id"], served, item["deadline"])
-        for rid, selection, forget in data["settled"]:
-            inst._remember("settled", rid, (Selection(**selection), forget), forget)
+        for rid, ticket, unit, forget in data["settled"]:
+            inst._remember("settled", rid, (Ticket.from_dict(ticket), unit, forget), forget)
         for rid, feedback, deadline in data["early"]:
             inst._remember("early", rid, Early(_feedback_from_dict(feedback), deadline), deadline)
         return inst
-
-
-def _selection_to_dict(s: Selection) -> dict[str, Any]:
-    return {
-        "experiment": s.experiment,
-        "unit": s.unit,
-        "request_id": s.request_id,
-        "instance": s.instance,
-        "arm": s.arm,
-        "arm_name": s.arm_name,
-        "prob": s.prob,
-        "round": s.round,
-    }
 
 
 def _open_to_dict(rid: str, o: Open) -> dict[str, Any]:
     return {
         "request_id": rid,
         "ticket": o.ticket.to_dict(),
-        "selection": _selection_to_dict(o.selection),
+        "unit": o.unit,
         "deadline": o.deadline,
         "request": o.request.hex(),
         "origin": [o.origin.source, o.origin.partition, o.origin.offset],
