@@ -275,7 +275,14 @@ class Instance:
 
     @classmethod
     def from_dict(cls, experiment: Experiment, data: dict[str, Any]) -> Instance:
-        inst = cls(experiment, data["key"], Bandit.from_dict(data["bandit"]))
+        inst = cls.__new__(cls)
+        inst.restore(experiment, data)
+        return inst
+
+    def restore(self, experiment: Experiment, data: dict[str, Any]) -> None:
+        """Become the instance ``data`` (from ``to_dict``) describes."""
+        inst = self
+        Instance.__init__(inst, experiment, data["key"], Bandit.from_dict(data["bandit"]))
         for item in data["open"]:
             served = Open(
                 Ticket.from_dict(item["ticket"]),
@@ -289,7 +296,6 @@ class Instance:
             inst._remember("settled", rid, (Ticket.from_dict(ticket), unit, forget), forget)
         for rid, feedback, deadline in data["early"]:
             inst._remember("early", rid, Early(_feedback_from_dict(feedback), deadline), deadline)
-        return inst
 
 
 def _open_to_dict(rid: str, o: Open) -> dict[str, Any]:

@@ -21,37 +21,41 @@ from flows.registry import Registry
 Routed = tuple[str, Request | Feedback]  # (instance key, event)
 
 
-class InstanceLogic(StatefulLogic[Routed, Output, dict[str, Any]]):
-    """Holds one ``Instance`` (weights, ψ, V, D, tickets, buffers) for one key."""
+class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
+    """An ``Instance`` that is also the Bytewax logic of its key: one object per key.
 
-    __slots__ = ("clock", "instance", "registry", "snapshots")
+    Bytewax builds the logic with only the resume state; a new key becomes an instance on
+    its first event, which names the experiment. ``registry``, ``clock`` and ``snapshots``
+    are class attributes, set once per dataflow by ``logic_builder``.
+    """
 
-    def __init__(
-        self,
-        registry: Registry,
-        resume: dict[str, Any] | None,
-        clock: Callable[[], float],
-        snapshots: bool = True,
-    ) -> None:
-        self.registry = registry
-        self.clock = clock
-        self.snapshots = snapshots
-        self.instance: Instance | None = None
-        if resume is not None:
-            experiment = registry.get(resume["experiment"])
+    __slots__ = ()
+    registry: Registry
+    clock: Callable[[], float]
+    snapshots: bool
+
+    def __init__(self, resume: dict[str, Any] | None) -> None:
+        self.key = None  # not bound to an experiment yet
+        if resume:
+            experiment = self.registry.get(resume["experiment"])
             if experiment is not None:  # an experiment removed from the registry is dropped
-                self.instance = Instance.from_dict(experiment, resume)
+                self.restore(experiment, resume)
+
+    @property
+    def instance(self) -> Instance | None:
+        """The instance this logic holds (None until its first event)."""
+        return None if self.key is None else self
 
     def on_item(self, value: Routed) -> tuple[Iterable[Output], bool]:
         key, event = value
         try:
-            if self.instance is None:
-                self.instance = Instance(self.registry[event.experiment], key)
+            if self.key is None:
+                Instance.__init__(self, self.registry[event.experiment], key)
             now = self.clock()
             if isinstance(event, Request):
-                out = self.instance.on_request(event, now)
+                out = self.on_request(event, now)
             else:
-                out = self.instance.on_feedback(event, now)
+                out = self.on_feedback(event, now)
             return out, StatefulLogic.RETAIN
         except Exception as exc:
             dead = DeadLetter(
@@ -60,20 +64,20 @@ class InstanceLogic(StatefulLogic[Routed, Output, dict[str, Any]]):
             return [dead], StatefulLogic.RETAIN
 
     def on_notify(self) -> tuple[Iterable[Output], bool]:
-        if self.instance is None:
+        if self.key is None:
             return [], StatefulLogic.RETAIN
-        return self.instance.expire(self.clock()), StatefulLogic.RETAIN
+        return self.expire(self.clock()), StatefulLogic.RETAIN
 
     def notify_at(self) -> datetime | None:
-        due = None if self.instance is None else self.instance.next_deadline()
+        due = None if self.key is None else self.next_deadline()
         return None if due is None else datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
         """The instance's state for recovery. Bytewax asks for it at every epoch close, for
         every key touched, recovery or not: without recovery nothing is built."""
-        if not self.snapshots or self.instance is None:
+        if not self.snapshots or self.key is None:
             return None
-        return self.instance.to_dict()
+        return self.to_dict()
 
 
 def logic_builder(
@@ -83,8 +87,10 @@ def logic_builder(
 
     ``snapshots=False`` (no recovery configured) skips building snapshots.
     """
-
-    def build(resume: dict[str, Any] | None) -> InstanceLogic:
-        return InstanceLogic(registry, resume or None, clock, snapshots)
-
-    return build
+    settings = {
+        "registry": registry,
+        "clock": staticmethod(clock),
+        "snapshots": snapshots,
+        "__slots__": (),
+    }
+    return type("BoundInstanceLogic", (InstanceLogic,), settings)
