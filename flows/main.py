@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from flows.service import service_from_env
+from flows.service import service_from_env, settle_heap
 
 
 def _recovery_requested() -> bool:
@@ -22,5 +22,7 @@ def _recovery_requested() -> bool:
 def __getattr__(name: str) -> Any:
     if name == "flow":
         tail = os.environ.get("TSI_STOP_AT_END", "0") != "1"
-        return service_from_env().flow(tail=tail, recovery=_recovery_requested())
+        flow = service_from_env().flow(tail=tail, recovery=_recovery_requested())
+        settle_heap()
+        return flow
     raise AttributeError(name)
