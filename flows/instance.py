@@ -281,8 +281,7 @@ class Instance:
 
     def restore(self, experiment: Experiment, data: dict[str, Any]) -> None:
         """Become the instance ``data`` (from ``to_dict``) describes."""
-        inst = self
-        Instance.__init__(inst, experiment, data["key"], Bandit.from_dict(data["bandit"]))
+        Instance.__init__(self, experiment, data["key"], Bandit.from_dict(data["bandit"]))
         for item in data["open"]:
             served = Open(
                 Ticket.from_dict(item["ticket"]),
@@ -291,11 +290,11 @@ class Instance:
                 bytes.fromhex(item["request"]),
                 Origin(*item["origin"]),
             )
-            inst._remember("open", item["request_id"], served, item["deadline"])
+            self._remember("open", item["request_id"], served, item["deadline"])
         for rid, ticket, unit, forget in data["settled"]:
-            inst._remember("settled", rid, (Ticket.from_dict(ticket), unit, forget), forget)
+            self._remember("settled", rid, (Ticket.from_dict(ticket), unit, forget), forget)
         for rid, feedback, deadline in data["early"]:
-            inst._remember("early", rid, Early(_feedback_from_dict(feedback), deadline), deadline)
+            self._remember("early", rid, Early(_feedback_from_dict(feedback), deadline), deadline)
 
 
 def _open_to_dict(rid: str, o: Open) -> dict[str, Any]:
