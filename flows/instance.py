@@ -24,8 +24,9 @@ from __future__ import annotations
 import hashlib
 import heapq
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
+
+import orjson
 
 from flows.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.registry import Experiment
@@ -50,89 +51,165 @@ def uniform_draw(seed: int, instance: str, request_id: str) -> float:
 class Open:
     """A served selection waiting for its feedback."""
 
+    rid: str
     ticket: Ticket
     unit: str | None  # echoed in the answer (the rest of it is rebuilt from the ticket)
     deadline: float
-    request: bytes
-    origin: Origin
+    origin: Origin  # where the request came from, for the dead letter if it expires
+
+
+@dataclass(slots=True)
+class Settled:
+    """A request whose feedback was applied, kept until ``deadline`` to answer retries."""
+
+    rid: str
+    ticket: Ticket
+    unit: str | None
+    deadline: float
 
 
 @dataclass(slots=True)
 class Early:
     """Feedback that arrived before its request."""
 
+    rid: str
     feedback: Feedback
     deadline: float
 
 
-_NONE: Any = MappingProxyType({})  # shared read-only stand-in for an empty table
-_NO_DEADLINES: Any = ()
+Entry = Open | Settled | Early
 
 
 class Instance:
     """State and event handling of one instance (an experiment, or experiment + unit).
 
-    Idle instances are the common case with one bandit per user, so empty tables are a
-    shared read-only stand-in until something is stored, and go back to it when emptied.
+    Each request_id has at most one entry, which moves Early -> Open -> Settled -> gone.
+    Idle instances are the common case with one bandit per user, so they are kept small:
+    the bandit is packed into bytes while no ticket is pending, and the entries are held
+    as nothing, one entry, or (from two on) a dict with a heap of deadlines.
     """
 
-    __slots__ = ("_deadlines", "bandit", "early", "experiment", "key", "open", "settled")
+    __slots__ = ("_bandit", "_deadlines", "_entries", "_n_early", "_packed", "experiment", "key")
 
     def __init__(self, experiment: Experiment, key: str, bandit: Bandit | None = None) -> None:
         self.experiment = experiment
         self.key = key
-        self.bandit = bandit if bandit is not None else experiment.new_bandit(key)
-        self.open: dict[str, Open] = _NONE
-        # rid -> (ticket, unit, forget at): enough to answer a retried request identically
-        self.settled: dict[str, tuple[Ticket, str | None, float]] = _NONE
-        self.early: dict[str, Early] = _NONE
-        self._deadlines: list[tuple[float, str]] = _NO_DEADLINES  # heap; may hold stale entries
+        self._bandit = bandit  # None: packed, or not created yet while _packed is None too
+        self._packed: bytes | None = None
+        self._entries: Entry | dict[str, Entry] | None = None
+        self._deadlines: list[tuple[float, str]] | None = None  # heap, only beside a dict
+        self._n_early = 0
 
-    def _remember(self, table: str, rid: str, value: Any, due: float) -> None:
-        if getattr(self, table) is _NONE:
-            setattr(self, table, {})
-        getattr(self, table)[rid] = value
-        if self._deadlines is _NO_DEADLINES:
-            self._deadlines = []
-        heapq.heappush(self._deadlines, (due, rid))
+    @property
+    def bandit(self) -> Bandit:
+        """The live bandit (created, or unpacked after it was put to rest, on first use)."""
+        if self._bandit is None:
+            if self._packed is None:
+                self._bandit = self.experiment.new_bandit(self.key)
+            else:
+                self._bandit = self.experiment.unpack_bandit(self._packed, self.key)
+                self._packed = None
+        return self._bandit
 
-    def _forget(self, table: str, rid: str) -> None:
-        entries = getattr(self, table)
-        del entries[rid]
-        if not entries:
-            setattr(self, table, _NONE)
+    def _rest(self) -> None:
+        """Pack the bandit while it has no pending ticket."""
+        if self._bandit is not None:
+            blob = self._bandit.pack()
+            if blob is not None:
+                self._packed, self._bandit = blob, None
+
+    # ----------------------------------------------------------------- entries
+    def _get(self, rid: str) -> Entry | None:
+        held = self._entries
+        if type(held) is dict:
+            return held.get(rid)
+        return held if held is not None and held.rid == rid else None
+
+    def _put(self, entry: Entry) -> None:
+        """Store ``entry``, replacing the entry of the same request_id if there is one."""
+        old = self._get(entry.rid)
+        if type(old) is Early:
+            self._n_early -= 1
+        if type(entry) is Early:
+            self._n_early += 1
+        held = self._entries
+        if held is None or (type(held) is not dict and held.rid == entry.rid):
+            self._entries = entry
+            return
+        if type(held) is not dict:  # a second entry: from here on a dict and a heap
+            self._deadlines = [(held.deadline, held.rid)]
+            self._entries = held = {held.rid: held}
+        held[entry.rid] = entry
+        heapq.heappush(self._deadlines, (entry.deadline, entry.rid))
+
+    def _drop(self, entry: Entry) -> None:
+        if type(entry) is Early:
+            self._n_early -= 1
+        held = self._entries
+        if type(held) is not dict:
+            self._entries = None
+            return
+        del held[entry.rid]
+        if len(held) == 1:  # back to one entry: no table, no heap
+            [self._entries] = held.values()
+            self._deadlines = None
+
+    def entries(self, kind: type | None = None) -> dict[str, Entry]:
+        """The entries (of one kind: ``Open``, ``Settled`` or ``Early``) by request_id, sorted."""
+        held = self._entries
+        items = held.values() if type(held) is dict else () if held is None else (held,)
+        chosen = [e for e in items if kind is None or type(e) is kind]
+        return {e.rid: e for e in sorted(chosen, key=lambda e: e.rid)}
+
+    @property
+    def open(self) -> dict[str, Open]:
+        return self.entries(Open)
+
+    @property
+    def settled(self) -> dict[str, Settled]:
+        return self.entries(Settled)
+
+    @property
+    def early(self) -> dict[str, Early]:
+        return self.entries(Early)
 
     # ------------------------------------------------------------------ events
     def on_request(self, request: Request, now: float) -> list[Output]:
+        out = self._on_request(request, now)
+        self._rest()
+        return out
+
+    def on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
+        out = self._on_feedback(feedback, now)
+        self._rest()
+        return out
+
+    def _on_request(self, request: Request, now: float) -> list[Output]:
         rid = request.request_id
-        served = self.open.get(rid)
-        if served is not None:
-            if served.ticket.context != request.context:
+        entry = self._get(rid)
+        if type(entry) is Open:
+            if entry.ticket.context != request.context:
                 return [
                     self._dead(
                         request,
                         "context_mismatch",
                         f"request_id {rid!r} was served with context "
-                        f"{served.ticket.context!r}, now asks {request.context!r}",
+                        f"{entry.ticket.context!r}, now asks {request.context!r}",
                     )
                 ]
-            return [self._answer(rid, served.ticket, served.unit)]  # a retry: the same answer
-        done = self.settled.get(rid)
-        if done is not None:
-            return [self._answer(rid, done[0], done[1])]
+            return [self._answer(rid, entry.ticket, entry.unit)]  # a retry: the same answer
+        if type(entry) is Settled:
+            return [self._answer(rid, entry.ticket, entry.unit)]
         refused = self._check_context(request)
         if refused is not None:
             return [refused]
         u = uniform_draw(self.experiment.seed, self.key, rid)
         ticket = self.bandit.select(context=request.context, u=u)
-        deadline = now + self.experiment.feedback_ttl
-        served = Open(ticket, request.unit, deadline, request.raw, request.origin)
-        self._remember("open", rid, served, deadline)
+        served = Open(rid, ticket, request.unit, now + self.experiment.feedback_ttl, request.origin)
+        self._put(served)
         out: list[Output] = [self._answer(rid, ticket, request.unit)]
-        waiting = self.early.get(rid)
-        if waiting is not None:
-            self._forget("early", rid)
-            out += self.on_feedback(waiting.feedback, now)
+        if type(entry) is Early:
+            out += self._on_feedback(entry.feedback, now)
         return out
 
     def _check_context(self, request: Request) -> DeadLetter | None:
@@ -155,91 +232,100 @@ class Instance:
             )
         return None
 
-    def on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
+    def _on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
         rid = feedback.request_id
-        served = self.open.get(rid)
-        if served is None:
-            if rid in self.settled:
-                return [
-                    self._dead(
-                        feedback,
-                        "duplicate_feedback",
-                        f"request_id {rid!r} already has its feedback",
-                    )
-                ]
-            if rid in self.early:
-                return [
-                    self._dead(
-                        feedback,
-                        "duplicate_feedback",
-                        f"feedback for request_id {rid!r} is already waiting",
-                    )
-                ]
-            if len(self.early) >= self.experiment.early_feedback_limit:
+        entry = self._get(rid)
+        if type(entry) is Settled:
+            return [
+                self._dead(
+                    feedback, "duplicate_feedback", f"request_id {rid!r} already has its feedback"
+                )
+            ]
+        if type(entry) is Early:
+            return [
+                self._dead(
+                    feedback,
+                    "duplicate_feedback",
+                    f"feedback for request_id {rid!r} is already waiting",
+                )
+            ]
+        if entry is None:
+            if self._n_early >= self.experiment.early_feedback_limit:
                 return [
                     self._dead(
                         feedback,
                         "early_buffer_full",
-                        f"{len(self.early)} feedback events already wait for their requests",
+                        f"{self._n_early} feedback events already wait for their requests",
                     )
                 ]
-            deadline = now + self.experiment.feedback_ttl
-            self._remember("early", rid, Early(feedback, deadline), deadline)
+            self._put(Early(rid, feedback, now + self.experiment.feedback_ttl))
             return []
-        if feedback.arm is not None and feedback.arm != served.ticket.arm:
+        if feedback.arm is not None and feedback.arm != entry.ticket.arm:
             return [
                 self._dead(
                     feedback,
                     "arm_mismatch",
-                    f"request_id {rid!r} was served arm {served.ticket.arm}, "
+                    f"request_id {rid!r} was served arm {entry.ticket.arm}, "
                     f"feedback names arm {feedback.arm}",
                 )
             ]
-        self.bandit.update(served.ticket, feedback.loss)
-        self._forget("open", rid)
-        forget = now + self.experiment.feedback_ttl
-        self._remember("settled", rid, (served.ticket, served.unit, forget), forget)
+        self.bandit.update(entry.ticket, feedback.loss)
+        self._put(Settled(rid, entry.ticket, entry.unit, now + self.experiment.feedback_ttl))
         return []
 
     def expire(self, now: float) -> list[Output]:
         """Close what has waited too long: tickets without feedback, feedback without request."""
         out: list[Output] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            due, rid = heapq.heappop(self._deadlines)
-            served = self.open.get(rid)
-            if served is not None and served.deadline == due:
-                self.bandit.discard(served.ticket)
-                self._forget("open", rid)
-                out.append(
-                    DeadLetter(
-                        "ticket_expired",
-                        f"no feedback for request_id {rid!r} within "
-                        f"{self.experiment.feedback_ttl:g} s",
-                        served.request,
-                        served.origin,
-                        self.key,
-                    )
-                )
-            waiting = self.early.get(rid)
-            if waiting is not None and waiting.deadline == due:
-                self._forget("early", rid)
+        while self._entries is not None:
+            held = self._entries
+            if type(held) is dict:
+                due, rid = self._deadlines[0]
+                if due > now:
+                    break
+                heapq.heappop(self._deadlines)
+                entry = held.get(rid)
+                if entry is None or entry.deadline != due:
+                    continue  # stale: the entry moved on or is gone
+            elif held.deadline <= now:
+                entry = held
+            else:
+                break
+            self._drop(entry)
+            if type(entry) is Open:
+                self.bandit.discard(entry.ticket)
+                out.append(self._expired(entry))
+            elif type(entry) is Early:
                 out.append(
                     self._dead(
-                        waiting.feedback,
+                        entry.feedback,
                         "unknown_ticket",
-                        f"no request {rid!r} arrived within "
+                        f"no request {entry.rid!r} arrived within "
                         f"{self.experiment.feedback_ttl:g} s of its feedback",
                     )
                 )
-            done = self.settled.get(rid)
-            if done is not None and done[2] == due:
-                self._forget("settled", rid)
-        if not self._deadlines:
-            self._deadlines = _NO_DEADLINES  # an idle instance keeps no list
+        self._rest()
         return out
 
+    def _expired(self, served: Open) -> DeadLetter:
+        """A ticket without feedback; the request is re-encoded from what was kept of it."""
+        request = {"experiment": self.experiment.name, "request_id": served.rid}
+        if served.unit is not None:
+            request["unit"] = served.unit
+        if served.ticket.context is not None:
+            request["context"] = served.ticket.context
+        return DeadLetter(
+            "ticket_expired",
+            f"no feedback for request_id {served.rid!r} within {self.experiment.feedback_ttl:g} s",
+            orjson.dumps(request),
+            served.origin,
+            self.key,
+        )
+
     def next_deadline(self) -> float | None:
-        return self._deadlines[0][0] if self._deadlines else None
+        held = self._entries
+        if held is None:
+            return None
+        return self._deadlines[0][0] if type(held) is dict else held.deadline
 
     def _answer(self, rid: str, ticket: Ticket, unit: str | None) -> Selection:
         """The selection a ticket stands for (built when emitted, not stored)."""
@@ -264,12 +350,12 @@ class Instance:
             "experiment": self.experiment.name,
             "key": self.key,
             "bandit": self.bandit.to_dict(),
-            "open": [_open_to_dict(rid, o) for rid, o in self.open.items()],
+            "open": [_open_to_dict(o) for o in self.open.values()],
             "settled": [
-                [rid, t.to_dict(), unit, forget] for rid, (t, unit, forget) in self.settled.items()
+                [s.rid, s.ticket.to_dict(), s.unit, s.deadline] for s in self.settled.values()
             ],
             "early": [
-                [rid, _feedback_to_dict(e.feedback), e.deadline] for rid, e in self.early.items()
+                [e.rid, _feedback_to_dict(e.feedback), e.deadline] for e in self.early.values()
             ],
         }
 
@@ -283,27 +369,22 @@ class Instance:
         """Become the instance ``data`` (from ``to_dict``) describes."""
         Instance.__init__(self, experiment, data["key"], Bandit.from_dict(data["bandit"]))
         for item in data["open"]:
-            served = Open(
-                Ticket.from_dict(item["ticket"]),
-                item["unit"],
-                item["deadline"],
-                bytes.fromhex(item["request"]),
-                Origin(*item["origin"]),
-            )
-            self._remember("open", item["request_id"], served, item["deadline"])
+            ticket = Ticket.from_dict(item["ticket"])
+            origin = Origin(*item["origin"])
+            self._put(Open(item["request_id"], ticket, item["unit"], item["deadline"], origin))
         for rid, ticket, unit, forget in data["settled"]:
-            self._remember("settled", rid, (Ticket.from_dict(ticket), unit, forget), forget)
+            self._put(Settled(rid, Ticket.from_dict(ticket), unit, forget))
         for rid, feedback, deadline in data["early"]:
-            self._remember("early", rid, Early(_feedback_from_dict(feedback), deadline), deadline)
+            self._put(Early(rid, _feedback_from_dict(feedback), deadline))
+        self._rest()
 
 
-def _open_to_dict(rid: str, o: Open) -> dict[str, Any]:
+def _open_to_dict(o: Open) -> dict[str, Any]:
     return {
-        "request_id": rid,
+        "request_id": o.rid,
         "ticket": o.ticket.to_dict(),
         "unit": o.unit,
         "deadline": o.deadline,
-        "request": o.request.hex(),
         "origin": [o.origin.source, o.origin.partition, o.origin.offset],
     }
 

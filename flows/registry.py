@@ -18,6 +18,7 @@ early_feedback_limit = 1000   # feedback waiting for its request, per instance
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from dataclasses import dataclass
@@ -58,6 +59,14 @@ class Experiment:
 
     def new_bandit(self, key: str) -> Bandit:
         return Bandit(len(self.arms), self.competition, self.gamma, instance_id=key)
+
+    def unpack_bandit(self, blob: bytes, key: str) -> Bandit:
+        """The live bandit of an idle instance kept as ``Bandit.pack()`` bytes."""
+        return Bandit.unpack(blob, self._template, key)
+
+    @functools.cached_property
+    def _template(self) -> Bandit:
+        return self.new_bandit(self.name)
 
     @property
     def n_contexts(self) -> int:

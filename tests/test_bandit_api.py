@@ -205,3 +205,65 @@ def test_learns_the_best_arm_whatever_the_units():
             b.update(t, shift + scale * (0.0 if t.arm == 2 else 1.0))
         assert int(np.argmax(b.probabilities())) == 2
         assert b.probabilities()[2] > 0.9
+
+
+def test_pending_tickets_settle_in_any_order_through_one_and_many():
+    b = Bandit(3, seed=1, instance_id="x")
+    first = b.select()
+    assert b.pending == (first,)
+    second, third = b.select(), b.select()
+    assert set(b.pending) == {first, second, third}
+    b.update(second, 1.0)
+    b.discard(first)
+    assert b.pending == (third,)
+    with pytest.raises(TicketError, match="round 1"):
+        b.update(first, 1.0)
+    b.update(third, 2.0)
+    assert b.pending == () and b.n_updates == 2
+
+
+@pytest.mark.parametrize("competition", [Fixed(), Switching(rate=0.01), Contextual(2)])
+def test_pack_then_unpack_continues_exactly_like_the_original(competition):
+    ctx = 1 if isinstance(competition, Contextual) else None
+    original = Bandit(4, competition, instance_id="x")
+    for i in range(25):
+        t = original.select(context=ctx, u=(i * 0.61) % 1.0)
+        original.update(t, float((t.arm * 7 + i) % 5))
+    packed = original.pack()
+    copy = Bandit.unpack(packed, Bandit(4, competition), original.instance_id)
+    assert len(packed) < 200
+    for i in range(20):
+        u = (i * 0.137) % 1.0
+        a, b = original.select(context=ctx, u=u), copy.select(context=ctx, u=u)
+        assert a == b
+        original.update(a, 3.0 * i % 7)
+        copy.update(b, 3.0 * i % 7)
+    assert original.to_dict() == copy.to_dict()
+
+
+def test_pack_refuses_while_a_ticket_is_pending_or_a_generator_is_owned():
+    b = Bandit(3, instance_id="x")
+    t = b.select(u=0.2)
+    assert b.pack() is None
+    b.update(t, 1.0)
+    assert b.pack() is not None
+    b.select()  # draws from its own generator
+    b.discard(b.pending[0])
+    assert b.pack() is None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda blob: blob[:-8], "bytes"),
+        (lambda blob: bytearray(blob), "bytes"),
+        (lambda blob: blob[:8] + np.array([np.nan]).tobytes() + blob[16:], "vn=nan"),
+        (lambda blob: blob[:-8] + np.array([np.nan]).tobytes(), "weights"),
+    ],
+)
+def test_unpack_refuses_a_damaged_blob(mutate, message):
+    b = Bandit(4, instance_id="x")
+    for i in range(5):
+        b.update(b.select(u=i / 5), float(i))
+    with pytest.raises(ValueError, match=message):
+        Bandit.unpack(mutate(b.pack()), Bandit(4), "x")

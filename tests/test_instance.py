@@ -4,6 +4,8 @@ import json
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flows.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 from flows.instance import Instance, uniform_draw
@@ -161,3 +163,68 @@ def test_snapshot_round_trip_continues_identically():
         target.on_request(request("early"), 7.5)
     assert state(copy) == state(inst)
     assert [d.reason for d in copy.expire(100.0)] == [d.reason for d in inst.expire(100.0)]
+
+
+def _check_invariants(inst: Instance) -> None:
+    """What the compact tables must keep true whatever the history."""
+    entries = inst.entries()
+    if not inst.open:  # an idle bandit is kept packed (checked before `bandit` unpacks it)
+        assert inst._bandit is None
+    assert inst._n_early == len(inst.early)
+    pending = () if inst._bandit is None else inst._bandit.pending  # a packed bandit has none
+    assert {t.round for t in pending} == {o.ticket.round for o in inst.open.values()}
+    if isinstance(inst._entries, dict):
+        assert len(entries) >= 2 and set(entries) <= {rid for _, rid in inst._deadlines}
+        live = {(e.deadline, e.rid) for e in entries.values()}
+        assert live <= set(inst._deadlines)
+        assert inst.next_deadline() <= min(d for d, _ in live)
+    else:
+        assert inst._deadlines is None and len(entries) <= 1
+        assert inst.next_deadline() == (
+            None if not entries else next(iter(entries.values())).deadline
+        )
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["request", "feedback", "expire", "snapshot"]), st.integers(0, 5)),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_any_history_keeps_the_tables_consistent_and_snapshots_exact(ops):
+    """Random requests, feedback, expiries and snapshot/restore cycles, against a twin that
+    is never snapshotted: both emit the same outputs and end in the same state."""
+    inst, twin = fresh(), fresh()
+    now = 0.0
+    for op, k in ops:
+        now += 1.5
+        rid = f"r{k}"
+        if op == "snapshot":
+            inst = Instance.from_dict(REGISTRY["home"], json.loads(json.dumps(inst.to_dict())))
+            outs = twin_outs = []
+        elif op == "request":
+            outs, twin_outs = inst.on_request(request(rid), now), twin.on_request(request(rid), now)
+        elif op == "feedback":
+            fb = feedback(rid, float(k))
+            outs, twin_outs = inst.on_feedback(fb, now), twin.on_feedback(fb, now)
+        else:
+            outs, twin_outs = inst.expire(now), twin.expire(now)
+        assert outs == twin_outs
+        _check_invariants(inst)
+        _check_invariants(twin)
+    assert state(inst) == state(twin)
+    closing = inst.expire(now + 100.0)
+    assert [d.reason for d in closing] == [d.reason for d in twin.expire(now + 100.0)]
+    assert inst.entries() == {} and inst.bandit.pending == ()
+
+
+def test_an_expired_ticket_is_reported_with_the_request_re_encoded_and_its_origin():
+    inst = Instance(REGISTRY["ctx"], "ctx")
+    inst.on_request(request("r1", experiment="ctx", context=2), 0.0)
+    [dead] = inst.expire(REGISTRY["ctx"].feedback_ttl)
+    assert orjson.loads(dead.raw) == {"experiment": "ctx", "request_id": "r1", "context": 2}
+    assert dead.origin == Origin("tsi.requests", 0, 1) and dead.instance == "ctx"
+    again = parse_request(dead.raw, Origin("replay"))
+    assert (again.experiment, again.request_id, again.context) == ("ctx", "r1", 2)

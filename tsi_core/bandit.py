@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import struct
 from bisect import bisect_right
 from itertools import accumulate
 from types import MappingProxyType
@@ -32,6 +33,7 @@ VERSION = 1
 
 
 _NO_TICKETS: Any = MappingProxyType({})  # shared read-only stand-in for an empty table
+_PACKED = struct.Struct("<dddqqq")  # psi, V/D², D mantissa, D exponent, updates, rounds
 
 
 class TicketError(ValueError):
@@ -146,7 +148,8 @@ class Bandit:
         self._d_exp = 0
         self.n_updates = 0
         self.n_rounds = 0
-        self._pending: dict[int, Ticket] = _NO_TICKETS
+        # no table while idle, the ticket itself while one is pending, else round -> ticket
+        self._pending: Any = _NO_TICKETS
 
     @property
     def _rng(self) -> np.random.Generator:
@@ -182,6 +185,8 @@ class Bandit:
     @property
     def pending(self) -> tuple[Ticket, ...]:
         """Tickets selected and not yet updated or discarded."""
+        if type(self._pending) is Ticket:
+            return (self._pending,)
         return tuple(self._pending.values())
 
     # ------------------------------------------------------------------ decisions
@@ -219,10 +224,17 @@ class Bandit:
         self.n_rounds += 1
         prob = float(w[arm]) * (keep / total) + spread
         ticket = Ticket(self.instance_id, self.n_rounds, arm, prob, p, context)
-        if self._pending is _NO_TICKETS:
-            self._pending = {}
-        self._pending[self.n_rounds] = ticket
+        self._hold(ticket)
         return ticket
+
+    def _hold(self, ticket: Ticket) -> None:
+        held = self._pending
+        if held is _NO_TICKETS:
+            self._pending = ticket  # the common case of one pending ticket needs no table
+        elif type(held) is Ticket:
+            self._pending = {held.round: held, ticket.round: ticket}
+        else:
+            held[ticket.round] = ticket
 
     def update(self, ticket: Ticket, loss: float) -> None:
         """Apply the loss of a ticket's arm; each ticket exactly once, in any order."""
@@ -243,9 +255,19 @@ class Bandit:
         self._settle(ticket)
 
     def _settle(self, ticket: Ticket) -> None:
-        del self._pending[ticket.round]
-        if not self._pending:  # an idle instance keeps no ticket table
-            self._pending = _NO_TICKETS
+        held = self._pending
+        if type(held) is Ticket:
+            self._pending = _NO_TICKETS  # an idle instance keeps no ticket table
+            return
+        del held[ticket.round]
+        if len(held) == 1:
+            [self._pending] = held.values()
+
+    def _pending_at(self, round_: int) -> Ticket | None:
+        held = self._pending
+        if type(held) is Ticket:
+            return held if held.round == round_ else None
+        return held.get(round_)
 
     def _check_pending(self, ticket: Any) -> None:
         if not isinstance(ticket, Ticket):
@@ -254,7 +276,7 @@ class Bandit:
             raise TicketError(
                 f"ticket of instance {ticket.instance!r} given to instance {self.instance_id!r}"
             )
-        if self._pending.get(ticket.round) != ticket:
+        if self._pending_at(ticket.round) != ticket:
             raise TicketError(
                 f"ticket round {ticket.round} is not pending here "
                 "(already updated, discarded, never issued, or altered)"
@@ -277,7 +299,7 @@ class Bandit:
             "n_updates": self.n_updates,
             "n_rounds": self.n_rounds,
             "weights": [None if math.isinf(v) else v for v in self._state.ravel().tolist()],
-            "pending": [t.to_dict() for t in self._pending.values()],
+            "pending": [t.to_dict() for t in self.pending],
             "seed": self._seed,
             "rng": self._rng_state if self._rng_obj is None else self._rng_obj.bit_generator.state,
         }
@@ -310,13 +332,66 @@ class Bandit:
             b.n_rounds = check_int("n_rounds", data["n_rounds"], 0)
             for raw in data["pending"]:
                 t = Ticket.from_dict(raw)
-                if b._pending is _NO_TICKETS:
-                    b._pending = {}
-                b._pending[t.round] = t
+                if b._pending_at(t.round) is not None or t.instance != b.instance_id:
+                    raise ValueError(
+                        f"pending ticket {raw!r} repeats a round or names another instance"
+                    )
+                b._hold(t)
             if data["seed"] is not None:
                 b._seed = check_int("seed", data["seed"], 0)
             if data["rng"] is not None:
                 b._rng_state = data["rng"]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed {FORMAT} snapshot: {exc!r}") from exc
+        return b
+
+    # ------------------------------------------------------- compact idle state
+    def pack(self) -> bytes | None:
+        """The learning state of an idle instance as compact bytes, or None while a ticket
+        is pending or the instance owns a generator (those stay live objects).
+
+        About 130 bytes for 10 arms, against ~470 for the live object: services that keep
+        one bandit per user hold idle ones this way.
+
+        >>> b = Bandit(3, instance_id="u1")
+        >>> b.update(b.select(u=0.5), 2.0)
+        >>> again = Bandit.unpack(b.pack(), Bandit(3), "u1")
+        >>> again.to_dict() == b.to_dict()
+        True
+        """
+        if self._pending is not _NO_TICKETS or self._rng_obj is not None:
+            return None
+        if self._rng_state is not None:
+            return None
+        head = _PACKED.pack(
+            self.psi, self._vn, self._d_mant, self._d_exp, self.n_updates, self.n_rounds
+        )
+        return head + self._state.tobytes()
+
+    @classmethod
+    def unpack(cls, blob: bytes, template: Bandit, instance_id: str) -> Bandit:
+        """Rebuild an instance from ``pack()``; ``template`` is any instance of the same
+        configuration (arms, competition, γ, seed), whose own state is not used."""
+        shape = template._state.shape
+        size = _PACKED.size + template._state.nbytes
+        if not isinstance(blob, bytes) or len(blob) != size:
+            raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
+        psi, vn, d_mant, d_exp, n_updates, n_rounds = _PACKED.unpack_from(blob)
+        state = np.frombuffer(blob, dtype=float, offset=_PACKED.size).reshape(shape)
+        if math.isnan(psi) or not 0.0 <= vn < math.inf or not 0.0 <= d_mant < 1.0:
+            raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
+        if n_updates < 0 or n_rounds < 0 or np.isnan(state).any():
+            raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}")
+        b = cls.__new__(cls)
+        b.n_arms, b.competition, b.structure = (
+            template.n_arms,
+            template.competition,
+            template.structure,
+        )
+        b.gamma, b._seed, b.instance_id = template.gamma, template._seed, instance_id
+        b._rng_state = b._rng_obj = None
+        b._state = state.copy()
+        b.psi, b._vn, b._d_mant, b._d_exp = psi, vn, d_mant, d_exp
+        b.n_updates, b.n_rounds = n_updates, n_rounds
+        b._pending = _NO_TICKETS
         return b
