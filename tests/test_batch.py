@@ -123,3 +123,10 @@ def test_batch_equals_separate_bandits_with_many_arms(n_arms, competition):
             b.update(t, float(loss))
     for i, b in enumerate(singles):
         np.testing.assert_allclose(batch.probabilities([i])[0], b.probabilities(), rtol=1e-12)
+
+
+def test_a_ticket_batch_keeps_its_rounds_when_the_bandit_moves_on():
+    bb = BatchBandit(3, 2, seed=0)
+    first = bb.select()
+    bb.select()
+    assert first.rounds.tolist() == [1, 1, 1]

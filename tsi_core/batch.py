@@ -193,7 +193,7 @@ class BatchBandit:
             self.token,
             serial,
             instances,
-            self.n_rounds[rows],
+            self.n_rounds[rows].copy(),  # not a view: the counter moves on
             arms,
             q[arms, idx],
             w[arms, idx] / total,
