@@ -1,0 +1,443 @@
+"""Oblivious loss environments, reproducible by seed, for running many bandits on one table.
+
+An ``Environment`` is a full-information T×M loss table fixed before play (oblivious), an
+optional context per round, and the competitor class it is built for. Its competitor
+losses are exact: ``best_switching_loss`` is a dynamic programme, not a segment heuristic.
+
+>>> env = bernoulli(1000, n_arms=3, seed=0)
+>>> env.shape, env.kind, env.range
+((1000, 3), 'fixed', 1.0)
+>>> big = env.affine(1000.0, 1e6)
+>>> big.name
+'bernoulli ×1000 +1e6'
+>>> bool(np.isclose(big.best_fixed_loss(), 1000 * env.best_fixed_loss() + 1000 * 1e6))
+True
+>>> env.best_switching_loss(3) <= env.best_fixed_loss()
+True
+>>> [e.name for e in suite(500, seed=1)]  # doctest: +NORMALIZE_WHITESPACE
+['bernoulli', 'gaussian', 'heavy_tailed', 'piecewise_stationary', 'ftl_breaker',
+ 'contextual']
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from tsi_core.validate import check_int, check_real
+
+__all__ = [
+    "Environment",
+    "bernoulli",
+    "contextual",
+    "ftl_breaker",
+    "gaussian",
+    "heavy_tailed",
+    "piecewise_stationary",
+    "suite",
+    "supervised",
+]
+
+_REAL = (int, float, np.integer, np.floating)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Environment:
+    """A T×M oblivious loss table, optional contexts, and the competitor it is built for.
+
+    ``kind`` is "contextual" when there are contexts, else "switching" when
+    ``n_switches > 0``, else "fixed"; ``competitor_loss`` is the best loss in that class.
+    The arrays are stored as read-only copies.
+    """
+
+    name: str
+    losses: np.ndarray
+    contexts: np.ndarray | None = None
+    n_contexts: int = 1
+    n_switches: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            losses = np.array(self.losses, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"losses must be a T×M array of reals, got {self.losses!r}") from exc
+        if losses.ndim != 2 or losses.shape[0] < 1 or losses.shape[1] < 1:
+            raise ValueError(f"losses must be a non-empty T×M array, got shape {losses.shape}")
+        bad = np.argwhere(~np.isfinite(losses))
+        if len(bad):
+            t, m = bad[0]
+            raise ValueError(f"losses[{t}, {m}] = {losses[t, m]!r} is not finite")
+        losses.setflags(write=False)
+        object.__setattr__(self, "losses", losses)
+        check_int("n_switches", self.n_switches, 0)
+        check_int("n_contexts", self.n_contexts, 1)
+        if self.contexts is None:
+            if self.n_contexts != 1:
+                raise ValueError(f"n_contexts must be 1 without contexts, got {self.n_contexts}")
+            return
+        if self.n_switches:
+            raise ValueError(
+                f"n_switches must be 0 for a contextual environment, got {self.n_switches}"
+            )
+        contexts = _int_vector("contexts", self.contexts, losses.shape[0], 0, self.n_contexts - 1)
+        contexts.setflags(write=False)
+        object.__setattr__(self, "contexts", contexts)
+
+    def __repr__(self) -> str:
+        t, m = self.shape
+        extra = f", n_contexts={self.n_contexts}" if self.contexts is not None else ""
+        extra += f", n_switches={self.n_switches}" if self.n_switches else ""
+        return f"Environment({self.name!r}, T={t}, M={m}{extra})"
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(T, M): rounds and arms."""
+        t, m = self.losses.shape
+        return int(t), int(m)
+
+    @property
+    def range(self) -> float:
+        """D = max − min of the whole loss table."""
+        return float(self.losses.max() - self.losses.min())
+
+    @property
+    def kind(self) -> str:
+        """The competitor class: "fixed", "switching" or "contextual"."""
+        if self.contexts is not None:
+            return "contextual"
+        return "switching" if self.n_switches else "fixed"
+
+    @cached_property
+    def _floor(self) -> float:
+        return float(self.losses.min())
+
+    @cached_property
+    def _prefix(self) -> np.ndarray:
+        """(T+1)×M prefix sums of the losses minus their minimum (row 0 is zeros).
+
+        Every arm sequence collects exactly T losses, so a competitor's loss is its loss on
+        the centred table plus T·min; centring keeps large shifts out of the sums.
+        """
+        t, m = self.shape
+        out = np.zeros((t + 1, m))
+        np.cumsum(self.losses - self._floor, axis=0, out=out[1:])
+        return out
+
+    def _uncentre(self, value: float) -> float:
+        return float(value + self.shape[0] * self._floor)
+
+    # ------------------------------------------------------------------ competitors
+
+    def best_fixed_loss(self) -> float:
+        """Loss of the best fixed arm: the least column sum."""
+        return self._uncentre(self._prefix[-1].min())
+
+    def best_switching_loss(self, n_switches: int) -> float:
+        """Exact loss of the best arm sequence with at most ``n_switches`` switches.
+
+        Contexts are ignored. Dynamic programme over the number of switches s, vectorised
+        over rounds and arms with prefix sums C: the best sequence ending at arm m after t
+        rounds with ≤ s switches costs C[t, m] + min_{τ<t} (B_{s-1}[τ] − C[τ, m]), where
+        B_{s-1}[τ] is the best cost of τ rounds with ≤ s−1 switches (B[0] = 0); the inner
+        minimum is a running minimum. O(T·M·S) time, O(T·M) memory.
+        """
+        s_max = check_int("n_switches", n_switches, 0)
+        t, _ = self.shape
+        c = self._prefix
+        if s_max >= t - 1:  # the arm may change every round
+            return self._uncentre((self.losses - self._floor).min(axis=1).sum())
+        best = c.min(axis=1)  # B_0: no switch
+        for _ in range(s_max):
+            run = np.minimum.accumulate(best[:-1, None] - c[:-1], axis=0)
+            best = np.concatenate(([0.0], (c[1:] + run).min(axis=1)))
+        return self._uncentre(best[-1])
+
+    def best_contextual_loss(self) -> float:
+        """Loss of the best map context → arm (the best fixed arm when there are no contexts)."""
+        if self.contexts is None:
+            return self.best_fixed_loss()
+        centred = self.losses - self._floor
+        k = self.n_contexts
+        per_context = np.stack(
+            [np.bincount(self.contexts, weights=col, minlength=k) for col in centred.T], axis=1
+        )
+        return self._uncentre(per_context.min(axis=1).sum())
+
+    def competitor_loss(self) -> float:
+        """The best loss in the class the environment is designed for (see ``kind``)."""
+        if self.kind == "contextual":
+            return self.best_contextual_loss()
+        if self.kind == "switching":
+            return self.best_switching_loss(self.n_switches)
+        return self.best_fixed_loss()
+
+    # ------------------------------------------------------------------ transforms
+
+    def affine(self, scale: float, shift: float) -> Environment:
+        """The same environment with losses scale·l + shift (scale > 0, both finite)."""
+        if isinstance(scale, bool) or not isinstance(scale, _REAL):
+            raise ValueError(f"scale must be a real number, got {scale!r}")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        if isinstance(shift, bool) or not isinstance(shift, _REAL) or not math.isfinite(shift):
+            raise ValueError(f"shift must be a finite real number, got {shift!r}")
+        with np.errstate(over="ignore"):
+            losses = float(scale) * self.losses + float(shift)
+        if not np.isfinite(losses).all():
+            raise ValueError(f"scale={scale!r}, shift={shift!r} overflow the losses")
+        return Environment(
+            f"{self.name} ×{_short(scale)} {'+' if shift >= 0 else '-'}{_short(abs(shift))}",
+            losses,
+            self.contexts,
+            self.n_contexts,
+            self.n_switches,
+        )
+
+
+def _short(x: float) -> str:
+    """Compact number: 1000 → "1000", 1e6 → "1e6", 2.5e-07 → "2.5e-7"."""
+    text = f"{float(x):g}"
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else text
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _int_vector(name: str, values: Any, n: int | None, low: int, high: float) -> np.ndarray:
+    """A 1-D integer array (length n unless None) with entries in [low, high]."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (n is not None and len(arr) != n):
+        want = "a 1-D array" if n is None else f"{n} integers"
+        raise ValueError(f"{name} must be {want}, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer) and len(arr):
+        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero((arr < low) | (arr > high))
+    if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
+    return arr
+
+
+def _means(values: Any, n_arms: int, low: float, high: float) -> np.ndarray:
+    """``n_arms`` finite means in [low, high]."""
+    try:
+        arr = np.array(values, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"means must be {n_arms} real numbers, got {values!r}") from exc
+    if arr.shape != (n_arms,):
+        raise ValueError(f"means must be {n_arms} real numbers (n_arms), got shape {arr.shape}")
+    bad = np.flatnonzero(~((arr >= low) & (arr <= high)))
+    if len(bad):
+        raise ValueError(f"means[{bad[0]}] = {arr[bad[0]]!r} is outside [{low}, {high}]")
+    return arr
+
+
+def _common(n_rounds: Any, n_arms: Any, seed: Any, min_arms: int = 2) -> tuple[int, int, int]:
+    return (
+        check_int("n_rounds", n_rounds, 1),
+        check_int("n_arms", n_arms, min_arms),
+        check_int("seed", seed, 0),
+    )
+
+
+def _default_means(rng: np.random.Generator, n_arms: int) -> np.ndarray:
+    """Best arm 0.3, the others evenly in [0.5, 0.8], in an order drawn from ``rng``."""
+    means = np.concatenate(([0.3], np.linspace(0.5, 0.8, n_arms - 1)))
+    return rng.permutation(means)
+
+
+# --------------------------------------------------------------------------- constructors
+
+
+def bernoulli(n_rounds: int, n_arms: int = 10, seed: int = 0, means: Any = None) -> Environment:
+    """Losses in {0, 1}: arm m loses with probability means[m], independently each round.
+
+    Default means: one arm 0.3, the others evenly spaced in [0.5, 0.8], arms shuffled by
+    the seed (so the best arm's index varies with the seed). Competitor: best fixed arm.
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    rng = np.random.default_rng(seed)
+    mu = _default_means(rng, n_arms) if means is None else _means(means, n_arms, 0.0, 1.0)
+    return Environment("bernoulli", (rng.random((n_rounds, n_arms)) < mu).astype(float))
+
+
+def gaussian(
+    n_rounds: int, n_arms: int = 10, seed: int = 0, means: Any = None, sigma: float = 0.5
+) -> Environment:
+    """Losses means[m] + sigma·N(0, 1), independent; default means as in ``bernoulli``."""
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    sigma = check_real("sigma", sigma, 0.0, math.inf)
+    if not math.isfinite(sigma):
+        raise ValueError(f"sigma must be finite, got {sigma!r}")
+    rng = np.random.default_rng(seed)
+    mu = _default_means(rng, n_arms) if means is None else _means(means, n_arms, -1e300, 1e300)
+    return Environment("gaussian", mu + sigma * rng.standard_normal((n_rounds, n_arms)))
+
+
+def heavy_tailed(
+    n_rounds: int,
+    n_arms: int = 10,
+    seed: int = 0,
+    means: Any = None,
+    df: float = 2.5,
+    noise_scale: float = 0.5,
+) -> Environment:
+    """Losses means[m] + noise_scale·t(df): Student-t noise, default df = 2.5.
+
+    With df = 2.5 the noise has a mean (0) and a finite variance but no finite third or
+    fourth moment, so rare rounds have losses far outside [0, 1]: the range D is large
+    and unknown in advance. ``df`` must exceed 1 so that ``means`` are the true means.
+    Default means as in ``bernoulli``.
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    df = check_real("df", df, 1.0, math.inf)
+    if df <= 1.0 or not math.isfinite(df):
+        raise ValueError(f"df must be a finite number > 1, got {df!r}")
+    noise_scale = check_real("noise_scale", noise_scale, 0.0, math.inf)
+    if not math.isfinite(noise_scale):
+        raise ValueError(f"noise_scale must be finite, got {noise_scale!r}")
+    rng = np.random.default_rng(seed)
+    mu = _default_means(rng, n_arms) if means is None else _means(means, n_arms, -1e300, 1e300)
+    noise = rng.standard_t(df, size=(n_rounds, n_arms))
+    return Environment("heavy_tailed", mu + noise_scale * noise)
+
+
+def piecewise_stationary(
+    n_rounds: int,
+    n_arms: int = 10,
+    n_switches: int = 4,
+    seed: int = 0,
+    best_mean: float = 0.2,
+    other_mean: float = 0.7,
+) -> Environment:
+    """Bernoulli losses whose best arm changes exactly ``n_switches`` times.
+
+    Change points are equally spaced: segment k is rounds [e_k, e_{k+1}) with
+    e = floor(linspace(0, T, n_switches + 2)). The best arm (mean ``best_mean``, others
+    ``other_mean``) of each segment is drawn by the seed, different from the previous
+    segment's. Competitor: the best sequence with at most ``n_switches`` switches.
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    n_switches = check_int("n_switches", n_switches, 0, n_rounds - 1)
+    best_mean = check_real("best_mean", best_mean, 0.0, 1.0)
+    other_mean = check_real("other_mean", other_mean, 0.0, 1.0)
+    rng = np.random.default_rng(seed)
+    best = [int(rng.integers(n_arms))]
+    for _ in range(n_switches):  # a different arm: shift by 1..M−1 modulo M
+        best.append((best[-1] + int(rng.integers(1, n_arms))) % n_arms)
+    edges = np.linspace(0, n_rounds, n_switches + 2).astype(int)
+    means = np.full((n_rounds, n_arms), other_mean)
+    for k, arm in enumerate(best):
+        means[edges[k] : edges[k + 1], arm] = best_mean
+    losses = (rng.random((n_rounds, n_arms)) < means).astype(float)
+    return Environment("piecewise_stationary", losses, n_switches=n_switches)
+
+
+def ftl_breaker(n_rounds: int, n_arms: int = 2, seed: int = 0) -> Environment:
+    """The classic alternating sequence on which follow-the-leader's regret is about T/2.
+
+    Two arms a, b (drawn by the seed): round 0 gives a loss 1/2 and b loss 0; then b, a,
+    b, a, … lose 1 in turn while the other loses 0. After round 0 the cumulative losses
+    differ by 1/2, so there is never a tie and the leader is always the arm about to lose:
+    follow-the-leader loses 1 every round from round 1 on (≥ T − 1 in total, whatever it
+    plays in round 0), while the better fixed arm loses at most T/2 + 1/2. Hence FTL's
+    regret is ≥ T/2 − 3/2. Any further arms lose 1 every round and are never the leader.
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    rng = np.random.default_rng(seed)
+    a, b = (int(x) for x in rng.choice(n_arms, size=2, replace=False))
+    losses = np.ones((n_rounds, n_arms))
+    losses[:, [a, b]] = 0.0
+    losses[0, a] = 0.5
+    losses[1::2, b] = 1.0
+    losses[2::2, a] = 1.0
+    return Environment("ftl_breaker", losses)
+
+
+def contextual(n_rounds: int, n_arms: int = 10, n_contexts: int = 4, seed: int = 0) -> Environment:
+    """Bernoulli losses whose means depend on (context, arm); contexts uniform each round.
+
+    Each context has its own best arm (mean 0.2; distinct across contexts while
+    n_contexts ≤ n_arms); the other arms' means are drawn uniformly in [0.5, 0.9] per
+    (context, arm). Competitor: the best map context → arm.
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    n_contexts = check_int("n_contexts", n_contexts, 1)
+    rng = np.random.default_rng(seed)
+    means = rng.uniform(0.5, 0.9, size=(n_contexts, n_arms))
+    order = rng.permutation(n_arms)
+    means[np.arange(n_contexts), order[np.arange(n_contexts) % n_arms]] = 0.2
+    ctx = rng.integers(n_contexts, size=n_rounds)
+    losses = (rng.random((n_rounds, n_arms)) < means[ctx]).astype(float)
+    return Environment("contextual", losses, ctx, n_contexts)
+
+
+def supervised(
+    labels: Any,
+    n_rounds: int | None = None,
+    seed: int = 0,
+    contexts: Any = None,
+    name: str = "supervised",
+    n_classes: int | None = None,
+) -> Environment:
+    """Bandit feedback from a labelled data set: arm = predicted class, loss 0 iff correct.
+
+    ``labels`` are the samples' classes (integers ≥ 0); M = ``n_classes`` (default
+    max label + 1, at least 2). The rounds visit the samples in a seeded random order;
+    when ``n_rounds`` exceeds the number of samples (default: one pass) further independent
+    permutations follow. ``contexts`` (optional, one integer ≥ 0 per sample, e.g. a cluster
+    id the caller computed from the features) travel with their samples; the competitor
+    is then the best map context → arm, else the best fixed arm (the majority class).
+    """
+    labels = _int_vector("labels", labels, None, 0, math.inf)
+    n_samples = len(labels)
+    if n_samples == 0:
+        raise ValueError("labels must not be empty, got 0 samples")
+    if n_classes is None:
+        n_classes = max(2, int(labels.max()) + 1)
+    n_classes = check_int("n_classes", n_classes, 2)
+    if labels.max() >= n_classes:
+        raise ValueError(f"label {int(labels.max())} is not below n_classes = {n_classes}")
+    n_rounds = n_samples if n_rounds is None else check_int("n_rounds", n_rounds, 1)
+    seed = check_int("seed", seed, 0)
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a string, got {name!r}")
+    ctx = None if contexts is None else _int_vector("contexts", contexts, n_samples, 0, math.inf)
+    rng = np.random.default_rng(seed)
+    passes = -(-n_rounds // n_samples)
+    order = np.concatenate([rng.permutation(n_samples) for _ in range(passes)])[:n_rounds]
+    losses = np.ones((n_rounds, n_classes))
+    losses[np.arange(n_rounds), labels[order]] = 0.0
+    if ctx is None:
+        return Environment(name, losses)
+    return Environment(name, losses, ctx[order], int(ctx.max()) + 1)
+
+
+def suite(n_rounds: int, seed: int = 0) -> list[Environment]:
+    """The arena's standard environments (all but ``supervised``, which needs data).
+
+    M = 10 arms except ``ftl_breaker`` (2); ``piecewise_stationary`` switches
+    min(4, T − 1) times; ``contextual`` has 4 contexts. Each environment gets its own
+    seed derived from ``seed``.
+    """
+    n_rounds = check_int("n_rounds", n_rounds, 1)
+    seed = check_int("seed", seed, 0)
+    seeds = [int(np.random.SeedSequence([seed, k]).generate_state(1)[0]) for k in range(6)]
+    return [
+        bernoulli(n_rounds, 10, seeds[0]),
+        gaussian(n_rounds, 10, seeds[1]),
+        heavy_tailed(n_rounds, 10, seeds[2]),
+        piecewise_stationary(n_rounds, 10, min(4, n_rounds - 1), seeds[3]),
+        ftl_breaker(n_rounds, 2, seeds[4]),
+        contextual(n_rounds, 10, 4, seeds[5]),
+    ]
