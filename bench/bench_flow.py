@@ -190,7 +190,7 @@ FULL = Plan(
         NO_SNAPSHOT_NO_GC,
     ),
     memory_stages=(100_000, 300_000, 1_000_000),
-    idle_stages=(100_000, 300_000),
+    idle_stages=(100_000, 300_000, 1_000_000),
 )
 QUICK = Plan(
     mode="quick",
@@ -1247,15 +1247,28 @@ def jsonable(x: Any) -> Any:
     return x
 
 
+SECTIONS = ("throughput", "latency", "memory")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes)")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "flow_results.json", help="JSON results"
     )
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated parts to run, of {','.join(SECTIONS)} (default: all)",
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
+    if not only or only - set(SECTIONS):
+        parser.error(f"--only takes parts of {','.join(SECTIONS)}, got {args.only!r}")
     plan = QUICK if args.quick else FULL
     command = "python bench/bench_flow.py" + (" --quick" if args.quick else "")
+    if only != set(SECTIONS):
+        command += f" --only {','.join(p for p in SECTIONS if p in only)}"
     t0 = time.perf_counter()
     results: dict[str, Any] = {"plan": asdict(plan), "command": command}
     registry = Registry.from_toml(registry_toml())
@@ -1266,12 +1279,17 @@ def main() -> None:
         results["machine"] = machine_info(bk)
         counter = Counter(bk.bootstrap)
         try:
-            tp = section(results, "throughput", lambda: throughput(bk, plan, registry, counter))
-            if tp:
-                inp, unprofiled = tp["separate"]["input"], tp["separate"]["seconds"]
-                section(results, "profile", lambda: profile(bk, registry, inp, counter, unprofiled))
-            section(results, "latency", lambda: latency(bk, plan, registry_path, workdir))
-            section(results, "memory", lambda: memory(bk, plan, counter, workdir))
+            if "throughput" in only:
+                tp = section(results, "throughput", lambda: throughput(bk, plan, registry, counter))
+                if tp:
+                    inp, unprofiled = tp["separate"]["input"], tp["separate"]["seconds"]
+                    section(
+                        results, "profile", lambda: profile(bk, registry, inp, counter, unprofiled)
+                    )
+            if "latency" in only:
+                section(results, "latency", lambda: latency(bk, plan, registry_path, workdir))
+            if "memory" in only:
+                section(results, "memory", lambda: memory(bk, plan, counter, workdir))
         finally:
             counter.close()
     results["wall_seconds"] = time.perf_counter() - t0

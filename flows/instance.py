@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from flows.events import DeadLetter, Feedback, Origin, Request, Selection
-from flows.registry import Experiment
+from flows.registry import UNIT_SEPARATOR, Experiment
 from tsi_core import Bandit, Ticket
 
 Output = Selection | DeadLetter
@@ -53,7 +53,7 @@ class Open:
 
     rid: str
     ticket: Ticket
-    unit: str | None  # echoed in the answer (the rest of it is rebuilt from the ticket)
+    unit: str | None  # echoed in answers; None where the instance key implies it (per unit)
     deadline: float
     origin: Origin  # where the request came from, for the dead letter if it expires
 
@@ -107,14 +107,17 @@ class Instance:
             if self._packed is None:
                 self._bandit = self.experiment.new_bandit(self.key)
             else:
-                self._bandit = self.experiment.unpack_bandit(self._packed, self.key)
+                held = self._entries  # packed only with at most one entry: see _rest
+                pending = (held.ticket,) if type(held) is Open else ()
+                self._bandit = self.experiment.unpack_bandit(self._packed, self.key, pending)
                 self._packed = None
         return self._bandit
 
     def _rest(self) -> None:
-        """Pack the bandit while it has no pending ticket."""
+        """Pack the bandit between events, unless it has many pending tickets (a busy
+        shared instance), which would have to be handed back at every unpack."""
         if self._bandit is not None:
-            blob = self._bandit.pack()
+            blob = self._bandit.pack(keep_pending=type(self._entries) is not dict)
             if blob is not None:
                 self._packed, self._bandit = blob, None
 
@@ -137,6 +140,7 @@ class Instance:
             self._entries = entry
             return
         if type(held) is not dict:  # a second entry: from here on a dict and a heap
+            _ = self.bandit  # unpacked while the one entry can still hand back its ticket
             self._deadlines = [(held.deadline, held.rid)]
             self._entries = held = {held.rid: held}
         held[entry.rid] = entry
@@ -205,9 +209,9 @@ class Instance:
             return [refused]
         u = uniform_draw(self.experiment.seed, self.key, rid)
         ticket = self.bandit.select(context=request.context, u=u)
-        served = Open(rid, ticket, request.unit, now + self.experiment.feedback_ttl, request.origin)
-        self._put(served)
-        out: list[Output] = [self._answer(rid, ticket, request.unit)]
+        unit = None if self.experiment.per_unit else request.unit  # the key holds it
+        self._put(Open(rid, ticket, unit, now + self.experiment.feedback_ttl, request.origin))
+        out: list[Output] = [self._answer(rid, ticket, unit)]
         if type(entry) is Early:
             out += self._on_feedback(entry.feedback, now)
         return out
@@ -290,9 +294,8 @@ class Instance:
                 entry = held
             else:
                 break
-            self._drop(entry)
             if type(entry) is Open:
-                self.bandit.discard(entry.ticket)
+                self.bandit.discard(entry.ticket)  # while the entry still holds it (unpack)
                 out.append(self._expired(entry))
             elif type(entry) is Early:
                 out.append(
@@ -303,14 +306,16 @@ class Instance:
                         f"{self.experiment.feedback_ttl:g} s of its feedback",
                     )
                 )
+            self._drop(entry)
         self._rest()
         return out
 
     def _expired(self, served: Open) -> DeadLetter:
         """A ticket without feedback; the request is re-encoded from what was kept of it."""
         request = {"experiment": self.experiment.name, "request_id": served.rid}
-        if served.unit is not None:
-            request["unit"] = served.unit
+        unit = self._unit(served.unit)
+        if unit is not None:
+            request["unit"] = unit
         if served.ticket.context is not None:
             request["context"] = served.ticket.context
         return DeadLetter(
@@ -327,11 +332,15 @@ class Instance:
             return None
         return self._deadlines[0][0] if type(held) is dict else held.deadline
 
+    def _unit(self, kept: str | None) -> str | None:
+        """A request's unit: implied by the key of a per-unit instance, else as kept."""
+        return self.key.partition(UNIT_SEPARATOR)[2] if self.experiment.per_unit else kept
+
     def _answer(self, rid: str, ticket: Ticket, unit: str | None) -> Selection:
         """The selection a ticket stands for (built when emitted, not stored)."""
         return Selection(
             self.experiment.name,
-            unit,
+            self._unit(unit),
             rid,
             self.key,
             ticket.arm,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
+from tsi_core import Bandit, Contextual, Fixed, Markov, Switching, Ticket
 from tsi_core.bandit import configure
 
 DEFAULT_TTL = 3600.0
@@ -60,9 +60,9 @@ class Experiment:
     def new_bandit(self, key: str) -> Bandit:
         return Bandit(len(self.arms), self.competition, self.gamma, instance_id=key)
 
-    def unpack_bandit(self, blob: bytes, key: str) -> Bandit:
-        """The live bandit of an idle instance kept as ``Bandit.pack()`` bytes."""
-        return Bandit.unpack(blob, self._template, key)
+    def unpack_bandit(self, blob: bytes, key: str, pending: tuple[Ticket, ...] = ()) -> Bandit:
+        """The live bandit of an instance kept as ``Bandit.pack()`` bytes."""
+        return Bandit.unpack(blob, self._template, key, pending)
 
     @functools.cached_property
     def _template(self) -> Bandit:

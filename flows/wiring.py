@@ -93,7 +93,8 @@ def kafka_wiring(
             messages = op.map(
                 f"{step}_messages",
                 read.oks,
-                lambda m: (m.value, Origin(m.topic, m.partition, m.offset)),
+                # the topic's one str object, not a copy per message: open tickets keep it
+                lambda m: (m.value, Origin(topic, m.partition, m.offset)),
             )
             errors = op.map(f"{step}_errors", read.errs, _kafka_dead_letter)
             return messages, errors

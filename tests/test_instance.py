@@ -168,10 +168,11 @@ def test_snapshot_round_trip_continues_identically():
 def _check_invariants(inst: Instance) -> None:
     """What the compact tables must keep true whatever the history."""
     entries = inst.entries()
-    if not inst.open:  # an idle bandit is kept packed (checked before `bandit` unpacks it)
+    if not isinstance(inst._entries, dict):  # packed unless busy (checked before it unpacks)
         assert inst._bandit is None
     assert inst._n_early == len(inst.early)
-    pending = () if inst._bandit is None else inst._bandit.pending  # a packed bandit has none
+    pending = inst.bandit.pending
+    inst._rest()  # as it was before `bandit` unpacked it
     assert {t.round for t in pending} == {o.ticket.round for o in inst.open.values()}
     if isinstance(inst._entries, dict):
         assert len(entries) >= 2 and set(entries) <= {rid for _, rid in inst._deadlines}

@@ -16,6 +16,7 @@ import math
 import os
 import struct
 from bisect import bisect_right
+from collections.abc import Iterable
 from itertools import accumulate
 from types import MappingProxyType
 from typing import Any
@@ -346,12 +347,14 @@ class Bandit:
         return b
 
     # ------------------------------------------------------- compact idle state
-    def pack(self) -> bytes | None:
-        """The learning state of an idle instance as compact bytes, or None while a ticket
-        is pending or the instance owns a generator (those stay live objects).
+    def pack(self, keep_pending: bool = False) -> bytes | None:
+        """The learning state as compact bytes, or None if the instance owns a generator
+        or (unless ``keep_pending``) has pending tickets: those stay live objects.
 
         About 130 bytes for 10 arms, against ~470 for the live object: services that keep
-        one bandit per user hold idle ones this way.
+        one bandit per user hold them this way between events. Pending tickets are not in
+        the bytes: with ``keep_pending=True`` the caller keeps them and hands them back to
+        ``unpack``.
 
         >>> b = Bandit(3, instance_id="u1")
         >>> b.update(b.select(u=0.5), 2.0)
@@ -359,9 +362,9 @@ class Bandit:
         >>> again.to_dict() == b.to_dict()
         True
         """
-        if self._pending is not _NO_TICKETS or self._rng_obj is not None:
+        if self._rng_obj is not None or self._rng_state is not None:
             return None
-        if self._rng_state is not None:
+        if self._pending is not _NO_TICKETS and not keep_pending:
             return None
         head = _PACKED.pack(
             self.psi, self._vn, self._d_mant, self._d_exp, self.n_updates, self.n_rounds
@@ -369,9 +372,12 @@ class Bandit:
         return head + self._state.tobytes()
 
     @classmethod
-    def unpack(cls, blob: bytes, template: Bandit, instance_id: str) -> Bandit:
+    def unpack(
+        cls, blob: bytes, template: Bandit, instance_id: str, pending: Iterable[Ticket] = ()
+    ) -> Bandit:
         """Rebuild an instance from ``pack()``; ``template`` is any instance of the same
-        configuration (arms, competition, γ, seed), whose own state is not used."""
+        configuration (arms, competition, γ, seed), whose own state is not used, and
+        ``pending`` the tickets that were pending when it was packed."""
         shape = template._state.shape
         size = _PACKED.size + template._state.nbytes
         if not isinstance(blob, bytes) or len(blob) != size:
@@ -383,15 +389,17 @@ class Bandit:
         if n_updates < 0 or n_rounds < 0 or np.isnan(state).any():
             raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}")
         b = cls.__new__(cls)
-        b.n_arms, b.competition, b.structure = (
-            template.n_arms,
-            template.competition,
-            template.structure,
-        )
-        b.gamma, b._seed, b.instance_id = template.gamma, template._seed, instance_id
+        b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma
+        b.competition, b._seed, b.instance_id = template.competition, template._seed, instance_id
         b._rng_state = b._rng_obj = None
         b._state = state.copy()
         b.psi, b._vn, b._d_mant, b._d_exp = psi, vn, d_mant, d_exp
         b.n_updates, b.n_rounds = n_updates, n_rounds
         b._pending = _NO_TICKETS
+        for ticket in pending:
+            if not isinstance(ticket, Ticket) or ticket.instance != instance_id:
+                raise TicketError(f"not a ticket of instance {instance_id!r}: {ticket!r}")
+            if not 0 < ticket.round <= n_rounds or b._pending_at(ticket.round) is not None:
+                raise TicketError(f"ticket round {ticket.round} cannot be pending here")
+            b._hold(ticket)
         return b
