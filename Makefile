@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-flow
+.PHONY: demo test bench bench-flow bench-arena
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,3 +23,6 @@ bench: $(STAMP)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md
 
 bench-flow: $(STAMP)  ## the streaming service on a real broker: throughput, latency, memory (~7 min)
 	$(PY) bench/bench_flow.py
+
+bench-arena: $(STAMP)  ## tsi beside baselines and peer libraries: regret tables, plots, speed (~20 min)
+	$(PY) bench/bench_arena.py

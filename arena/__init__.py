@@ -1,0 +1,1 @@
+"""Arena: run our bandits and peer libraries' bandits through one loop on the same losses."""

@@ -1,0 +1,181 @@
+"""The arena's outputs: a Markdown report and PNG plots of regret and speed.
+
+>>> from arena.runner import Outcome
+>>> import numpy as np
+>>> o = Outcome("a", "tsi", "env", np.ones(3), np.array([0.1, 0.2, 0.3]), np.zeros((1, 3)),
+...             np.array([1]), True)
+>>> print(regret_table([o], "identity").splitlines()[2])
+| env | **0.200 ± 0.100** |
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from arena.runner import Outcome, Speed
+
+
+def _contenders(outcomes: Sequence[Outcome]) -> list[str]:
+    return list(dict.fromkeys(o.contender for o in outcomes))
+
+
+def _environments(outcomes: Sequence[Outcome]) -> list[str]:
+    return list(dict.fromkeys(o.environment for o in outcomes))
+
+
+def regret_table(outcomes: Sequence[Outcome], transform: str) -> str:
+    """Environments × contenders: mean ± sd of the normalised regret; best in bold.
+
+    A dagger marks a recorded failure (see the findings), a tilde silent degradation.
+    """
+    chosen = [o for o in outcomes if o.transform == transform]
+    names = _contenders(chosen)
+    cells: dict[tuple[str, str], Outcome] = {(o.environment, o.contender): o for o in chosen}
+    lines = [
+        "| Environment | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for env in _environments(chosen):
+        row = [cells[(env, n)] for n in names if (env, n) in cells]
+        best = min(o.mean for o in row)
+        text = []
+        for n in names:
+            o = cells.get((env, n))
+            if o is None:
+                text.append("")
+                continue
+            cell = f"{o.mean:.3f} ± {o.spread:.3f}"
+            if o.mean == best:
+                cell = f"**{cell}**"
+            cell += " †" if o.failures else ""
+            cell += " ~" if o.notes else ""
+            text.append(cell)
+        lines.append(f"| {env} | " + " | ".join(text) + " |")
+    return "\n".join(lines)
+
+
+def findings(outcomes: Sequence[Outcome]) -> list[str]:
+    """One line per contender × environment × transform that failed or degraded."""
+    lines = []
+    for o in outcomes:
+        where = f"{o.contender} on {o.environment} ({o.transform})"
+        if o.failures:
+            kinds: dict[str, list[int]] = defaultdict(list)
+            for f in o.failures:
+                kinds[f.kind].append(f.round)
+            for kind, rounds in kinds.items():
+                instances = len({f.instance for f in o.failures if f.kind == kind})
+                lines.append(
+                    f"- † {where}: {kind} in {instances} of {len(o.normalised)} instances, "
+                    f"first at round {min(rounds)} ({o.failures[0].detail})"
+                )
+        for note in o.notes:
+            lines.append(f"- ~ {where}: {note}")
+        if not o.expected:
+            lines.append(f"- {where}: regret from realised losses (no probabilities exposed)")
+    return lines
+
+
+def speed_table(speeds: Sequence[Speed]) -> str:
+    """Rounds per second of one instance, per contender and number of arms."""
+    arms = sorted({s.n_arms for s in speeds})
+    by = {(s.contender, s.n_arms): s for s in speeds}
+    names = list(dict.fromkeys(s.contender for s in speeds))
+    lines = [
+        "| Algorithm | " + " | ".join(f"M = {m} (rounds/s)" for m in arms) + " |",
+        "|---|" + "---:|" * len(arms),
+    ]
+    for n in names:
+        cells = [f"{by[(n, m)].rounds_per_s:,.0f}" if (n, m) in by else "" for m in arms]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_regret(outcomes: Sequence[Outcome], path: Path) -> Path:
+    """Grouped bars: normalised regret per environment and contender, one panel per transform."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    transforms = list(dict.fromkeys(o.transform for o in outcomes))
+    names, envs = _contenders(outcomes), _environments(outcomes)
+    fig, axes = plt.subplots(len(transforms), 1, figsize=(14, 3.6 * len(transforms)), sharex=True)
+    axes = np.atleast_1d(axes)
+    width = 0.8 / len(names)
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(names), 2)))
+    for ax, transform in zip(axes, transforms, strict=True):
+        cells = {(o.environment, o.contender): o for o in outcomes if o.transform == transform}
+        for j, name in enumerate(names):
+            xs, ys, es = [], [], []
+            for i, env in enumerate(envs):
+                o = cells.get((env, name))
+                if o is not None:
+                    xs.append(i + (j - len(names) / 2 + 0.5) * width)
+                    ys.append(o.mean)
+                    es.append(o.spread)
+            ax.bar(xs, ys, width, yerr=es, label=name, color=colours[j], capsize=1.5)
+        ax.axhline(0.0, color="black", linewidth=0.5)
+        ax.set_ylabel("regret / (D·√(MT))")
+        ax.set_title(f"losses: {transform}")
+    axes[-1].set_xticks(range(len(envs)), envs, rotation=15)
+    axes[0].legend(ncol=min(len(names), 6), fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(outcomes: Sequence[Outcome], environment: str, path: Path) -> Path:
+    """Mean normalised regret against the best fixed arm over time, one panel per transform."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = [o for o in outcomes if o.environment == environment]
+    transforms = list(dict.fromkeys(o.transform for o in chosen))
+    fig, axes = plt.subplots(1, len(transforms), figsize=(5 * len(transforms), 4), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, transform in zip(axes, transforms, strict=True):
+        for o in (o for o in chosen if o.transform == transform):
+            style = "-" if o.family == "tsi" else "--" if o.family == "baseline" else ":"
+            ax.plot(o.checkpoints, o.curve.mean(axis=1), style, label=o.contender)
+        ax.set_title(f"{environment}, losses {transform}")
+        ax.set_xlabel("round")
+    axes[0].set_ylabel("regret vs best fixed arm / (D·√(MT))")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_speed(speeds: Sequence[Speed], path: Path) -> Path:
+    """Rounds per second (log scale) per contender at each number of arms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = sorted({s.n_arms for s in speeds})
+    names = list(dict.fromkeys(s.contender for s in speeds))
+    by = {(s.contender, s.n_arms): s.rounds_per_s for s in speeds}
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(names) * len(arms) + 1.5))
+    height = 0.8 / len(arms)
+    for j, m in enumerate(arms):
+        ys = [i + j * height for i in range(len(names))]
+        ax.barh(ys, [by.get((n, m), 0.0) for n in names], height, label=f"M = {m}")
+    ax.set_yticks([i + height * (len(arms) - 1) / 2 for i in range(len(names))], names)
+    ax.set_xscale("log")
+    ax.set_xlabel("rounds per second, one instance (log scale)")
+    ax.invert_yaxis()
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,190 @@
+"""The arena: tsi beside baselines and peer libraries on the same loss tables.
+
+    .venv/bin/python bench/bench_arena.py              # full run (several minutes)
+    .venv/bin/python bench/bench_arena.py --quick      # smoke run (about a minute)
+
+Writes ``bench/arena/REPORT.md``, PNG plots and raw figures (``arena.json``) to
+``--out-dir`` (default ``bench/arena``), and replaces the arena section of
+``bench/RESULTS.md`` (between its markers) with the latest tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_core import machine_info
+
+from arena.report import findings, plot_curves, plot_regret, plot_speed, regret_table, speed_table
+from arena.runner import (
+    DEFAULT_PEERS,
+    TRANSFORMS,
+    baseline_contenders,
+    peer_contenders,
+    run_arena,
+    single_instance_speed,
+    tsi_contenders,
+)
+from tsi_core.environments import Environment, suite, supervised
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- arena:begin -->", "<!-- arena:end -->"
+
+
+def log(message: str) -> None:
+    print(f"[arena {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def digits(n_rounds: int, seed: int, n_contexts: int = 8) -> Environment:
+    """scikit-learn's bundled handwritten digits as a 10-arm bandit: arm = guessed digit,
+    loss 1 for a wrong guess; the context is one of ``n_contexts`` k-means clusters of the
+    pixels (computed once, seeded), so the competitor is the best cluster -> digit map."""
+    from sklearn.cluster import KMeans
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    clusters = KMeans(n_clusters=n_contexts, n_init=4, random_state=seed).fit_predict(data.data)
+    return supervised(data.target, n_rounds, seed, contexts=clusters, name="digits (k-means ctx)")
+
+
+def environments(n_rounds: int, seed: int) -> list[Environment]:
+    return [*suite(n_rounds, seed), digits(n_rounds, seed)]
+
+
+def replace_section(path: Path, body: str) -> None:
+    """Put ``body`` between the arena markers of ``path`` (appended the first time)."""
+    text = path.read_text() if path.exists() else ""
+    block = f"{BEGIN}\n{body}\n{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Path]) -> str:
+    m, plan = results["machine"], results["plan"]
+    lines = [
+        "## Arena: tsi beside baselines and peers (issue #4)",
+        "",
+        f"Reproduce: `{results['command']}` ({results['wall_seconds']:.0f} s on the machine "
+        "below; `--quick` for a smoke run). Raw figures: `bench/arena/arena.json`.",
+        "",
+        f"- CPU: {m['cpu_model']} ({m['usable_cpus']} usable); Python {m['python']}, "
+        f"numpy {m['numpy']}; {m['platform']}",
+        f"- {plan['rounds']:,} rounds, {plan['seeds']} seeds (independent instances) per cell, "
+        f"the same loss tables for every algorithm; seed {plan['seed']}.",
+        "- Cell: mean ± standard deviation over seeds of regret / (D·√(MT)), D = range of "
+        "the table, against the competitor the environment is built for (best fixed arm; "
+        "best sequence with the environment's number of switches for piecewise; best "
+        "context → arm map for the contextual ones). Regret uses the expected loss q·l where "
+        "an algorithm exposes q. Bold: best in the row. † failure, ~ silent degradation "
+        "(see findings). Baselines without contexts play one copy per context.",
+        "- Only `EXP3 (oracle)` is told the true loss range and horizon; `EXP3 (raw)`, "
+        "EXP3-IX, EXP3.S and Tsallis-INF are tuned for losses in [0, 1] and get the raw "
+        "losses, as a practitioner would; `EXP3 (running min/max)` rescales with the range "
+        "seen so far; AHB adapts to the range by design. Peers (river, SMPyBandits, Vowpal "
+        "Wabbit, MABWiser; versions and quirks in `arena/PEERS.md`) get reward = −loss (VW: "
+        "cost = loss), their defaults, and the first two transforms only (they loop in "
+        "Python per instance).",
+        "",
+    ]
+    for label, _, _ in TRANSFORMS:
+        lines += [f"### Losses {label}", "", regret_table(outcomes, label), ""]
+    found = findings(outcomes)
+    lines += ["### Findings (failures and degradation)", ""]
+    lines += found or ["- none recorded"]
+    lines += [
+        "",
+        "### Speed: one instance, select + update, median of 3",
+        "",
+        speed_table(speeds),
+        "",
+        "tsi runs its single-instance `Bandit`; the others run their policy with one instance.",
+        "",
+        "Plots: " + ", ".join(f"[{p.name}](arena/{p.name})" for p in plots),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per run")
+    parser.add_argument("--seeds", type=int, default=None, help="instances (seeds) per cell")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-peers", action="store_true", help="skip peer libraries")
+    parser.add_argument("--all-peers", action="store_true", help="every peer adapter")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "arena")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    args = parser.parse_args()
+    rounds = args.rounds or (500 if args.quick else 3000)
+    seeds = args.seeds or (5 if args.quick else 20)
+    command = "python bench/bench_arena.py" + (" --quick" if args.quick else "")
+    t0 = time.perf_counter()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    envs = environments(rounds, args.seed)
+    ours = tsi_contenders() + baseline_contenders()
+    peers = [] if args.no_peers else peer_contenders(None if args.all_peers else DEFAULT_PEERS)
+    players = ours + peers
+    outcomes = run_arena(envs, ours, seeds, args.seed, progress=log)
+    # peers loop in Python per instance (100-500 µs a round): two transforms are enough to
+    # show what a shift and a scale do to them
+    outcomes += run_arena(envs, peers, seeds, args.seed, TRANSFORMS[:2], progress=log)
+    speeds = []
+    for contender in players:
+        for n_arms, n in ((10, 300 if args.quick else 2000), (1000, 50 if args.quick else 300)):
+            log(f"speed: {contender.name}, M = {n_arms}")
+            speeds.append(single_instance_speed(contender, n_arms, n))
+    plots = [plot_regret(outcomes, args.out_dir / "regret.png")]
+    for name in ("bernoulli", "piecewise_stationary", "contextual"):
+        plots.append(plot_curves(outcomes, name, args.out_dir / f"curves_{name}.png"))
+    plots.append(plot_speed(speeds, args.out_dir / "speed.png"))
+    results: dict[str, Any] = {
+        "command": command,
+        "plan": {"rounds": rounds, "seeds": seeds, "seed": args.seed},
+        "machine": machine_info(),
+        "load_average": os.getloadavg(),
+        "wall_seconds": time.perf_counter() - t0,
+        "outcomes": [
+            {
+                "contender": o.contender,
+                "family": o.family,
+                "environment": o.environment,
+                "transform": o.transform,
+                "normalised": o.normalised.tolist(),
+                "expected": o.expected,
+                "failures": [asdict(f) for f in o.failures[:20]],
+                "n_failures": len(o.failures),
+                "notes": list(o.notes),
+                "seconds": o.seconds,
+            }
+            for o in outcomes
+        ],
+        "speeds": [asdict(s) for s in speeds],
+    }
+    text = report(results, outcomes, speeds, plots)
+    (args.out_dir / "REPORT.md").write_text(text + "\n")
+    (args.out_dir / "arena.json").write_text(json.dumps(results, indent=1, default=_plain) + "\n")
+    if not args.quick:
+        replace_section(args.results, text)
+    print(text)
+    log(f"wrote {args.out_dir} in {results['wall_seconds']:.0f} s")
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"not JSON: {x!r}")
+
+
+if __name__ == "__main__":
+    main()
