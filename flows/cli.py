@@ -60,7 +60,7 @@ def simulate(
 
 @app.command("run")
 def run_service(
-    registry: Path = typer.Option(..., help="Experiments registry (TOML)."),
+    registry: Path = typer.Option(..., envvar="TSI_REGISTRY", help="Experiments registry (TOML)."),
     brokers: str = typer.Option(
         "127.0.0.1:9092",
         envvar="KAFKA_BOOTSTRAP_SERVERS",
@@ -68,29 +68,52 @@ def run_service(
     ),
     kafka_config: Path | None = typer.Option(
         None,
+        envvar="TSI_KAFKA_CONFIG",
         help="TOML with [kafka], [kafka.consumer], [kafka.producer] client settings "
         "(SASL, TLS, ...), passed to librdkafka untouched.",
     ),
-    requests_topic: str = typer.Option(Topics.requests, help="Decision requests topic."),
-    feedback_topic: str = typer.Option(Topics.feedback, help="Feedback topic."),
-    events_topic: str | None = typer.Option(
-        None, help="One topic for requests and feedback (field 'type'); replaces the two."
+    requests_topic: str = typer.Option(
+        Topics.requests, envvar="TSI_TOPIC_REQUESTS", help="Decision requests topic."
     ),
-    selections_topic: str = typer.Option(Topics.selections, help="Selections topic."),
-    dlq_topic: str = typer.Option(Topics.dead_letters, help="Dead-letter topic."),
-    recovery_dir: Path | None = typer.Option(None, help="Recovery directory (enables recovery)."),
-    snapshot_every: float = typer.Option(10.0, min=0.01, help="Seconds between snapshots."),
+    feedback_topic: str = typer.Option(
+        Topics.feedback, envvar="TSI_TOPIC_FEEDBACK", help="Feedback topic."
+    ),
+    events_topic: str | None = typer.Option(
+        None,
+        envvar="TSI_TOPIC_EVENTS",
+        help="One topic for requests and feedback (field 'type'); replaces the two.",
+    ),
+    selections_topic: str = typer.Option(
+        Topics.selections, envvar="TSI_TOPIC_SELECTIONS", help="Selections topic."
+    ),
+    dlq_topic: str = typer.Option(
+        Topics.dead_letters, envvar="TSI_TOPIC_DLQ", help="Dead-letter topic."
+    ),
+    recovery_dir: Path | None = typer.Option(
+        None, envvar="TSI_RECOVERY_DIR", help="Recovery directory (enables recovery)."
+    ),
+    snapshot_every: float = typer.Option(
+        10.0, min=0.01, envvar="TSI_SNAPSHOT_EVERY", help="Seconds between snapshots."
+    ),
     backup_every: float = typer.Option(
         0.0,
         min=0.0,
         help="Seconds old snapshots are kept after a newer one is committed "
         "(raise it when the recovery directory is copied to durable storage).",
     ),
-    workers: int = typer.Option(1, min=1, help="Worker threads in this process."),
-    process_id: int | None = typer.Option(None, min=0, help="This process's index in a cluster."),
-    addresses: str | None = typer.Option(None, help="Cluster addresses 'host:port;host:port'."),
+    workers: int = typer.Option(
+        1, min=1, envvar="TSI_WORKERS", help="Worker threads in this process."
+    ),
+    process_id: int | None = typer.Option(
+        None, min=0, envvar="TSI_PROCESS_ID", help="This process's index in a cluster."
+    ),
+    addresses: str | None = typer.Option(
+        None, envvar="TSI_ADDRESSES", help="Cluster addresses 'host:port;host:port'."
+    ),
     stop_at_end: bool = typer.Option(
-        False, help="Stop at the end of the input topics instead of waiting for more."
+        False,
+        envvar="TSI_STOP_AT_END",
+        help="Stop at the end of the input topics instead of waiting for more.",
     ),
 ) -> None:
     """Serve decisions from Kafka: requests and feedback in, selections and dead letters out."""
