@@ -1,0 +1,971 @@
+"""The deployment files (deploy/), checked without a cluster or a container engine.
+
+Every manifest is parsed, and its references are followed: environment variables are ones
+`tsi run` reads, TSI_ADDRESSES agrees with the replicas and the headless Service, every
+ConfigMap, Secret, volume, claim and probe port named exists, the registry files load, the
+Dockerfile exposes the ports the manifests use. The checkers return a list of problems;
+each is also shown to catch a broken copy of the manifests.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from flows.cli import app
+from flows.registry import Registry
+from flows.service import client_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+COMPOSE_DIR = DEPLOY / "compose"
+COMPOSE = COMPOSE_DIR / "compose.yaml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
+CLUSTER_DOMAIN = "cluster.local"
+# Read by the service outside the `tsi run` options (flows.service, the metrics endpoint).
+EXTRA_ENV = {"KAFKA_BOOTSTRAP_SERVERS", "TSI_METRICS_PORT"}
+
+Problems = list[str]
+
+
+# ---------------------------------------------------------------------------- what tsi reads
+
+
+def tsi_run_envvars() -> set[str]:
+    """The environment variables `tsi run` reads: its options' envvar, plus EXTRA_ENV."""
+    command = typer.main.get_command(app)
+    run = command.commands["run"]  # type: ignore[attr-defined]
+    names: set[str] = set()
+    for param in run.params:
+        envvar = param.envvar
+        if isinstance(envvar, str):
+            names.add(envvar)
+        elif envvar:
+            names.update(envvar)
+    return names | EXTRA_ENV
+
+
+ALLOWED_ENV = tsi_run_envvars()
+
+
+def test_the_allowed_variables_come_from_the_run_command():
+    assert {"TSI_REGISTRY", "TSI_PROCESS_ID", "TSI_ADDRESSES", "TSI_RECOVERY_DIR"} <= ALLOWED_ENV
+    assert {"TSI_KAFKA_CONFIG", "TSI_WORKERS", "TSI_TOPIC_DLQ"} <= ALLOWED_ENV
+    assert "TSI_NO_SUCH_OPTION" not in ALLOWED_ENV
+
+
+# ------------------------------------------------------------------------------- Dockerfile
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    result: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#") or (not line and not pending):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        instruction, _, args = (pending + line).partition(" ")
+        result.append((instruction.upper(), " ".join(args.split())))
+        pending = ""
+    return result
+
+
+def final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    starts = [i for i, (name, _) in enumerate(instructions) if name == "FROM"]
+    return instructions[starts[-1] :] if starts else []
+
+
+def exposed_ports(instructions: list[tuple[str, str]]) -> set[int]:
+    return {
+        int(port.split("/")[0])
+        for name, args in final_stage(instructions)
+        if name == "EXPOSE"
+        for port in args.split()
+    }
+
+
+def dockerfile_problems(instructions: list[tuple[str, str]]) -> Problems:
+    problems: Problems = []
+    images = [args.split()[0] for name, args in instructions if name == "FROM"]
+    if not images:
+        problems.append("Dockerfile: no FROM")
+    for image in images:
+        if image != "python:3.11-slim":
+            problems.append(f"Dockerfile: base image {image}, expected python:3.11-slim")
+    last = final_stage(instructions)
+    users = [args for name, args in last if name == "USER"]
+    if not users:
+        problems.append("Dockerfile: the final stage runs as root (no USER)")
+    elif users[-1].split(":")[0] in {"root", "0"}:
+        problems.append(f"Dockerfile: USER {users[-1]} is root")
+    exec_forms = {name: args for name, args in last if name in {"ENTRYPOINT", "CMD"}}
+    for name, expected in (("ENTRYPOINT", ["tsi"]), ("CMD", ["run"])):
+        try:
+            value = json.loads(exec_forms.get(name, "null"))
+        except json.JSONDecodeError:
+            value = exec_forms[name]
+        if value != expected:
+            problems.append(f"Dockerfile: {name} is {value!r}, expected {expected!r}")
+    installs = [args for name, args in instructions if name == "RUN" and "pip install" in args]
+    if not installs:
+        problems.append("Dockerfile: the project is never pip-installed")
+    for args in installs:
+        for command in args.split("&&"):
+            words = shlex.split(command)
+            if "install" not in words:
+                continue
+            targets = words[words.index("install") + 1 :]
+            if "." not in targets:
+                problems.append(f"Dockerfile: `{command.strip()}` does not install the project")
+            if any("[" in w or w in {"-e", "--editable"} for w in targets):
+                problems.append(f"Dockerfile: `{command.strip()}` installs extras or editable")
+    return problems
+
+
+def copy_sources(instructions: list[tuple[str, str]]) -> list[str]:
+    """The build-context paths the Dockerfile copies (COPY without --from)."""
+    sources: list[str] = []
+    for name, args in instructions:
+        if name not in {"COPY", "ADD"}:
+            continue
+        words = args.split()
+        if any(w.startswith("--from") for w in words):
+            continue
+        words = [w for w in words if not w.startswith("--")]
+        sources.extend(words[:-1])
+    return sources
+
+
+def dockerignore_patterns(text: str) -> list[tuple[bool, str]]:
+    """(negated, pattern) in file order."""
+    patterns = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        pattern = line.lstrip("!").strip().strip("/")
+        patterns.append((negated, pattern))
+    return patterns
+
+
+def _matches(path: str, pattern: str) -> bool:
+    parts = PurePosixPath(path).parts
+    if pattern.startswith("**/"):
+        tail = pattern[3:]
+        return any(fnmatch.fnmatchcase("/".join(parts[i:]), tail) for i in range(len(parts)))
+    return fnmatch.fnmatchcase(path, pattern)
+
+
+def dockerignored(path: str, patterns: list[tuple[bool, str]]) -> bool:
+    """Whether Docker leaves `path` out of the build context (the last matching rule wins;
+    a rule matching a parent directory applies to everything below it)."""
+    parts = PurePosixPath(path).parts
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for negated, pattern in patterns:
+        if any(_matches(prefix, pattern) for prefix in prefixes):
+            ignored = not negated
+    return ignored
+
+
+def imported_local_packages() -> set[str]:
+    """Top-level packages of this repository imported by the installed code."""
+    local = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"}
+    found = {"flows"}  # the console script: tsi = flows.cli:app
+    todo = ["flows"]
+    while todo:
+        for source in (ROOT / todo.pop()).rglob("*.py"):
+            text = source.read_text(encoding="utf-8")
+            for name in re.findall(r"^\s*(?:from|import)\s+(\w+)", text, re.MULTILINE):
+                if name in local and name not in found:
+                    found.add(name)
+                    todo.append(name)
+    return found
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[tuple[str, str]]:
+    return dockerfile_instructions(DOCKERFILE.read_text(encoding="utf-8"))
+
+
+def test_the_dockerfile_builds_a_non_root_tsi_image(dockerfile):
+    assert dockerfile_problems(dockerfile) == []
+    assert exposed_ports(dockerfile) == {2101, 9108}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("USER 10001:10001", "USER root", "is root"),
+        ("USER 10001:10001", "", "no USER"),
+        ("/opt/tsi/bin/pip install .", "/opt/tsi/bin/pip install '.[dev,bench]'", "extras"),
+        ("/opt/tsi/bin/pip install .", "/opt/tsi/bin/pip install -e .", "editable"),
+        ('ENTRYPOINT ["tsi"]', 'ENTRYPOINT ["python"]', "ENTRYPOINT"),
+        ('CMD ["run"]', 'CMD ["simulate"]', "CMD"),
+        ("FROM python:3.11-slim\n", "FROM python:3.12\n", "base image"),
+    ],
+)
+def test_the_dockerfile_checker_catches(old, new, expected):
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert old in text
+    problems = dockerfile_problems(dockerfile_instructions(text.replace(old, new)))
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_build_context_holds_what_the_image_needs_and_nothing_else(dockerfile):
+    patterns = dockerignore_patterns(DOCKERIGNORE.read_text(encoding="utf-8"))
+    sources = copy_sources(dockerfile)
+    assert sources, "the Dockerfile copies nothing"
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert not dockerignored(source, patterns), f"{source} is excluded by .dockerignore"
+        for inner in (ROOT / source).rglob("*.py") if (ROOT / source).is_dir() else []:
+            relative = inner.relative_to(ROOT).as_posix()
+            assert not dockerignored(relative, patterns), relative
+    copied_dirs = {PurePosixPath(s).parts[0] for s in sources}
+    assert imported_local_packages() <= copied_dirs  # e.g. flows importing arena one day
+    for path in (".venv/bin/python", ".git/HEAD", "bench/RESULTS.md", "tests/test_deploy.py"):
+        assert dockerignored(path, patterns), path
+    for path in ("flows/__pycache__/cli.cpython-311.pyc", ".pytest_cache/v/x", "arena/peers.py"):
+        assert dockerignored(path, patterns), path
+    # the matcher itself: a later negation re-includes, a parent rule covers its files
+    assert not dockerignored("flows/cli.py", [(False, "*"), (True, "flows")])
+    assert dockerignored("flows/cli.py", [(False, "*"), (True, "flows"), (False, "flows")])
+
+
+# ------------------------------------------------------------------------------- Kubernetes
+
+
+def load_k8s() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
+    objects = []
+    for resource in kustomization["resources"]:
+        with (K8S / resource).open(encoding="utf-8") as f:
+            objects.extend(doc for doc in yaml.safe_load_all(f) if doc)
+    return objects
+
+
+@pytest.fixture
+def manifests() -> list[dict[str, Any]]:
+    return load_k8s()
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(matches) == 1, f"{len(matches)} {kind} {name or ''}"
+    return matches[0]
+
+
+def env_entries(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def env_values(container: dict[str, Any]) -> dict[str, str]:
+    return {k: str(e["value"]) for k, e in env_entries(container).items() if "value" in e}
+
+
+def subset(small: dict[str, str] | None, big: dict[str, str]) -> bool:
+    return bool(small) and all(big.get(k) == v for k, v in (small or {}).items())
+
+
+def service_link_names(service: str) -> set[str]:
+    """Variables the kubelet injects for a Service unless enableServiceLinks is false."""
+    base = service.upper().replace("-", "_")
+    return {f"{base}_SERVICE_HOST", f"{base}_SERVICE_PORT", f"{base}_PORT"}
+
+
+def _under(path: str, directory: str) -> str | None:
+    """`path` relative to `directory`, or None when it is not inside it."""
+    try:
+        return PurePosixPath(path).relative_to(directory).as_posix()
+    except ValueError:
+        return None
+
+
+def _mounted_file_problems(
+    where: str,
+    variable: str,
+    path: str,
+    mounts: list[dict[str, Any]],
+    volumes: dict[str, dict[str, Any]],
+    objects: dict[tuple[str, str], dict[str, Any]],
+) -> Problems:
+    """The file named by `variable` must be a key of a mounted ConfigMap or Secret."""
+    for mount in mounts:
+        relative = _under(path, mount["mountPath"])
+        if relative is None or relative == ".":
+            continue
+        volume = volumes.get(mount["name"], {})
+        if "configMap" in volume:
+            source = objects.get(("ConfigMap", volume["configMap"]["name"]), {})
+            keys = set(source.get("data", {}))
+        elif "secret" in volume:
+            source = objects.get(("Secret", volume["secret"]["secretName"]), {})
+            keys = set(source.get("data", {})) | set(source.get("stringData", {}))
+        else:
+            return [f"{where}: {variable}={path} is on volume {mount['name']}, not a ConfigMap"]
+        if relative not in keys:
+            return [f"{where}: {variable}={path}: no key {relative!r} in the mounted object"]
+        return []
+    return [f"{where}: {variable}={path} is not inside any volumeMount"]
+
+
+def _probe_port(probe: dict[str, Any]) -> Any:
+    for handler in ("httpGet", "tcpSocket", "grpc"):
+        if handler in probe:
+            return probe[handler]["port"]
+    return None
+
+
+def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
+    problems: Problems = []
+    index = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    namespaces = {name for kind, name in index if kind == "Namespace"}
+    for (kind, name), obj in index.items():
+        if kind != "Namespace" and obj["metadata"].get("namespace") not in namespaces:
+            problems.append(f"{kind}/{name}: namespace {obj['metadata'].get('namespace')!r}")
+    services = [o for o in objects if o["kind"] == "Service"]
+    statefulsets = [o for o in objects if o["kind"] == "StatefulSet"]
+    if not statefulsets:
+        problems.append("no StatefulSet")
+    for sts in statefulsets:
+        name = sts["metadata"]["name"]
+        namespace = sts["metadata"].get("namespace")
+        spec = sts["spec"]
+        pod = spec["template"]["spec"]
+        labels = spec["template"]["metadata"].get("labels", {})
+        replicas = spec.get("replicas", 1)
+        where = f"StatefulSet/{name}"
+        if not subset(spec["selector"].get("matchLabels"), labels):
+            problems.append(f"{where}: selector {spec['selector']} does not match pod labels")
+        containers = pod.get("containers", [])
+        every = containers + pod.get("initContainers", [])
+        port_names = {p["name"]: p["containerPort"] for c in containers for p in c.get("ports", [])}
+
+        # the headless Service that names the pods, and its cluster port
+        headless = index.get(("Service", spec.get("serviceName", "")))
+        cluster_port = None
+        if headless is None:
+            problems.append(f"{where}: serviceName {spec.get('serviceName')!r} is no Service")
+        else:
+            hs = headless["spec"]
+            if hs.get("clusterIP") != "None":
+                problems.append(f"{where}: Service {spec['serviceName']} is not headless")
+            if hs.get("publishNotReadyAddresses") is not True:
+                problems.append(f"{where}: {spec['serviceName']} hides not-ready pods")
+            cluster = [p for p in hs.get("ports", []) if p.get("name") == "cluster"]
+            if len(cluster) != 1:
+                problems.append(f"{where}: {spec['serviceName']} has no port named cluster")
+            else:
+                cluster_port = cluster[0]["port"]
+                if port_names.get("cluster") != cluster_port:
+                    problems.append(
+                        f"{where}: container port cluster {port_names.get('cluster')} "
+                        f"!= Service port {cluster_port}"
+                    )
+
+        # Services and PodDisruptionBudgets that select these pods, and their target ports
+        for svc in services:
+            if svc["metadata"].get("namespace") != namespace:
+                continue
+            svc_name = svc["metadata"]["name"]
+            if not subset(svc["spec"].get("selector"), labels):
+                problems.append(f"{where}: Service {svc_name} selects no pod of it")
+                continue
+            for port in svc["spec"].get("ports", []):
+                target = port.get("targetPort", port["port"])
+                if target not in (set(port_names) | set(port_names.values())):
+                    problems.append(f"{where}: Service {svc_name} targets undeclared {target!r}")
+            if pod.get("enableServiceLinks", True) and service_link_names(svc_name) & ALLOWED_ENV:
+                problems.append(
+                    f"{where}: Service {svc_name} would inject "
+                    f"{sorted(service_link_names(svc_name) & ALLOWED_ENV)}: "
+                    "set enableServiceLinks: false"
+                )
+        for pdb in (o for o in objects if o["kind"] == "PodDisruptionBudget"):
+            if not subset(pdb["spec"]["selector"].get("matchLabels"), labels):
+                problems.append(f"PodDisruptionBudget/{pdb['metadata']['name']} selects no pod")
+
+        # volumes, claims and what they refer to
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        claims = {c["metadata"]["name"] for c in spec.get("volumeClaimTemplates", [])}
+        for volume in volumes.values():
+            if "configMap" in volume:
+                ref = ("ConfigMap", volume["configMap"]["name"])
+            elif "secret" in volume:
+                ref = ("Secret", volume["secret"]["secretName"])
+            else:
+                continue
+            if ref not in index:
+                problems.append(f"{where}: volume {volume['name']} refers to missing {ref}")
+        mounted = {m["name"] for c in every for m in c.get("volumeMounts", [])}
+        for unused in (set(volumes) | claims) - mounted:
+            problems.append(f"{where}: volume or claim {unused} is never mounted")
+
+        # the pod as a whole
+        security = pod.get("securityContext", {})
+        if security.get("runAsNonRoot") is not True or security.get("runAsUser", 1) == 0:
+            problems.append(f"{where}: pods may run as root")
+        if not pod.get("terminationGracePeriodSeconds"):
+            problems.append(f"{where}: no terminationGracePeriodSeconds")
+
+        for container in every:
+            cwhere = f"{where} container {container['name']}"
+            entries = env_entries(container)
+            values = env_values(container)
+            if len(entries) != len(container.get("env", [])):
+                problems.append(f"{cwhere}: a variable is set twice")
+            for unknown in sorted(set(entries) - ALLOWED_ENV):
+                problems.append(f"{cwhere}: tsi run does not read {unknown}")
+            mounts = container.get("volumeMounts", [])
+            for mount in mounts:
+                if mount["name"] not in volumes and mount["name"] not in claims:
+                    problems.append(f"{cwhere}: mounts unknown volume {mount['name']}")
+            resources = container.get("resources", {})
+            for part in ("requests", "limits"):
+                missing = {"cpu", "memory"} - set(resources.get(part, {}))
+                if missing:
+                    problems.append(f"{cwhere}: no {part} for {sorted(missing)}")
+            csec = container.get("securityContext", {})
+            if csec.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{cwhere}: allowPrivilegeEscalation is not false")
+
+            # the cluster: one address per replica, in pod-index order, process id = index
+            if "TSI_ADDRESSES" in entries or "TSI_PROCESS_ID" in entries:
+                expected = [
+                    f"{name}-{i}.{spec.get('serviceName')}.{namespace}.svc.{CLUSTER_DOMAIN}"
+                    f":{cluster_port}"
+                    for i in range(replicas)
+                ]
+                actual = values.get("TSI_ADDRESSES", "").split(";")
+                if actual != expected:
+                    problems.append(
+                        f"{cwhere}: TSI_ADDRESSES has {len(actual)} entries {actual}, "
+                        f"expected {len(expected)} (replicas): {expected}"
+                    )
+                field = entries.get("TSI_PROCESS_ID", {}).get("valueFrom", {}).get("fieldRef", {})
+                if field.get("fieldPath") != POD_INDEX:
+                    problems.append(f"{cwhere}: TSI_PROCESS_ID does not come from {POD_INDEX}")
+
+        for container in containers:
+            cwhere = f"{where} container {container['name']}"
+            values = env_values(container)
+            mounts = container.get("volumeMounts", [])
+            declared = {p["name"] for p in container.get("ports", [])}
+            numbers = {p["containerPort"] for p in container.get("ports", [])}
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                probe = container.get(kind)
+                if probe is None:
+                    problems.append(f"{cwhere}: no {kind}")
+                    continue
+                port = _probe_port(probe)
+                if port not in declared and port not in numbers:
+                    problems.append(f"{cwhere}: {kind} port {port!r} is not a container port")
+            metrics = values.get("TSI_METRICS_PORT")
+            if metrics is not None and int(metrics) != port_names.get("metrics"):
+                problems.append(f"{cwhere}: TSI_METRICS_PORT {metrics} is not port metrics")
+            if container.get("args", container.get("command")) != ["run"]:
+                problems.append(f"{cwhere}: does not run `tsi run`")
+            recovery = values.get("TSI_RECOVERY_DIR")
+            if recovery is None:
+                problems.append(f"{cwhere}: no TSI_RECOVERY_DIR")
+            elif not any(
+                m["name"] in claims and _under(recovery, m["mountPath"]) is not None for m in mounts
+            ):
+                problems.append(f"{cwhere}: TSI_RECOVERY_DIR {recovery} is on no claim")
+            for variable in ("TSI_REGISTRY", "TSI_KAFKA_CONFIG"):
+                if variable in values:
+                    problems += _mounted_file_problems(
+                        cwhere, variable, values[variable], mounts, volumes, index
+                    )
+            if "TSI_REGISTRY" not in values:
+                problems.append(f"{cwhere}: no TSI_REGISTRY")
+    return problems
+
+
+def test_the_kustomization_lists_every_manifest():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+    assert kustomization["namespace"] == "tsi"
+
+
+def test_the_kubernetes_manifests_are_consistent(manifests):
+    assert k8s_problems(manifests) == []
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in manifests}
+    assert {
+        ("Namespace", "tsi"),
+        ("ConfigMap", "tsi-registry"),
+        ("Secret", "tsi-kafka"),
+        ("Service", "tsi-headless"),
+        ("Service", "tsi-metrics"),
+        ("StatefulSet", "tsi"),
+    } <= kinds
+    sts = find(manifests, "StatefulSet", "tsi")["spec"]
+    assert sts["replicas"] == 3 and sts["podManagementPolicy"] == "Parallel"
+    assert sts["serviceName"] == "tsi-headless"
+    assert [c["metadata"]["name"] for c in sts["volumeClaimTemplates"]] == ["recovery"]
+    metrics = find(manifests, "Service", "tsi-metrics")["spec"]["ports"]
+    assert [p["port"] for p in metrics] == [9108]
+
+
+def test_the_configured_files_load(manifests, tmp_path):
+    registry = find(manifests, "ConfigMap", "tsi-registry")["data"]["registry.toml"]
+    assert Registry.from_toml(registry).experiments
+    kafka = find(manifests, "Secret", "tsi-kafka")["stringData"]["kafka.toml"]
+    (tmp_path / "kafka.toml").write_text(kafka, encoding="utf-8")
+    consumer, producer = client_config(tmp_path / "kafka.toml")
+    for settings in (consumer, producer):
+        assert settings["security.protocol"] == "SASL_SSL"
+        assert {"sasl.mechanism", "sasl.username", "sasl.password"} <= set(settings)
+
+
+def _statefulset(objects):
+    return find(objects, "StatefulSet")
+
+
+def _containers(objects):
+    pod = _statefulset(objects)["spec"]["template"]["spec"]
+    return pod["containers"] + pod["initContainers"]
+
+
+def _main(objects):
+    return _statefulset(objects)["spec"]["template"]["spec"]["containers"][0]
+
+
+def _set_env(container, name, value):
+    for entry in container["env"]:
+        if entry["name"] == name:
+            entry.pop("valueFrom", None)
+            entry["value"] = value
+            return
+    container["env"].append({"name": name, "value": value})
+
+
+def _drop_last_address(objects):
+    container = _main(objects)
+    addresses = env_values(container)["TSI_ADDRESSES"].split(";")
+    _set_env(container, "TSI_ADDRESSES", ";".join(addresses[:-1]))
+
+
+def _swap_addresses(objects):
+    for container in _containers(objects):
+        addresses = env_values(container)["TSI_ADDRESSES"].split(";")
+        addresses[0], addresses[1] = addresses[1], addresses[0]
+        _set_env(container, "TSI_ADDRESSES", ";".join(addresses))
+
+
+def _wrong_cluster_port(objects):
+    for container in _containers(objects):
+        value = env_values(container)["TSI_ADDRESSES"].replace(":2101", ":2102")
+        _set_env(container, "TSI_ADDRESSES", value)
+
+
+def _more_replicas(objects):
+    _statefulset(objects)["spec"]["replicas"] = 4
+
+
+def _other_service_name(objects):
+    _statefulset(objects)["spec"]["serviceName"] = "tsi"
+
+
+def _not_headless(objects):
+    find(objects, "Service", "tsi-headless")["spec"].pop("clusterIP")
+
+
+def _selector_mismatch(objects):
+    _statefulset(objects)["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] = "tsj"
+
+
+def _registry_typo(objects):
+    volumes = _statefulset(objects)["spec"]["template"]["spec"]["volumes"]
+    next(v for v in volumes if "configMap" in v)["configMap"]["name"] = "tsi-registy"
+
+
+def _secret_typo(objects):
+    volumes = _statefulset(objects)["spec"]["template"]["spec"]["volumes"]
+    next(v for v in volumes if "secret" in v)["secret"]["secretName"] = "kafka"
+
+
+def _registry_key_typo(objects):
+    _set_env(_main(objects), "TSI_REGISTRY", "/etc/tsi/registry/experiments.toml")
+
+
+def _unknown_mount(objects):
+    _main(objects)["volumeMounts"].append({"name": "scratch", "mountPath": "/scratch"})
+
+
+def _recovery_off_the_claim(objects):
+    _set_env(_main(objects), "TSI_RECOVERY_DIR", "/tmp/recovery")
+
+
+def _probe_port_typo(objects):
+    _main(objects)["livenessProbe"]["httpGet"]["port"] = "metric"
+
+
+def _no_readiness(objects):
+    _main(objects).pop("readinessProbe")
+
+
+def _no_limits(objects):
+    _main(objects)["resources"].pop("limits")
+
+
+def _unknown_variable(objects):
+    _main(objects)["env"].append({"name": "TSI_REGISTY", "value": "/etc/tsi/x.toml"})
+
+
+def _process_id_from_pod_name(objects):
+    entry = env_entries(_main(objects))["TSI_PROCESS_ID"]
+    entry["valueFrom"]["fieldRef"]["fieldPath"] = "metadata.name"
+
+
+def _service_links(objects):
+    _statefulset(objects)["spec"]["template"]["spec"].pop("enableServiceLinks")
+
+
+def _root(objects):
+    _statefulset(objects)["spec"]["template"]["spec"]["securityContext"]["runAsUser"] = 0
+
+
+def _other_namespace(objects):
+    find(objects, "Service", "tsi-metrics")["metadata"]["namespace"] = "default"
+
+
+def _pdb_selects_nothing(objects):
+    find(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] = {"app": "x"}
+
+
+K8S_MUTATIONS: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
+    "one address too few": (_drop_last_address, "TSI_ADDRESSES has 2 entries"),
+    "addresses out of order": (_swap_addresses, "TSI_ADDRESSES"),
+    "addresses on the wrong port": (_wrong_cluster_port, "TSI_ADDRESSES"),
+    "replicas without new addresses": (_more_replicas, "expected 4 (replicas)"),
+    "serviceName not the headless Service": (_other_service_name, "serviceName"),
+    "headless Service with a cluster IP": (_not_headless, "not headless"),
+    "selector not matching the pods": (_selector_mismatch, "selector"),
+    "missing ConfigMap": (_registry_typo, "missing ('ConfigMap', 'tsi-registy')"),
+    "missing Secret": (_secret_typo, "missing ('Secret', 'kafka')"),
+    "registry file not in the ConfigMap": (_registry_key_typo, "no key 'experiments.toml'"),
+    "mount of an undeclared volume": (_unknown_mount, "unknown volume scratch"),
+    "recovery outside the claim": (_recovery_off_the_claim, "is on no claim"),
+    "probe on an undeclared port": (_probe_port_typo, "port 'metric'"),
+    "no readiness probe": (_no_readiness, "no readinessProbe"),
+    "no limits": (_no_limits, "no limits"),
+    "variable tsi run does not read": (_unknown_variable, "does not read TSI_REGISTY"),
+    "process id from the pod name": (_process_id_from_pod_name, "TSI_PROCESS_ID"),
+    "service links inject TSI_METRICS_PORT": (_service_links, "TSI_METRICS_PORT"),
+    "root user": (_root, "as root"),
+    "object in another namespace": (_other_namespace, "Service/tsi-metrics: namespace"),
+    "PDB selecting nothing": (_pdb_selects_nothing, "PodDisruptionBudget/tsi selects no pod"),
+}
+
+
+@pytest.mark.parametrize("mutation", K8S_MUTATIONS)
+def test_the_kubernetes_checker_catches(manifests, mutation):
+    mutate, expected = K8S_MUTATIONS[mutation]
+    broken = copy.deepcopy(manifests)
+    mutate(broken)
+    problems = k8s_problems(broken)
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_dns_wait_of_the_init_container_runs():
+    pod = _statefulset(load_k8s())["spec"]["template"]["spec"]
+    init = next(c for c in pod["initContainers"] if c["name"] == "wait-for-dns")
+    assert init["command"][:2] == ["python", "-c"]
+    env = {
+        **os.environ,
+        "TSI_ADDRESSES": "localhost:2101;tsi-1.invalid:2101",
+        "TSI_PROCESS_ID": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", init["command"][2]], env=env, timeout=60, check=False
+    )
+    assert done.returncode == 0
+
+
+# ---------------------------------------------------------------------------------- Compose
+
+
+def load_compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def compose() -> dict[str, Any]:
+    return load_compose()
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def compose_mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(source, target) of each volume entry, short or long syntax."""
+    mounts = []
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            source, target = entry.split(":")[:2]
+        else:
+            source, target = entry.get("source", ""), entry["target"]
+        mounts.append((source, target))
+    return mounts
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {k: (v or {}).get("condition", "service_started") for k, v in deps.items()}
+
+
+def is_named_volume(source: str) -> bool:
+    return bool(source) and not source.startswith((".", "/", "~"))
+
+
+def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
+    """`ports`: the ports the image exposes."""
+    problems: Problems = []
+    services = doc.get("services", {})
+    declared_volumes = set(doc.get("volumes") or {})
+    for name, service in services.items():
+        for target in depends_on(service):
+            if target not in services:
+                problems.append(f"{name}: depends_on unknown service {target}")
+        for source, _ in compose_mounts(service):
+            if is_named_volume(source) and source not in declared_volumes:
+                problems.append(f"{name}: volume {source} is not declared")
+
+    processes = {
+        name: s
+        for name, s in services.items()
+        if isinstance(s.get("build"), dict)
+        and (COMPOSE_DIR / s["build"].get("context", ".") / s["build"]["dockerfile"]).resolve()
+        == DOCKERFILE
+    }
+    if not processes:
+        return [*problems, "no service is built from deploy/Dockerfile"]
+    by_id: dict[int, str] = {}
+    recovery_volumes: dict[str, str] = {}
+    addresses = set()
+    for name, service in processes.items():
+        env = compose_env(service)
+        for unknown in sorted(set(env) - ALLOWED_ENV):
+            problems.append(f"{name}: tsi run does not read {unknown}")
+        if (COMPOSE_DIR / service["build"].get("context", ".")).resolve() != ROOT:
+            problems.append(f"{name}: the build context is not the repository root")
+        process_id = int(env.get("TSI_PROCESS_ID", "-1"))
+        if process_id in by_id:
+            problems.append(f"{name}: TSI_PROCESS_ID {process_id} is also {by_id[process_id]}'s")
+        by_id[process_id] = name
+        addresses.add(env.get("TSI_ADDRESSES"))
+        mounts = compose_mounts(service)
+        recovery = env.get("TSI_RECOVERY_DIR")
+        volume = next(
+            (
+                source
+                for source, target in mounts
+                if recovery and is_named_volume(source) and _under(recovery, target) is not None
+            ),
+            None,
+        )
+        if volume is None:
+            problems.append(f"{name}: TSI_RECOVERY_DIR {recovery} is on no named volume")
+        elif volume in recovery_volumes:
+            problems.append(
+                f"{name}: shares recovery volume {volume} with {recovery_volumes[volume]}"
+            )
+        else:
+            recovery_volumes[volume] = name
+        registry = env.get("TSI_REGISTRY")
+        sources = [s for s, t in mounts if t == registry and not is_named_volume(s)]
+        if not sources:
+            problems.append(f"{name}: TSI_REGISTRY {registry} is not a mounted file")
+        else:
+            path = COMPOSE_DIR / sources[0]
+            try:
+                Registry.load(path)
+            except ValueError as exc:
+                problems.append(f"{name}: {path}: {exc}")
+        if not any(c == "service_completed_successfully" for c in depends_on(service).values()):
+            problems.append(f"{name}: does not wait for the topics to be created")
+        metrics = env.get("TSI_METRICS_PORT")
+        if metrics is None or int(metrics) not in ports:
+            problems.append(f"{name}: TSI_METRICS_PORT {metrics} is not exposed by the image")
+        bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        host = bootstrap.split(":")[0]
+        advertised = compose_env(services.get(host, {})).get("KAFKA_ADVERTISED_LISTENERS", "")
+        if f"//{bootstrap}" not in advertised:
+            problems.append(
+                f"{name}: KAFKA_BOOTSTRAP_SERVERS {bootstrap} is no advertised listener"
+            )
+        created = {
+            topic
+            for other in services.values()
+            for topic in compose_env(other).get("TOPICS", "").split()
+        }
+        for variable, topic in env.items():
+            if variable.startswith("TSI_TOPIC_") and topic not in created:
+                problems.append(f"{name}: {variable} {topic} is never created")
+
+    n = len(processes)
+    if sorted(by_id) != list(range(n)):
+        problems.append(f"TSI_PROCESS_ID values {sorted(by_id)} are not 0..{n - 1}")
+    for name, service in services.items():
+        partitions = compose_env(service).get("TOPIC_PARTITIONS")
+        if partitions is not None and int(partitions) < n:
+            problems.append(f"{name}: {partitions} partitions per topic for {n} processes")
+    if len(addresses) != 1:
+        problems.append(f"the processes' TSI_ADDRESSES differ: {sorted(map(str, addresses))}")
+    else:
+        listed = str(next(iter(addresses))).split(";")
+        hosts = [a.rsplit(":", 1)[0] for a in listed]
+        if hosts != [by_id.get(i) for i in range(n)]:
+            problems.append(
+                f"TSI_ADDRESSES {listed} must list the {n} processes in process-id order"
+            )
+        cluster_ports = {a.rsplit(":", 1)[-1] for a in listed}
+        if len(cluster_ports) != 1 or not {int(p) for p in cluster_ports if p.isdigit()} <= ports:
+            problems.append(f"TSI_ADDRESSES ports {sorted(cluster_ports)} are not exposed")
+    return problems
+
+
+def test_the_compose_file_is_consistent(compose, dockerfile):
+    assert compose_problems(compose, exposed_ports(dockerfile)) == []
+    services = compose["services"]
+    assert {"kafka", "topics", "tsi-0", "tsi-1"} <= set(services)
+    assert services["kafka"]["image"] == "apache/kafka:4.1.1"
+    assert services["topics"]["image"] == "apache/kafka:4.1.1"
+    assert "healthcheck" in services["kafka"]
+    assert depends_on(services["topics"]) == {"kafka": "service_healthy"}
+    assert "kafka-topics.sh" in " ".join(services["topics"]["command"])
+    created = compose_env(services["topics"])["TOPICS"].split()
+    assert created == ["tsi.requests", "tsi.feedback", "tsi.selections", "tsi.dlq"]
+    env = compose_env(services["tsi-1"])
+    assert env["TSI_ADDRESSES"] == "tsi-0:2101;tsi-1:2101"
+    assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+
+
+def _compose_duplicate_id(doc):
+    doc["services"]["tsi-1"]["environment"]["TSI_PROCESS_ID"] = "0"
+
+
+def _compose_other_addresses(doc):
+    doc["services"]["tsi-1"]["environment"]["TSI_ADDRESSES"] = "tsi-0:2101"
+
+
+def _compose_swapped_addresses(doc):
+    for name in ("tsi-0", "tsi-1"):
+        doc["services"][name]["environment"]["TSI_ADDRESSES"] = "tsi-1:2101;tsi-0:2101"
+
+
+def _compose_unexposed_port(doc):
+    for name in ("tsi-0", "tsi-1"):
+        doc["services"][name]["environment"]["TSI_ADDRESSES"] = "tsi-0:2201;tsi-1:2201"
+
+
+def _compose_third_process_missing(doc):
+    for name in ("tsi-0", "tsi-1"):
+        value = "tsi-0:2101;tsi-1:2101;tsi-2:2101"
+        doc["services"][name]["environment"]["TSI_ADDRESSES"] = value
+
+
+def _compose_shared_recovery(doc):
+    volumes = doc["services"]["tsi-1"]["volumes"]
+    volumes[volumes.index("tsi-1-recovery:/var/lib/tsi")] = "tsi-0-recovery:/var/lib/tsi"
+
+
+def _compose_undeclared_volume(doc):
+    del doc["volumes"]["tsi-1-recovery"]
+
+
+def _compose_unknown_dependency(doc):
+    doc["services"]["topics"]["depends_on"] = {"broker": {"condition": "service_healthy"}}
+
+
+def _compose_missing_registry(doc):
+    volumes = doc["services"]["tsi-0"]["volumes"]
+    volumes[0] = "./experiments.toml:/etc/tsi/registry.toml:ro"
+
+
+def _compose_unknown_variable(doc):
+    doc["services"]["tsi-0"]["environment"]["TSI_PROCESS"] = "0"
+
+
+def _compose_topic_never_created(doc):
+    doc["services"]["tsi-0"]["environment"]["TSI_TOPIC_DLQ"] = "tsi.dead"
+
+
+def _compose_wrong_bootstrap(doc):
+    doc["services"]["tsi-0"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] = "kafka:29092"
+
+
+def _compose_too_few_partitions(doc):
+    doc["services"]["topics"]["environment"]["TOPIC_PARTITIONS"] = 1
+
+
+COMPOSE_MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "two processes with id 0": (_compose_duplicate_id, "TSI_PROCESS_ID 0"),
+    "processes disagreeing on addresses": (_compose_other_addresses, "differ"),
+    "addresses out of order": (_compose_swapped_addresses, "process-id order"),
+    "cluster port not exposed": (_compose_unexposed_port, "not exposed"),
+    "an address without a process": (_compose_third_process_missing, "the 2 processes"),
+    "shared recovery volume": (_compose_shared_recovery, "shares recovery volume"),
+    "undeclared volume": (_compose_undeclared_volume, "tsi-1-recovery is not declared"),
+    "unknown dependency": (_compose_unknown_dependency, "unknown service broker"),
+    "registry file missing": (_compose_missing_registry, "cannot read registry"),
+    "variable tsi run does not read": (_compose_unknown_variable, "does not read TSI_PROCESS"),
+    "topic never created": (_compose_topic_never_created, "tsi.dead is never created"),
+    "bootstrap on the host listener": (_compose_wrong_bootstrap, "no advertised listener"),
+    "fewer partitions than processes": (_compose_too_few_partitions, "1 partitions per topic"),
+}
+
+
+@pytest.mark.parametrize("mutation", COMPOSE_MUTATIONS)
+def test_the_compose_checker_catches(compose, dockerfile, mutation):
+    mutate, expected = COMPOSE_MUTATIONS[mutation]
+    broken = copy.deepcopy(compose)
+    mutate(broken)
+    problems = compose_problems(broken, exposed_ports(dockerfile))
+    assert any(expected in p for p in problems), problems
+
+
+def test_compose_and_kubernetes_use_the_ports_the_image_exposes(compose, dockerfile):
+    exposed = exposed_ports(dockerfile)
+    sts = _statefulset(load_k8s())
+    ports = {
+        p["containerPort"]
+        for c in sts["spec"]["template"]["spec"]["containers"]
+        for p in c["ports"]
+    }
+    assert ports == exposed
+    for name in ("tsi-0", "tsi-1"):
+        assert {int(p) for p in compose["services"][name]["expose"]} == exposed
+        published = {int(p.rsplit(":", 1)[1]) for p in compose["services"][name]["ports"]}
+        assert published <= exposed
