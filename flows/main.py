@@ -8,7 +8,8 @@ import os
 import sys
 from typing import Any
 
-from flows.service import service_from_env, settle_heap
+from flows.metrics import serve_metrics
+from flows.service import metrics_port_from_env, service_from_env, settle_heap
 
 
 def _recovery_requested() -> bool:
@@ -23,6 +24,9 @@ def __getattr__(name: str) -> Any:
     if name == "flow":
         tail = os.environ.get("TSI_STOP_AT_END", "0") != "1"
         flow = service_from_env().flow(tail=tail, recovery=_recovery_requested())
+        port = metrics_port_from_env()
+        if port is not None:
+            serve_metrics(port)
         settle_heap()
         return flow
     raise AttributeError(name)

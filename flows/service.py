@@ -10,6 +10,7 @@ come from options (``tsi run``) or environment variables (``flows.main``):
 | ``TSI_KAFKA_CONFIG`` | TOML with ``[kafka]``, ``[kafka.consumer]``, ``[kafka.producer]`` | none |
 | ``TSI_TOPIC_REQUESTS`` … ``TSI_TOPIC_DLQ``, ``TSI_TOPIC_EVENTS`` | topic names | ``tsi.*`` |
 | ``TSI_STOP_AT_END`` | ``1``: stop at the end of the input topics (replays, tests) | ``0`` |
+| ``TSI_METRICS_PORT`` | serve Prometheus metrics on this port (see ``flows.metrics``) | off |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
 from flows.dataflow import build_flow
+from flows.metrics import serve_metrics
 from flows.registry import Registry
 from flows.wiring import Topics, kafka_wiring
 
@@ -101,6 +103,16 @@ def service_from_env(env: Mapping[str, str] = os.environ) -> Service:
     return Service(Registry.load(registry_path), brokers, topics, consumer, producer)
 
 
+def metrics_port_from_env(env: Mapping[str, str] = os.environ) -> int | None:
+    """The port of ``TSI_METRICS_PORT``, or None when it is unset or empty (no metrics)."""
+    value = env.get("TSI_METRICS_PORT", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(f"TSI_METRICS_PORT must be a port number, got {value!r}")
+    return int(value)
+
+
 def settle_heap() -> None:
     """Exempt everything alive at start-up (modules, registry, flow) from cyclic GC scans.
 
@@ -120,11 +132,13 @@ def run(
     recovery_dir: str | Path | None = None,
     snapshot_every: float = 10.0,
     backup_every: float = 0.0,
+    metrics_port: int | None = None,
 ) -> None:
     """Run the flow in this process (one process of a cluster when ``addresses`` is given).
 
     With ``recovery_dir`` (created and initialised when empty) state and input offsets are
     snapshotted every ``snapshot_every`` seconds; a restart resumes from the last one.
+    With ``metrics_port``, Prometheus metrics are served on it (``/metrics``).
     """
     recovery = None
     if recovery_dir is not None:
@@ -133,6 +147,8 @@ def run(
             directory.mkdir(parents=True, exist_ok=True)
             init_db_dir(directory, max(1, len(addresses or [None])))
         recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
+    if metrics_port is not None:
+        serve_metrics(metrics_port)
     settle_heap()
     cli_main(
         flow,

@@ -1,0 +1,333 @@
+"""Prometheus metrics: exact counts from in-memory dataflows and the operator, and a scrape.
+
+The metrics are process-wide, so every test reads deltas of the samples around what it runs.
+"""
+
+import logging
+import urllib.request
+from collections import Counter
+
+import orjson
+import pytest
+from bytewax.testing import cluster_main, run_main
+from prometheus_client import REGISTRY
+from typer.testing import CliRunner
+
+import flows.main
+import flows.service
+from flows import metrics
+from flows.cli import app
+from flows.dataflow import build_flow
+from flows.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.operator import logic_builder
+from flows.registry import Registry
+from flows.service import ConfigError, metrics_port_from_env
+from flows.wiring import memory_wiring
+
+REGISTRY_TOML = """
+[experiments.m]
+arms = ["a", "b"]
+feedback_ttl = 5
+early_feedback_limit = 2
+
+[experiments.per]
+arms = ["x", "y"]
+per_unit = true
+"""
+EXPERIMENTS = Registry.from_toml(REGISTRY_TOML)
+
+
+def snapshot() -> dict:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in REGISTRY.collect()
+        if family.name.startswith("tsi_")
+        for s in family.samples
+    }
+
+
+class Delta:
+    """Changes of the tsi_* samples since it was made."""
+
+    def __init__(self) -> None:
+        self.before = snapshot()
+
+    def __call__(self, name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return snapshot().get(key, 0.0) - self.before.get(key, 0.0)
+
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """Non-zero changes of one metric, by the value of one label."""
+        after, out = snapshot(), {}
+        for key in set(after) | set(self.before):
+            if key[0] == name:
+                change = after.get(key, 0.0) - self.before.get(key, 0.0)
+                if change:
+                    out[dict(key[1])[label]] = change
+        return out
+
+
+def msg(topic, i, **fields):
+    return (orjson.dumps(fields), Origin(topic, 0, i))
+
+
+def run_events(events, clock=lambda: 1000.0, registry=EXPERIMENTS):
+    selections, dead = [], []
+    run_main(build_flow(registry, memory_wiring([], [], selections, dead, events=events), clock))
+    return [orjson.loads(v) for _, v in selections], [orjson.loads(v) for _, v in dead]
+
+
+def request(rid, experiment="m", **extra):
+    raw = orjson.dumps({"experiment": experiment, "request_id": rid, **extra})
+    return parse_request(raw, Origin("t", 0, 1))
+
+
+def feedback(rid, experiment="m", **extra):
+    raw = orjson.dumps({"experiment": experiment, "request_id": rid, "loss": 1.0, **extra})
+    return parse_feedback(raw, Origin("t", 0, 2))
+
+
+def test_decisions_retries_and_feedback_outcomes_are_counted_exactly():
+    def rq(i, rid):
+        return msg("ev", i, type="request", experiment="m", request_id=rid)
+
+    def fb(i, rid, **extra):
+        return msg("ev", i, type="feedback", experiment="m", request_id=rid, loss=1.0, **extra)
+
+    events = [rq(i, f"r{i}") for i in range(10)]
+    events += [rq(10, "r0"), rq(11, "r1")]  # retries of open tickets
+    events += [fb(20 + i, f"r{i}") for i in range(5)]  # applied
+    events += [rq(30, "r2")]  # retry of a settled request
+    events += [fb(31, "r0")]  # duplicate
+    events += [fb(32, "e1"), fb(33, "e1"), rq(34, "e1")]  # early, duplicate, then applied
+    events += [fb(35, "r5", arm=7)]  # arm_mismatch
+    events += [fb(36, "x1"), fb(37, "x2"), fb(38, "x3")]  # early, early, buffer full
+    delta = Delta()
+    selections, dead = run_events(events)
+    assert len(selections) == 14
+    assert delta("tsi_decisions_total", experiment="m") == 14
+    assert delta("tsi_retries_total", experiment="m") == 3
+    assert delta.by_label("tsi_feedback_total", "outcome") == {
+        "applied": 6,
+        "early": 3,
+        "duplicate": 2,
+        "arm_mismatch": 1,
+        "early_buffer_full": 1,
+    }
+    assert delta("tsi_pending_tickets", experiment="m") == 5  # r5 .. r9
+    assert delta("tsi_early_feedback", experiment="m") == 2  # x1, x2
+    assert delta("tsi_instances", experiment="m") == 1
+    reasons = Counter(d["reason"] for d in dead)
+    assert reasons == {"duplicate_feedback": 2, "arm_mismatch": 1, "early_buffer_full": 1}
+    assert delta.by_label("tsi_dead_letters_total", "reason") == reasons
+
+
+def per_unit(i):
+    return {"experiment": "per", "unit": f"u{i % 3}"}
+
+
+def test_pending_tickets_count_open_tickets_and_return_to_zero_after_all_feedback():
+    requests = [msg("ev", i, type="request", **per_unit(i), request_id=f"p{i}") for i in range(12)]
+    answers = [
+        msg("ev", 100 + i, type="feedback", **per_unit(i), request_id=f"p{i}", reward=1.0)
+        for i in range(12)
+    ]
+    delta = Delta()
+    run_events(requests)
+    assert delta("tsi_pending_tickets", experiment="per") == 12
+    assert delta("tsi_instances", experiment="per") == 3  # one per unit
+
+    delta = Delta()
+    selections, dead = run_events(requests + answers)
+    assert len(selections) == 12 and dead == []
+    assert delta("tsi_pending_tickets", experiment="per") == 0
+    assert delta("tsi_feedback_total", experiment="per", outcome="applied") == 12
+    assert delta("tsi_decisions_total", experiment="per") == 12
+
+
+def test_workers_of_a_cluster_add_up_and_keep_one_tally_each():
+    requests = [msg("rq", i, **per_unit(i % 50), request_id=f"w{i}") for i in range(1000)]
+    answers = [msg("fb", i, **per_unit(i % 50), request_id=f"w{i}", loss=1.0) for i in range(600)]
+    tallies, delta, selections, dead = len(metrics._tallies), Delta(), [], []
+    wiring = memory_wiring(requests, answers, selections, dead)
+    cluster_main(build_flow(EXPERIMENTS, wiring, lambda: 1000.0), [], 0, worker_count_per_proc=2)
+    assert len(selections) == 1000 and dead == []
+    assert delta("tsi_decisions_total", experiment="per") == 1000
+    assert delta("tsi_feedback_total", experiment="per", outcome="applied") == 600
+    assert delta("tsi_pending_tickets", experiment="per") == 400
+    assert delta("tsi_instances", experiment="per") == 3
+    assert len(metrics._tallies) - tallies <= 2  # one per worker thread, not per GIL entry
+
+
+def test_every_dead_letter_is_counted_once_by_reason_upstream_refusals_included():
+    requests = [
+        (b"{broken", Origin("rq", 0, 0)),
+        (b"[1, 2]", Origin("rq", 0, 1)),
+        (b"x" * 70_000, Origin("rq", 0, 2)),
+        msg("rq", 3, experiment="m"),  # no request_id
+        msg("rq", 4, experiment="m", request_id=7),
+        msg("rq", 5, experiment="m", request_id=""),
+        msg("rq", 6, experiment="nope", request_id="z"),
+        msg("rq", 7, experiment="per", request_id="no-unit"),
+        msg("rq", 8, experiment="m", request_id="c", context=1),
+        msg("rq", 9, experiment="m", request_id="ok"),
+    ]
+    feedback_in = [
+        msg("fb", 0, experiment="m", request_id="ok", loss=1.0),
+        msg("fb", 1, experiment="m", request_id="ok", loss=1.0),
+        msg("fb", 2, experiment="m", request_id="ok", loss=1e301),
+        msg("fb", 3, experiment="nope", request_id="ok", loss=1.0),
+    ]
+    delta = Delta()
+    selections, dead = [], []
+    run_main(build_flow(EXPERIMENTS, memory_wiring(requests, feedback_in, selections, dead)))
+    reasons = Counter(orjson.loads(v)["reason"] for _, v in dead)
+    assert len(reasons) >= 9 and reasons["unknown_experiment"] == 2
+    assert delta.by_label("tsi_dead_letters_total", "reason") == reasons
+    assert sum(delta.by_label("tsi_dead_letters_total", "reason").values()) == len(dead)
+
+
+def test_expired_tickets_and_unknown_feedback_are_counted_and_lower_the_gauges():
+    now = [100.0]
+    logic = logic_builder(EXPERIMENTS, clock=lambda: now[0])(None)
+    delta = Delta()
+    for rid in ("a", "b", "c"):
+        logic.on_item(("m", request(rid)))
+    logic.on_item(("m", feedback("c")))
+    logic.on_item(("m", feedback("lost")))  # never requested
+    assert delta("tsi_pending_tickets", experiment="m") == 2
+    assert delta("tsi_early_feedback", experiment="m") == 1
+    now[0] = 200.0
+    out, _ = logic.on_notify()
+    assert sorted(d.reason for d in out) == ["ticket_expired", "ticket_expired", "unknown_ticket"]
+    assert delta("tsi_pending_tickets", experiment="m") == 0
+    assert delta("tsi_early_feedback", experiment="m") == 0
+    assert delta.by_label("tsi_feedback_total", "outcome") == {
+        "applied": 1,
+        "early": 1,
+        "expired_ticket": 2,
+        "unknown": 1,
+    }
+
+
+def test_a_restored_instance_brings_its_open_tickets_and_waiting_feedback():
+    logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
+    logic.on_item(("m", request("r1")))
+    logic.on_item(("m", request("r2")))
+    logic.on_item(("m", feedback("r2")))
+    logic.on_item(("m", feedback("early")))
+    delta = Delta()
+    resumed = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(logic.snapshot())
+    assert resumed.instance is not None
+    assert delta("tsi_instances", experiment="m") == 1
+    assert delta("tsi_pending_tickets", experiment="m") == 1
+    assert delta("tsi_early_feedback", experiment="m") == 1
+
+
+def test_processing_time_and_event_age_histograms():
+    logic = logic_builder(EXPERIMENTS, clock=lambda: 1000.0)(None)
+    delta = Delta()
+    for rid in ("h1", "h2", "h3"):
+        logic.on_item(("m", request(rid, ts=998.0)))
+    logic.on_item(("m", feedback("h1")))  # no ts: no age
+    assert delta("tsi_processing_seconds_count", kind="request") == 3
+    assert delta("tsi_processing_seconds_count", kind="feedback") == 1
+    assert 0 < delta("tsi_processing_seconds_sum", kind="request") < 1.0
+    assert delta("tsi_processing_seconds_bucket", kind="request", le="+Inf") == 3
+    assert delta("tsi_event_age_seconds_count", kind="request") == 3
+    assert delta("tsi_event_age_seconds_sum", kind="request") == 6.0
+    assert delta("tsi_event_age_seconds_bucket", kind="request", le="1.0") == 0
+    assert delta("tsi_event_age_seconds_bucket", kind="request", le="5.0") == 3
+    assert delta("tsi_event_age_seconds_count", kind="feedback") == 0
+
+
+def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
+    def broken(*_args):
+        raise RuntimeError("metrics down")
+
+    class BrokenDict(dict):
+        get = broken
+
+    monkeypatch.setattr(metrics, "bisect_left", broken)
+    monkeypatch.setattr(metrics, "_by_reason", BrokenDict())
+    logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
+    with caplog.at_level(logging.WARNING, logger="flows.metrics"):
+        out, _ = logic.on_item(("m", request("r1")))
+        [selection] = out
+        assert isinstance(selection, Selection)
+        bad = msg("ev", 0, type="request", experiment="nope", request_id="z")
+        _, dead = run_events([bad])
+    assert [d["reason"] for d in dead] == ["unknown_experiment"]
+    assert "observe_item failed" in caplog.text and "count_dead_letter failed" in caplog.text
+    letter = DeadLetter("x", "y", b"", Origin("t"))
+    assert metrics.count_dead_letter(letter) is letter
+
+
+def test_metrics_are_served_over_http():
+    logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
+    logic.on_item(("m", request("served")))
+    server, _ = metrics.serve_metrics(0, "127.0.0.1")
+    try:
+        port = server.server_port
+        assert metrics.serve_metrics(port, "127.0.0.1")[0] is server  # already served
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            body = reply.read().decode()
+        decisions = REGISTRY.get_sample_value("tsi_decisions_total", {"experiment": "m"})
+        assert f'tsi_decisions_total{{experiment="m"}} {decisions}' in body
+        assert "# TYPE tsi_processing_seconds histogram" in body
+        assert "# TYPE tsi_dead_letters_total counter" in body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_run_starts_the_metrics_server_before_the_flow(monkeypatch):
+    calls = []
+    monkeypatch.setattr(flows.service, "serve_metrics", lambda port: calls.append(("serve", port)))
+    monkeypatch.setattr(flows.service, "cli_main", lambda flow, **kw: calls.append(("run", flow)))
+    monkeypatch.setattr(flows.service, "settle_heap", lambda: None)
+    flows.service.run("FLOW", metrics_port=9464)
+    assert calls == [("serve", 9464), ("run", "FLOW")]
+    calls.clear()
+    flows.service.run("FLOW")
+    assert calls == [("run", "FLOW")]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "port"),
+    [
+        ([], {}, None),
+        (["--metrics-port", "9464"], {}, 9464),
+        ([], {"TSI_METRICS_PORT": "9465"}, 9465),
+    ],
+)
+def test_tsi_run_passes_the_metrics_port(monkeypatch, tmp_path, args, env, port):
+    (tmp_path / "r.toml").write_text(REGISTRY_TOML)
+    seen = {}
+    monkeypatch.setattr("flows.cli.run_flow", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr("flows.cli.check_brokers", lambda *a: None)  # no broker needed here
+    monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
+    result = CliRunner().invoke(
+        app, ["run", "--registry", str(tmp_path / "r.toml"), *args], env=env
+    )
+    assert result.exit_code == 0, result.output
+    assert seen["metrics_port"] == port
+
+
+def test_bytewax_run_entry_point_serves_metrics_when_the_port_is_set(monkeypatch, tmp_path):
+    (tmp_path / "r.toml").write_text(REGISTRY_TOML)
+    served = []
+    monkeypatch.setattr(flows.main, "serve_metrics", served.append)
+    monkeypatch.setattr(flows.main, "settle_heap", lambda: None)
+    monkeypatch.setenv("TSI_REGISTRY", str(tmp_path / "r.toml"))
+    monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
+    assert flows.main.flow is not None and served == []
+    monkeypatch.setenv("TSI_METRICS_PORT", "9466")
+    assert flows.main.flow is not None and served == [9466]
+
+
+@pytest.mark.parametrize("value", ["http", "0", "70000", "-1"])
+def test_a_bad_metrics_port_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="TSI_METRICS_PORT"):
+        metrics_port_from_env({"TSI_METRICS_PORT": value})
+    assert metrics_port_from_env({"TSI_METRICS_PORT": " "}) is None
