@@ -6,10 +6,16 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 from pathlib import Path
+from typing import NoReturn
 
+import orjson
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from flows.kafka_io import BrokerUnavailableError, check_brokers
 from flows.registry import Registry, RegistryError
 from flows.service import ConfigError, Service, client_config
 from flows.service import run as run_flow
@@ -110,10 +116,20 @@ def run_service(
     addresses: str | None = typer.Option(
         None, envvar="TSI_ADDRESSES", help="Cluster addresses 'host:port;host:port'."
     ),
+    connect_timeout: float = typer.Option(
+        10.0, min=0.1, help="Seconds to wait for a broker to answer at start."
+    ),
     stop_at_end: bool = typer.Option(
         False,
         envvar="TSI_STOP_AT_END",
         help="Stop at the end of the input topics instead of waiting for more.",
+    ),
+    metrics_port: int | None = typer.Option(
+        None,
+        min=1,
+        max=65535,
+        envvar="TSI_METRICS_PORT",
+        help="Serve Prometheus metrics on this port (/metrics); off by default.",
     ),
 ) -> None:
     """Serve decisions from Kafka: requests and feedback in, selections and dead letters out."""
@@ -127,6 +143,11 @@ def run_service(
     if (process_id is None) != (addresses is None):
         typer.echo("tsi run: --process-id and --addresses go together", err=True)
         raise typer.Exit(2)
+    inputs = [events_topic] if events_topic is not None else [requests_topic, feedback_topic]
+    try:
+        check_brokers(service.brokers, consumer, inputs, connect_timeout)
+    except BrokerUnavailableError as exc:
+        fail("run", str(exc))
     run_flow(
         service.flow(tail=not stop_at_end, recovery=recovery_dir is not None),
         workers,
@@ -135,4 +156,239 @@ def run_service(
         recovery_dir,
         snapshot_every,
         backup_every,
+        metrics_port=metrics_port,
     )
+
+
+# ---------------------------------------------------------------------------- user errors
+class UserError(Exception):
+    """A mistake a person can fix: printed as one line, exit status 2, no traceback."""
+
+
+def fail(command: str, message: str) -> NoReturn:
+    typer.echo(f"tsi {command}: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def progress_bar(description: str) -> Progress:
+    """A progress bar on stderr (quiet when stderr is not a terminal)."""
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("tsi-demo"), help="Directory for the report and the logs."),
+    requests: int = typer.Option(20_000, min=100, help="Decision requests to generate."),
+    seed: int = typer.Option(0, min=0, help="Seed of the traffic and of the bandits' draws."),
+) -> None:
+    """Generated traffic through the real dataflow (no Kafka): three experiments, delayed
+    and missing feedback, a change of the best arm; writes a report with plots."""
+    from flows.demo import generate, run_demo
+    from flows.report import Stream, write_report
+    from flows.traffic import SCENARIOS, registry_toml
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "registry.toml").write_text(registry_toml(SCENARIOS, seed))
+    except OSError as exc:
+        fail("demo", f"cannot write to {out}: {exc.strerror}")
+    traffic = generate(requests, seed)
+    with progress_bar("serving") as bar:
+        task = bar.add_task("serving", total=len(traffic.events))
+        loop = run_demo(traffic, progress=lambda n: bar.advance(task, n))
+    (out / "events.jsonl").write_bytes(b"".join(raw + b"\n" for raw in loop.sent))
+    _write_jsonl(out / "selections.jsonl", loop.selections)
+    _write_jsonl(out / "feedback.jsonl", loop.feedback)
+    _write_jsonl(out / "dead_letters.jsonl", loop.dead_letters)
+    request_ts = {}
+    for raw in traffic.events:
+        event = _json_or_none(raw)
+        if event is not None and "request_id" in event and "experiment" in event:
+            request_ts[(event["experiment"], event.get("unit"), event["request_id"])] = event["ts"]
+    stream = Stream(
+        loop.selections,
+        loop.feedback,
+        loop.dead_letters,
+        request_ts,
+        {rid: truth[2] for rid, truth in traffic.truth.items()},
+    )
+    notes = [
+        f"{requests:,} requests over {traffic.span / 3600:g} h of simulated time, seed {seed}; "
+        "registry in `registry.toml`; the stream as served in `events.jsonl` (`tsi replay "
+        "--events` reproduces the selections from it); outputs in `selections.jsonl`, "
+        "`feedback.jsonl`, `dead_letters.jsonl`.",
+        "checkout: shared bandit, revenue as reward, best arm changes at 60% of the stream "
+        "(competes with switching sequences); homepage: one bandit per user, loss = seconds "
+        "to first click; push: contextual (3 parts of the day, a different best arm each).",
+        "Regret uses each arm's true expected loss at the time of the request.",
+    ]
+    report = write_report(stream, out, "tsi demo report", notes)
+    typer.echo(
+        f"{len(loop.selections):,} selections, {len(loop.feedback):,} feedback events, "
+        f"{len(loop.dead_letters):,} dead letters; report: {report}"
+    )
+
+
+@app.command("inspect")
+def inspect_command(
+    recovery_dir: Path = typer.Option(..., help="The service's recovery directory."),
+    instance: list[str] = typer.Argument(
+        None, help="Instances: 'experiment' or 'experiment/unit', shell wildcards allowed."
+    ),
+    registry: Path | None = typer.Option(None, help="Registry, for arm names."),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table."),
+    limit: int = typer.Option(50, min=1, help="Show at most this many instances."),
+) -> None:
+    """The current allocation (q) and counters of instances, from a recovery directory."""
+    from flows.inspection import InspectError, describe, render, select_instances
+    from flows.recovery_store import read_states
+
+    try:
+        reg = Registry.load(registry) if registry is not None else None
+        if not recovery_dir.is_dir():
+            raise UserError(f"recovery directory {recovery_dir} does not exist")
+        states = read_states(recovery_dir)
+        keys = select_instances(states, instance or ["*"])
+        views = [describe(k, states[k], reg) for k in keys[:limit]]
+    except (RegistryError, InspectError, UserError, FileNotFoundError) as exc:
+        fail("inspect", str(exc))
+    except sqlite3.Error as exc:
+        fail("inspect", f"{recovery_dir} is not a readable recovery directory: {exc}")
+    if as_json:
+        for v in views:
+            typer.echo(orjson.dumps(v.to_dict()).decode())
+    else:
+        typer.echo(render(views))
+    if len(keys) > limit:
+        typer.echo(f"... {len(keys) - limit} more (raise --limit)", err=True)
+
+
+def _write_jsonl(path: Path, items: list[dict]) -> None:
+    with path.open("wb") as f:
+        for item in items:
+            f.write(orjson.dumps(item) + b"\n")
+
+
+def _json_or_none(raw: bytes) -> dict | None:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@app.command()
+def evaluate(
+    log: Path = typer.Argument(..., help="JSONL log: full-information or bandit with 'prob'."),
+    registry: Path = typer.Option(..., help="The configuration to evaluate (registry TOML)."),
+    experiment: str | None = typer.Option(None, help="Only this experiment of the log."),
+    switches: int | None = typer.Option(None, min=0, help="Switches of the competitor."),
+    level: float = typer.Option(0.95, min=0.5, max=0.999, help="Confidence level."),
+    seed: int = typer.Option(0, min=0, help="Evaluation seed (the policy's draws)."),
+    out: Path | None = typer.Option(None, help="Also write REPORT.md, a plot and JSON here."),
+) -> None:
+    """Counterfactual evaluation of a registry configuration on logged data."""
+    from flows.evaluation import EvaluationError, load_log
+    from flows.evaluation import evaluate as run_evaluation
+
+    try:
+        reg = Registry.load(registry)
+        result = run_evaluation(load_log(log), reg, experiment, switches, level, seed)
+    except (RegistryError, EvaluationError) as exc:
+        fail("evaluate", str(exc))
+    text = result.to_markdown()
+    typer.echo(text)
+    if out is not None:
+        from flows.report import plot_evaluation
+
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            plot = plot_evaluation(result, out / "evaluation.png")
+            (out / "REPORT.md").write_text(text + f"\n![evaluation]({plot.name})\n")
+            (out / "evaluation.json").write_bytes(
+                orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2)
+            )
+        except OSError as exc:
+            fail("evaluate", f"cannot write to {out}: {exc.strerror}")
+
+
+@app.command()
+def replay(
+    registry: Path = typer.Option(..., help="Experiments registry (TOML)."),
+    events: Path | None = typer.Option(None, help="Combined log (field 'type'), in order."),
+    requests: Path | None = typer.Option(None, help="Requests log (merged by 'ts')."),
+    feedback: Path | None = typer.Option(None, help="Feedback log (merged by 'ts')."),
+    topic: str | None = typer.Option(None, help="Kafka topic of combined events to replay."),
+    brokers: str = typer.Option(
+        "127.0.0.1:9092", envvar="KAFKA_BOOTSTRAP_SERVERS", help="Kafka brokers (with --topic)."
+    ),
+    from_offset: int | None = typer.Option(None, min=0, help="First offset (each partition)."),
+    to_offset: int | None = typer.Option(None, min=0, help="Stop before this offset."),
+    seed: int | None = typer.Option(None, min=0, help="Replace every experiment's seed."),
+    out: Path = typer.Option(Path("tsi-replay"), help="Directory for outputs and the report."),
+) -> None:
+    """A logged stream through the same dataflow, deterministically (same log and seed,
+    same selections byte for byte): selections, dead letters and a report."""
+    from flows.replay import ReplayError, kafka_range, merge_by_time, read_lines
+    from flows.replay import replay as run_replay
+    from flows.report import Stream, write_report
+
+    sources = [events is not None, requests is not None or feedback is not None, topic is not None]
+    if sum(sources) != 1 or (sources[1] and (requests is None or feedback is None)):
+        fail("replay", "give --events, or --requests with --feedback, or --topic")
+    try:
+        reg = Registry.load(registry)
+        kinds: dict[str, str] = {}
+        if events is not None:
+            messages = list(read_lines(events))
+        elif topic is not None:
+            messages = kafka_range(brokers, topic, from_offset, to_offset)
+        else:
+            messages = merge_by_time(read_lines(requests), read_lines(feedback))
+            kinds = {str(requests): "request", str(feedback): "feedback"}
+        out.mkdir(parents=True, exist_ok=True)
+    except (RegistryError, ReplayError) as exc:
+        fail("replay", str(exc))
+    except OSError as exc:
+        fail("replay", f"cannot write to {out}: {exc.strerror}")
+    if not messages:
+        fail("replay", "the log is empty")
+    with progress_bar("replaying") as bar:
+        task = bar.add_task("replaying", total=len(messages))
+        result = run_replay(messages, reg, kinds, seed, lambda n: bar.advance(task, n))
+    (out / "selections.jsonl").write_bytes(
+        b"".join(line + b"\n" for line in result.selection_lines)
+    )
+    _write_jsonl(out / "dead_letters.jsonl", result.dead_letters)
+    parsed = [(_json_or_none(raw), origin) for raw, origin in messages]
+    request_ts, feedback_sent = {}, []
+    for event, origin in parsed:
+        if event is None or "request_id" not in event or "experiment" not in event:
+            continue
+        is_feedback = kinds.get(origin.source) == "feedback" or event.get("type") == "feedback"
+        if is_feedback:
+            feedback_sent.append(event)
+        elif "ts" in event:
+            request_ts[(event["experiment"], event.get("unit"), event["request_id"])] = event["ts"]
+    stream = Stream(result.selections, feedback_sent, result.dead_letters, request_ts)
+    report = write_report(
+        stream,
+        out,
+        "tsi replay report",
+        [f"{len(messages):,} messages replayed from {events or topic or requests}."],
+    )
+    typer.echo(
+        f"{len(result.selections):,} selections, {len(result.dead_letters):,} dead letters "
+        f"from {len(messages):,} messages; {out / 'selections.jsonl'}; report: {report}"
+    )
+
+
+if __name__ == "__main__":
+    app()

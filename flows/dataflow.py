@@ -25,6 +25,7 @@ from flows.events import (
     parse_feedback,
     parse_request,
 )
+from flows.metrics import count_dead_letter
 from flows.operator import Routed, logic_builder
 from flows.registry import Registry
 
@@ -50,6 +51,7 @@ class Wiring:
     inputs: dict[str, Open]
     selections: Callable[[str, Stream[KeyedBytes]], None]
     dead_letters: Callable[[str, Stream[KeyedBytes]], None]
+    parsers: dict[str, Callable[[bytes, Origin], object]] | None = None  # replaces PARSERS[kind]
 
     def __post_init__(self) -> None:
         unknown = set(self.inputs) - set(PARSERS)
@@ -80,11 +82,13 @@ def build_flow(
     clock: Callable[[], float] = time.time,
     flow_id: str = "tsi",
     snapshots: bool = True,
+    event_time: bool = False,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
     ``snapshots=False`` when the flow runs without recovery: per-key snapshots are then
-    never built (Bytewax asks for them at every epoch close regardless).
+    never built (Bytewax asks for them at every epoch close regardless). ``event_time``
+    for replays: the events' ``ts`` is the time (see ``flows.operator.InstanceLogic``).
     """
     flow = Dataflow(flow_id)
     dead: list[Stream[DeadLetter]] = []
@@ -92,7 +96,7 @@ def build_flow(
     # Requests first: when both topics have a backlog, the source built first is read
     # first, and feedback read before its request would crowd the early-feedback buffer.
     for name in (n for n in PARSERS if n in wiring.inputs):
-        source, parse = wiring.inputs[name], PARSERS[name]
+        source, parse = wiring.inputs[name], (wiring.parsers or PARSERS).get(name, PARSERS[name])
         messages, source_errors = source(flow, f"{name}_in")
         if source_errors is not None:
             dead.append(source_errors)
@@ -106,7 +110,7 @@ def build_flow(
         dead.append(split.trues)
         routed.append(split.falses)
     events = op.merge("events", *routed)
-    outputs = op.stateful("bandit", events, logic_builder(registry, clock, snapshots))
+    outputs = op.stateful("bandit", events, logic_builder(registry, clock, snapshots, event_time))
     answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
     dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))
     selections = op.map("selection_json", answers.falses, lambda kv: (kv[0], kv[1].to_json()))
@@ -114,7 +118,7 @@ def build_flow(
     letters = op.map(
         "dead_letter_json",
         op.merge("dead_letters", *dead),
-        lambda d: (d.instance or "", d.to_json()),
+        lambda d: (d.instance or "", count_dead_letter(d).to_json()),  # all of them pass here
     )
     wiring.dead_letters("dead_letters_out", letters)
     return flow

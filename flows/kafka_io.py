@@ -258,3 +258,38 @@ def kafka_messages(
         add_config=config,
         batch_size=batch_size,
     )
+
+
+class BrokerUnavailableError(ConnectionError):
+    """No broker answered, or an input topic does not exist: said in one line."""
+
+
+CONNECTION_SETTINGS = ("bootstrap.", "security.", "sasl.", "ssl.", "client.", "socket.")
+
+
+def check_brokers(
+    brokers: list[str], config: dict[str, Any], topics: list[str], timeout: float = 10.0
+) -> None:
+    """Fail fast, and clearly, when the brokers do not answer or an input topic is missing.
+
+    Without this, a source started against an absent broker waits forever.
+    """
+    from confluent_kafka.admin import AdminClient
+
+    settings = {k: v for k, v in config.items() if k.startswith(CONNECTION_SETTINGS)}
+    where = ",".join(brokers)
+    admin = AdminClient({**settings, "bootstrap.servers": where, "log_level": 0})  # quiet
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise BrokerUnavailableError(
+            f"no Kafka broker answers at {where} within {timeout:g} s ({exc.args[0].str()}); "
+            "start one (deploy/kafka/start.sh) or point --brokers / KAFKA_BOOTSTRAP_SERVERS "
+            "at yours"
+        ) from None
+    missing = [t for t in topics if t not in meta.topics]
+    if missing:
+        raise BrokerUnavailableError(
+            f"input topic(s) {', '.join(missing)} do not exist on {where}; create them "
+            "(kafka-topics.sh --create) or name others with the --*-topic options"
+        )

@@ -16,6 +16,7 @@ from bytewax.operators import StatefulLogic
 
 from flows.events import DeadLetter, Feedback, Request
 from flows.instance import Instance, Output
+from flows.metrics import entry_kind, observe_expired, observe_item, observe_restored
 from flows.registry import Registry
 
 Routed = tuple[str, Request | Feedback]  # (instance key, event)
@@ -27,12 +28,17 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     Bytewax builds the logic with only the resume state; a new key becomes an instance on
     its first event, which names the experiment. ``registry``, ``clock`` and ``snapshots``
     are class attributes, set once per dataflow by ``logic_builder``.
+
+    On event time (replays, the demo) ``now`` is the event's own ``ts`` (else the clock),
+    deadlines pass when an instance's next event or the end of the input passes them, and
+    Bytewax's wall-clock notifications are not used: the same input gives the same output.
     """
 
     __slots__ = ()
     registry: Registry
     clock: Callable[[], float]
     snapshots: bool
+    event_time: bool
 
     def __init__(self, resume: dict[str, Any] | None) -> None:
         self.key = None  # not bound to an experiment yet
@@ -40,6 +46,7 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
             experiment = self.registry.get(resume["experiment"])
             if experiment is not None:  # an experiment removed from the registry is dropped
                 self.restore(experiment, resume)
+                observe_restored(self)
 
     @property
     def instance(self) -> Instance | None:
@@ -48,28 +55,48 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
 
     def on_item(self, value: Routed) -> tuple[Iterable[Output], bool]:
         key, event = value
+        started, before, now = time.perf_counter(), entry_kind(self, event.request_id), None
         try:
             if self.key is None:
                 Instance.__init__(self, self.registry[event.experiment], key)
-            now = self.clock()
+            expired: list[Output] = []
+            if self.event_time:
+                now = self.clock() if event.ts is None else event.ts
+                expired = self.expire(now)
+                observe_expired(self, expired)  # never raises
+                before = entry_kind(self, event.request_id)
+            else:
+                now = self.clock()
             if isinstance(event, Request):
                 out = self.on_request(event, now)
             else:
                 out = self.on_feedback(event, now)
-            return out, StatefulLogic.RETAIN
+            out = expired + out if expired else out
         except Exception as exc:
             dead = DeadLetter(
                 "internal_error", f"{type(exc).__name__}: {exc}", event.raw, event.origin, key
             )
-            return [dead], StatefulLogic.RETAIN
+            out = [dead]
+        observe_item(self, event, before, out, started, now)  # never raises
+        return out, StatefulLogic.RETAIN
 
     def on_notify(self) -> tuple[Iterable[Output], bool]:
         if self.key is None:
             return [], StatefulLogic.RETAIN
-        return self.expire(self.clock()), StatefulLogic.RETAIN
+        out = self.expire(self.clock())
+        observe_expired(self, out)  # never raises
+        return out, StatefulLogic.RETAIN
+
+    def on_eof(self) -> tuple[Iterable[Output], bool]:
+        """On event time, the end of the input is the last moment: expire what is due."""
+        if self.key is None or not self.event_time:
+            return [], StatefulLogic.RETAIN
+        out = self.expire(self.clock())
+        observe_expired(self, out)  # never raises
+        return out, StatefulLogic.RETAIN
 
     def notify_at(self) -> datetime | None:
-        due = None if self.key is None else self.next_deadline()
+        due = None if self.key is None or self.event_time else self.next_deadline()
         return None if due is None else datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
@@ -81,16 +108,21 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
 
 
 def logic_builder(
-    registry: Registry, clock: Callable[[], float] = time.time, snapshots: bool = True
+    registry: Registry,
+    clock: Callable[[], float] = time.time,
+    snapshots: bool = True,
+    event_time: bool = False,
 ) -> Callable[[dict[str, Any] | None], InstanceLogic]:
     """The builder ``op.stateful`` calls for each new key (with its resume state).
 
-    ``snapshots=False`` (no recovery configured) skips building snapshots.
+    ``snapshots=False`` (no recovery configured) skips building snapshots;
+    ``event_time=True`` runs on the events' own time (see ``InstanceLogic``).
     """
     settings = {
         "registry": registry,
         "clock": staticmethod(clock),
         "snapshots": snapshots,
+        "event_time": event_time,
         "__slots__": (),
     }
     return type("BoundInstanceLogic", (InstanceLogic,), settings)

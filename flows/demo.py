@@ -1,0 +1,169 @@
+"""``tsi demo``: the real dataflow, in this process, on generated traffic that answers back.
+
+A closed loop: the source emits the demo's events in time order; every selection the
+dataflow emits goes to ``Demo.respond``, whose feedback is queued at its (later) time.
+Before the source emits the next request it waits until every earlier request has been
+answered, so feedback is always queued before anything that comes after it in time: the
+run is exactly what a live service would have seen, only faster. Time is the events' own
+``ts`` (the flow runs on event time), so a run is reproducible.
+
+>>> run = run_demo(generate(n_requests=300, seed=2))
+>>> len(run.selections) >= 300 - 10, {d["reason"] for d in run.dead_letters} >= {"malformed_json"}
+(True, True)
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import bytewax.operators as op
+import orjson
+from bytewax.dataflow import Dataflow, Stream
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from bytewax.testing import run_main
+
+from flows.dataflow import Wiring, build_flow
+from flows.events import Origin
+from flows.registry import Registry
+from flows.traffic import Demo, _ts, generate, registry_toml
+
+SOURCE = "demo"
+
+
+@dataclass
+class Loop:
+    """The shared state of the closed loop (one worker, one process)."""
+
+    demo: Demo
+    progress: Callable[[int], None] | None = None
+    waiting: list[tuple[float, int, bytes]] = field(default_factory=list)  # heap by time
+    unanswered: set[int] = field(default_factory=set)  # offsets of requests in flight
+    selections: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    feedback: list[dict[str, Any]] = field(default_factory=list)  # as sent
+    sent: list[bytes] = field(default_factory=list)  # every message, in the order served
+    now: float = 0.0
+    _next: int = 0
+    _offsets: itertools.count = field(default_factory=itertools.count)
+    _request_of: dict[str, int] = field(default_factory=dict)
+
+    def next_event(self) -> tuple[bytes, Origin] | None:
+        """The next event in time order, or None while requests are in flight."""
+        events = self.demo.events
+        pending = self._next < len(events)
+        due = self.waiting[0][0] if self.waiting else None
+        if pending and (due is None or _ts(events[self._next]) <= due):
+            if self.unanswered:
+                return None  # its feedback may not be queued yet
+            raw = events[self._next]
+            self._next += 1
+            offset = next(self._offsets)
+            self.unanswered.add(offset)
+            if self.progress is not None:
+                self.progress(1)
+            rid = _request_id(raw)
+            if rid is not None:
+                self._request_of[rid] = offset
+            self.now = max(self.now, _ts(events[self._next - 1]))
+        elif due is not None:
+            _, _, raw = heapq.heappop(self.waiting)
+            offset = next(self._offsets)
+            self.feedback.append(orjson.loads(raw))
+            self.now = max(self.now, due)
+        else:
+            raise StopIteration
+        self.sent.append(raw)
+        return raw, Origin(SOURCE, 0, offset)
+
+    def on_selection(self, selection: dict[str, Any]) -> None:
+        self.selections.append(selection)
+        self.unanswered.discard(self._request_of.get(selection["request_id"], -1))
+        for raw in self.demo.respond(selection):
+            heapq.heappush(self.waiting, (_ts(raw), next(self._offsets), raw))
+
+    def on_dead_letter(self, letter: dict[str, Any]) -> None:
+        self.dead_letters.append(letter)
+        if letter["reason"] != "ticket_expired":  # that one names its request again
+            self.unanswered.discard(letter["offset"])
+
+
+def _request_id(raw: bytes) -> str | None:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return data.get("request_id") if isinstance(data, dict) else None
+
+
+class _LoopPartition(StatefulSourcePartition[tuple[bytes, Origin], None]):
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def next_batch(self) -> list[tuple[bytes, Origin]]:
+        event = self.loop.next_event()
+        return [] if event is None else [event]
+
+    def snapshot(self) -> None:
+        return None
+
+
+class _LoopSource(FixedPartitionedSource[tuple[bytes, Origin], None]):
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def list_parts(self) -> list[str]:
+        return ["loop"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _LoopPartition:
+        return _LoopPartition(self.loop)
+
+
+class _CallbackPartition(StatelessSinkPartition[tuple[str, bytes]]):
+    def __init__(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        self.callback = callback
+
+    def write_batch(self, items: list[tuple[str, bytes]]) -> None:
+        for _key, raw in items:
+            self.callback(orjson.loads(raw))
+
+
+class _CallbackSink(DynamicSink[tuple[str, bytes]]):
+    def __init__(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        self.callback = callback
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _CallbackPartition:
+        return _CallbackPartition(self.callback)
+
+
+def loop_wiring(loop: Loop) -> Wiring:
+    """The one dataflow's wiring for the closed loop: one combined input, callback sinks."""
+
+    def source(flow: Dataflow, step: str) -> tuple[Stream, None]:
+        return op.input(step, flow, _LoopSource(loop)), None
+
+    return Wiring(
+        inputs={"events": source},
+        selections=lambda step, up: op.output(step, up, _CallbackSink(loop.on_selection)),
+        dead_letters=lambda step, up: op.output(step, up, _CallbackSink(loop.on_dead_letter)),
+    )
+
+
+def run_demo(
+    demo: Demo, registry: Registry | None = None, progress: Callable[[int], None] | None = None
+) -> Loop:
+    """Run the serving dataflow on the demo's traffic; returns everything that went by."""
+    registry = registry or Registry.from_toml(registry_toml(demo.scenarios, demo.seed))
+    loop = Loop(demo, progress)
+    flow = build_flow(
+        registry, loop_wiring(loop), clock=lambda: loop.now, flow_id="tsi-demo", event_time=True
+    )
+    run_main(flow)
+    return loop
+
+
+__all__ = ["Loop", "generate", "loop_wiring", "run_demo"]

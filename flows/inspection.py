@@ -1,0 +1,120 @@
+"""``tsi inspect``: the allocation and counters of instances, read from a recovery directory.
+
+The flow does not need to run: the latest committed snapshot of each instance is read
+(``flows.recovery_store``) and its bandit rebuilt from its own JSON state.
+
+>>> from tsi_core import Bandit
+>>> b = Bandit(2, instance_id="home")
+>>> b.update(b.select(u=0.1), 1.0)
+>>> view = describe("home", {"experiment": "home", "bandit": b.to_dict(), "open": [],
+...                          "settled": [], "early": []})
+>>> view.rounds, view.updates, [round(sum(q), 9) for q in view.q]
+(1, 1, [1.0])
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flows.registry import UNIT_SEPARATOR, Registry
+from tsi_core import Bandit
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """What a person asks about an instance: who it is, how it allocates, what it saw."""
+
+    instance: str
+    experiment: str
+    unit: str | None
+    arms: list[str]
+    q: list[list[float]]  # one row per context (one row without contexts)
+    rounds: int  # selections made
+    updates: int  # feedback applied
+    open_tickets: int
+    answers_kept: int  # settled requests still remembered for retries
+    early_feedback: int
+    psi: float | None  # smallest loss seen
+    range_d: float  # D, the range estimate (0 before the first loss above ψ)
+    eta: float  # current learning rate (inf before)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("psi", "range_d", "eta"):
+            value = data[name]
+            data[name] = None if value is None or math.isinf(value) else value
+        return data
+
+
+class InspectError(ValueError):
+    """No instance matches, or a snapshot cannot be read."""
+
+
+def describe(key: str, state: dict[str, Any], registry: Registry | None = None) -> InstanceView:
+    """The view of one instance from its snapshot (``Instance.to_dict``)."""
+    try:
+        bandit = Bandit.from_dict(state["bandit"])
+        experiment = state["experiment"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InspectError(f"instance {key!r}: unreadable snapshot ({exc})") from None
+    spec = registry.get(experiment) if registry is not None else None
+    arms = list(spec.arms) if spec is not None else [str(i) for i in range(bandit.n_arms)]
+    contexts = bandit.structure.n_contexts
+    rows = [None] if contexts == 1 else list(range(contexts))
+    q = [bandit.probabilities(context=c).tolist() for c in rows]
+    unit = key.split(UNIT_SEPARATOR, 1)[1] if UNIT_SEPARATOR in key else None
+    return InstanceView(
+        key.replace(UNIT_SEPARATOR, "/"),
+        experiment,
+        unit,
+        arms,
+        q,
+        bandit.n_rounds,
+        bandit.n_updates,
+        len(state.get("open", [])),
+        len(state.get("settled", [])),
+        len(state.get("early", [])),
+        None if math.isinf(bandit.psi) else bandit.psi,
+        bandit.D,
+        bandit.eta,
+    )
+
+
+def select_instances(
+    states: dict[str, dict[str, Any]], patterns: Iterable[str] = ("*",)
+) -> list[str]:
+    """Instance keys matching any pattern (``experiment`` or ``experiment/unit``, with
+    shell wildcards), sorted."""
+    patterns = list(patterns)
+    chosen = [
+        key
+        for key in states
+        if any(fnmatch.fnmatchcase(key.replace(UNIT_SEPARATOR, "/"), p) for p in patterns)
+    ]
+    if not chosen:
+        known = ", ".join(sorted(k.replace(UNIT_SEPARATOR, "/") for k in states)[:10])
+        raise InspectError(f"no instance matches {patterns}; some that exist: {known or 'none'}")
+    return sorted(chosen)
+
+
+def render(views: list[InstanceView]) -> str:
+    """A table a person reads: one block per instance."""
+    lines = []
+    for v in views:
+        lines.append(
+            f"{v.instance}  rounds {v.rounds:,}  feedback {v.updates:,}  open {v.open_tickets:,}"
+            f"  early {v.early_feedback:,}  ψ {_num(v.psi)}  D {_num(v.range_d)}  η {_num(v.eta)}"
+        )
+        for c, row in enumerate(v.q):
+            label = "  q" if len(v.q) == 1 else f"  q[context {c}]"
+            cells = "  ".join(f"{arm}={p:.4f}" for arm, p in zip(v.arms, row, strict=True))
+            lines.append(f"{label}: {cells}")
+    return "\n".join(lines)
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None or math.isinf(x) else f"{x:.6g}"
