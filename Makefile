@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)  ## the main job on its embedded default
-	$(VENV)/bin/tsi simulate
+	$(VENV)/bin/tsi demo --out tsi-demo
 
 test: $(STAMP)  ## the whole test suite, lint included
 	$(VENV)/bin/ruff check .

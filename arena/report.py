@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,25 +60,29 @@ def regret_table(outcomes: Sequence[Outcome], transform: str) -> str:
 
 
 def findings(outcomes: Sequence[Outcome]) -> list[str]:
-    """One line per contender × environment × transform that failed or degraded."""
-    lines = []
+    """Failures and degradation, one line per contender × transform × kind, naming the
+    environments (with the instances affected and the first round)."""
+    grouped: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for o in outcomes:
-        where = f"{o.contender} on {o.environment} ({o.transform})"
-        if o.failures:
-            kinds: dict[str, list[int]] = defaultdict(list)
-            for f in o.failures:
-                kinds[f.kind].append(f.round)
-            for kind, rounds in kinds.items():
-                instances = len({f.instance for f in o.failures if f.kind == kind})
-                lines.append(
-                    f"- † {where}: {kind} in {instances} of {len(o.normalised)} instances, "
-                    f"first at round {min(rounds)} ({o.failures[0].detail})"
-                )
+        kinds: dict[str, list[Any]] = defaultdict(list)
+        for f in o.failures:
+            kinds[f.kind].append(f)
+        for kind, found in kinds.items():
+            instances = len({f.instance for f in found})
+            first = min(f.round for f in found)
+            grouped[(o.contender, o.transform, f"† {kind}")].append(
+                f"{o.environment} ({instances}/{len(o.normalised)} instances, round {first})"
+            )
         for note in o.notes:
-            lines.append(f"- ~ {where}: {note}")
+            grouped[(o.contender, o.transform, f"~ {note}")].append(o.environment)
         if not o.expected:
-            lines.append(f"- {where}: regret from realised losses (no probabilities exposed)")
-    return lines
+            grouped[(o.contender, o.transform, "regret from realised losses (no q)")].append(
+                o.environment
+            )
+    return [
+        f"- {contender}, losses {transform}: {what} on {', '.join(envs)}"
+        for (contender, transform, what), envs in grouped.items()
+    ]
 
 
 def speed_table(speeds: Sequence[Speed]) -> str:
@@ -102,6 +107,7 @@ def plot_regret(outcomes: Sequence[Outcome], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.style.use("default")  # a peer library may have changed the global style
     transforms = list(dict.fromkeys(o.transform for o in outcomes))
     names, envs = _contenders(outcomes), _environments(outcomes)
     fig, axes = plt.subplots(len(transforms), 1, figsize=(14, 3.6 * len(transforms)), sharex=True)
@@ -131,7 +137,8 @@ def plot_regret(outcomes: Sequence[Outcome], path: Path) -> Path:
 
 
 def plot_curves(outcomes: Sequence[Outcome], environment: str, path: Path) -> Path:
-    """Mean normalised regret against the best fixed arm over time, one panel per transform."""
+    """Mean normalised regret against the best fixed arm over time, one panel per transform;
+    one colour per contender throughout, line style by family (tsi, baseline, peer)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,19 +146,33 @@ def plot_curves(outcomes: Sequence[Outcome], environment: str, path: Path) -> Pa
 
     chosen = [o for o in outcomes if o.environment == environment]
     transforms = list(dict.fromkeys(o.transform for o in chosen))
-    fig, axes = plt.subplots(1, len(transforms), figsize=(5 * len(transforms), 4), sharey=True)
-    axes = np.atleast_1d(axes)
-    for ax, transform in zip(axes, transforms, strict=True):
-        for o in (o for o in chosen if o.transform == transform):
-            style = "-" if o.family == "tsi" else "--" if o.family == "baseline" else ":"
-            ax.plot(o.checkpoints, o.curve.mean(axis=1), style, label=o.contender)
-        ax.set_title(f"{environment}, losses {transform}")
-        ax.set_xlabel("round")
-    axes[0].set_ylabel("regret vs best fixed arm / (D·√(MT))")
-    axes[-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    names = _contenders(chosen)
+    colours = dict(zip(names, plt.get_cmap("tab20")(np.linspace(0, 1, len(names))), strict=True))
+    styles = {"tsi": "-", "baseline": "--", "peer": ":"}
+    with plt.style.context("default"):  # a peer library may have changed the global style
+        fig, axes = plt.subplots(
+            1, len(transforms), figsize=(6 * len(transforms), 4.6), sharey=True, squeeze=False
+        )
+        for ax, transform in zip(axes[0], transforms, strict=True):
+            for o in (o for o in chosen if o.transform == transform):
+                ax.plot(
+                    o.checkpoints,
+                    o.curve.mean(axis=1),
+                    styles.get(o.family, "-"),
+                    color=colours[o.contender],
+                    linewidth=2.2 if o.family == "tsi" else 1.2,
+                    label=o.contender,
+                )
+            ax.set_title(f"losses {transform}")
+            ax.set_xlabel("round")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("regret vs best fixed arm / (D·√(MT))")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8)
+        fig.suptitle(environment)
+        fig.tight_layout(rect=(0, 0.06 + 0.035 * (len(labels) // 5), 1, 1))
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
     return path
 
 
@@ -162,6 +183,7 @@ def plot_speed(speeds: Sequence[Speed], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.style.use("default")  # a peer library may have changed the global style
     arms = sorted({s.n_arms for s in speeds})
     names = list(dict.fromkeys(s.contender for s in speeds))
     by = {(s.contender, s.n_arms): s.rounds_per_s for s in speeds}

@@ -165,6 +165,8 @@ def main() -> None:
                 "failures": [asdict(f) for f in o.failures[:20]],
                 "n_failures": len(o.failures),
                 "notes": list(o.notes),
+                "checkpoints": o.checkpoints.tolist(),
+                "curve_mean": o.curve.mean(axis=1).tolist(),
                 "seconds": o.seconds,
             }
             for o in outcomes

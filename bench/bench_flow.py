@@ -838,8 +838,10 @@ class MemoryVariant:
     idle_wait: float  # seconds to wait after the last answer before reading the RSS
 
 
-OPEN_TICKETS = MemoryVariant("open ticket (request, no feedback; TTL 3600 s)", 3600.0, False, 1.0)
-IDLE = MemoryVariant("idle (request + feedback, events topic; TTL 1 s, expired)", 1.0, True, 3.0)
+# RSS is read 12 s after the last answer: the 10 s epoch has closed and packed the bandits
+# its keys touched (what a service with many more users than active ones holds)
+OPEN_TICKETS = MemoryVariant("open ticket (request, no feedback; TTL 3600 s)", 3600.0, False, 12.0)
+IDLE = MemoryVariant("idle (request + feedback, events topic; TTL 1 s, expired)", 1.0, True, 12.0)
 
 
 def memory_messages(

@@ -107,15 +107,17 @@ class Instance:
             if self._packed is None:
                 self._bandit = self.experiment.new_bandit(self.key)
             else:
-                held = self._entries  # packed only with at most one entry: see _rest
+                held = self._entries  # packed only with at most one entry: see rest()
                 pending = (held.ticket,) if type(held) is Open else ()
                 self._bandit = self.experiment.unpack_bandit(self._packed, self.key, pending)
                 self._packed = None
         return self._bandit
 
-    def _rest(self) -> None:
-        """Pack the bandit between events, unless it has many pending tickets (a busy
-        shared instance), which would have to be handed back at every unpack."""
+    def rest(self) -> None:
+        """Pack the bandit (about 130 bytes for 10 arms instead of ~470 live), unless it
+        has many pending tickets (a busy shared instance), which would have to be handed
+        back at every unpack. The operator calls it when an epoch closes, for the keys the
+        epoch touched: at most one pack and one unpack per instance and epoch."""
         if self._bandit is not None:
             blob = self._bandit.pack(keep_pending=type(self._entries) is not dict)
             if blob is not None:
@@ -179,16 +181,6 @@ class Instance:
 
     # ------------------------------------------------------------------ events
     def on_request(self, request: Request, now: float) -> list[Output]:
-        out = self._on_request(request, now)
-        self._rest()
-        return out
-
-    def on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
-        out = self._on_feedback(feedback, now)
-        self._rest()
-        return out
-
-    def _on_request(self, request: Request, now: float) -> list[Output]:
         rid = request.request_id
         entry = self._get(rid)
         if type(entry) is Open:
@@ -213,7 +205,7 @@ class Instance:
         self._put(Open(rid, ticket, unit, now + self.experiment.feedback_ttl, request.origin))
         out: list[Output] = [self._answer(rid, ticket, unit)]
         if type(entry) is Early:
-            out += self._on_feedback(entry.feedback, now)
+            out += self.on_feedback(entry.feedback, now)
         return out
 
     def _check_context(self, request: Request) -> DeadLetter | None:
@@ -236,7 +228,7 @@ class Instance:
             )
         return None
 
-    def _on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
+    def on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
         rid = feedback.request_id
         entry = self._get(rid)
         if type(entry) is Settled:
@@ -307,7 +299,6 @@ class Instance:
                     )
                 )
             self._drop(entry)
-        self._rest()
         return out
 
     def _expired(self, served: Open) -> DeadLetter:
@@ -385,7 +376,7 @@ class Instance:
             self._put(Settled(rid, Ticket.from_dict(ticket), unit, forget))
         for rid, feedback, deadline in data["early"]:
             self._put(Early(rid, _feedback_from_dict(feedback), deadline))
-        self._rest()
+        self.rest()  # a restored instance starts packed
 
 
 def _open_to_dict(o: Open) -> dict[str, Any]:

@@ -101,10 +101,14 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
 
     def snapshot(self) -> dict[str, Any] | None:
         """The instance's state for recovery. Bytewax asks for it at every epoch close, for
-        every key touched, recovery or not: without recovery nothing is built."""
-        if not self.snapshots or self.key is None:
+        every key touched, recovery or not: without recovery nothing is built. It is also
+        the moment to pack the bandit (``Instance.rest``): busy keys stay live within an
+        epoch, the many idle ones stay small."""
+        if self.key is None:
             return None
-        return self.to_dict()
+        state = self.to_dict() if self.snapshots else None
+        self.rest()
+        return state
 
 
 def logic_builder(

@@ -55,6 +55,11 @@ def check_gamma(gamma: Any) -> float:
     return g
 
 
+@functools.lru_cache(maxsize=64)
+def _weights_struct(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}d")
+
+
 @functools.lru_cache(maxsize=1024)
 def _bound(competition: Any, n_arms: int) -> Structure:
     """Structures hold configuration only: instances of one configuration share one."""
@@ -383,16 +388,17 @@ class Bandit:
         if not isinstance(blob, bytes) or len(blob) != size:
             raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
         psi, vn, d_mant, d_exp, n_updates, n_rounds = _PACKED.unpack_from(blob)
-        state = np.frombuffer(blob, dtype=float, offset=_PACKED.size).reshape(shape)
+        weights = _weights_struct(template._state.size).unpack_from(blob, _PACKED.size)
         if math.isnan(psi) or not 0.0 <= vn < math.inf or not 0.0 <= d_mant < 1.0:
             raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
-        if n_updates < 0 or n_rounds < 0 or np.isnan(state).any():
+        # a NaN, or +inf (with -inf it sums to NaN), makes the sum NaN: no numpy call needed
+        if n_updates < 0 or n_rounds < 0 or math.isnan(sum(weights)) or sum(weights) == math.inf:
             raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}")
         b = cls.__new__(cls)
         b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma
         b.competition, b._seed, b.instance_id = template.competition, template._seed, instance_id
         b._rng_state = b._rng_obj = None
-        b._state = state.copy()
+        b._state = np.array(weights).reshape(shape)
         b.psi, b._vn, b._d_mant, b._d_exp = psi, vn, d_mant, d_exp
         b.n_updates, b.n_rounds = n_updates, n_rounds
         b._pending = _NO_TICKETS
