@@ -945,14 +945,17 @@ def python_breakdown(n: int = 10_000) -> dict[str, float]:
             raw = bytes(bytearray(request_value(f"u{i}", "r")))
             inst = Instance(exp, instance_key(f"u{i}"))
             inst.on_request(parse_request(raw, Origin("requests", 0, i)), now=0.0)
+            inst.rest()  # as the operator does when the epoch closes
             insts.append(inst)
         out["open_ticket"] = (tracemalloc.get_traced_memory()[0] - before) / n
         for i, inst in enumerate(insts):
             raw = bytes(bytearray(feedback_value(f"u{i}", "r", 1.0)))
             inst.on_feedback(parse_feedback(raw, Origin("feedback", 0, i)), now=0.0)
+            inst.rest()
         out["settled"] = (tracemalloc.get_traced_memory()[0] - before) / n
         for inst in insts:
             inst.expire(now=1e9)
+            inst.rest()
         out["idle_after_expiry"] = (tracemalloc.get_traced_memory()[0] - before) / n
     finally:
         tracemalloc.stop()
