@@ -220,7 +220,10 @@ def plot_delays(stream: Stream, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("feedback delay (s)")
     ax.set_ylabel("feedback events")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:
+        ax.set_title("no feedback with a known request time")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -233,3 +233,52 @@ def test_the_demo_loop_answers_every_request_before_time_moves_past_it():
     assert times == sorted(times)
     assert len({s["request_id"] for s in loop.selections}) == len(demo.truth)
     assert np.isfinite([s["prob"] for s in loop.selections]).all()
+
+
+def test_replay_reads_a_kafka_topic_range_from_the_real_broker(kafka_bootstrap, tmp_path):
+    from confluent_kafka import Producer
+
+    from tests.kafka_broker import create_topic, unique_topic
+
+    topic = unique_topic("replay")
+    create_topic(kafka_bootstrap, topic, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(40):
+        event = {"type": "request", "experiment": "a", "request_id": f"r{i}", "ts": i}
+        producer.produce(topic, orjson.dumps(event), key=b"a")
+    producer.produce(topic, b"{broken", key=b"a")
+    assert producer.flush(30) == 0
+    registry = tmp_path / "r.toml"
+    registry.write_text('[experiments.a]\narms = ["x", "y"]')
+    runs = []
+    for name, extra in (("all", []), ("again", []), ("tail", ["--from-offset", "30"])):
+        result = cli(
+            "replay",
+            "--registry",
+            registry,
+            "--topic",
+            topic,
+            "--brokers",
+            kafka_bootstrap,
+            *extra,
+            "--out",
+            tmp_path / name,
+        )
+        assert result.exit_code == 0, result.output
+        runs.append((tmp_path / name / "selections.jsonl").read_bytes())
+    assert runs[0] == runs[1] and len(runs[0].splitlines()) == 40
+    assert len(runs[2].splitlines()) == 10
+    letters = (tmp_path / "all" / "dead_letters.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(x)["reason"] for x in letters] == ["malformed_json"]
+    missing = cli(
+        "replay",
+        "--registry",
+        registry,
+        "--topic",
+        "no-such-topic-here",
+        "--brokers",
+        kafka_bootstrap,
+        "--out",
+        tmp_path / "none",
+    )
+    assert missing.exit_code == 2
