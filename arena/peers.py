@@ -64,7 +64,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tsi_core.bandit import TicketError
-from tsi_core.batch import TicketBatch
+from tsi_core.batch import TicketBatch, where_mask
 from tsi_core.validate import check_int
 
 INSTALL_HINT = "pip install -e '.[bench]'"
@@ -417,13 +417,7 @@ class PeerBatch:
             raise TicketError(f"expected a TicketBatch, got {tickets!r}")
         if tickets.owner != self.token:
             raise TicketError(f"ticket batch belongs to another bandit, not this {self.name}")
-        n = len(tickets)
-        if where is None:
-            take = np.ones(n, dtype=bool)
-        else:
-            take = np.asarray(where)
-            if take.shape != (n,) or take.dtype != bool:
-                raise ValueError(f"where must be {n} booleans, got {where!r}")
+        take = where_mask(where, len(tickets))
         if not take.any():
             return take
         still_open = self._open.get(tickets.serial)

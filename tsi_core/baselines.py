@@ -111,6 +111,19 @@ def exp3_eta(n_arms: int, horizon: int) -> float:
 
 
 # ---------------------------------------------------------------------------- interface
+def _horizon_and_eta(name: str, n_arms: int, horizon: Any, eta: Any) -> tuple[int | None, float]:
+    """A checked horizon (or None) and η: given, or tuned from the horizon."""
+    horizon = None if horizon is None else check_int("horizon", horizon, 1)
+    if eta is None:
+        if horizon is None:
+            raise ValueError(f"{name} needs eta, or a horizon to tune eta = sqrt(2 ln M / (M T))")
+        eta = exp3_eta(n_arms, horizon)
+    checked = check_real("eta", eta, 0.0, math.inf)
+    if math.isinf(checked):
+        raise ValueError(f"eta must be finite, got {eta!r}")
+    return horizon, checked
+
+
 class Baseline:
     """Ticket bookkeeping, validation and the draw shared by every baseline.
 
@@ -257,14 +270,7 @@ class Exp3(Baseline):
         normalise: str | None = None,
     ) -> None:
         super().__init__(n_instances, n_arms, seed)
-        self.horizon = None if horizon is None else check_int("horizon", horizon, 1)
-        if eta is None:
-            if self.horizon is None:
-                raise ValueError("Exp3 needs eta, or a horizon to tune eta = sqrt(2 ln M / (M T))")
-            eta = exp3_eta(self.n_arms, self.horizon)
-        self.eta = check_real("eta", eta, 0.0, math.inf)
-        if math.isinf(self.eta):
-            raise ValueError(f"eta must be finite, got {eta!r}")
+        self.horizon, self.eta = _horizon_and_eta("Exp3", self.n_arms, horizon, eta)
         self.gamma = check_real("gamma", gamma, 0.0, 1.0)
         self.loss_range = _check_range(loss_range)
         if normalise not in (None, "running"):
@@ -362,14 +368,7 @@ class Exp3IX(Baseline):
         gamma_ix: float | None = None,
     ) -> None:
         super().__init__(n_instances, n_arms, seed)
-        self.horizon = None if horizon is None else check_int("horizon", horizon, 1)
-        if eta is None:
-            if self.horizon is None:
-                raise ValueError("Exp3IX needs eta, or a horizon to tune eta = sqrt(2 ln M/(M T))")
-            eta = exp3_eta(self.n_arms, self.horizon)
-        self.eta = check_real("eta", eta, 0.0, math.inf)
-        if math.isinf(self.eta):
-            raise ValueError(f"eta must be finite, got {eta!r}")
+        self.horizon, self.eta = _horizon_and_eta("Exp3IX", self.n_arms, horizon, eta)
         self.gamma_ix = self.eta / 2 if gamma_ix is None else check_real("gamma_ix", gamma_ix, 0, 1)
         self.loss_range = _check_range(loss_range)
         self.name = "EXP3-IX (oracle)" if self.loss_range is not None else "EXP3-IX"

@@ -70,6 +70,16 @@ def _real_array(name: str, values: Any, n: int, low: float, high: float) -> np.n
     return arr
 
 
+def where_mask(where: Any, n: int) -> np.ndarray:
+    """The entries of an n-entry ticket batch to settle: all (None) or a boolean mask."""
+    if where is None:
+        return np.ones(n, dtype=bool)
+    take = np.asarray(where)
+    if take.shape != (n,) or take.dtype != bool:
+        raise ValueError(f"where must be {n} booleans, got {where!r}")
+    return take
+
+
 def cumulative(q: np.ndarray) -> np.ndarray:
     """Cumulative sums over arms (axis 0); a loop of vector adds beats np.cumsum for few arms.
 
@@ -210,13 +220,7 @@ class BatchBandit:
             raise TicketError(f"expected a TicketBatch, got {tickets!r}")
         if tickets.owner != self.token:
             raise TicketError("ticket batch belongs to another BatchBandit")
-        n = len(tickets)
-        if where is None:
-            take = np.ones(n, dtype=bool)
-        else:
-            take = np.asarray(where)
-            if take.shape != (n,) or take.dtype != bool:
-                raise ValueError(f"where must be {n} booleans, got {where!r}")
+        take = where_mask(where, len(tickets))
         if not take.any():
             return take
         still_open = self._open.get(tickets.serial)
