@@ -20,7 +20,8 @@ from flows.registry import Registry, RegistryError
 from flows.service import ConfigError, Service, client_config
 from flows.service import run as run_flow
 from flows.wiring import Topics
-from tsi_core.simulate import bernoulli_table, run
+from tsi_core.environments import bernoulli
+from tsi_core.simulate import run
 
 app = typer.Typer(no_args_is_help=True, help="Translation- and scale-invariant bandits.")
 
@@ -46,7 +47,7 @@ def simulate(
 ) -> None:
     """Regret against the best arm, under shifted and rescaled losses (Bernoulli arms)."""
     means = [0.3 + 0.4 * m / (arms - 1) for m in range(arms)]  # arm 0 is best
-    table = bernoulli_table(rounds, means, seed)
+    table = bernoulli(rounds, arms, seed, means=means).losses
     typer.echo(
         f"{arms} Bernoulli arms, means {[round(m, 2) for m in means]}, T = {rounds}, {seeds} seeds"
     )

@@ -9,6 +9,7 @@ from tsi_core.environments import (
     Environment,
     bernoulli,
     contextual,
+    follow_the_leader_loss,
     ftl_breaker,
     gaussian,
     heavy_tailed,
@@ -27,15 +28,6 @@ CONSTRUCTORS = {
     "contextual": lambda seed: contextual(T, 5, 3, seed),
     "supervised": lambda seed: supervised(np.arange(T) % 7, seed=seed),
 }
-
-
-def follow_the_leader_loss(losses):
-    """Play the arm with the least cumulative loss so far (ties: lowest index)."""
-    totals, loss = np.zeros(losses.shape[1]), 0.0
-    for row in losses:
-        loss += row[int(np.argmin(totals))]
-        totals += row
-    return loss
 
 
 def brute_force_switching(losses, n_switches):

@@ -2,11 +2,12 @@
 
 import math
 
-import numpy as np
 import pytest
 
 from tsi_core import Fixed, Switching
-from tsi_core.simulate import bernoulli_table, best_switching_loss, run, switching_table
+from tsi_core.environments import bernoulli, follow_the_leader_loss, ftl_breaker
+from tsi_core.environments import piecewise_stationary as switching_environment
+from tsi_core.simulate import run
 
 SEEDS = 10
 
@@ -17,26 +18,9 @@ def bound(table, competition):
     return d * math.sqrt(m * t) * (5 + 4 * math.sqrt(competition.complexity(m)))
 
 
-def follow_the_leader_loss(table):
-    totals, loss = np.zeros(table.shape[1]), 0.0
-    for row in table:
-        loss += row[int(np.argmin(totals))]
-        totals += row
-    return loss
-
-
-def alternating_table(n_rounds):
-    """Follow-the-leader's worst case: it picks the arm about to lose every round."""
-    table = np.zeros((n_rounds, 2))
-    table[0] = (0.5, 0.0)
-    table[1::2, 1] = 1.0
-    table[2::2, 0] = 1.0
-    return table
-
-
 @pytest.mark.parametrize("scale, shift", [(1.0, 0.0), (1e6, -3e9)])
 def test_stochastic_regret_below_bound_and_far_below_uniform_play(scale, shift):
-    table = bernoulli_table(5000, [0.2, 0.5, 0.5], seed=3)
+    table = bernoulli(5000, 3, seed=3, means=[0.2, 0.5, 0.5]).losses
     result = run(table, SEEDS, Fixed(), scale=scale, shift=shift, seed=1)
     uniform = scale * (table.mean(axis=1).sum() - table.sum(axis=0).min())
     assert result.regret.mean() <= scale * bound(table, Fixed())
@@ -44,7 +28,7 @@ def test_stochastic_regret_below_bound_and_far_below_uniform_play(scale, shift):
 
 
 def test_adversarial_regret_below_bound_where_follow_the_leader_fails():
-    table = alternating_table(6000)
+    table = ftl_breaker(6000, 2, seed=0).losses
     result = run(table, SEEDS, Fixed(), seed=2)
     leader = follow_the_leader_loss(table) - table.sum(axis=0).min()
     assert leader >= 0.45 * len(table)  # the construction works: FTL's regret is about T/2
@@ -54,8 +38,9 @@ def test_adversarial_regret_below_bound_where_follow_the_leader_fails():
 
 def test_switching_competitor_regret_below_bound_and_better_than_fixed_class():
     n_rounds, switches = 6000, 3
-    table = switching_table(n_rounds, 3, switches, seed=4)
-    competitor = best_switching_loss(table, switches + 1)
+    env = switching_environment(n_rounds, 3, switches, seed=4, best_mean=0.2, other_mean=0.7)
+    table = env.losses
+    competitor = env.best_switching_loss(switches)  # exact, not equal segments
     switching = Switching(rate=switches / n_rounds, switches=switches)
     tracked = run(table, SEEDS, switching, seed=5, competitor_loss=competitor)
     fixed = run(table, SEEDS, Fixed(), seed=5, competitor_loss=competitor)

@@ -364,6 +364,21 @@ def ftl_breaker(n_rounds: int, n_arms: int = 2, seed: int = 0) -> Environment:
     return Environment("ftl_breaker", losses)
 
 
+def follow_the_leader_loss(losses: np.ndarray) -> float:
+    """The loss of follow-the-leader (the arm with the least cumulative loss so far, ties
+    to the lowest index) on a T×M table: the reference ``ftl_breaker`` defeats.
+
+    >>> follow_the_leader_loss(ftl_breaker(10).losses) >= 9
+    True
+    """
+    table = np.asarray(losses, dtype=float)
+    totals, loss = np.zeros(table.shape[1]), 0.0
+    for row in table:
+        loss += row[int(np.argmin(totals))]
+        totals += row
+    return float(loss)
+
+
 def contextual(n_rounds: int, n_arms: int = 10, n_contexts: int = 4, seed: int = 0) -> Environment:
     """Bernoulli losses whose means depend on (context, arm); contexts uniform each round.
 

@@ -1,6 +1,10 @@
-"""Small simulations: oblivious loss tables and the regret of the bandit on them.
+"""Quick regret runs of the bandit on an oblivious loss table (``tsi simulate``).
 
->>> table = bernoulli_table(200, [0.2, 0.5, 0.8], seed=0)
+Loss tables and their exact competitors are in ``tsi_core.environments``; the arena
+(``arena/runner.py``) runs every algorithm the same way.
+
+>>> from tsi_core.environments import bernoulli
+>>> table = bernoulli(200, 3, seed=0, means=[0.2, 0.5, 0.8]).losses
 >>> result = run(table, n_seeds=4, seed=1)
 >>> result.regret.shape, result.range
 ((4,), 1.0)
@@ -8,7 +12,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -16,28 +19,6 @@ from typing import Any
 import numpy as np
 
 from tsi_core.batch import BatchBandit
-
-
-def bernoulli_table(n_rounds: int, means: Any, seed: int) -> np.ndarray:
-    """Losses in {0, 1}: arm m loses with probability means[m] each round (T×M)."""
-    rng = np.random.default_rng(seed)
-    return (rng.random((n_rounds, len(means))) < np.asarray(means)).astype(float)
-
-
-def switching_table(n_rounds: int, n_arms: int, n_switches: int, seed: int) -> np.ndarray:
-    """Bernoulli losses whose best arm (mean 0.2, others 0.7) changes ``n_switches`` times."""
-    rng = np.random.default_rng(seed)
-    means = np.full((n_rounds, n_arms), 0.7)
-    edges = np.linspace(0, n_rounds, n_switches + 2).astype(int)
-    for k, (a, b) in enumerate(itertools.pairwise(edges)):
-        means[a:b, k % n_arms] = 0.2
-    return (rng.random((n_rounds, n_arms)) < means).astype(float)
-
-
-def best_switching_loss(table: np.ndarray, n_segments: int) -> float:
-    """Loss of the best arm sequence that is constant on ``n_segments`` equal segments."""
-    edges = np.linspace(0, len(table), n_segments + 1).astype(int)
-    return float(sum(table[a:b].sum(axis=0).min() for a, b in itertools.pairwise(edges)))
 
 
 @dataclass(frozen=True)
