@@ -81,18 +81,21 @@ from types import ModuleType
 from typing import Any
 
 import bytewax
+import bytewax.operators as op
 import confluent_kafka
 import numpy as np
 import orjson
 import psutil
+from bytewax.dataflow import Dataflow
 from bytewax.testing import run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from flows.events import Origin, parse_feedback, parse_request
+from flows.dataflow import PARSERS
+from flows.events import Origin, Request, parse_feedback, parse_request
 from flows.instance import Instance
 from flows.registry import Registry
 from flows.service import Service
-from flows.wiring import Topics
+from flows.wiring import Topics, kafka_wiring
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "bench"
@@ -440,6 +443,37 @@ def run_once(
     }
 
 
+def reference_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
+    """The same-run reference: the service's Kafka I/O and parsing, no bandit.
+
+    The same sources, parsers and delivery-checked sink as the service; every request is
+    written back as it came (one output per request, as the service answers), feedback is
+    parsed and dropped. What the service does beyond it is routing and the bandit.
+    """
+    wiring = kafka_wiring([bk.bootstrap], inp.service_topics(out), tail=False)
+    flow = Dataflow("reference")
+    outputs = []
+    for name, source in wiring.inputs.items():
+        messages, _errors = source(flow, f"{name}_in")
+        parsed = op.map(f"parse_{name}", messages, lambda m, p=PARSERS[name]: p(m[0], m[1]))
+        requests = op.filter(f"requests_{name}", parsed, lambda e: isinstance(e, Request))
+        outputs.append(op.map(f"echo_{name}", requests, lambda e: (e.request_id, e.raw)))
+    wiring.selections("out", op.merge("all", *outputs))
+    return flow
+
+
+def run_reference(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
+    out = new_topics(bk.bootstrap, ("sel", "dlq"))
+    flow = reference_flow(bk, inp, out)
+    t0 = time.perf_counter()
+    run_main(flow)
+    seconds = time.perf_counter() - t0
+    written = counter.count(out["sel"])
+    if written != inp.events // 2:
+        log(f"  WARNING: reference wrote {written} of {inp.events // 2}")
+    return {"seconds": seconds, "events_per_s": inp.events / seconds}
+
+
 def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for mode in ("separate", "events"):
@@ -449,12 +483,19 @@ def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> 
         fixed_s = statistics.median(r["seconds"] for r in fixed)
         log(f"throughput, {mode} topics: {plan.requests:,} requests + feedback")
         inp = prepare_input(bk, mode, plan.requests, plan.units)
-        runs = []
-        for k in range(plan.repeats):
+        runs, references = [], []
+        for k in range(plan.repeats):  # reference and service alternate: same conditions
+            ref = run_reference(bk, inp, counter)
             r = run_once(bk, registry, inp, counter)
             r["steady_events_per_s"] = (inp.events - tiny.events) / (r["seconds"] - fixed_s)
-            log(f"  repeat {k + 1}: {r['seconds']:.2f} s, {r['events_per_s']:,.0f} events/s raw")
+            r["reference_events_per_s"] = ref["events_per_s"]
+            r["ratio_to_reference"] = r["events_per_s"] / ref["events_per_s"]
+            log(
+                f"  repeat {k + 1}: {r['seconds']:.2f} s, {r['events_per_s']:,.0f} events/s raw; "
+                f"reference {ref['events_per_s']:,.0f} (ratio {r['ratio_to_reference']:.2f})"
+            )
             runs.append(r)
+            references.append(ref)
         results[mode] = {
             "fixed_cost_runs": fixed,
             "fixed_cost_s": fixed_s,
@@ -462,6 +503,8 @@ def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> 
             "raw_events_per_s": statistics.median(r["events_per_s"] for r in runs),
             "steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in runs),
             "seconds": statistics.median(r["seconds"] for r in runs),
+            "reference_events_per_s": statistics.median(r["events_per_s"] for r in references),
+            "ratio_to_reference": statistics.median(r["ratio_to_reference"] for r in runs),
             "input": inp,
         }
         if mode == "separate" and plan.short_epoch_ms is not None:
@@ -1076,6 +1119,19 @@ def report(results: dict[str, Any]) -> str:
                 f"{short['steady_events_per_s']:,.0f} | | | {pct(short['worker_thread_cpu'])} | "
                 f"{pct(short['process_cpu'])} | {pct(short['broker_cpu'])} |"
             )
+        lines += [
+            "",
+            "Same-run reference (`reference_flow`: the same Kafka sources, parsing and "
+            "delivery-checked sink, every request echoed, no routing, no bandit), alternating "
+            "with the service: "
+            + "; ".join(
+                f"{label}: reference {tp[mode]['reference_events_per_s']:,.0f} events/s, "
+                f"service / reference {tp[mode]['ratio_to_reference']:.2f} (median of ratios)"
+                for mode, label in (("separate", "two topics"), ("events", "events topic"))
+                if tp.get(mode) and "ratio_to_reference" in tp[mode]
+            )
+            + ".",
+        ]
         all_runs = [(mode, r) for mode in ("separate", "events") for r in tp[mode]["runs"]]
         clean = all(
             r["dead_letters"] == 0 and 2 * r["selections"] == r["events"] for _, r in all_runs
