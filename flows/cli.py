@@ -189,8 +189,11 @@ def demo(
     requests: int = typer.Option(20_000, min=100, help="Decision requests to generate."),
     seed: int = typer.Option(0, min=0, help="Seed of the traffic and of the bandits' draws."),
 ) -> None:
-    """Generated traffic through the real dataflow (no Kafka): three experiments, delayed
-    and missing feedback, a change of the best arm; writes a report with plots."""
+    """Generated traffic through the real dataflow (no Kafka), and a report with plots.
+
+    Three experiments, delayed, lost and duplicated feedback, a change of the best arm,
+    a few broken messages.
+    """
     from flows.demo import generate, run_demo
     from flows.report import Stream, write_report
     from flows.traffic import SCENARIOS, registry_toml
@@ -335,8 +338,10 @@ def replay(
     seed: int | None = typer.Option(None, min=0, help="Replace every experiment's seed."),
     out: Path = typer.Option(Path("tsi-replay"), help="Directory for outputs and the report."),
 ) -> None:
-    """A logged stream through the same dataflow, deterministically (same log and seed,
-    same selections byte for byte): selections, dead letters and a report."""
+    """A logged stream through the same dataflow, deterministically, and a report.
+
+    The same log and seed give the same selections, byte for byte.
+    """
     from flows.replay import ReplayError, kafka_range, merge_by_time, read_lines
     from flows.replay import replay as run_replay
     from flows.report import Stream, write_report
