@@ -64,7 +64,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tsi_core.bandit import TicketError
-from tsi_core.batch import TicketBatch, where_mask
+from tsi_core.batch import TicketBatch, checked_losses, where_mask
 from tsi_core.validate import check_int
 
 INSTALL_HINT = "pip install -e '.[bench]'"
@@ -437,16 +437,7 @@ class PeerBatch:
     def update(self, tickets: TicketBatch, losses: Any, where: Any = None) -> None:
         """Feed each chosen entry's loss (converted to the peer's convention) to its peer."""
         take = self._take(tickets, where)
-        given = np.asarray(losses)
-        try:
-            values = given.astype(float)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"losses must be {len(tickets)} real numbers") from exc
-        if values.shape != (len(tickets),) or given.dtype == bool:
-            raise ValueError(f"losses must be {len(tickets)} real numbers, got {given!r}")
-        bad = np.flatnonzero(take & ~np.isfinite(values))
-        if len(bad):
-            raise ValueError(f"loss must be finite, got losses[{bad[0]}] = {values[bad[0]]!r}")
+        values = checked_losses(losses, take)
         for k in np.flatnonzero(take).tolist():
             i = int(tickets.instances[k])
             self.n_updates[i] += 1

@@ -20,6 +20,16 @@ import numpy as np
 from arena.runner import Outcome, Speed
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (imported when a plot is made)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _contenders(outcomes: Sequence[Outcome]) -> list[str]:
     return list(dict.fromkeys(o.contender for o in outcomes))
 
@@ -102,10 +112,7 @@ def speed_table(speeds: Sequence[Speed]) -> str:
 
 def plot_regret(outcomes: Sequence[Outcome], path: Path) -> Path:
     """Grouped bars: normalised regret per environment and contender, one panel per transform."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     plt.style.use("default")  # a peer library may have changed the global style
     transforms = list(dict.fromkeys(o.transform for o in outcomes))
@@ -139,10 +146,7 @@ def plot_regret(outcomes: Sequence[Outcome], path: Path) -> Path:
 def plot_curves(outcomes: Sequence[Outcome], environment: str, path: Path) -> Path:
     """Mean normalised regret against the best fixed arm over time, one panel per transform;
     one colour per contender throughout, line style by family (tsi, baseline, peer)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     chosen = [o for o in outcomes if o.environment == environment]
     transforms = list(dict.fromkeys(o.transform for o in chosen))
@@ -178,10 +182,7 @@ def plot_curves(outcomes: Sequence[Outcome], environment: str, path: Path) -> Pa
 
 def plot_speed(speeds: Sequence[Speed], path: Path) -> Path:
     """Rounds per second (log scale) per contender at each number of arms."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     plt.style.use("default")  # a peer library may have changed the global style
     arms = sorted({s.n_arms for s in speeds})

@@ -195,7 +195,8 @@ def demo(
     a few broken messages.
     """
     from flows.demo import generate, run_demo
-    from flows.report import Stream, write_report
+    from flows.events import Origin
+    from flows.report import Stream, log_events, write_report
     from flows.traffic import SCENARIOS, registry_toml
 
     try:
@@ -209,16 +210,12 @@ def demo(
         loop = run_demo(traffic, progress=lambda n: bar.advance(task, n))
     (out / "events.jsonl").write_bytes(b"".join(raw + b"\n" for raw in loop.sent))
     _write_jsonl(out / "selections.jsonl", loop.selections)
-    _write_jsonl(out / "feedback.jsonl", loop.feedback)
     _write_jsonl(out / "dead_letters.jsonl", loop.dead_letters)
-    request_ts = {}
-    for raw in traffic.events:
-        event = _json_or_none(raw)
-        if event is not None and "request_id" in event and "experiment" in event:
-            request_ts[(event["experiment"], event.get("unit"), event["request_id"])] = event["ts"]
+    request_ts, feedback_sent = log_events((raw, Origin("demo")) for raw in loop.sent)
+    _write_jsonl(out / "feedback.jsonl", feedback_sent)
     stream = Stream(
         loop.selections,
-        loop.feedback,
+        feedback_sent,
         loop.dead_letters,
         request_ts,
         {rid: truth[2] for rid, truth in traffic.truth.items()},
@@ -235,7 +232,7 @@ def demo(
     ]
     report = write_report(stream, out, "tsi demo report", notes)
     typer.echo(
-        f"{len(loop.selections):,} selections, {len(loop.feedback):,} feedback events, "
+        f"{len(loop.selections):,} selections, {len(feedback_sent):,} feedback events, "
         f"{len(loop.dead_letters):,} dead letters; report: {report}"
     )
 
@@ -278,14 +275,6 @@ def _write_jsonl(path: Path, items: list[dict]) -> None:
     with path.open("wb") as f:
         for item in items:
             f.write(orjson.dumps(item) + b"\n")
-
-
-def _json_or_none(raw: bytes) -> dict | None:
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 @app.command()
@@ -344,7 +333,7 @@ def replay(
     """
     from flows.replay import ReplayError, kafka_range, merge_by_time, read_lines
     from flows.replay import replay as run_replay
-    from flows.report import Stream, write_report
+    from flows.report import Stream, log_events, write_report
 
     sources = [events is not None, requests is not None or feedback is not None, topic is not None]
     if sum(sources) != 1 or (sources[1] and (requests is None or feedback is None)):
@@ -373,16 +362,8 @@ def replay(
         b"".join(line + b"\n" for line in result.selection_lines)
     )
     _write_jsonl(out / "dead_letters.jsonl", result.dead_letters)
-    parsed = [(_json_or_none(raw), origin) for raw, origin in messages]
-    request_ts, feedback_sent = {}, []
-    for event, origin in parsed:
-        if event is None or "request_id" not in event or "experiment" not in event:
-            continue
-        is_feedback = kinds.get(origin.source) == "feedback" or event.get("type") == "feedback"
-        if is_feedback:
-            feedback_sent.append(event)
-        elif "ts" in event:
-            request_ts[(event["experiment"], event.get("unit"), event["request_id"])] = event["ts"]
+    feedback_logs = [source for source, kind in kinds.items() if kind == "feedback"]
+    request_ts, feedback_sent = log_events(messages, feedback_logs)
     stream = Stream(result.selections, feedback_sent, result.dead_letters, request_ts)
     report = write_report(
         stream,

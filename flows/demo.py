@@ -45,19 +45,22 @@ class Loop:
     unanswered: set[int] = field(default_factory=set)  # offsets of requests in flight
     selections: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
-    feedback: list[dict[str, Any]] = field(default_factory=list)  # as sent
     sent: list[bytes] = field(default_factory=list)  # every message, in the order served
     now: float = 0.0
     _next: int = 0
     _offsets: itertools.count = field(default_factory=itertools.count)
     _request_of: dict[str, int] = field(default_factory=dict)
+    _times: list[float] = field(default_factory=list)  # of demo.events, read once
+
+    def __post_init__(self) -> None:
+        self._times = [_ts(raw) for raw in self.demo.events]
 
     def next_event(self) -> tuple[bytes, Origin] | None:
         """The next event in time order, or None while requests are in flight."""
         events = self.demo.events
         pending = self._next < len(events)
         due = self.waiting[0][0] if self.waiting else None
-        if pending and (due is None or _ts(events[self._next]) <= due):
+        if pending and (due is None or self._times[self._next] <= due):
             if self.unanswered:
                 return None  # its feedback may not be queued yet
             raw = events[self._next]
@@ -69,11 +72,10 @@ class Loop:
             rid = _request_id(raw)
             if rid is not None:
                 self._request_of[rid] = offset
-            self.now = max(self.now, _ts(events[self._next - 1]))
+            self.now = max(self.now, self._times[self._next - 1])
         elif due is not None:
             _, _, raw = heapq.heappop(self.waiting)
             offset = next(self._offsets)
-            self.feedback.append(orjson.loads(raw))
             self.now = max(self.now, due)
         else:
             raise StopIteration

@@ -18,11 +18,13 @@ traffic is synthetic, the true expected loss of every arm for each request:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
 
@@ -71,6 +73,30 @@ class Stream:
                 loss = f.get("loss", -f["reward"] if f.get("reward") is not None else None)
                 out.setdefault(_key(f), loss)
         return out
+
+
+def log_events(
+    messages: Iterable[tuple[bytes, Any]], feedback_sources: Collection[str] = ()
+) -> tuple[dict[Key, float], list[dict[str, Any]]]:
+    """(request times, feedback sent) of a served log of (raw bytes, origin) messages.
+
+    Feedback is what has ``"type": "feedback"`` or comes from one of ``feedback_sources``
+    (logs without a type field); unreadable lines are skipped.
+    """
+    request_ts: dict[Key, float] = {}
+    feedback: list[dict[str, Any]] = []
+    for raw, origin in messages:
+        try:
+            event = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(event, dict) or "request_id" not in event or "experiment" not in event:
+            continue
+        if event.get("type") == "feedback" or origin.source in feedback_sources:
+            feedback.append(event)
+        elif "ts" in event:
+            request_ts[_key(event)] = event["ts"]
+    return request_ts, feedback
 
 
 @dataclass(frozen=True)

@@ -391,8 +391,9 @@ class Bandit:
         weights = _weights_struct(template._state.size).unpack_from(blob, _PACKED.size)
         if math.isnan(psi) or not 0.0 <= vn < math.inf or not 0.0 <= d_mant < 1.0:
             raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
-        # a NaN, or +inf (with -inf it sums to NaN), makes the sum NaN: no numpy call needed
-        if n_updates < 0 or n_rounds < 0 or math.isnan(sum(weights)) or sum(weights) == math.inf:
+        # a NaN or a +inf weight makes the sum NaN or +inf (-inf weights are valid): no numpy
+        total = sum(weights)
+        if n_updates < 0 or n_rounds < 0 or math.isnan(total) or total == math.inf:
             raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}")
         b = cls.__new__(cls)
         b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma

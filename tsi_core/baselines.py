@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from tsi_core.bandit import TicketError
-from tsi_core.batch import TicketBatch, _real_array, cumulative, select_arms
+from tsi_core.batch import TicketBatch, _real_array, checked_losses, cumulative, select_arms
 from tsi_core.validate import check_int, check_real
 
 __all__ = ["AHB", "Baseline", "Exp3", "Exp3IX", "Exp3S", "TsallisInf"]
@@ -200,25 +200,10 @@ class Baseline:
         if tickets.serial not in self._open:
             raise TicketError(f"ticket batch {tickets.serial} is already settled (or never issued)")
 
-    def _check_losses(self, losses: Any, n: int) -> np.ndarray:
-        try:
-            given = np.asarray(losses)
-            values = given.astype(float, copy=True)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"losses must be {n} real numbers, got {losses!r}") from exc
-        if values.shape != (n,) or given.dtype == bool:
-            raise ValueError(f"losses must be {n} real numbers, got {losses!r}")
-        bad = np.flatnonzero(~np.isfinite(values))
-        if len(bad):
-            raise ValueError(
-                f"loss must be a finite real number, got losses[{bad[0]}] = {values[bad[0]]!r}"
-            )
-        return values
-
     def update(self, tickets: TicketBatch, losses: Any) -> None:
         """Apply one loss per ticket entry; a refused call changes no state."""
         self._check_tickets(tickets)
-        values = self._check_losses(losses, len(tickets))
+        values = checked_losses(losses, np.ones(len(tickets), dtype=bool)).copy()
         self._learn(tickets.arms, tickets.probs, values, self._open.pop(tickets.serial))
         self.n_updates += 1
 

@@ -80,6 +80,25 @@ def where_mask(where: Any, n: int) -> np.ndarray:
     return take
 
 
+def checked_losses(losses: Any, take: np.ndarray) -> np.ndarray:
+    """One float loss per ticket entry (a view when already floats); the entries ``take``
+    selects must be finite. Raises ``ValueError`` naming the bad value."""
+    n = len(take)
+    try:
+        given = np.asarray(losses)
+        values = given.astype(float, copy=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"losses must be {n} real numbers, got {losses!r}") from exc
+    if values.shape != (n,) or given.dtype == bool:
+        raise ValueError(f"losses must be {n} real numbers, got {given!r}")
+    bad = np.flatnonzero(take & ~np.isfinite(values))
+    if len(bad):
+        raise ValueError(
+            f"loss must be a finite real number, got losses[{bad[0]}] = {float(values[bad[0]])!r}"
+        )
+    return values
+
+
 def cumulative(q: np.ndarray) -> np.ndarray:
     """Cumulative sums over arms (axis 0); a loop of vector adds beats np.cumsum for few arms.
 
@@ -236,19 +255,7 @@ class BatchBandit:
     def update(self, tickets: TicketBatch, losses: Any, where: Any = None) -> None:
         """Apply the losses of a ticket batch (``losses`` has one entry per ticket)."""
         take = self._take(tickets, where)
-        try:
-            given = np.asarray(losses)
-            losses = given.astype(float, copy=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"losses must be {len(tickets)} real numbers, got {losses!r}") from exc
-        if losses.shape != (len(tickets),) or given.dtype == bool:
-            raise ValueError(f"losses must be {len(tickets)} real numbers, got {given!r}")
-        bad = np.flatnonzero(take & ~np.isfinite(losses))
-        if len(bad):
-            raise ValueError(
-                "loss must be a finite real number, "
-                f"got losses[{bad[0]}] = {float(losses[bad[0]])!r}"
-            )
+        losses = checked_losses(losses, take)
         # the whole batch at once: slices give views instead of gathers and scatters
         pick = slice(None) if take.all() else take
         full = isinstance(pick, slice)
