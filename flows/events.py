@@ -13,7 +13,9 @@ original bytes, the reason and where the message came from. Nothing raises.
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,14 @@ import orjson
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_ID_LENGTH = 256
 MAX_ABS_LOSS = 1e300
+TEN_YEARS = 10 * 365.25 * 86400.0
+#: ``ts`` must lie within this many seconds of the wall clock (``ts_window``; inf: any finite)
+DEFAULT_TS_WINDOW = TEN_YEARS
+#: original bytes a dead letter carries whole; longer ones carry this prefix, size and SHA-256
+DEFAULT_DEAD_LETTER_RAW = 64 * 1024
+MAX_DETAIL_CHARS = 500
+#: room for a dead letter's other fields and the record's overhead in a Kafka message
+DEAD_LETTER_ENVELOPE = 8 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +97,31 @@ class Selection:
         )
 
 
+def raw_limit_for(max_message_bytes: int) -> int:
+    """The most original bytes a dead letter may carry to fit ``max_message_bytes``.
+
+    Base64 makes 3 bytes 4; the other fields and Kafka's record overhead fit in
+    ``DEAD_LETTER_ENVELOPE``.
+
+    >>> raw_limit_for(1_000_000)
+    743856
+    """
+    return max(0, (max_message_bytes - DEAD_LETTER_ENVELOPE) * 3 // 4)
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """An input that changed nothing, with the reason (a code and a human sentence)."""
+    """An input that changed nothing, with the reason (a code and a human sentence).
+
+    Its JSON carries the original bytes whole up to ``raw_limit`` (base64), else their
+    first ``raw_limit`` bytes with ``"truncated": true``, the original size and SHA-256,
+    so a dead letter always fits its topic.
+
+    >>> letter = DeadLetter("oversize", "too big", b"x" * 10, Origin("t", 0, 5))
+    >>> data = orjson.loads(letter.to_json(raw_limit=4))
+    >>> data["raw_b64"], data["raw_size"], data["truncated"]
+    ('eHh4eA==', 10, True)
+    """
 
     reason: str
     detail: str
@@ -97,18 +129,54 @@ class DeadLetter:
     origin: Origin
     instance: str | None = None
 
-    def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "reason": self.reason,
-                "detail": self.detail,
-                "source": self.origin.source,
-                "partition": self.origin.partition,
-                "offset": self.origin.offset,
-                "instance": self.instance,
-                "raw_b64": base64.b64encode(self.raw).decode("ascii"),
-            }
-        )
+    def to_json(self, raw_limit: int = DEFAULT_DEAD_LETTER_RAW) -> bytes:
+        raw, detail = self.raw, self.detail
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = detail[: MAX_DETAIL_CHARS - 1] + "…"
+        letter = {
+            "reason": self.reason,
+            "detail": detail,
+            "source": self.origin.source,
+            "partition": self.origin.partition,
+            "offset": self.origin.offset,
+            "instance": self.instance,
+            "raw_b64": base64.b64encode(raw[:raw_limit]).decode("ascii"),
+            "raw_size": len(raw),
+            "truncated": len(raw) > raw_limit,
+        }
+        if len(raw) > raw_limit:
+            letter["raw_sha256"] = hashlib.sha256(raw).hexdigest()
+        return orjson.dumps(letter)
+
+
+def minimal_dead_letter(letter_json: bytes, why: str) -> bytes:
+    """A few hundred bytes standing for a dead letter that could not be written: where the
+    message came from, its reason, the original's size and SHA-256, no original bytes.
+
+    >>> full = DeadLetter("oversize", "too big", b"abc", Origin("t", 1, 9)).to_json()
+    >>> small = orjson.loads(minimal_dead_letter(full, "MSG_SIZE_TOO_LARGE"))
+    >>> small["offset"], small["raw_size"], small["truncated"], small["raw_b64"]
+    (9, 3, True, '')
+    """
+    try:
+        data = orjson.loads(letter_json)
+        raw = base64.b64decode(data.get("raw_b64", ""))
+        size = data.get("raw_size", len(raw))
+        digest = data.get("raw_sha256") or hashlib.sha256(raw).hexdigest()
+        letter = {k: data.get(k) for k in ("reason", "source", "partition", "offset", "instance")}
+        detail = str(data.get("detail", ""))[:200]
+    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError):
+        size, digest = len(letter_json), hashlib.sha256(letter_json).hexdigest()
+        letter = {"reason": "unreadable_dead_letter"}
+        detail = ""
+    letter |= {
+        "detail": f"{detail} [the full dead letter was refused: {why[:200]}]",
+        "raw_b64": "",
+        "raw_size": size,
+        "truncated": True,
+        "raw_sha256": digest,
+    }
+    return orjson.dumps(letter)
 
 
 class _InvalidError(Exception):
@@ -156,19 +224,27 @@ def _optional_index(data: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def _optional_time(data: dict[str, Any]) -> float | None:
+def _optional_time(data: dict[str, Any], window: float) -> float | None:
     value = data.get("ts")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _InvalidError("wrong_type", f"ts must be a number, got {value!r}")
-    return float(value)
+    ts = float(value)
+    if not math.isfinite(ts) or abs(ts - time.time()) > window:
+        raise _InvalidError(
+            "bad_value",
+            f"ts {ts!r} is not within {window:g} s of the wall clock (Unix seconds expected)",
+        )
+    return ts
 
 
 def _loss(data: dict[str, Any]) -> float:
     has_loss, has_reward = data.get("loss") is not None, data.get("reward") is not None
-    if has_loss == has_reward:
-        raise _InvalidError("missing_field", "exactly one of 'loss' or 'reward' is required")
+    if has_loss and has_reward:
+        raise _InvalidError("bad_value", "give 'loss' or 'reward', not both")
+    if not has_loss and not has_reward:
+        raise _InvalidError("missing_field", "one of 'loss' or 'reward' is required")
     name = "loss" if has_loss else "reward"
     value = data[name]
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -179,66 +255,75 @@ def _loss(data: dict[str, Any]) -> float:
     return value if has_loss else -value
 
 
-def _request(data: dict[str, Any], raw: bytes, origin: Origin) -> Request:
+def _request(data: dict[str, Any], raw: bytes, origin: Origin, window: float) -> Request:
     return Request(
         experiment=_identifier(data, "experiment"),
         unit=_identifier(data, "unit", required=False),
         request_id=_identifier(data, "request_id"),
         context=_optional_index(data, "context"),
-        ts=_optional_time(data),
+        ts=_optional_time(data, window),
         raw=bytes(raw),
         origin=origin,
     )
 
 
-def _feedback(data: dict[str, Any], raw: bytes, origin: Origin) -> Feedback:
+def _feedback(data: dict[str, Any], raw: bytes, origin: Origin, window: float) -> Feedback:
     return Feedback(
         experiment=_identifier(data, "experiment"),
         unit=_identifier(data, "unit", required=False),
         request_id=_identifier(data, "request_id"),
         loss=_loss(data),
         arm=_optional_index(data, "arm"),
-        ts=_optional_time(data),
+        ts=_optional_time(data, window),
         raw=bytes(raw),
         origin=origin,
     )
 
 
-def _event(data: dict[str, Any], raw: bytes, origin: Origin) -> Request | Feedback:
+def _event(data: dict[str, Any], raw: bytes, origin: Origin, window: float) -> Request | Feedback:
     kind = data.get("type")
     if kind == "request":
-        return _request(data, raw, origin)
+        return _request(data, raw, origin, window)
     if kind == "feedback":
-        return _feedback(data, raw, origin)
+        return _feedback(data, raw, origin, window)
     detail = f"field 'type' must be 'request' or 'feedback', got {kind!r}"
     raise _InvalidError("missing_field" if kind is None else "bad_value", detail)
 
 
-def _parse(build: Any, raw: bytes, origin: Origin) -> Any:
+def _parse(build: Any, raw: bytes, origin: Origin, window: float) -> Any:
     try:
-        return build(_load(raw), raw, origin)
+        return build(_load(raw), raw, origin, window)
     except _InvalidError as bad:
         return DeadLetter(bad.reason, bad.detail, _as_bytes(raw), origin)
+    except Exception as exc:  # a parser bug must not stop the flow on this message
+        return DeadLetter("internal_error", f"{type(exc).__name__}: {exc}", _as_bytes(raw), origin)
 
 
-def parse_request(raw: bytes, origin: Origin) -> Request | DeadLetter:
+def parse_request(
+    raw: bytes, origin: Origin, ts_window: float = DEFAULT_TS_WINDOW
+) -> Request | DeadLetter:
     """A decision request, or the dead letter that says why not."""
-    return _parse(_request, raw, origin)
+    return _parse(_request, raw, origin, ts_window)
 
 
-def parse_feedback(raw: bytes, origin: Origin) -> Feedback | DeadLetter:
+def parse_feedback(
+    raw: bytes, origin: Origin, ts_window: float = DEFAULT_TS_WINDOW
+) -> Feedback | DeadLetter:
     """A feedback event (loss or reward of a served request), or its dead letter."""
-    return _parse(_feedback, raw, origin)
+    return _parse(_feedback, raw, origin, ts_window)
 
 
-def parse_event(raw: bytes, origin: Origin) -> Request | Feedback | DeadLetter:
+def parse_event(
+    raw: bytes, origin: Origin, ts_window: float = DEFAULT_TS_WINDOW
+) -> Request | Feedback | DeadLetter:
     """A message of the combined stream: ``"type"`` is ``"request"`` or ``"feedback"``.
 
     One topic for both kinds, keyed by instance, fixes the order in which an instance sees
     its requests and feedback; that order is what makes a replay after a crash re-emit
-    identical selections.
+    identical selections. ``ts`` outside ``ts_window`` seconds of the wall clock is
+    refused (``bad_value``).
     """
-    return _parse(_event, raw, origin)
+    return _parse(_event, raw, origin, ts_window)
 
 
 def _as_bytes(raw: Any) -> bytes:

@@ -8,7 +8,7 @@ and seed give the same selections, byte for byte.
 
 >>> from flows.registry import Registry
 >>> reg = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
->>> raw = b'{"type":"request","experiment":"home","request_id":"r1","ts":1}'
+>>> raw = b'{"type":"request","experiment":"home","request_id":"r1","ts":1767225600}'
 >>> log = [(raw, Origin("f", None, 1))]
 >>> out = replay(log, reg)
 >>> [s["arm_name"] in ("a", "b") for s in out.selections]

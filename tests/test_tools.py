@@ -116,14 +116,18 @@ def test_separate_request_and_feedback_logs_merge_by_time_to_the_same_result(dem
 
 def test_on_event_time_a_ticket_expires_when_the_stream_passes_its_deadline():
     registry = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 10')
+    t0 = 1_767_225_600  # event times are Unix seconds within the ts window of the clock
+
+    def event(kind, rid, ts, **extra):
+        return orjson.dumps(
+            {"type": kind, "experiment": "e", "request_id": rid, "ts": t0 + ts, **extra}
+        )
+
     log = [
-        (b'{"type":"request","experiment":"e","request_id":"r1","ts":0}', Origin("l", None, 1)),
-        (b'{"type":"request","experiment":"e","request_id":"r2","ts":5}', Origin("l", None, 2)),
-        (
-            b'{"type":"feedback","experiment":"e","request_id":"r1","loss":1,"ts":11}',
-            Origin("l", None, 3),
-        ),
-        (b'{"type":"request","experiment":"e","request_id":"r3","ts":30}', Origin("l", None, 4)),
+        (event("request", "r1", 0), Origin("l", None, 1)),
+        (event("request", "r2", 5), Origin("l", None, 2)),
+        (event("feedback", "r1", 11, loss=1), Origin("l", None, 3)),
+        (event("request", "r3", 30), Origin("l", None, 4)),
     ]
     out = replay(log, registry)
     reasons = [(d["reason"], orjson.loads(d.get("raw") or b"{}")) for d in out.dead_letters]
@@ -244,7 +248,7 @@ def test_replay_reads_a_kafka_topic_range_from_the_real_broker(kafka_bootstrap, 
     create_topic(kafka_bootstrap, topic, partitions=2)
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for i in range(40):
-        event = {"type": "request", "experiment": "a", "request_id": f"r{i}", "ts": i}
+        event = {"type": "request", "experiment": "a", "request_id": f"r{i}", "ts": 1.8e9 + i}
         producer.produce(topic, orjson.dumps(event), key=b"a")
     producer.produce(topic, b"{broken", key=b"a")
     assert producer.flush(30) == 0
