@@ -183,7 +183,7 @@ class Instance:
     def on_request(self, request: Request, now: float) -> list[Output]:
         rid = request.request_id
         entry = self._get(rid)
-        if type(entry) is Open:
+        if type(entry) is Open or type(entry) is Settled:
             if entry.ticket.context != request.context:
                 return [
                     self._dead(
@@ -194,8 +194,6 @@ class Instance:
                     )
                 ]
             return [self._answer(rid, entry.ticket, entry.unit)]  # a retry: the same answer
-        if type(entry) is Settled:
-            return [self._answer(rid, entry.ticket, entry.unit)]
         refused = self._check_context(request)
         if refused is not None:
             return [refused]

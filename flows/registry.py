@@ -18,6 +18,7 @@ early_feedback_limit = 1000   # feedback waiting for its request, per instance
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import tomllib
@@ -73,29 +74,40 @@ class Experiment:
         return getattr(self.competition, "n_contexts", 1)
 
 
+COMPETITIONS = {"fixed": Fixed, "switching": Switching, "contextual": Contextual, "markov": Markov}
+
+
 def _competition(spec: Any, where: str) -> Any:
+    """A competition class from its registry spec: a name or ``{kind = ..., options}``."""
     if spec is None:
         return Fixed()
     if isinstance(spec, str):
         spec = {"kind": spec}
     if not isinstance(spec, dict):
         raise RegistryError(f"{where}: competition must be a table or a name, got {spec!r}")
-    options = {k: v for k, v in spec.items() if k != "kind"}
     kind = spec.get("kind")
+    cls = COMPETITIONS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise RegistryError(
+            f"{where}: unknown competition kind {kind!r} (fixed, switching, contextual or markov)"
+        )
+    options = {k: v for k, v in spec.items() if k != "kind"}
+    allowed = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+    unexpected = sorted(set(options) - set(allowed))
+    if unexpected:
+        takes = f"takes {', '.join(allowed)}" if allowed else "takes no options"
+        raise RegistryError(f"{where}: competition {kind!r} {takes}; unexpected {unexpected}")
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init and f.default is dataclasses.MISSING and f.name not in options
+    ]
+    if missing:
+        raise RegistryError(f"{where}: competition {kind!r} needs {', '.join(missing)}")
     try:
-        if kind == "fixed" and not options:
-            return Fixed()
-        if kind == "switching":
-            return Switching(**options)
-        if kind == "contextual":
-            return Contextual(**options)
-        if kind == "markov":
-            return Markov(**options)
+        return cls(**options)
     except (TypeError, ValueError) as exc:
         raise RegistryError(f"{where}: {exc}") from None
-    raise RegistryError(
-        f"{where}: unknown competition {spec!r} (fixed, switching, contextual or markov)"
-    )
 
 
 def _experiment(name: str, table: Any) -> Experiment:

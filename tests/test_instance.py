@@ -70,6 +70,11 @@ def test_request_id_reused_with_another_context_is_refused():
     [dead] = inst.on_request(request("r1", "ctx", context=2), 1.0)
     assert isinstance(dead, DeadLetter) and dead.reason == "context_mismatch"
     assert state(inst) == before
+    inst.on_feedback(feedback("r1", experiment="ctx"), 2.0)  # settled: a retry keeps its context
+    before = state(inst)
+    [dead] = inst.on_request(request("r1", "ctx", context=0), 3.0)
+    assert isinstance(dead, DeadLetter) and dead.reason == "context_mismatch"
+    assert state(inst) == before
 
 
 @pytest.mark.parametrize(

@@ -64,6 +64,18 @@ def test_environment_configures_the_service(tmp_path):
         ('[experiments.e]\narms = ["a"]\ncolour = 1', "unknown setting"),
         ('[experiments.e]\narms = ["a", "b"]\ncompetition = "magic"', "unknown competition"),
         (
+            '[experiments.e]\narms = ["a", "b"]\ncompetition = {kind = "fixed", rate = 0.1}',
+            r"'fixed' takes no options; unexpected \['rate'\]",
+        ),
+        (
+            '[experiments.e]\narms = ["a", "b"]\ncompetition = {kind = "contextual"}',
+            "'contextual' needs n_contexts",
+        ),
+        (
+            '[experiments.e]\narms = ["a", "b"]\ncompetition = {kind = "switching", pace = 1}',
+            r"takes rate, switches, horizon; unexpected \['pace'\]",
+        ),
+        (
             '[experiments.e]\narms = ["a", "b"]\ncompetition = {kind = "switching", rate = 2}',
             "rate must be in",
         ),
