@@ -9,14 +9,17 @@ feedback ─ parse ─ route ─┼─ merge ─ stateful ──┤
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 
 from flows.events import (
+    DEFAULT_DEAD_LETTER_RAW,
+    DEFAULT_TS_WINDOW,
     DeadLetter,
     Feedback,
     Origin,
@@ -51,12 +54,60 @@ class Wiring:
     inputs: dict[str, Open]
     selections: Callable[[str, Stream[KeyedBytes]], None]
     dead_letters: Callable[[str, Stream[KeyedBytes]], None]
-    parsers: dict[str, Callable[[bytes, Origin], object]] | None = None  # replaces PARSERS[kind]
+    # replaces PARSERS[kind]; called as parse(raw, origin, ts_window=...)
+    parsers: dict[str, Callable[..., object]] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.inputs) - set(PARSERS)
         if unknown or not self.inputs:
             raise ValueError(f"inputs must be some of {sorted(PARSERS)}, got {sorted(self.inputs)}")
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What the flow refuses before any instance sees it, and how dead letters are bounded.
+
+    ``ts_window``: an event's ``ts`` must lie within this many seconds of the wall clock.
+    ``dead_letter_raw``: original bytes a dead letter carries whole (see ``DeadLetter``).
+    ``skip``: (topic, partition, offset) of messages an operator chose to skip: each
+    becomes a ``skipped`` dead letter carrying its bytes, and changes nothing else.
+
+    >>> Guards(skip=parse_skips(["tsi.requests:0:17"])).skip
+    frozenset({('tsi.requests', 0, 17)})
+    """
+
+    ts_window: float = DEFAULT_TS_WINDOW
+    dead_letter_raw: int = DEFAULT_DEAD_LETTER_RAW
+    skip: frozenset[tuple[str, int, int]] = field(default_factory=frozenset)
+
+    def skipped(self, raw: bytes, origin: Origin) -> DeadLetter | None:
+        """The dead letter of a message the operator skipped, else None."""
+        if (origin.source, origin.partition, origin.offset) not in self.skip:
+            return None
+        return DeadLetter("skipped", "skipped by the operator (--skip-offset)", raw, origin)
+
+
+def parse_skips(specs: list[str]) -> frozenset[tuple[str, int, int]]:
+    """``TOPIC:PARTITION:OFFSET`` strings as a set (ValueError naming a bad one)."""
+    out = set()
+    for spec in specs:
+        topic, _, rest = spec.rpartition(":")
+        topic, _, partition = topic.rpartition(":")
+        if not topic or not partition.isdigit() or not rest.isdigit():
+            raise ValueError(f"--skip-offset must be TOPIC:PARTITION:OFFSET, got {spec!r}")
+        out.add((topic, int(partition), int(rest)))
+    return frozenset(out)
+
+
+def _parse_guarded(
+    parse: Callable[..., object], guards: Guards, message: Message
+) -> Request | Feedback | DeadLetter:
+    raw, origin = message
+    if guards.skip:
+        skipped = guards.skipped(raw, origin)
+        if skipped is not None:
+            return skipped
+    return parse(raw, origin, ts_window=guards.ts_window)
 
 
 def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] | DeadLetter:
@@ -83,12 +134,14 @@ def build_flow(
     flow_id: str = "tsi",
     snapshots: bool = True,
     event_time: bool = False,
+    guards: Guards = Guards(),
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
     ``snapshots=False`` when the flow runs without recovery: per-key snapshots are then
     never built (Bytewax asks for them at every epoch close regardless). ``event_time``
     for replays: the events' ``ts`` is the time (see ``flows.operator.InstanceLogic``).
+    ``guards``: the ts window, the dead letters' size bound, offsets to skip.
     """
     flow = Dataflow(flow_id)
     dead: list[Stream[DeadLetter]] = []
@@ -100,7 +153,7 @@ def build_flow(
         messages, source_errors = source(flow, f"{name}_in")
         if source_errors is not None:
             dead.append(source_errors)
-        parsed = op.map(f"parse_{name}", messages, lambda m, parse=parse: parse(m[0], m[1]))
+        parsed = op.map(f"parse_{name}", messages, functools.partial(_parse_guarded, parse, guards))
         keyed = op.map(
             f"route_{name}",
             parsed,
@@ -118,7 +171,8 @@ def build_flow(
     letters = op.map(
         "dead_letter_json",
         op.merge("dead_letters", *dead),
-        lambda d: (d.instance or "", count_dead_letter(d).to_json()),  # all of them pass here
+        # all of them pass here
+        lambda d: (d.instance or "", count_dead_letter(d).to_json(guards.dead_letter_raw)),
     )
     wiring.dead_letters("dead_letters_out", letters)
     return flow

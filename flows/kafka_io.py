@@ -15,15 +15,24 @@ pass any librdkafka property through `add_config`; it overrides the defaults set
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from bytewax.connectors.kafka import KafkaError, KafkaSinkMessage, KafkaSourceMessage
+import bytewax.operators as op
+from bytewax.connectors.kafka import (
+    KafkaError,
+    KafkaSinkMessage,
+    KafkaSource,
+    KafkaSourceMessage,
+)
 from bytewax.connectors.kafka import operators as kop
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, operator
+from bytewax.inputs import StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
 __all__ = [
@@ -41,6 +50,23 @@ set; its `timestamp` 0 means "now")."""
 #: Extra time `flush` is given beyond `message.timeout.ms`: librdkafka checks message
 #: timeouts about once a second, so the last report can arrive up to ~1 s late.
 _FLUSH_GRACE_S = 2.0
+
+#: Errors that refuse one message for what it is (its size or form), not for the state of
+#: the cluster: retrying the same bytes can never succeed.
+REFUSED_FOR_GOOD = frozenset(
+    {
+        ConfluentKafkaError.MSG_SIZE_TOO_LARGE,
+        ConfluentKafkaError.RECORD_LIST_TOO_LARGE,
+        ConfluentKafkaError.INVALID_RECORD,
+        ConfluentKafkaError.INVALID_MSG,
+        ConfluentKafkaError.INVALID_MSG_SIZE,
+    }
+)
+
+#: Builds a smaller stand-in for a message refused for good: (value, error) -> value.
+Replacement = Callable[[bytes, str], bytes]
+
+log = logging.getLogger(__name__)
 
 #: Consumer defaults of `kafka_messages` (before `add_config`). Bytewax sets none of these.
 SOURCE_DEFAULTS: dict[str, Any] = {
@@ -68,22 +94,31 @@ class _Deliveries:
 
     acked: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)  # (topic, error)
+    refused: list[tuple[Key, bytes, str]] = field(default_factory=list)  # (key, value, error)
 
     def __call__(self, err: ConfluentKafkaError | None, msg: Any) -> None:
         if err is None:
             self.acked += 1
+        elif err.code() in REFUSED_FOR_GOOD:
+            self.refused.append((msg.key(), msg.value() or b"", str(err)))
         else:
             self.errors.append((msg.topic() or "?", str(err)))
 
 
 class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
     def __init__(
-        self, producer: Producer, topic: str | None, timeout_s: float, client_errors: list[str]
+        self,
+        producer: Producer,
+        topic: str | None,
+        timeout_s: float,
+        client_errors: list[str],
+        replace: Replacement | None = None,
     ) -> None:
         self._producer = producer
         self._topic = topic
         self._timeout_s = timeout_s
         self._client_errors = client_errors  # filled by the producer's error_cb
+        self._replace = replace
 
     def _produce_args(self, item: KafkaItem) -> dict[str, Any]:
         if isinstance(item, KafkaSinkMessage):
@@ -108,27 +143,21 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
         return args
 
     def write_batch(self, items: list[KafkaItem]) -> None:
-        """Produce all items, flush, and raise unless the broker acknowledged every one."""
+        """Produce all items, flush, and raise unless the broker acknowledged every one.
+
+        With ``replace``, a message refused for good (too large, invalid) is written as the
+        stand-in ``replace`` builds for it instead; a stand-in refused too is logged with
+        its bytes at ERROR level, the last resort (the flow must not loop on it).
+        """
         if not items:
             return
         batch = [self._produce_args(item) for item in items]  # bad items fail before producing
-        reports = _Deliveries()
-        refused: list[tuple[str, str]] = []  # produce() itself raised
-        for args in batch:
-            while True:
-                try:
-                    self._producer.produce(**args, on_delivery=reports)
-                    break
-                except BufferError:  # local queue full: serve reports until there is room
-                    self._producer.poll(0.1)
-                except KafkaException as exc:  # e.g. topic known not to exist
-                    refused.append((args["topic"], str(exc.args[0] if exc.args else exc)))
-                    break
-            self._producer.poll(0)
-        still_queued = self._producer.flush(self._timeout_s + _FLUSH_GRACE_S)
+        reports = self._send(batch)
+        if reports.refused and self._replace is not None:
+            self._write_refused(reports)
         failed = len(batch) - reports.acked
         if failed:
-            errors = refused + reports.errors
+            errors = reports.errors + [(self._topic or "?", why) for *_, why in reports.refused]
             if errors:
                 first = f"first error on {errors[0][0]!r}: {errors[0][1]}"
             else:
@@ -136,12 +165,52 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
             topics = sorted({args["topic"] for args in batch})
             msg = (
                 f"Kafka did not acknowledge {failed} of {len(batch)} messages to topic "
-                f"{', '.join(topics)} ({still_queued} still queued); {first}"
+                f"{', '.join(topics)}; {first}"
             )
             if self._client_errors:
                 msg += f"; last client error: {self._client_errors[-1]}"
             raise RuntimeError(msg)
         self._client_errors.clear()  # report only errors seen since the last good batch
+
+    def _write_refused(self, reports: _Deliveries) -> None:
+        """Retry each refused message alone (the broker refuses a whole record batch when
+        one of its messages is too large), and write a stand-in for those refused alone."""
+        refused, reports.refused = reports.refused, []
+        for key, value, why in refused:
+            alone = self._send([{"topic": self._topic, "key": key, "value": value}])
+            if alone.refused:
+                log.warning("%s: a message was refused (%s); writing a stand-in", self._topic, why)
+                stand_in = {"topic": self._topic, "key": key, "value": self._replace(value, why)}
+                alone = self._send([stand_in])
+                for _, lost, again in alone.refused:
+                    log.error(
+                        "%s: stand-in refused too (%s), not written: %r", self._topic, again, lost
+                    )
+                    alone.acked += 1  # the last resort is this log line: never loop on it
+            reports.acked += alone.acked
+            reports.errors += alone.errors
+
+    def _send(self, batch: list[dict[str, Any]]) -> _Deliveries:
+        """Produce and flush ``batch``; the reports say what became of each message."""
+        reports = _Deliveries()
+        for args in batch:
+            while True:
+                try:
+                    self._producer.produce(**args, on_delivery=reports)
+                    break
+                except BufferError:  # local queue full: serve reports until there is room
+                    self._producer.poll(0.1)
+                except KafkaException as exc:  # e.g. larger than message.max.bytes
+                    err = exc.args[0] if exc.args else None
+                    why = err.str() if isinstance(err, ConfluentKafkaError) else str(exc)
+                    if isinstance(err, ConfluentKafkaError) and err.code() in REFUSED_FOR_GOOD:
+                        reports.refused.append((args.get("key"), args["value"] or b"", why))
+                    else:
+                        reports.errors.append((args["topic"], why))
+                    break
+            self._producer.poll(0)
+        self._producer.flush(self._timeout_s + _FLUSH_GRACE_S)
+        return reports
 
     def close(self) -> None:
         """Flush anything left (normally nothing: every batch was flushed)."""
@@ -161,7 +230,10 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
     batch, flushes, and raises `RuntimeError` (naming the topic, the number of messages not
     acknowledged and the first error) if any delivery failed or did not complete in time.
     The dataflow then stops and Bytewax recovery replays the epoch: at-least-once, with the
-    failed epoch's acknowledged messages written again.
+    failed epoch's acknowledged messages written again. A message refused for what it is
+    (``REFUSED_FOR_GOOD``: too large, invalid) would fail every replay the same way: with
+    ``replace`` it is written as the stand-in ``replace(value, error)`` returns instead
+    (the dead-letter sink writes ``flows.events.minimal_dead_letter``).
 
     Producer defaults (all overridable through `add_config`): `enable.idempotence=true`
     (no duplicates or reordering from internal retries), `acks=all`, `linger.ms=5`
@@ -176,6 +248,7 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         topic: str | None = None,
         add_config: dict[str, Any] | None = None,
         timeout_s: float = 30.0,
+        replace: Replacement | None = None,
     ) -> None:
         if not timeout_s > 0:
             msg = f"timeout_s must be positive, got {timeout_s!r}"
@@ -184,6 +257,7 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         self._topic = topic
         self._add_config = dict(add_config or {})
         self._timeout_s = float(timeout_s)
+        self._replace = replace
 
     def producer_config(self, step_id: str = "sink", worker_index: int = 0) -> dict[str, Any]:
         """The librdkafka configuration a worker's producer is built with."""
@@ -210,7 +284,56 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
                 user_cb(err)
 
         config["error_cb"] = on_error
-        return _CheckedPartition(Producer(config), self._topic, self._timeout_s, client_errors)
+        return _CheckedPartition(
+            Producer(config), self._topic, self._timeout_s, client_errors, self._replace
+        )
+
+
+class _CommittingPartition(StatefulSourcePartition[Any, int | None]):
+    """A Bytewax Kafka source partition that also commits its offsets to a consumer group.
+
+    Bytewax keeps the offsets in its recovery store and uses no group. Committing them as
+    well makes the service's progress and lag visible to standard Kafka tools. At each
+    snapshot (an epoch's close) the previous snapshot's offset is committed: that epoch is
+    done. Recovery never reads these commits; ``--no-recovery`` starts from them.
+    """
+
+    def __init__(self, inner: Any, topic: str, partition: int) -> None:
+        self._inner = inner
+        self._topic = topic
+        self._partition = partition
+        self._done: int | None = None  # the offset of the previous snapshot
+
+    def next_batch(self) -> Any:
+        return self._inner.next_batch()
+
+    def next_awake(self) -> datetime | None:
+        return self._inner.next_awake()
+
+    def snapshot(self) -> int | None:
+        offset = self._inner.snapshot()
+        if self._done is not None and self._done >= 0:
+            try:  # pinned Bytewax 0.21.1: its partition keeps the consumer as ``_consumer``
+                self._inner._consumer.commit(
+                    offsets=[TopicPartition(self._topic, self._partition, self._done)],
+                    asynchronous=True,
+                )
+            except KafkaException as exc:  # monitoring only: never stop the flow for it
+                log.warning("committing offset of %s[%d]: %s", self._topic, self._partition, exc)
+        self._done = offset
+        return offset
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class CommittingKafkaSource(KafkaSource):
+    """``bytewax.connectors.kafka.KafkaSource`` whose partitions commit to ``group.id``."""
+
+    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
+        inner = super().build_part(step_id, for_part, resume_state)
+        index, topic = for_part.split("-", 1)
+        return _CommittingPartition(inner, topic, int(index))
 
 
 def kafka_messages(
@@ -223,6 +346,7 @@ def kafka_messages(
     *,
     tail: bool = True,
     batch_size: int = 1000,
+    group_id: str | None = None,
 ) -> kop.KafkaOpOut[
     KafkaSourceMessage[bytes | None, bytes | None], KafkaError[bytes | None, bytes | None]
 ]:
@@ -233,8 +357,10 @@ def kafka_messages(
     per-message errors librdkafka returns from `consume()`. Each Kafka partition is a
     Bytewax input partition, assigned manually; the next offset to read is the recovery
     state, so with recovery a restart resumes where the last snapshot was taken
-    (`starting_offset` only applies without resume state). `tail=False` ends the input at
-    the end of every partition (tests, backfills).
+    (`starting_offset` only applies without resume state; `OFFSET_STORED` starts from
+    `group_id`'s committed offsets). `tail=False` ends the input at the end of every
+    partition (tests, backfills). With `group_id`, each epoch's offsets are committed to
+    that consumer group (see `CommittingKafkaSource`).
 
     Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
     `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
@@ -248,16 +374,27 @@ def kafka_messages(
     items, the input just waits and resumes when the broker is back.
     """
     config = {**SOURCE_DEFAULTS, **(add_config or {})}
-    return kop.input(
-        step_id,
-        flow,
-        brokers=_names("brokers", brokers),
-        topics=_names("topics", topics),
+    source_class = KafkaSource
+    if group_id is not None:
+        config["group.id"] = group_id
+        source_class = CommittingKafkaSource
+    source = source_class(
+        _names("brokers", brokers),
+        _names("topics", topics),
         tail=tail,
         starting_offset=starting_offset,
         add_config=config,
         batch_size=batch_size,
+        raise_on_errors=False,
     )
+    return _source_input(step_id, flow, source=source)
+
+
+@operator
+def _source_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> kop.KafkaOpOut:
+    """``bytewax.connectors.kafka.operators.input`` with a source of our choosing; the
+    same inner step ids, so recovery stores written before stay readable."""
+    return op.input("kafka_input", flow, source).then(kop._kafka_error_split, "split_err")
 
 
 class BrokerUnavailableError(ConnectionError):

@@ -180,8 +180,8 @@ def replay(
     parsers = {"request": parse_request, "feedback": parse_feedback}
     by_source = {source: parsers[kind] for source, kind in (kinds or {}).items()}
 
-    def parse(raw: bytes, origin: Origin) -> Any:
-        return by_source.get(origin.source, parse_event)(raw, origin)
+    def parse(raw: bytes, origin: Origin, **options: Any) -> Any:
+        return by_source.get(origin.source, parse_event)(raw, origin, **options)
 
     result = Replayed(events=len(messages))
     selections: list[tuple[str, bytes]] = []

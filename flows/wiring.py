@@ -11,11 +11,12 @@ import bytewax.operators as op
 from bytewax.connectors.files import FileSink
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.testing import TestingSink, TestingSource
+from confluent_kafka import OFFSET_BEGINNING
 
 from flows.dataflow import Message, Open, Wiring
-from flows.events import DeadLetter, Origin
+from flows.events import DeadLetter, Origin, minimal_dead_letter
 from flows.files import JsonLinesSource
-from flows.kafka_io import DeliveryCheckedKafkaSink, kafka_messages
+from flows.kafka_io import DeliveryCheckedKafkaSink, Replacement, kafka_messages
 
 
 def memory_wiring(
@@ -78,17 +79,29 @@ def kafka_wiring(
     consumer_config: dict[str, Any] | None = None,
     producer_config: dict[str, Any] | None = None,
     tail: bool = True,
+    group_id: str | None = None,
+    starting_offset: int = OFFSET_BEGINNING,
 ) -> Wiring:
     """Read and write Kafka; the message key of every output is the instance id.
 
     ``tail=False`` stops at the end of the input topics (replays, tests). Client settings
-    (SASL, TLS, ...) pass through the two config dicts untouched.
+    (SASL, TLS, ...) pass through the two config dicts untouched. With ``group_id`` the
+    sources commit each epoch's offsets to that group (monitoring; ``OFFSET_STORED`` as
+    ``starting_offset`` starts from them). A dead letter the broker refuses for good (too
+    large) is written as its ``minimal_dead_letter`` instead.
     """
 
     def source(topic: str) -> Open:
         def open_source(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
             read = kafka_messages(
-                step, flow, brokers, [topic], add_config=consumer_config, tail=tail
+                step,
+                flow,
+                brokers,
+                [topic],
+                starting_offset,
+                add_config=consumer_config,
+                tail=tail,
+                group_id=group_id,
             )
             messages = op.map(
                 f"{step}_messages",
@@ -101,17 +114,18 @@ def kafka_wiring(
 
         return open_source
 
-    def sink(topic: str) -> Callable[[str, Stream], None]:
-        return lambda step, up: op.output(
-            step, up, DeliveryCheckedKafkaSink(brokers, topic, producer_config)
-        )
+    def sink(topic: str, replace: Replacement | None = None) -> Callable[[str, Stream], None]:
+        checked = DeliveryCheckedKafkaSink(brokers, topic, producer_config, replace=replace)
+        return lambda step, up: op.output(step, up, checked)
 
     inputs = (
         {"events": source(topics.events)}
         if topics.events is not None
         else {"requests": source(topics.requests), "feedback": source(topics.feedback)}
     )
-    return Wiring(inputs, sink(topics.selections), sink(topics.dead_letters))
+    return Wiring(
+        inputs, sink(topics.selections), sink(topics.dead_letters, replace=minimal_dead_letter)
+    )
 
 
 def _kafka_dead_letter(error: Any) -> DeadLetter:

@@ -165,3 +165,78 @@ def test_source_resumes_past_deleted_records(kafka_bootstrap: str) -> None:
     op.output("oks", msgs.oks, TestingSink(stock))
     run_main(flow)
     assert stock == []  # silently skipped 5..9
+
+
+def _small_topic(bootstrap: str, limit: int) -> str:
+    """A topic whose broker-side max.message.bytes is `limit`."""
+    from confluent_kafka.admin import NewTopic
+
+    name = unique_topic("small")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(name, num_partitions=1, config={"max.message.bytes": str(limit)})
+    admin.create_topics([new])[name].result(30)
+    return create_topic(bootstrap, name)  # waits for its leader
+
+
+@pytest.mark.parametrize("refused_by", ["broker", "producer"])
+def test_a_message_refused_for_good_is_replaced_not_looped_on(kafka_bootstrap, refused_by):
+    """Too large for the topic (the broker refuses) or for message.max.bytes (the client
+    refuses): the stand-in is written in its place, the rest of the batch is delivered."""
+    limit = 20_000
+    if refused_by == "broker":
+        topic, config = _small_topic(kafka_bootstrap, limit), {}
+    else:
+        topic = create_topic(kafka_bootstrap, unique_topic("big"))
+        config = {"message.max.bytes": limit}
+    items = [("k", b"a" * 100), ("k", b"b" * 50_000), ("k", b"c" * 100)]
+    stand_in = lambda value, why: f"{len(value)} refused: {why[-40:]}".encode()  # noqa: E731
+    sink = DeliveryCheckedKafkaSink(
+        [kafka_bootstrap], topic, config, timeout_s=10, replace=stand_in
+    )
+    run_sink(items, sink)
+    values = [v for _, v, _ in consume_all(kafka_bootstrap, topic)[0]]
+    assert values[0] == b"a" * 100 and b"c" * 100 in values and len(values) == 3
+    [written] = [v for v in values if v.startswith(b"50000 refused")]
+    assert b"too large" in written.lower() or b"size" in written.lower()
+
+
+def test_without_a_replacement_a_message_refused_for_good_fails_the_flow(kafka_bootstrap):
+    topic = _small_topic(kafka_bootstrap, 20_000)
+    sink = DeliveryCheckedKafkaSink([kafka_bootstrap], topic, timeout_s=10)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - Bytewax wraps the error
+        run_sink([("k", b"x" * 50_000)], sink)
+    assert "did not acknowledge 1 of 1" in error_chain(caught.value)
+
+
+def test_source_commits_each_finished_epoch_to_its_group(kafka_bootstrap):
+    from confluent_kafka import Consumer
+
+    topic = create_topic(kafka_bootstrap, unique_topic("group"), partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(200):
+        producer.produce(topic, f"m{i}".encode(), key=str(i % 5))
+    assert producer.flush(30) == 0
+    group = unique_topic("tsi-group")
+    flow = Dataflow("commit_test")
+    read = kafka_messages(
+        "in",
+        flow,
+        [kafka_bootstrap],
+        [topic],
+        add_config={"fetch.wait.max.ms": 10},
+        tail=False,
+        group_id=group,
+    )
+    got: list = []
+    op.output("out", read.oks, TestingSink(got))
+    from datetime import timedelta
+
+    run_main(flow, epoch_interval=timedelta(milliseconds=50))
+    assert len(got) == 200
+    watcher = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    committed = watcher.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=10)
+    watcher.close()
+    ends = {tp.partition: tp.offset for tp in committed}
+    sizes = {p: len(m) for p, m in consume_all(kafka_bootstrap, topic).items()}
+    # offsets of finished epochs: never past the end, and past 0 where messages were read
+    assert all(0 < ends[p] <= sizes[p] for p in (0, 1) if sizes[p]), (ends, sizes)
