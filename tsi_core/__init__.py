@@ -9,6 +9,7 @@
 from tsi_core.bandit import Bandit, TicketError
 from tsi_core.batch import BatchBandit, TicketBatch
 from tsi_core.competition import Contextual, Fixed, Markov, Switching, competition_from_dict
+from tsi_core.migrate import Migration, migrate, remap_ticket
 from tsi_core.ticket import Ticket
 
 __all__ = [
@@ -17,9 +18,12 @@ __all__ = [
     "Contextual",
     "Fixed",
     "Markov",
+    "Migration",
     "Switching",
     "Ticket",
     "TicketBatch",
     "TicketError",
     "competition_from_dict",
+    "migrate",
+    "remap_ticket",
 ]

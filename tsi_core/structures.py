@@ -81,6 +81,21 @@ class Structure:
             np.array([n_updates]),
         )
 
+    def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
+        """log w of one instance, shape (n_contexts, M), up to a constant per context."""
+        rows = [self.arm_weights_one(state, row, c) for row in range(self.n_contexts)]
+        with np.errstate(divide="ignore"):
+            return np.log(np.array(rows, dtype=float))
+
+    def log_weight_scale(self, c: float) -> float | None:
+        """k with log w = k·state when the state keeps one value per arm on its last axis
+        (up to a constant per context); None when it does not (classes, not arms)."""
+        return None
+
+    def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
+        """One instance's state whose arm distribution is exp(log_p), shape (n_contexts, M)."""
+        raise NotImplementedError
+
 
 def _log_normalise(logw: np.ndarray) -> np.ndarray:
     """Subtract each instance's log-sum-exp over axis 0 (all -inf stays -inf)."""
@@ -145,6 +160,17 @@ class CumulativeLoss(Structure):
             state *= step.ratio
         state[context, arm] += step.x
 
+    def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
+        return -c * state
+
+    def log_weight_scale(self, c: float) -> float | None:
+        return -c
+
+    def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
+        """Φ/D = (max log p - log p) / c; a p of 0 becomes the smallest positive float's log."""
+        floored = np.maximum(log_p, math.log(math.ulp(0.0)))
+        return (floored.max(axis=1, keepdims=True) - floored) / c
+
 
 class SwitchingWeights(Structure):
     """Fixed-share transition over arms, O(M) per update, in the log domain."""
@@ -208,6 +234,15 @@ class SwitchingWeights(Structure):
         lse = math.log(sum([math.exp(v - top) for v in logw])) + top
         state[:] = [v - lse for v in logw]
 
+    def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
+        return state[None, :].copy()
+
+    def log_weight_scale(self, c: float) -> float | None:
+        return 1.0
+
+    def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
+        return np.array(log_p[0], dtype=float)
+
     def _share(self, logw: np.ndarray, n_updates: np.ndarray) -> np.ndarray:
         """w' = (1-α)·z + α/(M-1)·(Σz - z), computed without cancellation when possible."""
         m = self.n_arms
@@ -247,6 +282,19 @@ class MarkovWeights(Structure):
 
     def initial_state(self, n: int) -> np.ndarray:
         return np.repeat(self.log_initial[:, None], n, axis=1)
+
+    def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
+        """Each arm's p spread over its classes in proportion to their initial prior (evenly
+        where that prior is all 0); an arm with no class loses its mass."""
+        prior = np.exp(self.log_initial)
+        mass = np.bincount(self.arm_of, prior, self.n_arms)[self.arm_of]
+        count = np.bincount(self.arm_of, minlength=self.n_arms)[self.arm_of]
+        within = np.where(mass > 0, prior / np.where(mass > 0, mass, 1.0), 1.0 / count)
+        with np.errstate(divide="ignore"):
+            logw = log_p[0][self.arm_of] + np.log(within)
+        if not np.isfinite(logw).any():
+            return self.log_initial.copy()
+        return _log_normalise(logw[:, None])[:, 0]
 
     def arm_weights(self, state, rows, contexts, c) -> np.ndarray:
         logw = state[:, rows]
