@@ -30,7 +30,7 @@ from flows.events import (
 )
 from flows.metrics import count_dead_letter
 from flows.operator import Routed, logic_builder
-from flows.registry import Registry
+from flows.registry import LiveRegistry, Registry
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
@@ -128,7 +128,7 @@ def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] |
 
 
 def build_flow(
-    registry: Registry,
+    registry: Registry | LiveRegistry,
     wiring: Wiring,
     clock: Callable[[], float] = time.time,
     flow_id: str = "tsi",
@@ -141,8 +141,10 @@ def build_flow(
     ``snapshots=False`` when the flow runs without recovery: per-key snapshots are then
     never built (Bytewax asks for them at every epoch close regardless). ``event_time``
     for replays: the events' ``ts`` is the time (see ``flows.operator.InstanceLogic``).
-    ``guards``: the ts window, the dead letters' size bound, offsets to skip.
+    ``guards``: the ts window, the dead letters' size bound, offsets to skip. A
+    ``LiveRegistry`` lets the service swap the registry while the flow runs.
     """
+    live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     flow = Dataflow(flow_id)
     dead: list[Stream[DeadLetter]] = []
     routed: list[Stream[tuple[str, Routed]]] = []
@@ -157,13 +159,13 @@ def build_flow(
         keyed = op.map(
             f"route_{name}",
             parsed,
-            lambda e: e if isinstance(e, DeadLetter) else route(registry, e),
+            lambda e: e if isinstance(e, DeadLetter) else route(live.current, e),
         )
         split = op.branch(f"split_{name}", keyed, lambda e: isinstance(e, DeadLetter))
         dead.append(split.trues)
         routed.append(split.falses)
     events = op.merge("events", *routed)
-    outputs = op.stateful("bandit", events, logic_builder(registry, clock, snapshots, event_time))
+    outputs = op.stateful("bandit", events, logic_builder(live, clock, snapshots, event_time))
     answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
     dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))
     selections = op.map("selection_json", answers.falses, lambda kv: (kv[0], kv[1].to_json()))

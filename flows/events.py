@@ -64,7 +64,7 @@ class Feedback:
     unit: str | None
     request_id: str
     loss: float
-    arm: int | None
+    arm: int | str | None  # the served arm's index or name, if the sender echoes it
     ts: float | None
     raw: bytes
     origin: Origin
@@ -224,6 +224,17 @@ def _optional_index(data: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def _optional_arm(data: dict[str, Any]) -> int | str | None:
+    """The served arm a feedback echoes: its index, or its name (which survives arms being
+    reordered in the registry)."""
+    value = data.get("arm")
+    if isinstance(value, str):
+        if not value or len(value) > MAX_ID_LENGTH:
+            raise _InvalidError("bad_value", f"arm must have 1 to {MAX_ID_LENGTH} characters")
+        return value
+    return _optional_index(data, "arm")
+
+
 def _optional_time(data: dict[str, Any], window: float) -> float | None:
     value = data.get("ts")
     if value is None:
@@ -273,7 +284,7 @@ def _feedback(data: dict[str, Any], raw: bytes, origin: Origin, window: float) -
         unit=_identifier(data, "unit", required=False),
         request_id=_identifier(data, "request_id"),
         loss=_loss(data),
-        arm=_optional_index(data, "arm"),
+        arm=_optional_arm(data),
         ts=_optional_time(data, window),
         raw=bytes(raw),
         origin=origin,

@@ -31,7 +31,7 @@ class InstanceView:
     instance: str
     experiment: str
     unit: str | None
-    arms: list[str]
+    arms: list[str]  # as the snapshot knows them (a changed registry applies on restart)
     q: list[list[float]]  # one row per context (one row without contexts)
     rounds: int  # selections made
     updates: int  # feedback applied
@@ -41,6 +41,7 @@ class InstanceView:
     psi: float | None  # smallest loss seen
     range_d: float  # D, the range estimate (0 before the first loss above ψ)
     eta: float  # current learning rate (inf before)
+    archived: bool = False  # its experiment is not in the registry given: state kept as is
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -62,7 +63,7 @@ def describe(key: str, state: dict[str, Any], registry: Registry | None = None) 
     except (KeyError, TypeError, ValueError) as exc:
         raise InspectError(f"instance {key!r}: unreadable snapshot ({exc})") from None
     spec = registry.get(experiment) if registry is not None else None
-    arms = list(spec.arms) if spec is not None else [str(i) for i in range(bandit.n_arms)]
+    arms = _arm_names(state, spec, bandit.n_arms)
     contexts = bandit.structure.n_contexts
     rows = [None] if contexts == 1 else list(range(contexts))
     q = [bandit.probabilities(context=c).tolist() for c in rows]
@@ -81,7 +82,19 @@ def describe(key: str, state: dict[str, Any], registry: Registry | None = None) 
         None if math.isinf(bandit.psi) else bandit.psi,
         bandit.D,
         bandit.eta,
+        registry is not None and spec is None,
     )
+
+
+def _arm_names(state: dict[str, Any], spec: Any, n_arms: int) -> list[str]:
+    """The arms a snapshot was taken with: its own names; for snapshots that kept none, the
+    registry's when their number matches, else positions."""
+    names = state.get("arms")
+    if isinstance(names, list) and len(names) == n_arms:
+        return [str(n) for n in names]
+    if spec is not None and len(spec.arms) == n_arms:
+        return list(spec.arms)
+    return [f"#{i}" for i in range(n_arms)]
 
 
 def select_instances(
@@ -108,6 +121,7 @@ def render(views: list[InstanceView]) -> str:
         lines.append(
             f"{v.instance}  rounds {v.rounds:,}  feedback {v.updates:,}  open {v.open_tickets:,}"
             f"  early {v.early_feedback:,}  ψ {_num(v.psi)}  D {_num(v.range_d)}  η {_num(v.eta)}"
+            + ("  (archived: its experiment is not in the registry)" if v.archived else "")
         )
         for c, row in enumerate(v.q):
             label = "  q" if len(v.q) == 1 else f"  q[context {c}]"

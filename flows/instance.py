@@ -89,7 +89,16 @@ class Instance:
     as nothing, one entry, or (from two on) a dict with a heap of deadlines.
     """
 
-    __slots__ = ("_bandit", "_deadlines", "_entries", "_n_early", "_packed", "experiment", "key")
+    __slots__ = (
+        "_bandit",
+        "_deadlines",
+        "_entries",
+        "_n_early",
+        "_notices",
+        "_packed",
+        "experiment",
+        "key",
+    )
 
     def __init__(self, experiment: Experiment, key: str, bandit: Bandit | None = None) -> None:
         self.experiment = experiment
@@ -99,6 +108,57 @@ class Instance:
         self._entries: Entry | dict[str, Entry] | None = None
         self._deadlines: list[tuple[float, str]] | None = None  # heap, only beside a dict
         self._n_early = 0
+        self._notices: list[Output] | None = None  # dead letters of a registry change
+
+    # ------------------------------------------------------- registry changes
+    def follow(self, experiment: Experiment, old_arms: tuple[str, ...] | None = None) -> None:
+        """Become an instance of ``experiment`` (its definition changed in the registry),
+        keeping what was learned: arms are matched by name (``Experiment.arm_map``) and the
+        bandit migrated (``tsi_core.migrate``). Open tickets of a retired arm (or context)
+        are closed with an ``arm_retired`` (``context_retired``) dead letter, which
+        ``take_notices`` hands out; answers kept for retries of a retired arm are dropped.
+        """
+        old_arms = self.experiment.arms if old_arms is None else old_arms
+        bandit = self.bandit  # unpacked with the definition it was packed with
+        if experiment.same_state_as(old_arms, bandit):
+            self.experiment = experiment
+            return
+        moved = bandit.migrate(
+            experiment.arm_map(old_arms),
+            competition=experiment.competition,
+            gamma=experiment._template.gamma,
+            new_arm_share=experiment.new_arm_share,
+        )
+        notices: list[Output] = []
+        for entry in list(self.entries().values()):
+            if type(entry) is Open:
+                ticket = moved.tickets[entry.ticket.round]
+                if ticket is None:
+                    notices.append(self._retired(entry, moved.new_index_of_old, old_arms))
+            elif type(entry) is Settled:
+                ticket = moved.remap(entry.ticket)
+            else:
+                continue
+            if ticket is None:
+                self._drop(entry)
+            else:
+                entry.ticket = ticket
+        self._bandit, self._packed, self.experiment = moved.bandit, None, experiment
+        if notices:
+            self._notices = (self._notices or []) + notices
+
+    def take_notices(self) -> list[Output]:
+        """Dead letters a registry change produced, once."""
+        notices, self._notices = self._notices or [], None
+        return notices
+
+    def _retired(self, served: Open, kept: dict[int, int], old_arms: tuple[str, ...]) -> DeadLetter:
+        arm = served.ticket.arm
+        reason = "context_retired" if arm in kept else "arm_retired"
+        what = f"context {served.ticket.context}" if arm in kept else f"arm {old_arms[arm]!r}"
+        letter = self._expired(served)
+        detail = f"{what} of request_id {served.rid!r} left the experiment's definition"
+        return DeadLetter(reason, detail, letter.raw, served.origin, self.key)
 
     @property
     def bandit(self) -> Bandit:
@@ -254,13 +314,15 @@ class Instance:
                 ]
             self._put(Early(rid, feedback, now + self.experiment.feedback_ttl))
             return []
-        if feedback.arm is not None and feedback.arm != entry.ticket.arm:
+        served = entry.ticket.arm
+        named = feedback.arm
+        if named is not None and named != served and named != self.experiment.arms[served]:
             return [
                 self._dead(
                     feedback,
                     "arm_mismatch",
-                    f"request_id {rid!r} was served arm {entry.ticket.arm}, "
-                    f"feedback names arm {feedback.arm}",
+                    f"request_id {rid!r} was served arm {served} "
+                    f"({self.experiment.arms[served]!r}), feedback names arm {named!r}",
                 )
             ]
         self.bandit.update(entry.ticket, feedback.loss)
@@ -347,6 +409,7 @@ class Instance:
         return {
             "experiment": self.experiment.name,
             "key": self.key,
+            "arms": list(self.experiment.arms),
             "bandit": self.bandit.to_dict(),
             "open": [_open_to_dict(o) for o in self.open.values()],
             "settled": [
@@ -364,8 +427,10 @@ class Instance:
         return inst
 
     def restore(self, experiment: Experiment, data: dict[str, Any]) -> None:
-        """Become the instance ``data`` (from ``to_dict``) describes."""
-        Instance.__init__(self, experiment, data["key"], Bandit.from_dict(data["bandit"]))
+        """Become the instance ``data`` (from ``to_dict``) describes, following ``experiment``
+        if its definition changed since (see ``follow``)."""
+        bandit = Bandit.from_dict(data["bandit"])
+        Instance.__init__(self, experiment, data["key"], bandit)
         for item in data["open"]:
             ticket = Ticket.from_dict(item["ticket"])
             origin = Origin(*item["origin"])
@@ -374,7 +439,18 @@ class Instance:
             self._put(Settled(rid, Ticket.from_dict(ticket), unit, forget))
         for rid, feedback, deadline in data["early"]:
             self._put(Early(rid, _feedback_from_dict(feedback), deadline))
+        self.follow(experiment, _arms_of(data, experiment, bandit.n_arms))
         self.rest()  # a restored instance starts packed
+
+
+def _arms_of(data: dict[str, Any], experiment: Experiment, n_arms: int) -> tuple[str, ...]:
+    """The arm names a snapshot was taken with. Snapshots written before they were kept
+    name none: then the experiment's first ``n_arms`` arms, by position, are assumed."""
+    arms = data.get("arms")
+    if arms is not None:
+        return tuple(arms)
+    named = experiment.arms[:n_arms]
+    return named + tuple(f"#{i}" for i in range(len(named), n_arms))
 
 
 def _open_to_dict(o: Open) -> dict[str, Any]:

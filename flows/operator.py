@@ -7,6 +7,7 @@ letter for that event and the dataflow keeps running.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -17,7 +18,9 @@ from bytewax.operators import StatefulLogic
 from flows.events import DeadLetter, Feedback, Request
 from flows.instance import Instance, Output
 from flows.metrics import entry_kind, observe_expired, observe_item, observe_restored
-from flows.registry import Registry
+from flows.registry import Experiment, LiveRegistry, Registry
+
+log = logging.getLogger(__name__)
 
 Routed = tuple[str, Request | Feedback]  # (instance key, event)
 
@@ -32,19 +35,32 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     On event time (replays, the demo) ``now`` is the event's own ``ts`` (else the clock),
     deadlines pass when an instance's next event or the end of the input passes them, and
     Bytewax's wall-clock notifications are not used: the same input gives the same output.
+
+    The registry may change under an instance (a restart with an edited file, or a live
+    reload): it follows its experiment's new definition on restore or on its next event
+    (``Instance.follow``). The state of an experiment removed from the registry is kept
+    as it is (archived: snapshotted unchanged, shown by ``tsi inspect``) and comes back
+    to life if the experiment returns.
     """
 
-    __slots__ = ()
-    registry: Registry
+    __slots__ = ("_archived",)
+    registry: LiveRegistry
     clock: Callable[[], float]
     snapshots: bool
     event_time: bool
 
     def __init__(self, resume: dict[str, Any] | None) -> None:
         self.key = None  # not bound to an experiment yet
+        self._archived = None
         if resume:
-            experiment = self.registry.get(resume["experiment"])
-            if experiment is not None:  # an experiment removed from the registry is dropped
+            experiment = self.registry.current.get(resume["experiment"])
+            if experiment is None:
+                self._archived = resume
+                log.warning(
+                    "instance %r kept as archived: its experiment left the registry",
+                    resume.get("key"),
+                )
+            else:
                 self.restore(experiment, resume)
                 observe_restored(self)
 
@@ -57,12 +73,15 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         key, event = value
         started, before, now = time.perf_counter(), entry_kind(self, event.request_id), None
         try:
+            experiment = self.registry.current[event.experiment]
             if self.key is None:
-                Instance.__init__(self, self.registry[event.experiment], key)
-            expired: list[Output] = []
+                self._bind(experiment, key)
+            elif experiment is not self.experiment:
+                self.follow(experiment)  # the registry was reloaded
+            expired: list[Output] = self.take_notices() if self._notices else []
             if self.event_time:
                 now = self.clock() if event.ts is None else event.ts
-                expired = self.expire(now)
+                expired += self.expire(now)
                 observe_expired(self, expired)  # never raises
                 before = entry_kind(self, event.request_id)
             else:
@@ -80,39 +99,51 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         observe_item(self, event, before, out, started, now)  # never raises
         return out, StatefulLogic.RETAIN
 
+    def _bind(self, experiment: Experiment, key: str) -> None:
+        """The first event of a key: a new instance, or an archived one coming back."""
+        archived, self._archived = self._archived, None
+        if archived is None:
+            Instance.__init__(self, experiment, key)
+        else:
+            self.restore(experiment, archived)
+
     def on_notify(self) -> tuple[Iterable[Output], bool]:
         if self.key is None:
             return [], StatefulLogic.RETAIN
-        out = self.expire(self.clock())
+        out = self.take_notices() + self.expire(self.clock())
         observe_expired(self, out)  # never raises
         return out, StatefulLogic.RETAIN
 
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         """On event time, the end of the input is the last moment: expire what is due."""
-        if self.key is None or not self.event_time:
+        if self.key is None:
             return [], StatefulLogic.RETAIN
-        out = self.expire(self.clock())
+        out = self.take_notices()
+        if self.event_time:
+            out += self.expire(self.clock())
         observe_expired(self, out)  # never raises
         return out, StatefulLogic.RETAIN
 
     def notify_at(self) -> datetime | None:
-        due = None if self.key is None or self.event_time else self.next_deadline()
+        if self.key is None or self.event_time:
+            return None
+        due = self.clock() if self._notices else self.next_deadline()
         return None if due is None else datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
         """The instance's state for recovery. Bytewax asks for it at every epoch close, for
         every key touched, recovery or not: without recovery nothing is built. It is also
         the moment to pack the bandit (``Instance.rest``): busy keys stay live within an
-        epoch, the many idle ones stay small."""
+        epoch, the many idle ones stay small. An archived instance keeps its state."""
         if self.key is None:
-            return None
+            return self._archived
         state = self.to_dict() if self.snapshots else None
         self.rest()
         return state
 
 
 def logic_builder(
-    registry: Registry,
+    registry: Registry | LiveRegistry,
     clock: Callable[[], float] = time.time,
     snapshots: bool = True,
     event_time: bool = False,
@@ -122,8 +153,9 @@ def logic_builder(
     ``snapshots=False`` (no recovery configured) skips building snapshots;
     ``event_time=True`` runs on the events' own time (see ``InstanceLogic``).
     """
+    live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     settings = {
-        "registry": registry,
+        "registry": live,
         "clock": staticmethod(clock),
         "snapshots": snapshots,
         "event_time": event_time,

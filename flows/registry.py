@@ -9,7 +9,12 @@ feedback_ttl = 3600      # seconds a selection waits for its feedback
 per_unit = true          # one bandit per unit (user), or one shared by the experiment
 seed = 42                # seeds the hashed draws
 early_feedback_limit = 1000   # feedback waiting for its request, per instance
+new_arm_share = 0.1      # optional: p of an arm added later (default: the mean log-weight)
+renamed_arms = { green = "lime" }   # optional: arm "green" is now called "lime"
 ```
+
+Arms are matched by name when the registry changes under learned state (see
+``Experiment.arm_map`` and the README's "Changing an experiment").
 
 >>> r = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> r["home"].instance_key(None), r["home"].feedback_ttl
@@ -47,6 +52,29 @@ class Experiment:
     per_unit: bool = False
     seed: int = 0
     early_feedback_limit: int = 1000
+    new_arm_share: float | None = None
+    renamed_arms: tuple[tuple[str, str], ...] = ()  # (old name, new name)
+
+    def arm_map(self, old_arms: tuple[str, ...]) -> list[int | None]:
+        """For each arm, its index among ``old_arms`` (by name, following ``renamed_arms``),
+        or None for an arm that is new.
+
+        >>> e = Experiment("e", ("b", "c", "z"), None, renamed_arms=(("x", "z"),))
+        >>> e.arm_map(("a", "b", "x"))
+        [1, None, 2]
+        """
+        before = {new: old for old, new in self.renamed_arms}
+        where = {name: i for i, name in enumerate(old_arms)}
+        return [where.get(before.get(arm, arm)) for arm in self.arms]
+
+    def same_state_as(self, old_arms: tuple[str, ...], bandit: Bandit) -> bool:
+        """Whether a bandit built for ``old_arms`` is already one of this experiment."""
+        template = self._template
+        return (
+            old_arms == self.arms
+            and bandit.gamma == template.gamma
+            and bandit.competition.to_dict() == template.competition.to_dict()
+        )
 
     def instance_key(self, unit: str | None) -> str:
         """The instance a request or feedback belongs to (raises KeyError if unit is missing)."""
@@ -122,6 +150,8 @@ def _experiment(name: str, table: Any) -> Experiment:
         "per_unit",
         "seed",
         "early_feedback_limit",
+        "new_arm_share",
+        "renamed_arms",
     }
     unknown = sorted(set(table) - known)
     if unknown:
@@ -145,6 +175,20 @@ def _experiment(name: str, table: Any) -> Experiment:
     limit = table.get("early_feedback_limit", 1000)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise RegistryError(f"{where}: early_feedback_limit must be an integer >= 0")
+    share = table.get("new_arm_share")
+    if share is not None and (
+        isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1
+    ):
+        raise RegistryError(f"{where}: new_arm_share must be a number in (0, 1), got {share!r}")
+    renamed = table.get("renamed_arms", {})
+    if not isinstance(renamed, dict) or not all(
+        isinstance(old, str) and isinstance(new, str) and new in arms and old not in arms
+        for old, new in renamed.items()
+    ):
+        raise RegistryError(
+            f"{where}: renamed_arms maps old arm names (no longer in arms) to names in arms, "
+            f"got {renamed!r}"
+        )
     competition = _competition(table.get("competition"), where)
     gamma, seed = table.get("gamma"), table.get("seed", 0)
     try:
@@ -160,6 +204,8 @@ def _experiment(name: str, table: Any) -> Experiment:
         per_unit,
         seed,
         limit,
+        None if share is None else float(share),
+        tuple(sorted(renamed.items())),
     )
 
 
@@ -196,3 +242,39 @@ class Registry:
         except OSError as exc:
             raise RegistryError(f"cannot read registry {path}: {exc.strerror}") from None
         return cls.from_toml(text)
+
+
+class LiveRegistry:
+    """The registry a running flow reads: ``current``, replaced whole by ``reload``.
+
+    ``reload`` reads the file again and keeps the new registry pending; ``apply`` makes it
+    current (the service calls it when an epoch closes, so every event of an epoch sees one
+    registry). A file that does not load is reported and changes nothing.
+
+    >>> live = LiveRegistry(Registry.from_toml('[experiments.a]\\narms = ["x"]'))
+    >>> live.current.get("a").arms
+    ('x',)
+    """
+
+    def __init__(self, registry: Registry, path: str | Path | None = None) -> None:
+        self.current = registry
+        self.path = path
+        self._pending: Registry | None = None
+
+    def reload(self) -> str:
+        """Read the file again; the new registry waits for ``apply``. Returns what happened."""
+        if self.path is None:
+            return "registry reload ignored: the registry was not read from a file"
+        try:
+            self._pending = Registry.load(self.path)
+        except RegistryError as exc:
+            return f"registry reload refused, the running registry stays: {exc}"
+        return f"registry {self.path} reloaded: applied when the current epoch closes"
+
+    def apply(self) -> bool:
+        """Make a reloaded registry current; True if there was one."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return False
+        self.current = pending
+        return True
