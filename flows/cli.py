@@ -377,5 +377,119 @@ def replay(
     )
 
 
+# ---------------------------------------------------------------------------- tsi topics
+topics_app = typer.Typer(no_args_is_help=True, help="Create and check the service's Kafka topics.")
+app.add_typer(topics_app, name="topics")
+
+_BROKERS = typer.Option(
+    "127.0.0.1:9092", envvar="KAFKA_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers."
+)
+_KAFKA_CONFIG = typer.Option(
+    None, envvar="TSI_KAFKA_CONFIG", help="TOML client settings (SASL, TLS), as for tsi run."
+)
+_REQUESTS = typer.Option(Topics.requests, envvar="TSI_TOPIC_REQUESTS", help="Requests topic.")
+_FEEDBACK = typer.Option(Topics.feedback, envvar="TSI_TOPIC_FEEDBACK", help="Feedback topic.")
+_EVENTS = typer.Option(
+    None, envvar="TSI_TOPIC_EVENTS", help="One topic for requests and feedback; replaces the two."
+)
+_SELECTIONS = typer.Option(
+    Topics.selections, envvar="TSI_TOPIC_SELECTIONS", help="Selections topic."
+)
+_DLQ = typer.Option(Topics.dead_letters, envvar="TSI_TOPIC_DLQ", help="Dead-letter topic.")
+_TIMEOUT = typer.Option(30.0, min=0.1, help="Seconds to wait for the brokers.")
+
+
+def _service_topic_names(
+    requests: str, feedback: str, events: str | None, selections: str, dlq: str
+) -> list[str]:
+    from flows.topics import service_topics
+
+    inputs, outputs = service_topics(Topics(requests, feedback, selections, dlq, events or None))
+    return inputs + outputs
+
+
+@topics_app.command("create")
+def topics_create(
+    brokers: str = _BROKERS,
+    kafka_config: Path | None = _KAFKA_CONFIG,
+    requests_topic: str = _REQUESTS,
+    feedback_topic: str = _FEEDBACK,
+    events_topic: str | None = _EVENTS,
+    selections_topic: str = _SELECTIONS,
+    dlq_topic: str = _DLQ,
+    partitions: int | None = typer.Option(
+        None, min=1, help="Partitions of new topics (default 3); if given, existing must match."
+    ),
+    replication_factor: int | None = typer.Option(
+        None, min=1, help="Replicas of new topics (default 1); if given, existing must match."
+    ),
+    dlq_max_message_bytes: int | None = typer.Option(
+        None, min=1, help="max.message.bytes of a new dead-letter topic; if given, existing too."
+    ),
+    timeout: float = _TIMEOUT,
+) -> None:
+    """Create the service's topics: requests, feedback (or --events-topic), selections, DLQ.
+
+    Idempotent: an existing topic is reported ("exists, 3 partitions, ...") and left as is.
+    It is an error (exit status 2, nothing created) only if it contradicts an option given:
+    --partitions, --replication-factor or --dlq-max-message-bytes.
+    Existing topics are never changed (more partitions would move keys to other partitions).
+    Returns once every new topic has leaders.
+    """
+    from flows.topics import TopicError, create_topics
+
+    names = _service_topic_names(
+        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic
+    )
+    limits = {} if dlq_max_message_bytes is None else {dlq_topic: dlq_max_message_bytes}
+    try:
+        consumer, _ = client_config(kafka_config)
+        lines = create_topics(
+            brokers.split(","),
+            consumer,
+            names,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            max_bytes=limits,
+            timeout=timeout,
+        )
+    except (ConfigError, TopicError) as exc:
+        fail("topics", str(exc))
+    for line in lines:
+        typer.echo(line)
+
+
+@topics_app.command("check")
+def topics_check(
+    brokers: str = _BROKERS,
+    kafka_config: Path | None = _KAFKA_CONFIG,
+    requests_topic: str = _REQUESTS,
+    feedback_topic: str = _FEEDBACK,
+    events_topic: str | None = _EVENTS,
+    selections_topic: str = _SELECTIONS,
+    dlq_topic: str = _DLQ,
+    timeout: float = _TIMEOUT,
+) -> None:
+    """Each of the service's topics: partitions, replication, max.message.bytes or missing.
+
+    Exit status 2 when a topic is missing.
+    """
+    from flows.topics import TopicError, topic_infos
+
+    names = _service_topic_names(
+        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic
+    )
+    try:
+        consumer, _ = client_config(kafka_config)
+        infos = topic_infos(brokers.split(","), consumer, names, timeout)
+    except (ConfigError, TopicError) as exc:
+        fail("topics", str(exc))
+    for name, info in infos.items():
+        typer.echo(f"{name}: {'missing' if info is None else info.summary()}")
+    missing = [name for name, info in infos.items() if info is None]
+    if missing:
+        fail("topics", f"missing topic(s) {', '.join(missing)}; create them: tsi topics create")
+
+
 if __name__ == "__main__":
     app()

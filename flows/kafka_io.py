@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import bytewax.operators as op
@@ -27,13 +26,15 @@ from bytewax.connectors.kafka import (
     KafkaSinkMessage,
     KafkaSource,
     KafkaSourceMessage,
+    _KafkaSourcePartition,
 )
 from bytewax.connectors.kafka import operators as kop
 from bytewax.dataflow import Dataflow, operator
-from bytewax.inputs import StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
+
+from flows.metrics import note_broker_contact, observe_kafka_stats
 
 __all__ = [
     "DeliveryCheckedKafkaSink",
@@ -171,6 +172,7 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
                 msg += f"; last client error: {self._client_errors[-1]}"
             raise RuntimeError(msg)
         self._client_errors.clear()  # report only errors seen since the last good batch
+        note_broker_contact(True)
 
     def _write_refused(self, reports: _Deliveries) -> None:
         """Retry each refused message alone (the broker refuses a whole record batch when
@@ -280,6 +282,7 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
 
         def on_error(err: ConfluentKafkaError) -> None:
             client_errors[:] = [str(err)]
+            note_broker_contact(False, str(err))
             if user_cb is not None:
                 user_cb(err)
 
@@ -289,51 +292,98 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         )
 
 
-class _CommittingPartition(StatefulSourcePartition[Any, int | None]):
-    """A Bytewax Kafka source partition that also commits its offsets to a consumer group.
+class _ObservedPartition(_KafkaSourcePartition):
+    """Bytewax 0.21.1's Kafka source partition, telling the service what happens to it.
 
-    Bytewax keeps the offsets in its recovery store and uses no group. Committing them as
-    well makes the service's progress and lag visible to standard Kafka tools. At each
-    snapshot (an epoch's close) the previous snapshot's offset is committed: that epoch is
-    done. Recovery never reads these commits; ``--no-recovery`` starts from them.
+    - librdkafka's statistics (every second) feed readiness and consumer lag
+      (``flows.metrics.observe_kafka_stats``) instead of Bytewax's own lag gauge;
+    - each snapshot (an epoch's close) is reported through ``on_epoch``;
+    - with a ``group.id`` of the service's own, the offset of the previous snapshot is
+      committed to that group when the next is taken (that epoch is done), and the last
+      one when the partition closes at the end of its input. Recovery never reads these
+      commits: they make progress and lag visible to standard Kafka tools, and
+      ``--no-recovery`` starts from them.
     """
 
-    def __init__(self, inner: Any, topic: str, partition: int) -> None:
-        self._inner = inner
-        self._topic = topic
-        self._partition = partition
+    def __init__(self, *args: Any, on_epoch: Callable[[], None] | None, commit: bool) -> None:
+        super().__init__(*args)
+        self._on_epoch = on_epoch
+        self._commits = commit
         self._done: int | None = None  # the offset of the previous snapshot
 
-    def next_batch(self) -> Any:
-        return self._inner.next_batch()
-
-    def next_awake(self) -> datetime | None:
-        return self._inner.next_awake()
+    def _process_stats(self, json_stats: str) -> None:
+        observe_kafka_stats(json_stats, self._offset)  # never raises
 
     def snapshot(self) -> int | None:
-        offset = self._inner.snapshot()
-        if self._done is not None and self._done >= 0:
-            try:  # pinned Bytewax 0.21.1: its partition keeps the consumer as ``_consumer``
-                self._inner._consumer.commit(
-                    offsets=[TopicPartition(self._topic, self._partition, self._done)],
-                    asynchronous=True,
-                )
-            except KafkaException as exc:  # monitoring only: never stop the flow for it
-                log.warning("committing offset of %s[%d]: %s", self._topic, self._partition, exc)
+        offset = super().snapshot()
+        self._commit(asynchronous=True)
         self._done = offset
+        if self._on_epoch is not None:
+            self._on_epoch()
         return offset
 
+    def _commit(self, asynchronous: bool) -> None:
+        if not self._commits or self._done is None or self._done < 0:
+            return
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(self._topic, self._part_idx, self._done)],
+                asynchronous=asynchronous,
+            )
+        except KafkaException as exc:  # monitoring only: never stop the flow for it
+            log.warning("committing offset of %s[%d]: %s", self._topic, self._part_idx, exc)
+
     def close(self) -> None:
-        self._inner.close()
+        """At the end of the input every epoch is done: commit the last snapshot's offset."""
+        self._commit(asynchronous=False)
+        super().close()
 
 
-class CommittingKafkaSource(KafkaSource):
-    """``bytewax.connectors.kafka.KafkaSource`` whose partitions commit to ``group.id``."""
+class ObservedKafkaSource(KafkaSource):
+    """``bytewax.connectors.kafka.KafkaSource`` building ``_ObservedPartition``s; with
+    ``group_id`` they commit each finished epoch's offsets to that consumer group."""
+
+    def __init__(
+        self,
+        *args: Any,
+        group_id: str | None = None,
+        on_epoch: Callable[[], None] | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(*args, **kw)
+        self._group_id = group_id
+        self._on_epoch = on_epoch
 
     def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
-        inner = super().build_part(step_id, for_part, resume_state)
+        """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
         index, topic = for_part.split("-", 1)
-        return _CommittingPartition(inner, topic, int(index))
+        config = {
+            "group.id": self._group_id or "BYTEWAX_IGNORED",
+            "enable.auto.commit": "false",
+            "bootstrap.servers": ",".join(self._brokers),
+            "enable.partition.eof": str(not self._tail),
+            "statistics.interval.ms": 1000,
+            "error_cb": _note_client_error,
+            **self._add_config,
+        }
+        if self._group_id is not None:
+            config["group.id"] = self._group_id
+        return _ObservedPartition(
+            step_id,
+            config,
+            topic,
+            int(index),
+            self._starting_offset,
+            resume_state,
+            self._batch_size,
+            self._raise_on_errors,
+            on_epoch=self._on_epoch,
+            commit=self._group_id is not None,
+        )
+
+
+def _note_client_error(err: ConfluentKafkaError) -> None:
+    note_broker_contact(False, str(err))
 
 
 def kafka_messages(
@@ -347,6 +397,7 @@ def kafka_messages(
     tail: bool = True,
     batch_size: int = 1000,
     group_id: str | None = None,
+    on_epoch: Callable[[], None] | None = None,
 ) -> kop.KafkaOpOut[
     KafkaSourceMessage[bytes | None, bytes | None], KafkaError[bytes | None, bytes | None]
 ]:
@@ -360,7 +411,8 @@ def kafka_messages(
     (`starting_offset` only applies without resume state; `OFFSET_STORED` starts from
     `group_id`'s committed offsets). `tail=False` ends the input at the end of every
     partition (tests, backfills). With `group_id`, each epoch's offsets are committed to
-    that consumer group (see `CommittingKafkaSource`).
+    that consumer group; `on_epoch` is called at each epoch close (see
+    `ObservedKafkaSource`).
 
     Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
     `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
@@ -374,11 +426,7 @@ def kafka_messages(
     items, the input just waits and resumes when the broker is back.
     """
     config = {**SOURCE_DEFAULTS, **(add_config or {})}
-    source_class = KafkaSource
-    if group_id is not None:
-        config["group.id"] = group_id
-        source_class = CommittingKafkaSource
-    source = source_class(
+    source = ObservedKafkaSource(
         _names("brokers", brokers),
         _names("topics", topics),
         tail=tail,
@@ -386,6 +434,8 @@ def kafka_messages(
         add_config=config,
         batch_size=batch_size,
         raise_on_errors=False,
+        group_id=group_id,
+        on_epoch=on_epoch,
     )
     return _source_input(step_id, flow, source=source)
 
@@ -398,35 +448,50 @@ def _source_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> kop.K
 
 
 class BrokerUnavailableError(ConnectionError):
-    """No broker answered, or an input topic does not exist: said in one line."""
+    """No broker answered, or a topic the service reads or writes is missing: one line."""
 
 
-CONNECTION_SETTINGS = ("bootstrap.", "security.", "sasl.", "ssl.", "client.", "socket.")
+def check_topics(
+    brokers: list[str],
+    config: dict[str, Any],
+    inputs: Iterable[str],
+    outputs: Iterable[str] = (),
+    timeout: float = 10.0,
+) -> dict[str, int]:
+    """Fail fast, in one line, unless a broker answers and every topic exists; then return
+    {output topic: its max.message.bytes} (to bound what is written to it).
+
+    ``config`` is a client config (its connection settings are used: SASL, TLS, ...);
+    settings librdkafka refuses together (SASL without a username, a missing CA file) fail
+    here too. Without this check a source started against an absent broker waits forever,
+    and a missing output topic fails the flow only at its first write. max.message.bytes
+    is the topic's effective value (``BROKER_DEFAULT_MAX_MESSAGE_BYTES``, 1048588, when the
+    client may not describe topic configs).
+    """
+    from flows.topics import TopicError, admin_client, cluster_metadata, max_message_bytes
+
+    inputs, outputs = list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
+    try:
+        admin = admin_client(brokers, config)
+        known = cluster_metadata(admin, brokers, timeout).topics
+        missing = [
+            f"{kind} topic(s) {', '.join(gone)}"
+            for kind, names in (("input", inputs), ("output", outputs))
+            if (gone := [t for t in names if t not in known])
+        ]
+        if missing:
+            raise BrokerUnavailableError(
+                f"{' and '.join(missing)} do not exist on {','.join(brokers)}; create them "
+                "with `tsi topics create` (same --brokers and topic options) or name others "
+                "with the --*-topic options"
+            )
+        return max_message_bytes(admin, outputs, timeout)
+    except TopicError as exc:
+        raise BrokerUnavailableError(str(exc)) from None
 
 
 def check_brokers(
     brokers: list[str], config: dict[str, Any], topics: list[str], timeout: float = 10.0
 ) -> None:
-    """Fail fast, and clearly, when the brokers do not answer or an input topic is missing.
-
-    Without this, a source started against an absent broker waits forever.
-    """
-    from confluent_kafka.admin import AdminClient
-
-    settings = {k: v for k, v in config.items() if k.startswith(CONNECTION_SETTINGS)}
-    where = ",".join(brokers)
-    admin = AdminClient({**settings, "bootstrap.servers": where, "log_level": 0})  # quiet
-    try:
-        meta = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise BrokerUnavailableError(
-            f"no Kafka broker answers at {where} within {timeout:g} s ({exc.args[0].str()}); "
-            "start one (deploy/kafka/start.sh) or point --brokers / KAFKA_BOOTSTRAP_SERVERS "
-            "at yours"
-        ) from None
-    missing = [t for t in topics if t not in meta.topics]
-    if missing:
-        raise BrokerUnavailableError(
-            f"input topic(s) {', '.join(missing)} do not exist on {where}; create them "
-            "(kafka-topics.sh --create) or name others with the --*-topic options"
-        )
+    """`check_topics` for input ``topics`` only (what ``tsi run`` has called so far)."""
+    check_topics(brokers, config, topics, [], timeout)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import gc
 import os
-import tomllib
+import re
+import sqlite3
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +31,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
 from flows.dataflow import build_flow
+from flows.kafka_settings import KafkaSettingsError, load_client_settings
 from flows.metrics import serve_metrics
 from flows.registry import Registry
 from flows.wiring import Topics, kafka_wiring
@@ -57,33 +60,105 @@ class Service:
 
 
 def client_config(path: str | Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(consumer, producer) librdkafka settings from a TOML file, passed through untouched.
+    """(consumer, producer) librdkafka settings from a TOML file (see `flows.kafka_settings`).
 
-    ``[kafka]`` applies to both; ``[kafka.consumer]`` and ``[kafka.producer]`` to one.
+    ``[kafka]`` applies to both; ``[kafka.consumer]`` and ``[kafka.producer]`` to one (they
+    win over ``[kafka]``). Dotted keys may be quoted or not; every setting is checked by
+    librdkafka (unknown name, bad value, wrong side: one-line `ConfigError`).
     """
     if path is None:
         return {}, {}
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read Kafka config {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"Kafka config {path} is not valid TOML: {exc}") from None
-    table = data.get("kafka", {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [kafka] must be a table")
-    common = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    sides = []
-    for side in ("consumer", "producer"):
-        extra = table.get(side, {})
-        if not isinstance(extra, dict):
-            raise ConfigError(f"{path}: [kafka.{side}] must be a table")
-        sides.append({**common, **extra})
-    for settings in sides:
-        for key, value in settings.items():
-            if not isinstance(value, str | int | float | bool):
-                raise ConfigError(f"{path}: Kafka setting {key!r} must be a scalar, got {value!r}")
-    return sides[0], sides[1]
+        return load_client_settings(path)
+    except KafkaSettingsError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+#: Bytewax 0.21.1's recovery partitions (``python -m bytewax.recovery DIR N``) and the
+#: files sqlite keeps beside them while one is open (write-ahead log, shared memory).
+PARTITION_FILE = re.compile(r"part-(\d+)\.sqlite3(-wal|-shm|-journal)?")
+
+
+def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
+    """The recovery partitions in ``path``, or a one-line `ConfigError` saying what is wrong.
+
+    An empty list: the directory is missing (it can be created) or empty, and `run`
+    initialises it. Refused: ``path`` is not a directory or not writable; an entry that is
+    not a Bytewax partition (``part-N.sqlite3``, with its ``-wal``/``-shm`` files); a
+    partition sqlite cannot read (corrupt) or of another initialisation (a different
+    partition count); with one process (``processes == 1``), a missing partition. A
+    cluster may spread its partitions over the processes' directories, so then each
+    directory may hold some of them.
+    """
+    directory = Path(path)
+    if not directory.exists():
+        _check_creatable(directory)
+        return []
+    if not directory.is_dir():
+        raise ConfigError(f"recovery directory {directory} exists but is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"recovery directory {directory} is not writable by this user")
+    parts: dict[int, Path] = {}
+    for entry in sorted(directory.iterdir()):
+        match = PARTITION_FILE.fullmatch(entry.name)
+        if match is None or not entry.is_file():
+            raise ConfigError(
+                f"recovery directory {directory} holds {entry.name!r}, which is not a Bytewax "
+                "recovery partition (part-N.sqlite3); give the service a directory of its own"
+            )
+        if match.group(2) is None:
+            parts[int(match.group(1))] = entry
+    counts = {index: _partition_count(file, index) for index, file in parts.items()}
+    if len(set(counts.values())) > 1:
+        found = ", ".join(f"{parts[i].name} of {n}" for i, n in sorted(counts.items()))
+        raise ConfigError(
+            f"recovery directory {directory} mixes partitions of different initialisations "
+            f"({found})"
+        )
+    count = next(iter(counts.values()), 0)
+    missing = [f"part-{i}.sqlite3" for i in range(count) if i not in parts]
+    if processes == 1 and missing:
+        raise ConfigError(
+            f"recovery directory {directory} lacks {', '.join(missing)} of its {count} "
+            "partitions (restore them, or start afresh with an empty directory)"
+        )
+    return [parts[i] for i in sorted(parts)]
+
+
+def _check_creatable(directory: Path) -> None:
+    """Raise unless ``directory`` (missing) can be created: its nearest existing ancestor
+    must be a writable directory."""
+    ancestor = directory.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"recovery directory {directory} cannot be created: {ancestor} is not a writable "
+            "directory"
+        )
+
+
+def _partition_count(file: Path, index: int) -> int:
+    """The partition count recorded in Bytewax partition ``file``.
+
+    Opened read-write (never created) as Bytewax will: a read-only connection would leave
+    its -wal and -shm files behind; this one removes them on close.
+    """
+    if not os.access(file, os.R_OK | os.W_OK):
+        raise ConfigError(f"recovery partition {file} is not readable and writable by this user")
+    try:
+        with closing(sqlite3.connect(f"{file.absolute().as_uri()}?mode=rw", uri=True)) as db:
+            rows = db.execute("SELECT part_index, part_count FROM parts").fetchall()
+    except sqlite3.Error as exc:
+        raise ConfigError(
+            f"recovery partition {file} cannot be read by sqlite ({exc}): restore it from a "
+            "backup, or start afresh with an empty directory"
+        ) from None
+    if len(rows) != 1 or rows[0][0] != index:
+        raise ConfigError(
+            f"recovery partition {file} does not record partition {index} (parts: {rows})"
+        )
+    return int(rows[0][1])
 
 
 def service_from_env(env: Mapping[str, str] = os.environ) -> Service:

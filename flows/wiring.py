@@ -81,14 +81,16 @@ def kafka_wiring(
     tail: bool = True,
     group_id: str | None = None,
     starting_offset: int = OFFSET_BEGINNING,
+    on_epoch: Callable[[], None] | None = None,
 ) -> Wiring:
     """Read and write Kafka; the message key of every output is the instance id.
 
     ``tail=False`` stops at the end of the input topics (replays, tests). Client settings
     (SASL, TLS, ...) pass through the two config dicts untouched. With ``group_id`` the
     sources commit each epoch's offsets to that group (monitoring; ``OFFSET_STORED`` as
-    ``starting_offset`` starts from them). A dead letter the broker refuses for good (too
-    large) is written as its ``minimal_dead_letter`` instead.
+    ``starting_offset`` starts from them) and call ``on_epoch`` when an epoch closes. A
+    dead letter the broker refuses for good (too large) is written as its
+    ``minimal_dead_letter`` instead.
     """
 
     def source(topic: str) -> Open:
@@ -102,6 +104,7 @@ def kafka_wiring(
                 add_config=consumer_config,
                 tail=tail,
                 group_id=group_id,
+                on_epoch=on_epoch,
             )
             messages = op.map(
                 f"{step}_messages",

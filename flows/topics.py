@@ -1,0 +1,280 @@
+"""The service's Kafka topics: what exists, and creating what is missing (``tsi topics``).
+
+Everything here talks to the brokers through one `AdminClient` built from the connection
+settings of the client config (SASL, TLS, ...), and fails with `TopicError`: one line
+saying what is wrong. `flows.kafka_io.check_topics` (the start-up check of ``tsi run``)
+and the ``tsi topics`` commands are built on it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+from flows.kafka_settings import connection_settings
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import ClusterMetadata
+
+    from flows.wiring import Topics
+
+DEFAULT_PARTITIONS = 3
+DEFAULT_REPLICATION = 1
+#: The broker's default ``message.max.bytes``, hence a topic's default max.message.bytes.
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1048588
+#: Kafka's rule for topic names.
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+#: The principal may not read topic configs: max.message.bytes is assumed to be the default.
+_DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+
+
+class TopicError(Exception):
+    """No broker answers, or a topic is missing, different or cannot be created: one line."""
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """What the brokers say of one topic."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    max_message_bytes: int
+    leaderless: int = 0  # partitions without a leader right now
+
+    def summary(self) -> str:
+        """``3 partitions, replication 1, max.message.bytes 1048588``."""
+        text = (
+            f"{self.partitions} partition{'' if self.partitions == 1 else 's'}, "
+            f"replication {self.replication_factor}, max.message.bytes {self.max_message_bytes}"
+        )
+        return text + (f", {self.leaderless} without a leader" if self.leaderless else "")
+
+
+def service_topics(topics: Topics) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) of the service: requests and feedback (or the combined events
+    topic), then selections and dead letters."""
+    inputs = [topics.events] if topics.events is not None else [topics.requests, topics.feedback]
+    return inputs, [topics.selections, topics.dead_letters]
+
+
+# --------------------------------------------------------------------------- the brokers
+def admin_client(brokers: Sequence[str], config: Mapping[str, Any]) -> AdminClient:
+    """An admin client for ``brokers`` with the connection settings of ``config``."""
+    settings = {
+        **connection_settings(config),
+        "bootstrap.servers": ",".join(brokers),
+        "log_level": 0,  # each failed connection would be a line on stderr: errors say it
+    }
+    try:
+        return AdminClient(settings)
+    except KafkaException as exc:
+        raise TopicError(f"Kafka client settings refused: {_reason(exc)}") from None
+
+
+def cluster_metadata(admin: AdminClient, brokers: Sequence[str], timeout: float) -> ClusterMetadata:
+    """All topics the brokers show this client, or `TopicError` if none answers in time."""
+    where = ",".join(brokers)
+    try:
+        return admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise TopicError(
+            f"no Kafka broker answers at {where} within {timeout:g} s ({_reason(exc)}); "
+            "start one (deploy/kafka/start.sh) or point --brokers / KAFKA_BOOTSTRAP_SERVERS "
+            "at yours"
+        ) from None
+
+
+def max_message_bytes(admin: AdminClient, names: Sequence[str], timeout: float) -> dict[str, int]:
+    """Each topic's effective max.message.bytes (``BROKER_DEFAULT_MAX_MESSAGE_BYTES`` when
+    this client may not describe topic configs)."""
+    if not names:
+        return {}
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
+    futures = admin.describe_configs(resources, request_timeout=timeout)
+    limits: dict[str, int] = {}
+    for resource, future in futures.items():
+        try:
+            limits[resource.name] = int(future.result(timeout)["max.message.bytes"].value)
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() in _DENIED:
+                limits[resource.name] = BROKER_DEFAULT_MAX_MESSAGE_BYTES
+            else:
+                msg = f"cannot read the configuration of topic {resource.name}: {_reason(exc)}"
+                raise TopicError(msg) from None
+        except concurrent.futures.TimeoutError:
+            msg = f"no answer within {timeout:g} s describing topic {resource.name}"
+            raise TopicError(msg) from None
+    return {name: limits[name] for name in names}
+
+
+def describe_topics(
+    admin: AdminClient, metadata: ClusterMetadata, names: Sequence[str], timeout: float
+) -> dict[str, TopicInfo | None]:
+    """{name: what the brokers say of it, or None when it does not exist}."""
+    present = [name for name in names if name in metadata.topics]
+    limits = max_message_bytes(admin, present, timeout)
+    infos: dict[str, TopicInfo | None] = {}
+    for name in names:
+        topic = metadata.topics.get(name)
+        if topic is None:
+            infos[name] = None
+            continue
+        parts = list(topic.partitions.values())
+        infos[name] = TopicInfo(
+            name,
+            len(parts),
+            min((len(p.replicas) for p in parts), default=0),
+            limits[name],
+            sum(p.leader < 0 for p in parts),
+        )
+    return infos
+
+
+def topic_infos(
+    brokers: Sequence[str], config: Mapping[str, Any], names: Sequence[str], timeout: float = 10.0
+) -> dict[str, TopicInfo | None]:
+    """`describe_topics` with its own admin client (``tsi topics check``)."""
+    admin = admin_client(brokers, config)
+    return describe_topics(admin, cluster_metadata(admin, brokers, timeout), names, timeout)
+
+
+# --------------------------------------------------------------------------- creating
+def create_topics(
+    brokers: Sequence[str],
+    config: Mapping[str, Any],
+    names: Sequence[str],
+    *,
+    partitions: int | None = None,
+    replication_factor: int | None = None,
+    max_bytes: Mapping[str, int] | None = None,
+    timeout: float = 30.0,
+) -> list[str]:
+    """Create the topics of ``names`` that do not exist; one line per topic says what it is.
+
+    New topics get ``partitions`` (default 3) and ``replication_factor`` (default 1), and
+    ``max.message.bytes`` from ``max_bytes`` when it names them. An existing topic is left
+    as it is; it is an error (`TopicError`, before anything is created) only when it
+    differs from what was asked explicitly: a ``partitions`` or ``replication_factor``
+    given (not None), or its ``max_bytes``. Returns once every new topic has leaders.
+    """
+    wanted = list(dict.fromkeys(names))  # the same name twice is one topic
+    for name in wanted:
+        check_topic_name(name)
+    limits = dict(max_bytes or {})
+    admin = admin_client(brokers, config)
+    before = describe_topics(admin, cluster_metadata(admin, brokers, timeout), wanted, timeout)
+    problems = [
+        problem
+        for name, info in before.items()
+        if info is not None
+        for problem in differences(info, partitions, replication_factor, limits.get(name))
+    ]
+    if problems:
+        raise TopicError(
+            f"{'; '.join(problems)}: existing topics are never changed; give other names, "
+            "or leave out the options they contradict"
+        )
+    missing = [name for name, info in before.items() if info is None]
+    created = _create(
+        admin,
+        [
+            NewTopic(
+                name,
+                partitions or DEFAULT_PARTITIONS,
+                replication_factor or DEFAULT_REPLICATION,
+                config={"max.message.bytes": str(limits[name])} if name in limits else {},
+            )
+            for name in missing
+        ],
+        timeout,
+    )
+    wait_for_leaders(admin, brokers, created, timeout)
+    after = describe_topics(admin, cluster_metadata(admin, brokers, timeout), wanted, timeout)
+    return [
+        f"{name}: {'created' if name in created else 'exists'}, {_summary(after[name])}"
+        for name in wanted
+    ]
+
+
+def check_topic_name(name: str) -> None:
+    """Raise `TopicError` unless Kafka accepts ``name`` as a topic name."""
+    if not TOPIC_NAME.fullmatch(name) or name in {".", ".."}:
+        raise TopicError(
+            f"{name!r} is not a valid topic name: 1 to 249 ASCII letters, digits, '.', '_' and '-'"
+        )
+
+
+def differences(
+    info: TopicInfo, partitions: int | None, replication: int | None, max_bytes: int | None
+) -> list[str]:
+    """How an existing topic differs from the settings asked for (None: not asked)."""
+    out = []
+    if partitions is not None and info.partitions != partitions:
+        out.append(f"{info.name} exists with {info.partitions} partitions, not {partitions}")
+    if replication is not None and info.replication_factor != replication:
+        out.append(
+            f"{info.name} exists with replication {info.replication_factor}, not {replication}"
+        )
+    if max_bytes is not None and info.max_message_bytes != max_bytes:
+        out.append(
+            f"{info.name} exists with max.message.bytes {info.max_message_bytes}, not {max_bytes}"
+        )
+    return out
+
+
+def _create(admin: AdminClient, new: list[NewTopic], timeout: float) -> list[str]:
+    """Create ``new``; the names created (not those someone else created meanwhile)."""
+    if not new:
+        return []
+    futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+    created = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout)
+            created.append(name)
+        except KafkaException as exc:
+            if not (exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise TopicError(f"cannot create topic {name}: {_reason(exc)}") from None
+        except concurrent.futures.TimeoutError:
+            raise TopicError(f"no answer within {timeout:g} s creating topic {name}") from None
+    return created
+
+
+def wait_for_leaders(
+    admin: AdminClient, brokers: Sequence[str], names: Sequence[str], timeout: float
+) -> None:
+    """Return once every partition of every topic of ``names`` has a leader."""
+    deadline = time.monotonic() + timeout
+    while names:
+        topics = cluster_metadata(admin, brokers, timeout).topics
+        waiting = [
+            name
+            for name in names
+            if name not in topics
+            or not topics[name].partitions
+            or any(p.leader < 0 for p in topics[name].partitions.values())
+        ]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            msg = f"topic(s) {', '.join(waiting)} have no leader after {timeout:g} s"
+            raise TopicError(msg)
+        time.sleep(0.1)
+
+
+def _summary(info: TopicInfo | None) -> str:
+    return "missing" if info is None else info.summary()
+
+
+def _reason(exc: KafkaException) -> str:
+    """librdkafka's text of a KafkaException."""
+    err = exc.args[0] if exc.args else None
+    return err.str() if isinstance(err, KafkaError) else str(exc)
