@@ -17,6 +17,12 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_instances`` | gauge | experiment | instances held (built on a first event, or restored) |
 | ``tsi_processing_seconds`` | histogram | kind | wall time of one event in the operator |
 | ``tsi_event_age_seconds`` | histogram | kind | flow clock − event ``ts`` (Unix s), if it has one |
+| ``tsi_last_event_timestamp_seconds`` | gauge | | Unix time the operator last handled an event |
+| ``tsi_last_event_ts_seconds`` | gauge | | ``ts`` of the last handled event that had one |
+| ``tsi_last_epoch_timestamp_seconds`` | gauge | | Unix time an input last closed an epoch |
+| ``tsi_last_broker_contact_timestamp_seconds`` | gauge | | Unix time a broker was last reached |
+| ``tsi_consumer_lag`` | gauge | topic, partition | high watermark − next offset to read |
+| ``tsi_ready`` | gauge | | 1 while ``/ready`` answers 200, else 0 |
 
 ``kind`` is ``request`` or ``feedback``. Outcomes of ``tsi_feedback_total``:
 
@@ -43,19 +49,49 @@ measured inside the operator (against about 20 µs for the event). Metric update
 raise into the flow: a failure is logged and skipped. Gauges count per process and
 assume one dataflow per process (the service): a finished in-process test flow leaves
 its open tickets counted.
+
+Progress. The timestamps are 0 until the first occurrence. The two event gauges are the
+latest over the worker threads: ``tsi_last_event_timestamp_seconds`` is the wall clock
+(``time.time()``) when the operator finished an event, whatever the flow's clock (the
+replays run on event time); ``tsi_last_event_ts_seconds`` is the event's own ``ts``, so
+``tsi_last_event_timestamp_seconds - tsi_last_event_ts_seconds`` is how far behind the
+producers the service runs. ``tsi_consumer_lag`` is ``high watermark − next offset`` per
+input partition, as last observed (``observe_consumer_position``, ``observe_kafka_stats``);
+it keeps its last value while the brokers are unreachable.
+
+Readiness. ``serve_metrics`` also answers ``/healthz`` (200 while the process serves HTTP:
+liveness) and ``/ready``: 200 when the service makes progress, 503 with a one-line reason
+otherwise. Progress means both, within ``ready_timeout`` seconds (default 60):
+
+- an input partition closed an epoch (``note_epoch_completed``, called from the source's
+  snapshot: Bytewax takes one per epoch, recovery or not). Before the first epoch the
+  service is not ready. ``ready_timeout`` must exceed the epoch interval
+  (``--snapshot-every``) with a margin: 3 intervals or more.
+- a Kafka broker was reached (``note_broker_contact(True)``: a delivery, a broker UP in the
+  client statistics). Failures (``note_broker_contact(False, detail)``) only explain the
+  503: a short outage does not make the service unready, one longer than ``ready_timeout``
+  does.
+
+The ``note_*`` functions are single attribute assignments (atomic under the GIL), cheap
+enough for any thread to call at any rate. The state is ``READINESS``, one per process.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
+import socket
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from socketserver import ThreadingMixIn
 from threading import get_ident
-from time import perf_counter
+from time import perf_counter, time
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, Counter, start_http_server
+from prometheus_client import REGISTRY, Counter, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -68,12 +104,19 @@ from flows.events import DeadLetter, Request, Selection
 from flows.instance import Early, Open, Settled
 
 __all__ = [
+    "READINESS",
     "REGISTRY",
     "UNBOUND",
+    "MetricsPortError",
+    "Readiness",
     "count_dead_letter",
     "entry_kind",
+    "note_broker_contact",
+    "note_epoch_completed",
+    "observe_consumer_position",
     "observe_expired",
     "observe_item",
+    "observe_kafka_stats",
     "observe_restored",
     "serve_metrics",
 ]
@@ -114,9 +157,11 @@ DEAD_LETTERS = Counter("tsi_dead_letters", "Dead letters by reason.", ["reason"]
 class _Tally:
     """What one thread (a Bytewax worker) counted; only that thread writes it."""
 
-    __slots__ = ("age", "experiments", "processing")
+    __slots__ = ("age", "experiments", "last_event", "last_ts", "processing")
 
     def __init__(self) -> None:
+        self.last_event = 0.0  # time() when the last event was handled
+        self.last_ts = 0.0  # the ts of the last event that had one
         self.experiments: dict[str, list[int]] = {}
         # per kind (True: request): counts per bucket (the last is +Inf), then the sum
         self.processing = {k: [0] * (len(PROCESSING_BUCKETS) + 1) + [0.0] for k in (True, False)}
@@ -172,6 +217,9 @@ def observe_item(
         hist = tally.processing[is_request]
         hist[bisect_left(PROCESSING_BUCKETS, spent)] += 1
         hist[-1] += spent
+        tally.last_event = time()
+        if event.ts is not None:
+            tally.last_ts = event.ts
         if event.ts is not None and now is not None:
             age = now - event.ts
             if age < 0.0:  # clocks disagree
@@ -321,20 +369,332 @@ class _Collector:
 
 REGISTRY.register(_Collector())
 
-_servers: dict[tuple[str, int], tuple[Any, threading.Thread]] = {}
+
+# ----------------------------------------------------------------------- progress, readiness
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ago(now: float, then: float) -> str:
+    return f"{max(0.0, now - then):.0f} s"
+
+
+class Readiness:
+    """Whether the service makes progress: an epoch and a broker contact, each within
+    ``timeout`` seconds. The ``note_*`` methods are plain assignments; ``status`` reads.
+
+    >>> r = Readiness(timeout=60.0, clock=lambda: 1000.0)
+    >>> r.status(1010.0)
+    (False, 'no epoch completed yet, started 10 s ago; no Kafka broker reached yet')
+    >>> r.note_epoch(1005.0)
+    >>> r.note_broker(True, now=1006.0)
+    >>> r.status(1010.0)
+    (True, 'last epoch 5 s ago, Kafka broker reached 4 s ago')
+    >>> r.note_broker(False, "1/1 brokers are down", now=1020.0)
+    >>> r.status(1070.0)  # doctest: +NORMALIZE_WHITESPACE
+    (False, 'no epoch for 65 s (ready timeout 60 s); no Kafka broker reached for 64 s,
+     last error 50 s ago: 1/1 brokers are down')
+    """
+
+    def __init__(self, timeout: float = 60.0, clock: Callable[[], float] = time) -> None:
+        self.timeout = timeout
+        self.clock = clock
+        self.started = clock()
+        self.last_epoch: float | None = None
+        self.last_contact: float | None = None
+        self.last_error: tuple[float, str] | None = None  # (when, what)
+        self._was_ready: bool | None = None
+
+    def note_epoch(self, now: float | None = None) -> None:
+        """An input partition closed an epoch (at ``now``, default the clock)."""
+        self.last_epoch = self.clock() if now is None else now
+
+    def note_broker(self, ok: bool, detail: str = "", now: float | None = None) -> None:
+        """A broker answered (``ok``), or a client reported ``detail`` as an error."""
+        if ok:
+            self.last_contact = self.clock() if now is None else now
+        else:
+            self.last_error = (self.clock() if now is None else now, detail)
+
+    def _epoch_problem(self, now: float, last: float | None) -> str | None:
+        if last is None:
+            return f"no epoch completed yet, started {_ago(now, self.started)} ago"
+        if now - last > self.timeout:
+            return f"no epoch for {_ago(now, last)} (ready timeout {self.timeout:g} s)"
+        return None
+
+    def _broker_problem(
+        self, now: float, contact: float | None, error: tuple[float, str] | None
+    ) -> str | None:
+        if contact is not None and now - contact <= self.timeout:
+            return None
+        problem = (
+            "no Kafka broker reached yet"
+            if contact is None
+            else f"no Kafka broker reached for {_ago(now, contact)}"
+        )
+        if error is not None and (contact is None or error[0] >= contact):
+            problem += f", last error {_ago(now, error[0])} ago: {_one_line(error[1])}"
+        return problem
+
+    def status(self, now: float | None = None) -> tuple[bool, str]:
+        """(ready, reason): the reason is one line, naming every problem when not ready."""
+        now = self.clock() if now is None else now
+        epoch, contact, error = self.last_epoch, self.last_contact, self.last_error
+        problems = (self._epoch_problem(now, epoch), self._broker_problem(now, contact, error))
+        reason = "; ".join(p for p in problems if p)
+        ready = not reason and epoch is not None and contact is not None
+        if ready:
+            reason = (
+                f"last epoch {_ago(now, epoch)} ago, Kafka broker reached {_ago(now, contact)} ago"
+            )
+        if ready is not self._was_ready:
+            self._was_ready = ready
+            report = log.info if ready else log.warning
+            report("%s: %s", "ready" if ready else "not ready", reason)
+        return ready, reason
+
+
+READINESS = Readiness()  # the process's readiness, fed by the note_* functions below
+
+
+def note_epoch_completed(now: float | None = None) -> None:
+    """Call when an input partition closes an epoch (its ``snapshot``); any thread, any rate.
+
+    Example, in a source partition: ``def snapshot(self): note_epoch_completed(); ...``
+    """
+    READINESS.note_epoch(now)
+
+
+def note_broker_contact(ok: bool, detail: str = "", now: float | None = None) -> None:
+    """Call when a broker answered (``ok``: a delivery acknowledged), or with the error
+    (``detail``) a Kafka client reported. Any thread, any rate.
+
+    Example: ``{"error_cb": lambda err: note_broker_contact(False, str(err))}`` in a client
+    configuration, ``note_broker_contact(True)`` after a batch was acknowledged.
+    """
+    READINESS.note_broker(ok, detail, now)
+
+
+_lag: dict[tuple[str, int], int] = {}  # (topic, partition): messages behind
+
+
+def observe_consumer_position(
+    topic: str, partition: int, next_offset: int, high_watermark: int
+) -> None:
+    """Set ``tsi_consumer_lag{topic,partition}`` to ``high_watermark - next_offset``.
+
+    Negative offsets (librdkafka's logical ones: beginning, invalid, ...) are unknown: the
+    gauge keeps its last value. Never raises.
+
+    Example: ``observe_consumer_position("tsi.requests", 0, 90, 100)`` sets the lag to 10.
+    """
+    try:
+        if next_offset >= 0 and high_watermark >= 0:
+            _lag[(topic, int(partition))] = max(0, high_watermark - next_offset)
+    except Exception:
+        _failed("observe_consumer_position")
+
+
+_CONNECTED = {"UP", "UPDATE"}  # librdkafka broker states with a working connection
+_REAL_BROKERS = {"configured", "learned"}  # not "logical" (GroupCoordinator), "internal"
+
+
+def observe_kafka_stats(
+    stats: str | bytes | Mapping[str, Any],
+    next_offset: int | None = None,
+    now: float | None = None,
+) -> None:
+    """Feed readiness and lag from librdkafka statistics (a consumer's ``stats_cb``).
+
+    A broker ``UP`` is a contact; none up is a failure naming the brokers' states. Each
+    partition the application assigned (``desired``) gets its lag: the last stable offset
+    (else the high watermark) minus ``next_offset``, the flow's position, when the client
+    reads that one partition (Bytewax builds one consumer per partition), else minus the
+    client's ``app_offset``. Never raises.
+
+    Example, in a Bytewax Kafka source partition (``self._offset``: the next offset)::
+
+        def _process_stats(self, json_stats: str) -> None:
+            observe_kafka_stats(json_stats, self._offset)
+    """
+    try:
+        doc = json.loads(stats) if isinstance(stats, str | bytes) else stats
+        _observe_brokers(doc.get("brokers") or {}, now)
+        assigned = [
+            (topic, int(pid), p)
+            for topic, t in (doc.get("topics") or {}).items()
+            for pid, p in (t.get("partitions") or {}).items()
+            if int(pid) >= 0 and p.get("desired")
+        ]
+        for topic, partition, p in assigned:
+            position = p.get("app_offset", -1)
+            if next_offset is not None and next_offset >= 0 and len(assigned) == 1:
+                position = next_offset
+            end = p.get("ls_offset", -1)
+            end = end if end >= 0 else p.get("hi_offset", -1)
+            observe_consumer_position(topic, partition, position, end)
+    except Exception:
+        _failed("observe_kafka_stats")
+
+
+def _observe_brokers(brokers: Mapping[str, Any], now: float | None) -> None:
+    real = [b for b in brokers.values() if b.get("source") in _REAL_BROKERS]
+    if any(b.get("state") in _CONNECTED for b in real):
+        note_broker_contact(True, now=now)
+    elif real:
+        states = ", ".join(f"{b.get('name', '?')} {b.get('state', '?')}" for b in real)
+        note_broker_contact(False, f"no Kafka broker up ({states})", now)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+class _ProgressCollector:
+    """The progress gauges and ``tsi_ready``, read when Prometheus scrapes."""
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(False, 0.0, 0.0, {}))
+
+    def collect(self) -> Iterator[Metric]:
+        with _tallies_lock:
+            tallies = list(_tallies.values())
+        last_event = max((t.last_event for t in tallies), default=0.0)
+        last_ts = max((t.last_ts for t in tallies), default=0.0)
+        ready, _ = READINESS.status()
+        return self._families(ready, last_event, last_ts, dict(_lag))
+
+    @staticmethod
+    def _families(
+        ready: bool, last_event: float, last_ts: float, lag: dict[tuple[str, int], int]
+    ) -> Iterable[Metric]:
+        state = READINESS
+        yield _gauge("tsi_ready", "1 while /ready answers 200 (progress), else 0.", ready)
+        yield _gauge("tsi_last_event_timestamp_seconds",
+                     "Unix time the operator last handled an event.", last_event)  # fmt: skip
+        yield _gauge("tsi_last_event_ts_seconds",
+                     "The ts (Unix s) of the last event handled with one.", last_ts)  # fmt: skip
+        yield _gauge("tsi_last_epoch_timestamp_seconds",
+                     "Unix time an input partition last closed an epoch.",
+                     state.last_epoch or 0.0)  # fmt: skip
+        yield _gauge("tsi_last_broker_contact_timestamp_seconds",
+                     "Unix time a Kafka broker was last reached.",
+                     state.last_contact or 0.0)  # fmt: skip
+        metric = GaugeMetricFamily(
+            "tsi_consumer_lag", "Messages from the next offset the flow reads to the end.",
+            labels=["topic", "partition"],
+        )  # fmt: skip
+        for (topic, partition), behind in sorted(lag.items()):
+            metric.add_metric([topic, str(partition)], behind)
+        yield metric
+
+
+REGISTRY.register(_ProgressCollector())
+
+
+# ------------------------------------------------------------------------------ HTTP server
+
+
+class MetricsPortError(OSError):
+    """The metrics port cannot be bound: said in one line, naming what to change."""
+
+    @classmethod
+    def of(cls, addr: str, port: int, exc: OSError) -> MetricsPortError:
+        where = f"{addr}:{port}: {_one_line(exc)}"
+        hint = "choose another with --metrics-port / TSI_METRICS_PORT"
+        if exc.errno == errno.EADDRINUSE:
+            error = cls(f"metrics port {port} is already in use ({where}); {hint}")
+        else:
+            error = cls(f"cannot serve metrics on port {port} ({where}); {hint}")
+        error.errno = exc.errno
+        return error
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow client never holds the process
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would flood the log."""
+
+
+def _text() -> list[tuple[str, str]]:
+    """Headers of a text answer: a new list each time, as wsgiref appends Content-Length."""
+    return [("Content-Type", "text/plain; charset=utf-8")]
+
+
+def metrics_app(readiness: Readiness | None = None) -> Callable:
+    """The WSGI app: ``/ready``, ``/healthz``, and the metrics on every other path (as
+    ``prometheus_client`` does). ``readiness`` defaults to ``READINESS``."""
+    prometheus = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            start_response("200 OK", _text())
+            return [b"alive\n"]
+        if path == "/ready":
+            ready, reason = (READINESS if readiness is None else readiness).status()
+            status = "200 OK" if ready else "503 Service Unavailable"
+            start_response(status, _text())
+            return [f"{'ready' if ready else 'not ready'}: {reason}\n".encode()]
+        return prometheus(environ, start_response)
+
+    return app
+
+
+def _bind(addr: str, port: int, app: Callable) -> WSGIServer:
+    """An HTTP server on (addr, port), IPv4 or IPv6 as ``addr`` is."""
+    info = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = info[0]
+    server_class = type("_TsiServer", (_Server,), {"address_family": family})
+    return make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
+
+
+_servers: dict[tuple[str, int], tuple[WSGIServer, threading.Thread]] = {}
 _servers_lock = threading.Lock()
 
 
-def serve_metrics(port: int, addr: str = "0.0.0.0") -> tuple[Any, threading.Thread]:
-    """Serve ``/metrics`` over HTTP from a daemon thread; returns (server, thread).
+def serve_metrics(
+    port: int,
+    addr: str = "0.0.0.0",
+    ready_timeout: float = 60.0,
+    *,
+    readiness: Readiness | None = None,
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``/metrics``, ``/ready`` and ``/healthz`` from a daemon thread; returns
+    (server, thread). Raises ``MetricsPortError`` (one line) when the port cannot be bound.
 
-    Port 0 picks a free port (``server.server_port``). Asking again for a port this
-    process already serves returns that server instead of failing.
+    ``ready_timeout`` (seconds) is set on ``readiness`` (default ``READINESS``). Port 0
+    picks a free port (``server.server_port``). Asking again for a port this process
+    already serves returns that server instead of failing.
+
+    >>> server, _ = serve_metrics(0, "127.0.0.1")
+    >>> server.server_port > 0
+    True
+    >>> server.shutdown(); server.server_close()
     """
+    if not ready_timeout > 0:
+        msg = f"ready_timeout must be positive, got {ready_timeout!r}"
+        raise ValueError(msg)
+    state = READINESS if readiness is None else readiness
+    state.timeout = float(ready_timeout)
     with _servers_lock:
         if port and (addr, port) in _servers:
             return _servers[(addr, port)]
-        server, thread = start_http_server(port, addr, REGISTRY)
+        try:
+            server = _bind(addr, port, metrics_app(readiness))
+        except OSError as exc:
+            raise MetricsPortError.of(addr, port, exc) from None
+        thread = threading.Thread(
+            target=server.serve_forever, name=f"tsi-metrics-{server.server_port}", daemon=True
+        )
+        thread.start()
         _servers[(addr, server.server_port)] = (server, thread)
-        log.info("metrics on http://%s:%d/metrics", addr, server.server_port)
+        log.info("metrics on http://%s:%d/metrics (/ready, /healthz)", addr, server.server_port)
         return server, thread

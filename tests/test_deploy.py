@@ -3,8 +3,10 @@
 Every manifest is parsed, and its references are followed: environment variables are ones
 `tsi run` reads, TSI_ADDRESSES agrees with the replicas and the headless Service, every
 ConfigMap, Secret, volume, claim and probe port named exists, the registry files load, the
-Dockerfile exposes the ports the manifests use. The checkers return a list of problems;
-each is also shown to catch a broken copy of the manifests.
+Dockerfile exposes the ports the manifests use, the probes and the Compose healthcheck
+ask the endpoints of flows/metrics.py that mean what they are used for (/ready: progress,
+/healthz: alive). The checkers return a list of problems; each is also shown to catch a
+broken copy of the manifests.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import typer
 import yaml
 
 from flows.cli import app
+from flows.metrics import Readiness, serve_metrics
 from flows.registry import Registry
 from flows.service import client_config
 
@@ -43,6 +46,13 @@ CLUSTER_DOMAIN = "cluster.local"
 EXTRA_ENV = {"KAFKA_BOOTSTRAP_SERVERS", "TSI_METRICS_PORT"}
 
 Problems = list[str]
+
+# What each Kubernetes probe must ask (flows/metrics.py): liveness and startup on /ready
+# would restart the pods in a loop during a broker outage.
+PROBE_PATHS = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/ready"}
+# Seconds a process may not answer /healthz before the kubelet restarts it (a loaded
+# process, a long GIL hold, CPU throttling must not cost a restart).
+MIN_LIVENESS_TOLERANCE = 60
 
 
 # ---------------------------------------------------------------------------- what tsi reads
@@ -339,6 +349,37 @@ def _probe_port(probe: dict[str, Any]) -> Any:
     return None
 
 
+def _probe_problems(where: str, container: dict[str, Any]) -> Problems:
+    """Each probe GETs its path (PROBE_PATHS) on the metrics port; liveness is patient."""
+    problems: Problems = []
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    metrics = env_values(container).get("TSI_METRICS_PORT")
+    for kind, path in PROBE_PATHS.items():
+        probe = container.get(kind)
+        if probe is None:
+            continue  # reported with the other probe checks
+        get = probe.get("httpGet")
+        if get is None:
+            problems.append(f"{where}: {kind} is no httpGet of {path}")
+            continue
+        if get.get("path") != path:
+            why = " (a broker outage would restart the pods)" if get.get("path") == "/ready" else ""
+            problems.append(f"{where}: {kind} GETs {get.get('path')!r}, expected {path}{why}")
+        if metrics is None or ports.get(get["port"], get["port"]) != int(metrics):
+            problems.append(
+                f"{where}: {kind} port {get['port']!r} is not the metrics port "
+                f"(TSI_METRICS_PORT {metrics})"
+            )
+    liveness = container.get("livenessProbe") or {}
+    patience = liveness.get("periodSeconds", 10) * liveness.get("failureThreshold", 3)
+    if patience < MIN_LIVENESS_TOLERANCE:
+        problems.append(
+            f"{where}: livenessProbe restarts after {patience} s without an answer "
+            f"(< {MIN_LIVENESS_TOLERANCE} s)"
+        )
+    return problems
+
+
 def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
     problems: Problems = []
     index = {(o["kind"], o["metadata"]["name"]): o for o in objects}
@@ -394,6 +435,12 @@ def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
             if not subset(svc["spec"].get("selector"), labels):
                 problems.append(f"{where}: Service {svc_name} selects no pod of it")
                 continue
+            serves_metrics = any(p.get("name") == "metrics" for p in svc["spec"].get("ports", []))
+            if serves_metrics and svc["spec"].get("publishNotReadyAddresses") is not True:
+                problems.append(
+                    f"{where}: Service {svc_name} hides the metrics of not-ready pods "
+                    "(set publishNotReadyAddresses: true)"
+                )
             for port in svc["spec"].get("ports", []):
                 target = port.get("targetPort", port["port"])
                 if target not in (set(port_names) | set(port_names.values())):
@@ -407,6 +454,12 @@ def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
         for pdb in (o for o in objects if o["kind"] == "PodDisruptionBudget"):
             if not subset(pdb["spec"]["selector"].get("matchLabels"), labels):
                 problems.append(f"PodDisruptionBudget/{pdb['metadata']['name']} selects no pod")
+            if pdb["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+                problems.append(
+                    f"PodDisruptionBudget/{pdb['metadata']['name']}: pods not ready (all of "
+                    "them during a Kafka outage) would block node drains; set "
+                    "unhealthyPodEvictionPolicy: AlwaysAllow"
+                )
 
         # volumes, claims and what they refer to
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
@@ -483,6 +536,7 @@ def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
                 port = _probe_port(probe)
                 if port not in declared and port not in numbers:
                     problems.append(f"{cwhere}: {kind} port {port!r} is not a container port")
+            problems += _probe_problems(cwhere, container)
             metrics = values.get("TSI_METRICS_PORT")
             if metrics is not None and int(metrics) != port_names.get("metrics"):
                 problems.append(f"{cwhere}: TSI_METRICS_PORT {metrics} is not port metrics")
@@ -529,6 +583,10 @@ def test_the_kubernetes_manifests_are_consistent(manifests):
     assert [c["metadata"]["name"] for c in sts["volumeClaimTemplates"]] == ["recovery"]
     metrics = find(manifests, "Service", "tsi-metrics")["spec"]["ports"]
     assert [p["port"] for p in metrics] == [9108]
+    container = _main(manifests)
+    paths = {kind: container[kind]["httpGet"]["path"] for kind in PROBE_PATHS}
+    assert paths == PROBE_PATHS
+    assert {container[kind]["httpGet"]["port"] for kind in PROBE_PATHS} == {"metrics"}
 
 
 def test_the_configured_files_load(manifests, tmp_path):
@@ -629,6 +687,38 @@ def _no_readiness(objects):
     _main(objects).pop("readinessProbe")
 
 
+def _readiness_on_metrics(objects):
+    _main(objects)["readinessProbe"]["httpGet"]["path"] = "/metrics"
+
+
+def _liveness_on_ready(objects):
+    _main(objects)["livenessProbe"]["httpGet"]["path"] = "/ready"
+
+
+def _startup_on_ready(objects):
+    _main(objects)["startupProbe"]["httpGet"]["path"] = "/ready"
+
+
+def _eager_liveness(objects):
+    _main(objects)["livenessProbe"]["failureThreshold"] = 1
+
+
+def _readiness_on_the_cluster_port(objects):
+    _main(objects)["readinessProbe"]["httpGet"]["port"] = "cluster"
+
+
+def _readiness_as_tcp(objects):
+    _main(objects)["readinessProbe"] = {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10}
+
+
+def _metrics_hide_not_ready(objects):
+    find(objects, "Service", "tsi-metrics")["spec"].pop("publishNotReadyAddresses")
+
+
+def _pdb_blocks_drains(objects):
+    find(objects, "PodDisruptionBudget")["spec"].pop("unhealthyPodEvictionPolicy")
+
+
 def _no_limits(objects):
     _main(objects)["resources"].pop("limits")
 
@@ -673,6 +763,14 @@ K8S_MUTATIONS: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
     "recovery outside the claim": (_recovery_off_the_claim, "is on no claim"),
     "probe on an undeclared port": (_probe_port_typo, "port 'metric'"),
     "no readiness probe": (_no_readiness, "no readinessProbe"),
+    "readiness on /metrics": (_readiness_on_metrics, "readinessProbe GETs '/metrics'"),
+    "liveness on /ready": (_liveness_on_ready, "livenessProbe GETs '/ready', expected /healthz"),
+    "startup on /ready": (_startup_on_ready, "startupProbe GETs '/ready', expected /healthz"),
+    "liveness restarting after 10 s": (_eager_liveness, "livenessProbe restarts after 10 s"),
+    "readiness on the cluster port": (_readiness_on_the_cluster_port, "port 'cluster' is not"),
+    "readiness as a TCP check": (_readiness_as_tcp, "readinessProbe is no httpGet of /ready"),
+    "metrics Service hiding not-ready pods": (_metrics_hide_not_ready, "hides the metrics"),
+    "PDB blocking drains of not-ready pods": (_pdb_blocks_drains, "unhealthyPodEvictionPolicy"),
     "no limits": (_no_limits, "no limits"),
     "variable tsi run does not read": (_unknown_variable, "does not read TSI_REGISTY"),
     "process id from the pod name": (_process_id_from_pod_name, "TSI_PROCESS_ID"),
@@ -749,6 +847,30 @@ def is_named_volume(source: str) -> bool:
     return bool(source) and not source.startswith((".", "/", "~"))
 
 
+def healthcheck_script(service: dict[str, Any]) -> str | None:
+    """The Python source of a `["CMD", "python", "-c", source]` healthcheck, else None."""
+    test = (service.get("healthcheck") or {}).get("test")
+    if isinstance(test, list) and len(test) == 4 and test[:3] == ["CMD", "python", "-c"]:
+        return test[3]
+    return None
+
+
+def _healthcheck_problems(name: str, service: dict[str, Any]) -> Problems:
+    """A process is healthy while it makes progress: /ready on TSI_METRICS_PORT."""
+    check = service.get("healthcheck")
+    if not check or check.get("disable"):
+        return [f"{name}: no healthcheck"]
+    script = healthcheck_script(service)
+    if script is None:
+        return [f"{name}: the healthcheck is not ['CMD', 'python', '-c', <script>]"]
+    problems = []
+    if "/ready" not in script:
+        problems.append(f"{name}: the healthcheck does not ask /ready")
+    if "TSI_METRICS_PORT" not in script:
+        problems.append(f"{name}: the healthcheck does not read TSI_METRICS_PORT")
+    return problems
+
+
 def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
     """`ports`: the ports the image exposes."""
     problems: Problems = []
@@ -818,6 +940,7 @@ def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
         metrics = env.get("TSI_METRICS_PORT")
         if metrics is None or int(metrics) not in ports:
             problems.append(f"{name}: TSI_METRICS_PORT {metrics} is not exposed by the image")
+        problems += _healthcheck_problems(name, service)
         bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "")
         host = bootstrap.split(":")[0]
         advertised = compose_env(services.get(host, {})).get("KAFKA_ADVERTISED_LISTENERS", "")
@@ -930,6 +1053,28 @@ def _compose_too_few_partitions(doc):
     doc["services"]["topics"]["environment"]["TOPIC_PARTITIONS"] = 1
 
 
+def _compose_healthcheck_script(doc, old, new):
+    test = doc["services"]["tsi-1"]["healthcheck"]["test"]
+    assert old in test[3]
+    doc["services"]["tsi-1"]["healthcheck"] = {"test": [*test[:3], test[3].replace(old, new)]}
+
+
+def _compose_healthcheck_on_metrics(doc):
+    _compose_healthcheck_script(doc, "/ready", "/metrics")
+
+
+def _compose_healthcheck_on_a_fixed_port(doc):
+    _compose_healthcheck_script(doc, "{os.environ['TSI_METRICS_PORT']}", "9108")
+
+
+def _compose_no_healthcheck(doc):
+    del doc["services"]["tsi-0"]["healthcheck"]
+
+
+def _compose_healthcheck_in_a_shell(doc):
+    doc["services"]["tsi-0"]["healthcheck"] = {"test": "curl -f http://127.0.0.1:9108/ready"}
+
+
 COMPOSE_MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "two processes with id 0": (_compose_duplicate_id, "TSI_PROCESS_ID 0"),
     "processes disagreeing on addresses": (_compose_other_addresses, "differ"),
@@ -944,6 +1089,16 @@ COMPOSE_MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "topic never created": (_compose_topic_never_created, "tsi.dead is never created"),
     "bootstrap on the host listener": (_compose_wrong_bootstrap, "no advertised listener"),
     "fewer partitions than processes": (_compose_too_few_partitions, "1 partitions per topic"),
+    "healthcheck on /metrics": (
+        _compose_healthcheck_on_metrics,
+        "tsi-1: the healthcheck does not ask",
+    ),
+    "healthcheck on a fixed port": (
+        _compose_healthcheck_on_a_fixed_port,
+        "does not read TSI_METRICS_PORT",
+    ),
+    "no healthcheck": (_compose_no_healthcheck, "tsi-0: no healthcheck"),
+    "healthcheck without python": (_compose_healthcheck_in_a_shell, "is not ['CMD', 'python'"),
 }
 
 
@@ -954,6 +1109,43 @@ def test_the_compose_checker_catches(compose, dockerfile, mutation):
     mutate(broken)
     problems = compose_problems(broken, exposed_ports(dockerfile))
     assert any(expected in p for p in problems), problems
+
+
+def run_healthcheck(script: str, port: int) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TSI_METRICS_PORT": str(port)}
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_compose_healthcheck_passes_only_while_the_service_makes_progress(compose):
+    script = healthcheck_script(compose["services"]["tsi-0"])
+    assert script is not None
+    now = [1000.0]
+    readiness = Readiness(60.0, lambda: now[0])
+    server, _ = serve_metrics(0, "127.0.0.1", readiness=readiness)
+    port = server.server_port
+    try:
+        done = run_healthcheck(script, port)
+        assert done.returncode == 1
+        assert done.stderr == (
+            "not ready: no epoch completed yet, started 0 s ago; no Kafka broker reached yet\n"
+        )
+        readiness.note_epoch()
+        readiness.note_broker(True)
+        done = run_healthcheck(script, port)
+        assert (done.returncode, done.stderr) == (0, "")
+        assert done.stdout.startswith("ready: last epoch 0 s ago")
+        now[0] += 61.0
+        done = run_healthcheck(script, port)
+        assert done.returncode == 1 and done.stderr.startswith("not ready: no epoch for 61 s")
+    finally:
+        server.shutdown()
+        server.server_close()
+    done = run_healthcheck(script, port)  # nothing listens any more
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"http://127.0.0.1:{port}/ready: ")
+    assert done.stderr.count("\n") == 1  # one line, no traceback
 
 
 def test_compose_and_kubernetes_use_the_ports_the_image_exposes(compose, dockerfile):

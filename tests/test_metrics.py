@@ -4,6 +4,8 @@ The metrics are process-wide, so every test reads deltas of the samples around w
 """
 
 import logging
+import threading
+import time
 import urllib.request
 from collections import Counter
 
@@ -225,10 +227,11 @@ def test_a_restored_instance_brings_its_open_tickets_and_waiting_feedback():
 
 
 def test_processing_time_and_event_age_histograms():
-    logic = logic_builder(EXPERIMENTS, clock=lambda: 1000.0)(None)
+    now = float(int(time.time()))  # a ts must lie near the wall clock (events.ts_window)
+    logic = logic_builder(EXPERIMENTS, clock=lambda: now)(None)
     delta = Delta()
     for rid in ("h1", "h2", "h3"):
-        logic.on_item(("m", request(rid, ts=998.0)))
+        logic.on_item(("m", request(rid, ts=now - 2.0)))
     logic.on_item(("m", feedback("h1")))  # no ts: no age
     assert delta("tsi_processing_seconds_count", kind="request") == 3
     assert delta("tsi_processing_seconds_count", kind="feedback") == 1
@@ -239,6 +242,25 @@ def test_processing_time_and_event_age_histograms():
     assert delta("tsi_event_age_seconds_bucket", kind="request", le="1.0") == 0
     assert delta("tsi_event_age_seconds_bucket", kind="request", le="5.0") == 3
     assert delta("tsi_event_age_seconds_count", kind="feedback") == 0
+
+
+def test_the_last_event_gauges_take_the_wall_clock_and_the_ts_of_the_event(monkeypatch):
+    now = float(int(time.time()))
+    logic = logic_builder(EXPERIMENTS, clock=lambda: now - 3600.0)(None)  # a clock far off
+    before = time.time()
+    logic.on_item(("m", request("g1", ts=now - 5.0)))
+    logic.on_item(("m", feedback("g1")))  # no ts: the last ts stays
+    after = time.time()
+    mine = metrics._tallies[threading.get_ident()]
+    assert before <= mine.last_event <= after  # the wall clock, not the flow's
+    assert mine.last_ts == now - 5.0
+    assert REGISTRY.get_sample_value("tsi_last_event_timestamp_seconds") >= mine.last_event
+    # over the worker threads: the latest of each
+    other = metrics._Tally()
+    other.last_event, other.last_ts = after + 100.0, now - 50.0
+    monkeypatch.setattr(metrics, "_tallies", {1: mine, 2: other})
+    assert REGISTRY.get_sample_value("tsi_last_event_timestamp_seconds") == after + 100.0
+    assert REGISTRY.get_sample_value("tsi_last_event_ts_seconds") == now - 5.0
 
 
 def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
@@ -283,7 +305,9 @@ def test_metrics_are_served_over_http():
 
 def test_run_starts_the_metrics_server_before_the_flow(monkeypatch):
     calls = []
-    monkeypatch.setattr(flows.service, "serve_metrics", lambda port: calls.append(("serve", port)))
+    monkeypatch.setattr(
+        flows.service, "serve_metrics", lambda port, **kw: calls.append(("serve", port))
+    )
     monkeypatch.setattr(flows.service, "cli_main", lambda flow, **kw: calls.append(("run", flow)))
     monkeypatch.setattr(flows.service, "settle_heap", lambda: None)
     flows.service.run("FLOW", metrics_port=9464)
@@ -317,7 +341,7 @@ def test_tsi_run_passes_the_metrics_port(monkeypatch, tmp_path, args, env, port)
 def test_bytewax_run_entry_point_serves_metrics_when_the_port_is_set(monkeypatch, tmp_path):
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
     served = []
-    monkeypatch.setattr(flows.main, "serve_metrics", served.append)
+    monkeypatch.setattr(flows.main, "serve_metrics", lambda port, **kw: served.append(port))
     monkeypatch.setattr(flows.main, "settle_heap", lambda: None)
     monkeypatch.setenv("TSI_REGISTRY", str(tmp_path / "r.toml"))
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
