@@ -15,9 +15,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flows.kafka_io import BrokerUnavailableError, check_brokers
 from flows.registry import Registry, RegistryError
-from flows.service import ConfigError, Service, client_config
+from flows.service import DEFAULT_BROKERS, DEFAULT_GROUP, ConfigError, client_config
 from flows.service import run as run_flow
 from flows.wiring import Topics
 from tsi_core.environments import bernoulli
@@ -67,17 +66,21 @@ def simulate(
 
 @app.command("run")
 def run_service(
-    registry: Path = typer.Option(..., envvar="TSI_REGISTRY", help="Experiments registry (TOML)."),
+    registry: Path = typer.Option(
+        ..., envvar="TSI_REGISTRY", help="Experiments registry (TOML); SIGHUP reloads it."
+    ),
     brokers: str = typer.Option(
-        "127.0.0.1:9092",
+        DEFAULT_BROKERS,
         envvar="KAFKA_BOOTSTRAP_SERVERS",
         help="Kafka bootstrap servers, comma-separated.",
     ),
     kafka_config: Path | None = typer.Option(
         None,
         envvar="TSI_KAFKA_CONFIG",
-        help="TOML with [kafka], [kafka.consumer], [kafka.producer] client settings "
-        "(SASL, TLS, ...), passed to librdkafka untouched.",
+        help="TOML of librdkafka client settings (SASL, TLS, ...): [kafka] for both clients, "
+        "[kafka.consumer] and [kafka.producer] for one; names as in librdkafka, quoted or "
+        'not (security.protocol = "SASL_SSL"). Unknown names are refused; secrets are '
+        "masked when the effective settings are logged.",
     ),
     requests_topic: str = typer.Option(
         Topics.requests, envvar="TSI_TOPIC_REQUESTS", help="Decision requests topic."
@@ -97,7 +100,14 @@ def run_service(
         Topics.dead_letters, envvar="TSI_TOPIC_DLQ", help="Dead-letter topic."
     ),
     recovery_dir: Path | None = typer.Option(
-        None, envvar="TSI_RECOVERY_DIR", help="Recovery directory (enables recovery)."
+        None, envvar="TSI_RECOVERY_DIR", help="Recovery directory (state survives restarts)."
+    ),
+    no_recovery: bool = typer.Option(
+        False,
+        "--no-recovery",
+        envvar="TSI_NO_RECOVERY",
+        help="Run without a recovery directory: state starts empty at every start and the "
+        "input resumes from the consumer group's committed offsets (else the topics' end).",
     ),
     snapshot_every: float = typer.Option(
         10.0, min=0.01, envvar="TSI_SNAPSHOT_EVERY", help="Seconds between snapshots."
@@ -130,35 +140,90 @@ def run_service(
         min=1,
         max=65535,
         envvar="TSI_METRICS_PORT",
-        help="Serve Prometheus metrics on this port (/metrics); off by default.",
+        help="Serve Prometheus metrics (/metrics), readiness (/ready) and liveness "
+        "(/healthz) on this port; off by default.",
+    ),
+    ready_timeout: float | None = typer.Option(
+        None,
+        min=1.0,
+        envvar="TSI_READY_TIMEOUT",
+        help="/ready fails after this many seconds without a finished epoch or a broker "
+        "reached (default: 60, or 3 snapshot intervals if longer).",
+    ),
+    group_id: str = typer.Option(
+        DEFAULT_GROUP,
+        envvar="TSI_GROUP_ID",
+        help="Consumer group the offsets of finished epochs are committed to (lag for "
+        "standard tools; recovery uses the recovery directory).",
+    ),
+    skip_offset: list[str] = typer.Option(
+        [],
+        envvar="TSI_SKIP_OFFSETS",
+        help="TOPIC:PARTITION:OFFSET of a message to skip: it becomes a 'skipped' dead "
+        "letter (with its bytes) and changes nothing. Repeat, or comma-separate.",
+    ),
+    ts_window: float | None = typer.Option(
+        None,
+        envvar="TSI_TS_WINDOW",
+        help="Seconds an event's ts may differ from the wall clock (default 10 years).",
+    ),
+    log_file: Path | None = typer.Option(
+        None,
+        envvar="TSI_LOG_FILE",
+        help="Write logs here (default: tsi-run.log when stderr is a terminal, else stderr).",
     ),
 ) -> None:
-    """Serve decisions from Kafka: requests and feedback in, selections and dead letters out."""
-    try:
-        consumer, producer = client_config(kafka_config)
-        topics = Topics(requests_topic, feedback_topic, selections_topic, dlq_topic, events_topic)
-        service = Service(Registry.load(registry), brokers.split(","), topics, consumer, producer)
-    except (ConfigError, RegistryError) as exc:
-        typer.echo(f"tsi run: {exc}", err=True)
-        raise typer.Exit(2) from None
+    """Serve decisions from Kafka: requests and feedback in, selections and dead letters out.
+
+    Everything is checked first (registry, Kafka settings, brokers, every topic read or
+    written, the recovery directory); a problem is one line and exit status 2.
+    """
+    from flows.metrics import MetricsPortError
+    from flows.startup import RunOptions, ServiceLog, StartupError, describe_start, prepare
+
     if (process_id is None) != (addresses is None):
-        typer.echo("tsi run: --process-id and --addresses go together", err=True)
-        raise typer.Exit(2)
-    inputs = [events_topic] if events_topic is not None else [requests_topic, feedback_topic]
-    try:
-        check_brokers(service.brokers, consumer, inputs, connect_timeout)
-    except BrokerUnavailableError as exc:
-        fail("run", str(exc))
-    run_flow(
-        service.flow(tail=not stop_at_end, recovery=recovery_dir is not None),
-        workers,
-        process_id,
-        None if addresses is None else addresses.split(";"),
+        fail("run", "--process-id and --addresses go together")
+    cluster = None if addresses is None else addresses.split(";")
+    options = RunOptions(
+        registry,
+        brokers.split(","),
+        kafka_config,
+        Topics(requests_topic, feedback_topic, selections_topic, dlq_topic, events_topic),
         recovery_dir,
-        snapshot_every,
-        backup_every,
-        metrics_port=metrics_port,
+        no_recovery,
+        len(cluster or [None]),
+        connect_timeout,
+        group_id or None,
+        [part for item in skip_offset for part in item.split(",")],
+        ts_window,
     )
+    service_log = ServiceLog(log_file)
+    try:
+        service_log.start()
+        service = prepare(options)
+    except StartupError as exc:
+        service_log.say(f"tsi run: {exc}")
+        raise typer.Exit(2) from None
+    service_log.say(describe_start(options, service_log.path))
+    try:
+        run_flow(
+            service.flow(tail=not stop_at_end, recovery=recovery_dir is not None),
+            workers,
+            process_id,
+            cluster,
+            recovery_dir,
+            snapshot_every,
+            backup_every,
+            metrics_port=metrics_port,
+            ready_timeout=ready_timeout,
+            on_reload=service.reload_registry,
+        )
+    except MetricsPortError as exc:
+        service_log.say(f"tsi run: {exc}")
+        raise typer.Exit(2) from None
+    except Exception as exc:
+        service_log.stopped(exc)
+        raise typer.Exit(1) from None
 
 
 # ---------------------------------------------------------------------------- user errors

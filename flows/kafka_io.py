@@ -358,13 +358,13 @@ class ObservedKafkaSource(KafkaSource):
         """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
         index, topic = for_part.split("-", 1)
         config = {
-            "group.id": self._group_id or "BYTEWAX_IGNORED",
+            "group.id": "BYTEWAX_IGNORED",
             "enable.auto.commit": "false",
             "bootstrap.servers": ",".join(self._brokers),
             "enable.partition.eof": str(not self._tail),
             "statistics.interval.ms": 1000,
-            "error_cb": _note_client_error,
             **self._add_config,
+            "error_cb": _noting_errors(self._add_config.get("error_cb")),
         }
         if self._group_id is not None:
             config["group.id"] = self._group_id
@@ -382,8 +382,17 @@ class ObservedKafkaSource(KafkaSource):
         )
 
 
-def _note_client_error(err: ConfluentKafkaError) -> None:
-    note_broker_contact(False, str(err))
+def _noting_errors(
+    then: Callable[[ConfluentKafkaError], None] | None,
+) -> Callable[[ConfluentKafkaError], None]:
+    """An ``error_cb`` that tells readiness, then calls the configured one (if any)."""
+
+    def on_error(err: ConfluentKafkaError) -> None:
+        note_broker_contact(False, str(err))
+        if then is not None:
+            then(err)
+
+    return on_error
 
 
 def kafka_messages(

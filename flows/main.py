@@ -1,14 +1,16 @@
 """``python -m bytewax.run flows.main:flow``: the Kafka service, configured by environment.
 
 See ``flows.service`` for the variables (``TSI_REGISTRY``, ``KAFKA_BOOTSTRAP_SERVERS``, ...).
-The flow is built when Bytewax asks for it, not at import.
+The flow is built when Bytewax asks for it, not at import. SIGHUP reloads the registry
+(applied when the next epoch closes).
 """
 
 import os
+import signal
 import sys
 from typing import Any
 
-from flows.metrics import serve_metrics
+from flows.metrics import MetricsPortError, serve_metrics
 from flows.service import metrics_port_from_env, service_from_env, settle_heap
 
 
@@ -23,10 +25,16 @@ def _recovery_requested() -> bool:
 def __getattr__(name: str) -> Any:
     if name == "flow":
         tail = os.environ.get("TSI_STOP_AT_END", "0") != "1"
-        flow = service_from_env().flow(tail=tail, recovery=_recovery_requested())
+        service = service_from_env()
+        flow = service.flow(tail=tail, recovery=_recovery_requested())
+        signal.signal(signal.SIGHUP, lambda *_: service.reload_registry())
         port = metrics_port_from_env()
         if port is not None:
-            serve_metrics(port)
+            timeout = float(os.environ.get("TSI_READY_TIMEOUT") or 60.0)
+            try:
+                serve_metrics(port, ready_timeout=timeout)
+            except MetricsPortError as exc:
+                raise SystemExit(f"tsi: {exc}") from None
         settle_heap()
         return flow
     raise AttributeError(name)

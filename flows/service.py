@@ -11,13 +11,18 @@ come from options (``tsi run``) or environment variables (``flows.main``):
 | ``TSI_TOPIC_REQUESTS`` … ``TSI_TOPIC_DLQ``, ``TSI_TOPIC_EVENTS`` | topic names | ``tsi.*`` |
 | ``TSI_STOP_AT_END`` | ``1``: stop at the end of the input topics (replays, tests) | ``0`` |
 | ``TSI_METRICS_PORT`` | serve Prometheus metrics on this port (see ``flows.metrics``) | off |
+| ``TSI_GROUP_ID`` | consumer group the finished epochs' offsets are committed to | ``tsi`` |
+| ``TSI_SKIP_OFFSETS`` | ``TOPIC:PARTITION:OFFSET,...`` messages to skip (as dead letters) | none |
+| ``TSI_TS_WINDOW`` | seconds an event's ``ts`` may differ from the wall clock | 10 years |
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import re
+import signal
 import sqlite3
 from collections.abc import Mapping
 from contextlib import closing
@@ -29,34 +34,74 @@ from typing import Any
 from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
-from flows.dataflow import build_flow
+from flows.dataflow import Guards, build_flow, parse_skips
+from flows.events import DEFAULT_DEAD_LETTER_RAW, DEFAULT_TS_WINDOW, raw_limit_for
 from flows.kafka_settings import KafkaSettingsError, load_client_settings
-from flows.metrics import serve_metrics
-from flows.registry import Registry
+from flows.metrics import note_epoch_completed, serve_metrics
+from flows.registry import LiveRegistry, Registry
 from flows.wiring import Topics, kafka_wiring
+
+log = logging.getLogger("tsi")
+DEFAULT_BROKERS = "127.0.0.1:9092"
 
 
 class ConfigError(ValueError):
     """A setting of the service is missing or invalid."""
 
 
+DEFAULT_GROUP = "tsi"
+
+
 @dataclass(frozen=True)
 class Service:
-    """Everything the Kafka dataflow needs."""
+    """Everything the Kafka dataflow needs.
 
-    registry: Registry
+    The registry is held as a ``LiveRegistry``: ``reload_registry`` (SIGHUP in ``run``)
+    reads its file again, and the new one applies when the next epoch closes.
+    """
+
+    registry: Registry | LiveRegistry
     brokers: list[str]
     topics: Topics = field(default_factory=Topics)
     consumer_config: dict[str, Any] = field(default_factory=dict)
     producer_config: dict[str, Any] = field(default_factory=dict)
+    group_id: str | None = DEFAULT_GROUP
+    guards: Guards = field(default_factory=Guards)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.registry, LiveRegistry):
+            object.__setattr__(self, "registry", LiveRegistry(self.registry))
 
     def flow(self, tail: bool = True, recovery: bool = True) -> Dataflow:
-        """The Kafka dataflow; ``recovery=False`` skips the per-key snapshots."""
+        """The Kafka dataflow. ``recovery=False`` skips the per-key snapshots and starts
+        from the consumer group's committed offsets (the end where it has none)."""
+        consumer = dict(self.consumer_config)
+        start = OFFSET_BEGINNING  # a fresh recovery store reads the topics from the start
+        if not recovery:
+            consumer.setdefault("auto.offset.reset", "latest")
+            start = OFFSET_STORED
         wiring = kafka_wiring(
-            self.brokers, self.topics, self.consumer_config, self.producer_config, tail=tail
+            self.brokers,
+            self.topics,
+            consumer,
+            self.producer_config,
+            tail=tail,
+            group_id=self.group_id,
+            starting_offset=start,
+            on_epoch=self._epoch_closed,
         )
-        return build_flow(self.registry, wiring, snapshots=recovery)
+        return build_flow(self.registry, wiring, snapshots=recovery, guards=self.guards)
+
+    def _epoch_closed(self) -> None:
+        note_epoch_completed()
+        if self.registry.apply():
+            log.warning("the reloaded registry is now in force")
+
+    def reload_registry(self) -> None:
+        """Read the registry file again (applied when the next epoch closes); logged."""
+        log.warning(self.registry.reload())
 
 
 def client_config(path: str | Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -174,8 +219,39 @@ def service_from_env(env: Mapping[str, str] = os.environ) -> Service:
         dead_letters=env.get("TSI_TOPIC_DLQ", Topics.dead_letters),
         events=env.get("TSI_TOPIC_EVENTS") or None,
     )
-    brokers = env.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092").split(",")
-    return Service(Registry.load(registry_path), brokers, topics, consumer, producer)
+    brokers = env.get("KAFKA_BOOTSTRAP_SERVERS", DEFAULT_BROKERS).split(",")
+    return Service(
+        LiveRegistry(Registry.load(registry_path), registry_path),
+        brokers,
+        topics,
+        consumer,
+        producer,
+        env.get("TSI_GROUP_ID", DEFAULT_GROUP) or None,
+        guards_from(env.get("TSI_SKIP_OFFSETS", ""), env.get("TSI_TS_WINDOW")),
+    )
+
+
+def guards_from(
+    skip: str | list[str], ts_window: str | float | None, dead_letter_raw: int | None = None
+) -> Guards:
+    """``Guards`` from option or environment values (``ConfigError`` naming a bad one)."""
+    specs = [s.strip() for s in skip.split(",")] if isinstance(skip, str) else skip
+    try:
+        skips = parse_skips([s for s in specs if s])
+        window = DEFAULT_TS_WINDOW if ts_window in (None, "") else float(ts_window)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not window > 0:
+        raise ConfigError(f"the ts window must be a positive number of seconds, got {window!r}")
+    raw = DEFAULT_DEAD_LETTER_RAW if dead_letter_raw is None else dead_letter_raw
+    return Guards(window, raw, skips)
+
+
+def dead_letter_bound(dlq_max_bytes: int, producer: Mapping[str, Any]) -> int:
+    """Original bytes a dead letter may carry: under both the DLQ topic's limit and the
+    producer's ``message.max.bytes`` (librdkafka's default 1000000), 64 KiB at most."""
+    limit = min(dlq_max_bytes, int(producer.get("message.max.bytes", 1_000_000)))
+    return min(DEFAULT_DEAD_LETTER_RAW, raw_limit_for(limit))
 
 
 def metrics_port_from_env(env: Mapping[str, str] = os.environ) -> int | None:
@@ -208,13 +284,19 @@ def run(
     snapshot_every: float = 10.0,
     backup_every: float = 0.0,
     metrics_port: int | None = None,
+    ready_timeout: float | None = None,
+    on_reload: Any = None,
 ) -> None:
     """Run the flow in this process (one process of a cluster when ``addresses`` is given).
 
     With ``recovery_dir`` (created and initialised when empty) state and input offsets are
     snapshotted every ``snapshot_every`` seconds; a restart resumes from the last one.
-    With ``metrics_port``, Prometheus metrics are served on it (``/metrics``).
+    With ``metrics_port``, Prometheus metrics are served on it (``/metrics``, ``/ready``
+    after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
+    SIGHUP (``Service.reload_registry``).
     """
+    if on_reload is not None:
+        signal.signal(signal.SIGHUP, lambda *_: on_reload())
     recovery = None
     if recovery_dir is not None:
         directory = Path(recovery_dir)
@@ -223,7 +305,8 @@ def run(
             init_db_dir(directory, max(1, len(addresses or [None])))
         recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
     if metrics_port is not None:
-        serve_metrics(metrics_port)
+        timeout = ready_timeout if ready_timeout is not None else max(60.0, 3 * snapshot_every)
+        serve_metrics(metrics_port, ready_timeout=timeout)
     settle_heap()
     cli_main(
         flow,

@@ -3,6 +3,7 @@
 The metrics are process-wide, so every test reads deltas of the samples around what it runs.
 """
 
+import collections
 import logging
 import threading
 import time
@@ -329,10 +330,11 @@ def test_tsi_run_passes_the_metrics_port(monkeypatch, tmp_path, args, env, port)
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
     seen = {}
     monkeypatch.setattr("flows.cli.run_flow", lambda *a, **kw: seen.update(kw))
-    monkeypatch.setattr("flows.cli.check_brokers", lambda *a: None)  # no broker needed here
+    limits = collections.defaultdict(lambda: 1_048_588)  # every topic there, no broker needed
+    monkeypatch.setattr("flows.startup.check_kafka_topics", lambda *a: limits)
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
     result = CliRunner().invoke(
-        app, ["run", "--registry", str(tmp_path / "r.toml"), *args], env=env
+        app, ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery", *args], env=env
     )
     assert result.exit_code == 0, result.output
     assert seen["metrics_port"] == port

@@ -91,9 +91,19 @@ def test_invalid_registry_is_refused_naming_the_problem(text, message):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--registry", "/no/such/file.toml"], "cannot read registry"),
-        (["--registry", "{reg}", "--kafka-config", "/no/such.toml"], "cannot read Kafka config"),
+        (["--registry", "/no/such/file.toml", "--no-recovery"], "cannot read registry"),
+        (
+            ["--registry", "{reg}", "--no-recovery", "--kafka-config", "/no/such.toml"],
+            "cannot read Kafka config",
+        ),
         (["--registry", "{reg}", "--process-id", "0"], "go together"),
+        (["--registry", "{reg}"], "give --recovery-dir DIR"),  # running without it is a choice
+        (["--registry", "{reg}", "--recovery-dir", "{reg}", "--no-recovery"], "or --no-recovery"),
+        (["--registry", "{reg}", "--recovery-dir", "{reg}"], "not a directory"),
+        (
+            ["--registry", "{reg}", "--no-recovery", "--skip-offset", "t:0", "--brokers", "x:1"],
+            "TOPIC:PARTITION:OFFSET",
+        ),
     ],
 )
 def test_tsi_run_explains_user_mistakes_in_one_line(tmp_path, args, message):

@@ -187,7 +187,10 @@ def test_inspect_reads_allocations_and_counters_from_a_recovery_directory(tmp_pa
         (["replay", "--registry", "{reg}"], "give --events"),
         (["evaluate", "/nonexistent.jsonl", "--registry", "{reg}"], "cannot read log"),
         (
-            ["run", "--registry", "{reg}", "--brokers", "127.0.0.1:1", "--connect-timeout", "1"],
+            [
+                *("run", "--registry", "{reg}", "--brokers", "127.0.0.1:1"),
+                *("--connect-timeout", "1", "--no-recovery"),
+            ],
             "no Kafka broker answers",
         ),
     ],

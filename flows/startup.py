@@ -1,0 +1,163 @@
+"""What ``tsi run`` does before the flow starts: check everything, then say where logs go.
+
+Every check fails in one line naming what is missing (``StartupError``): the registry, the
+Kafka settings, the brokers, the input and output topics, the recovery store. Once they
+pass, the service's logs (Python's, librdkafka's, Bytewax's and Rust's own writes to
+stderr) go to a log file when one is given, or when stderr is a terminal (``tsi-run.log``);
+the terminal then only gets one line at start and one if the service stops.
+
+>>> ServiceLog(None, terminal=False).path is None
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from flows.kafka_io import SOURCE_DEFAULTS, BrokerUnavailableError, DeliveryCheckedKafkaSink
+from flows.kafka_io import check_topics as check_kafka_topics
+from flows.kafka_settings import settings_lines, with_rate_limited_logs
+from flows.metrics import note_broker_contact
+from flows.registry import LiveRegistry, Registry, RegistryError
+from flows.service import (
+    ConfigError,
+    Service,
+    check_recovery_dir,
+    client_config,
+    dead_letter_bound,
+    guards_from,
+)
+from flows.topics import service_topics
+from flows.wiring import Topics
+
+log = logging.getLogger("tsi")
+DEFAULT_LOG_FILE = Path("tsi-run.log")
+
+
+class StartupError(Exception):
+    """Something the service needs is missing or wrong: one line saying what."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``tsi run`` was told (options or ``TSI_*`` environment variables)."""
+
+    registry: Path
+    brokers: list[str]
+    kafka_config: Path | None
+    topics: Topics
+    recovery_dir: Path | None
+    no_recovery: bool
+    processes: int
+    connect_timeout: float
+    group_id: str | None
+    skip_offsets: list[str]
+    ts_window: float | None
+
+
+def prepare(options: RunOptions) -> Service:
+    """The service, once every check passed (``StartupError`` otherwise)."""
+    if (options.recovery_dir is None) == (not options.no_recovery):
+        raise StartupError(
+            "give --recovery-dir DIR (state and offsets survive restarts) or --no-recovery "
+            "(state starts empty at every start; input resumes from the consumer group's "
+            "committed offsets, else the end of the topics)"
+        )
+    try:  # the checks that need no broker first
+        guards = guards_from(options.skip_offsets, options.ts_window)
+        consumer, producer = client_config(options.kafka_config)
+        registry = LiveRegistry(Registry.load(options.registry), options.registry)
+        if options.recovery_dir is not None:
+            check_recovery_dir(options.recovery_dir, options.processes)
+        inputs, outputs = service_topics(options.topics)
+        limits = check_kafka_topics(
+            options.brokers, consumer, inputs, outputs, options.connect_timeout
+        )
+        bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
+        guards = dataclasses.replace(guards, dead_letter_raw=bound)
+    except (ConfigError, RegistryError, BrokerUnavailableError) as exc:
+        raise StartupError(str(exc)) from None
+    note_broker_contact(True)
+    effective = DeliveryCheckedKafkaSink(options.brokers, None, producer).producer_config()
+    for line in settings_lines({**SOURCE_DEFAULTS, **consumer}, effective):
+        log.info("Kafka %s", line)
+    log.info(
+        "dead letters carry up to %d original bytes (%s accepts %d); skipping %s",
+        guards.dead_letter_raw,
+        options.topics.dead_letters,
+        limits[options.topics.dead_letters],
+        sorted(guards.skip) or "nothing",
+    )
+    return Service(
+        registry,
+        options.brokers,
+        options.topics,
+        with_rate_limited_logs(consumer),
+        with_rate_limited_logs(producer),
+        options.group_id,
+        guards,
+    )
+
+
+class ServiceLog:
+    """Where the running service writes: ``path`` (file) or stderr, and ``say`` for the
+    lines a person at the terminal reads."""
+
+    def __init__(self, path: Path | None, terminal: bool | None = None) -> None:
+        terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.path = path if path is not None or not terminal else DEFAULT_LOG_FILE
+        self._terminal: IO[str] = sys.stderr
+
+    def start(self) -> None:
+        """Send fd 2 (and Python's logging) to the log file, keeping the terminal aside."""
+        handler: logging.Handler
+        if self.path is not None:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            except OSError as exc:
+                message = f"cannot write the log file {self.path}: {exc.strerror}"
+                raise StartupError(message) from None
+            self._terminal = os.fdopen(os.dup(2), "w", buffering=1)
+            sys.stderr.flush()
+            os.dup2(fd, 2)
+            os.close(fd)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+
+    def say(self, line: str) -> None:
+        """One line for the person who started the service (the terminal, not the log)."""
+        print(line, file=self._terminal, flush=True)
+        if self.path is not None:
+            log.info(line)
+
+    def stopped(self, exc: BaseException) -> None:
+        """The service stopped on an error: the whole story to the log, one line to the
+        terminal."""
+        log.error("the service stopped", exc_info=exc)
+        where = f"; the full report is in {self.path}" if self.path else ""
+        self.say(f"tsi run: the service stopped: {root_cause(exc)[:300]}{where}")
+
+
+def root_cause(exc: BaseException) -> str:
+    """The first line of the innermost error (Bytewax wraps the flow's in its own)."""
+    while (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(exc).__name__
+
+
+def describe_start(options: RunOptions, log_path: Path | None) -> str:
+    """The line ``tsi run`` prints when it starts serving."""
+    store = options.recovery_dir or "no recovery store"
+    where = f"; logs in {log_path}" if log_path else ""
+    return f"tsi run: serving {options.registry} from {','.join(options.brokers)} ({store}){where}"
+
