@@ -29,14 +29,15 @@ What each figure means
   time (``time.thread_time``: Python, Bytewax's Rust runtime), the process CPU (plus the
   librdkafka threads) and the broker's CPU, each as a share of one core over the run.
 * Decision latency: the service runs in a background process (``python -m bytewax.run
-  flows.main:flow`` or, for sub-second epochs, ``bench/flow_helpers.py serve``, tail mode). This
+  flows.service.main:flow`` or, for sub-second epochs, ``bench/flow_helpers.py serve``,
+  tail mode). This
   process sends requests paced at a fixed rate with ``time.perf_counter`` (one producer,
   ``linger.ms=0``) and a consumer thread reads the selections topic; latency = time the
   selection is consumed - time its request was produced, matched by ``request_id``. The
   first seconds at the target rate are a warm-up and are not counted. Requests not
   answered within the drain time count as unanswered.
 * Memory: the service runs in a background process (``python -m bytewax.run
-  flows.main:flow``, epoch 10 s). After 100 warm-up instances its RSS is the baseline;
+  flows.service.main:flow``, epoch 10 s). After 100 warm-up instances its RSS is the baseline;
   then new units arrive in cumulative stages and, once the selections topic holds every
   answer, the RSS is read again (psutil; peak = VmHWM). Bytes per instance =
   (RSS - baseline) / instances, per stage, and the least-squares slope over the stages.
@@ -90,12 +91,12 @@ from bytewax.dataflow import Dataflow
 from bytewax.testing import run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from flows.dataflow import PARSERS
-from flows.events import Origin, Request, parse_feedback, parse_request
-from flows.instance import Instance
-from flows.registry import Registry
-from flows.service import Service
-from flows.wiring import Topics, kafka_wiring
+from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.dataflow import PARSERS
+from flows.service.events import Origin, Request, parse_feedback, parse_request
+from flows.service.instance import Instance
+from flows.service.process import Service
+from flows.service.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "bench"
@@ -147,11 +148,13 @@ class Plan:
 
 
 RUN_DEFAULT = LatencyConfig(
-    "python -m bytewax.run flows.main:flow", ("-m", "bytewax.run", "flows.main:flow"), "10 s"
+    "python -m bytewax.run flows.service.main:flow",
+    ("-m", "bytewax.run", "flows.service.main:flow"),
+    "10 s",
 )
 RUN_S1 = LatencyConfig(
-    "python -m bytewax.run flows.main:flow -s 1",
-    ("-m", "bytewax.run", "flows.main:flow", "-s", "1"),
+    "python -m bytewax.run flows.service.main:flow -s 1",
+    ("-m", "bytewax.run", "flows.service.main:flow", "-s", "1"),
     "1 s",
 )
 HELPERS = str(ROOT / "bench" / "flow_helpers.py")
@@ -168,7 +171,7 @@ NO_SNAPSHOT_NO_GC = LatencyConfig(
     "10 s",
 )
 RUN_DEFAULT_FEEDBACK = LatencyConfig(
-    "python -m bytewax.run flows.main:flow, + feedback",
+    "python -m bytewax.run flows.service.main:flow, + feedback",
     RUN_DEFAULT.server,
     "10 s",
     feedback=True,
@@ -1195,7 +1198,7 @@ def report(results: dict[str, Any]) -> str:
         lines += [
             "## Memory per instance (RSS of the service process)",
             "",
-            "`python -m bytewax.run flows.main:flow` (epoch 10 s); new units in cumulative "
+            "`python -m bytewax.run flows.service.main:flow` (epoch 10 s); new units in cumulative "
             f"stages; baseline = RSS after {WARM_UNITS} warm-up instances. Open ticket: one "
             "request per unit, the selection waits for its feedback (TTL 3600 s). Idle: request "
             "then feedback on the events topic with feedback_ttl = 1 s, RSS read once the "

@@ -2,8 +2,9 @@
 
 ``python bench/flow_helpers.py serve EPOCH_MS [--no-snapshot] [--no-gc]``
     The Kafka service, configured by the same environment variables as
-    ``python -m bytewax.run flows.main:flow`` (``TSI_REGISTRY``, ``KAFKA_BOOTSTRAP_SERVERS``,
-    ``TSI_TOPIC_*``; see ``flows.service``), one worker, no recovery, with an epoch interval
+    ``python -m bytewax.run flows.service.main:flow`` (``TSI_REGISTRY``,
+    ``KAFKA_BOOTSTRAP_SERVERS``, ``TSI_TOPIC_*``; see ``flows.service.settings``), one worker,
+    no recovery, with an epoch interval
     in milliseconds (``bytewax.run -s`` only takes whole seconds). Every full (generation 2)
     garbage collection is logged to stderr as ``GC2 <ms> ms``. Diagnostics only, to find
     what delays answers: ``--no-snapshot`` replaces ``InstanceLogic.snapshot`` (which Bytewax
@@ -37,14 +38,15 @@ PROBE = -1
 
 
 def serve(epoch_ms: float, options: list[str]) -> None:
-    import flows.operator
-    from flows.service import service_from_env
+    import flows.service.logic
+    from flows.service.process import Service
+    from flows.service.settings import Settings
 
     unknown = set(options) - {"--no-snapshot", "--no-gc"}
     if unknown:
         sys.exit(f"unknown options {sorted(unknown)}")
     if "--no-snapshot" in options:
-        flows.operator.InstanceLogic.snapshot = lambda self: None  # type: ignore[method-assign]
+        flows.service.logic.InstanceLogic.snapshot = lambda self: None  # type: ignore[method-assign]
     if "--no-gc" in options:
         gc.disable()
     started: list[float] = []
@@ -60,7 +62,11 @@ def serve(epoch_ms: float, options: list[str]) -> None:
 
     gc.callbacks.append(log_full_collections)
     epoch = timedelta(milliseconds=epoch_ms)
-    cli_main(service_from_env().flow(recovery=False), workers_per_process=1, epoch_interval=epoch)
+    cli_main(
+        Service.from_settings(Settings.from_env()).flow(recovery=False),
+        workers_per_process=1,
+        epoch_interval=epoch,
+    )
 
 
 class _Empty(StatefulLogic[int, Any, None]):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from flows.events import Origin, Request, parse_event
-from flows.instance import Instance
+from flows.service.events import Origin, Request, parse_event
+from flows.service.instance import Instance
 
 REGISTRY_TOML = """
 [experiments.shop]
@@ -64,7 +64,7 @@ def comparable(state):
 
 
 def service_env(bootstrap, registry_path, events, selections, dlq, **extra):
-    """Environment for `python -m bytewax.run flows.main:flow` on the combined topic."""
+    """Environment for `python -m bytewax.run flows.service.main:flow` on the combined topic."""
     return {
         **os.environ,
         "TSI_REGISTRY": str(registry_path),
@@ -83,7 +83,7 @@ def start_service(env, recovery, *args):
         sys.executable,
         "-m",
         "bytewax.run",
-        "flows.main:flow",
+        "flows.service.main:flow",
         "-r",
         str(recovery),
         "-s",

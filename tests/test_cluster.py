@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Producer
 
-from flows.recovery_store import read_states
-from flows.registry import Registry
+from flows.service.recovery import read_states
+from flows.service.registry import Registry
 from tests.kafka_broker import consume_all, create_topic, free_port, unique_topic
 from tests.streams import (
     REGISTRY_TOML,

@@ -1,6 +1,6 @@
 """No input stops the service: messages up to the broker's limit, kill -9, restarts.
 
-The service runs as a real process (``python -m bytewax.run flows.main:flow``) on the
+The service runs as a real process (``python -m bytewax.run flows.service.main:flow``) on the
 project's broker, reading the combined events topic, with recovery.
 """
 
@@ -16,7 +16,7 @@ import time
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from flows.events import MAX_MESSAGE_BYTES
+from flows.service.events import MAX_MESSAGE_BYTES
 from tests.kafka_broker import consume_all, create_topic, unique_topic
 from tests.streams import REGISTRY_TOML, REQUESTS, event_stream, service_env, start_service
 

@@ -4,10 +4,11 @@ import bytewax.operators as op
 import orjson
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from flows.dataflow import Wiring, build_flow
-from flows.events import Origin
-from flows.registry import Registry
-from flows.wiring import file_wiring, memory_wiring
+from flows.service.connectors.files import file_wiring
+from flows.service.connectors.memory import memory_wiring
+from flows.service.dataflow import Wiring, build_flow
+from flows.service.events import Origin
+from flows.service.registry import Registry
 
 REGISTRY = Registry.from_toml(
     """

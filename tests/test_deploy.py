@@ -28,9 +28,9 @@ import typer
 import yaml
 
 from flows.cli import app
-from flows.metrics import Readiness, serve_metrics
-from flows.registry import Registry
-from flows.service import client_config
+from flows.service.metrics import Readiness, serve_metrics
+from flows.service.registry import Registry
+from flows.service.settings import client_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -42,7 +42,7 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 
 POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
 CLUSTER_DOMAIN = "cluster.local"
-# Read by the service outside the `tsi run` options (flows.service, the metrics endpoint).
+# Read by the service outside the `tsi run` options (flows.service.process, the metrics endpoint).
 EXTRA_ENV = {"KAFKA_BOOTSTRAP_SERVERS", "TSI_METRICS_PORT"}
 
 Problems = list[str]

@@ -1,4 +1,4 @@
-"""Counterfactual evaluation (flows.evaluation): exact full-information replays, replay and
+"""Counterfactual evaluation (flows.tools.evaluation): exact full-information replays, replay and
 rejection sampling on bandit logs, IPS, and the refusal of every malformed line."""
 
 import json
@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from flows.evaluation import (
+from flows.service.instance import uniform_draw
+from flows.service.registry import Registry
+from flows.tools.evaluation import (
     BANDIT,
     FULL_INFORMATION,
     EvaluationError,
@@ -18,8 +20,6 @@ from flows.evaluation import (
     read_log,
     snips_estimate,
 )
-from flows.instance import uniform_draw
-from flows.registry import Registry
 from tsi_core import Bandit, BatchBandit
 from tsi_core.environments import Environment, bernoulli, contextual, piecewise_stationary
 

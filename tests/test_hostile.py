@@ -9,7 +9,7 @@ import time
 import orjson
 from confluent_kafka import Producer
 
-from flows.recovery_store import read_states
+from flows.service.recovery import read_states
 from tests.kafka_broker import consume_all, create_topic, unique_topic
 from tests.test_crash_proof import largest_accepted, sized_request
 from tests.test_operating import TSI, wait_for

@@ -4,11 +4,12 @@ import orjson
 from bytewax.testing import run_main
 from confluent_kafka import Producer
 
-from flows.dataflow import build_flow
-from flows.events import Origin
-from flows.registry import Registry
-from flows.service import Service
-from flows.wiring import Topics, memory_wiring
+from flows.service.connectors.kafka import Topics
+from flows.service.connectors.memory import memory_wiring
+from flows.service.dataflow import build_flow
+from flows.service.events import Origin
+from flows.service.process import Service
+from flows.service.registry import Registry
 from tests.kafka_broker import consume_all, create_topic, unique_topic
 
 REGISTRY = Registry.from_toml(

@@ -1,4 +1,4 @@
-"""flows.kafka_io against a real broker (the kafka_bootstrap fixture), inside real dataflows."""
+"""The Kafka sink and source (flows.service.connectors) on a real broker, in real dataflows."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from flows.kafka_io import DeliveryCheckedKafkaSink, kafka_messages
+from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
+from flows.service.connectors.kafka_source import kafka_messages
 from tests.kafka_broker import consume_all, create_topic, free_port, unique_topic
 
 QUIET = {"log_level": 0}  # librdkafka logs every failed connection attempt to stderr

@@ -1,4 +1,4 @@
-"""Kafka client settings (flows.kafka_settings): the TOML file, masking, bounded client logs."""
+"""Kafka client settings (connectors.kafka_config): the TOML file, masking, bounded logs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from confluent_kafka import KafkaError
 
-from flows.kafka_settings import (
+from flows.service.connectors.kafka_config import (
     RateLimitFilter,
     describe_settings,
     flatten,
@@ -20,7 +20,7 @@ from flows.kafka_settings import (
     settings_lines,
     with_rate_limited_logs,
 )
-from flows.service import ConfigError, client_config
+from flows.service.settings import ConfigError, client_config
 from tests.kafka_broker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,7 +249,7 @@ def test_error_callbacks_are_logged_and_an_existing_one_still_called(limited):
 OUTAGE = """
 import sys, time
 from confluent_kafka import Producer
-from flows.kafka_settings import with_rate_limited_logs
+from flows.service.connectors.kafka_config import with_rate_limited_logs
 config = {"bootstrap.servers": "127.0.0.1:" + sys.argv[2]}
 if sys.argv[1] == "limited":
     config = with_rate_limited_logs(config)

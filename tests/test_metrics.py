@@ -16,16 +16,16 @@ from bytewax.testing import cluster_main, run_main
 from prometheus_client import REGISTRY
 from typer.testing import CliRunner
 
-import flows.main
-import flows.service
-from flows import metrics
+import flows.service.main
+import flows.service.process
 from flows.cli import app
-from flows.dataflow import build_flow
-from flows.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.operator import logic_builder
-from flows.registry import Registry
-from flows.service import ConfigError, metrics_port_from_env
-from flows.wiring import memory_wiring
+from flows.service import metrics
+from flows.service.connectors.memory import memory_wiring
+from flows.service.dataflow import build_flow
+from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.service.logic import logic_builder
+from flows.service.registry import Registry
+from flows.service.settings import ConfigError, Settings
 
 REGISTRY_TOML = """
 [experiments.m]
@@ -274,7 +274,7 @@ def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
     monkeypatch.setattr(metrics, "bisect_left", broken)
     monkeypatch.setattr(metrics, "_by_reason", BrokenDict())
     logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
-    with caplog.at_level(logging.WARNING, logger="flows.metrics"):
+    with caplog.at_level(logging.WARNING, logger="flows.service.metrics"):
         out, _ = logic.on_item(("m", request("r1")))
         [selection] = out
         assert isinstance(selection, Selection)
@@ -307,14 +307,16 @@ def test_metrics_are_served_over_http():
 def test_run_starts_the_metrics_server_before_the_flow(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        flows.service, "serve_metrics", lambda port, **kw: calls.append(("serve", port))
+        flows.service.process, "serve_metrics", lambda port, **kw: calls.append(("serve", port))
     )
-    monkeypatch.setattr(flows.service, "cli_main", lambda flow, **kw: calls.append(("run", flow)))
-    monkeypatch.setattr(flows.service, "settle_heap", lambda: None)
-    flows.service.run("FLOW", metrics_port=9464)
+    monkeypatch.setattr(
+        flows.service.process, "cli_main", lambda flow, **kw: calls.append(("run", flow))
+    )
+    monkeypatch.setattr(flows.service.process, "settle_heap", lambda: None)
+    flows.service.process.run("FLOW", metrics_port=9464)
     assert calls == [("serve", 9464), ("run", "FLOW")]
     calls.clear()
-    flows.service.run("FLOW")
+    flows.service.process.run("FLOW")
     assert calls == [("run", "FLOW")]
 
 
@@ -329,9 +331,9 @@ def test_run_starts_the_metrics_server_before_the_flow(monkeypatch):
 def test_tsi_run_passes_the_metrics_port(monkeypatch, tmp_path, args, env, port):
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
     seen = {}
-    monkeypatch.setattr("flows.cli.run_flow", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr("flows.cli.run.run_flow", lambda *a, **kw: seen.update(kw))
     limits = collections.defaultdict(lambda: 1_048_588)  # every topic there, no broker needed
-    monkeypatch.setattr("flows.startup.check_kafka_topics", lambda *a: limits)
+    monkeypatch.setattr("flows.service.startup.check_kafka_topics", lambda *a: limits)
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
     result = CliRunner().invoke(
         app, ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery", *args], env=env
@@ -343,17 +345,21 @@ def test_tsi_run_passes_the_metrics_port(monkeypatch, tmp_path, args, env, port)
 def test_bytewax_run_entry_point_serves_metrics_when_the_port_is_set(monkeypatch, tmp_path):
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
     served = []
-    monkeypatch.setattr(flows.main, "serve_metrics", lambda port, **kw: served.append(port))
-    monkeypatch.setattr(flows.main, "settle_heap", lambda: None)
+    monkeypatch.setattr(
+        flows.service.process, "serve_metrics", lambda port, **kw: served.append(port)
+    )
+    monkeypatch.setattr(flows.service.process, "settle_heap", lambda: None)
     monkeypatch.setenv("TSI_REGISTRY", str(tmp_path / "r.toml"))
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
-    assert flows.main.flow is not None and served == []
+    assert flows.service.main.flow is not None and served == []
     monkeypatch.setenv("TSI_METRICS_PORT", "9466")
-    assert flows.main.flow is not None and served == [9466]
+    assert flows.service.main.flow is not None and served == [9466]
 
 
 @pytest.mark.parametrize("value", ["http", "0", "70000", "-1"])
 def test_a_bad_metrics_port_is_a_config_error(value):
     with pytest.raises(ConfigError, match="TSI_METRICS_PORT"):
-        metrics_port_from_env({"TSI_METRICS_PORT": value})
-    assert metrics_port_from_env({"TSI_METRICS_PORT": " "}) is None
+        Settings.from_env({"TSI_REGISTRY": "r.toml", "TSI_METRICS_PORT": value})
+    assert (
+        Settings.from_env({"TSI_REGISTRY": "r.toml", "TSI_METRICS_PORT": " "}).metrics_port is None
+    )

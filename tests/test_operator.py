@@ -3,10 +3,10 @@
 import orjson
 from bytewax.operators import StatefulLogic
 
-from flows.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.instance import Instance
-from flows.operator import logic_builder
-from flows.registry import Registry
+from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.service.instance import Instance
+from flows.service.logic import logic_builder
+from flows.service.registry import Registry
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
 

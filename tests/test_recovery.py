@@ -1,6 +1,6 @@
 """kill -9 and restart with recovery: the state and the answers of an uninterrupted run.
 
-The service runs as a real process (`python -m bytewax.run flows.main:flow`) on the
+The service runs as a real process (`python -m bytewax.run flows.service.main:flow`) on the
 project's Kafka broker, reading one combined events topic: requests and feedback of an
 instance share a partition, so every run sees an instance's events in the same order.
 """
@@ -15,8 +15,8 @@ import time
 import orjson
 from confluent_kafka import Producer
 
-from flows.recovery_store import read_states
-from flows.registry import Registry
+from flows.service.recovery import read_states
+from flows.service.registry import Registry
 from tests.kafka_broker import consume_all, create_topic, unique_topic
 from tests.streams import (
     REGISTRY_TOML,

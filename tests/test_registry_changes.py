@@ -9,10 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-from flows.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.inspection import describe, render
-from flows.operator import logic_builder
-from flows.registry import LiveRegistry, Registry
+from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.service.logic import logic_builder
+from flows.service.registry import LiveRegistry, Registry
+from flows.tools.inspect import describe, render
 from tsi_core.stats import exploration
 
 T0 = 1_767_225_600.0

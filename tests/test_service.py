@@ -4,8 +4,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.registry import Registry, RegistryError
-from flows.service import ConfigError, client_config, service_from_env
+from flows.service.process import Service
+from flows.service.registry import Registry, RegistryError
+from flows.service.settings import ConfigError, Settings, client_config
 
 REGISTRY_TOML = '[experiments.home]\narms = ["a", "b"]\n'
 
@@ -42,17 +43,20 @@ def test_bad_client_settings_are_refused(tmp_path, text, message):
 
 def test_environment_configures_the_service(tmp_path):
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
-    service = service_from_env(
+    settings = Settings.from_env(
         {
             "TSI_REGISTRY": str(tmp_path / "r.toml"),
             "KAFKA_BOOTSTRAP_SERVERS": "h1:1,h2:2",
             "TSI_TOPIC_EVENTS": "all.events",
+            "TSI_SKIP_OFFSETS": "all.events:0:5,all.events:1:7",
         }
     )
+    service = Service.from_settings(settings)
+    assert service.guards.skip == {("all.events", 0, 5), ("all.events", 1, 7)}
     assert service.brokers == ["h1:1", "h2:2"] and service.topics.events == "all.events"
     assert service.topics.selections == "tsi.selections"
     with pytest.raises(ConfigError, match="TSI_REGISTRY"):
-        service_from_env({})
+        Settings.from_env({})
 
 
 @pytest.mark.parametrize(

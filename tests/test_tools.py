@@ -13,13 +13,13 @@ from bytewax.testing import run_main
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.dataflow import build_flow
-from flows.demo import run_demo
-from flows.events import Origin
-from flows.registry import Registry
-from flows.replay import merge_by_time, read_lines, replay
-from flows.traffic import generate, registry_toml
-from flows.wiring import memory_wiring
+from flows.service.connectors.memory import memory_wiring
+from flows.service.dataflow import build_flow
+from flows.service.events import Origin
+from flows.service.registry import Registry
+from flows.tools.demo import run_demo
+from flows.tools.replay import merge_by_time, read_lines, replay
+from flows.tools.traffic import generate, registry_toml
 from tsi_core.environments import bernoulli
 
 RUNNER = CliRunner()

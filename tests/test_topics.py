@@ -22,8 +22,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.kafka_io import BrokerUnavailableError, check_brokers, check_topics
-from flows.service import ConfigError, check_recovery_dir, client_config
+from flows.service.connectors.kafka_admin import BrokerUnavailableError, check_topics
+from flows.service.recovery import check_recovery_dir
+from flows.service.settings import ConfigError, client_config
 from tests.kafka_broker import create_topic, free_port, unique_topic
 
 TSI = Path(sys.executable).parent / "tsi"
@@ -75,7 +76,7 @@ def test_a_missing_output_topic_alone_fails_the_check(kafka_bootstrap):
     dlq = unique_topic("dlq")
     message = one_line_refusal(check_topics, [kafka_bootstrap], {}, inputs, [selections, dlq])
     assert message.startswith(f"output topic(s) {dlq} do not exist on {kafka_bootstrap}")
-    check_brokers([kafka_bootstrap], {}, inputs)  # the old check looks at the inputs only
+    assert check_topics([kafka_bootstrap], {}, inputs) == {}  # inputs alone pass
 
 
 def test_check_topics_returns_the_max_message_bytes_of_each_output(kafka_bootstrap):
@@ -89,9 +90,9 @@ def test_check_topics_returns_the_max_message_bytes_of_each_output(kafka_bootstr
     assert check_topics([kafka_bootstrap], {}, [plain]) == {}
 
 
-def test_check_brokers_still_refuses_a_missing_input(kafka_bootstrap):
+def test_a_missing_input_alone_fails_the_check(kafka_bootstrap):
     gone = unique_topic("gone")
-    message = one_line_refusal(check_brokers, [kafka_bootstrap], {}, [gone])
+    message = one_line_refusal(check_topics, [kafka_bootstrap], {}, [gone])
     assert message.startswith(f"input topic(s) {gone} do not exist")
 
 

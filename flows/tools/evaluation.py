@@ -21,7 +21,7 @@ The policy's draws are reproducible: the arm drawn at the row of line ``n`` by i
 evaluation ``seed`` > 0), the request id being the line number (see ``request_id``).
 
 >>> import json
->>> from flows.registry import Registry
+>>> from flows.service.registry import Registry
 >>> registry = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> rows = [json.dumps({"experiment": "home", "losses": [0.25, 0.75]})] * 40
 >>> result = evaluate(read_log(rows), registry)["home"]
@@ -31,7 +31,7 @@ evaluation ``seed`` > 0), the request id being the line number (see ``request_id
 True
 >>> read_log(['{"experiment": "home", "arm": 0, "prob": 1.5, "loss": 0}'])
 Traceback (most recent call last):
-flows.evaluation.EvaluationError: <log>:1: prob must be in (0, 1], got 1.5
+flows.tools.evaluation.EvaluationError: <log>:1: prob must be in (0, 1], got 1.5
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from flows.events import MAX_ABS_LOSS, MAX_ID_LENGTH
-from flows.instance import uniform_draw
-from flows.registry import Experiment, Registry
+from flows.service.events import MAX_ABS_LOSS, MAX_ID_LENGTH
+from flows.service.instance import uniform_draw
+from flows.service.registry import Experiment, Registry
 from tsi_core import Bandit, Switching
 from tsi_core.environments import Environment
 

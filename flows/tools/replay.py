@@ -6,7 +6,7 @@ and feedback merged by their ``ts`` (ties: file order, requests first) — and r
 instance's next event (or the end of the log) passes a deadline. The same log, registry
 and seed give the same selections, byte for byte.
 
->>> from flows.registry import Registry
+>>> from flows.service.registry import Registry
 >>> reg = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> raw = b'{"type":"request","experiment":"home","request_id":"r1","ts":1767225600}'
 >>> log = [(raw, Origin("f", None, 1))]
@@ -29,9 +29,9 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.testing import TestingSink, run_main
 
-from flows.dataflow import Message, Wiring, build_flow
-from flows.events import Origin, parse_event, parse_feedback, parse_request
-from flows.registry import Registry
+from flows.service.dataflow import Message, Wiring, build_flow
+from flows.service.events import Origin, parse_event, parse_feedback, parse_request
+from flows.service.registry import Registry
 
 
 class ReplayError(ValueError):

@@ -1,7 +1,7 @@
 """``tsi inspect``: the allocation and counters of instances, read from a recovery directory.
 
 The flow does not need to run: the latest committed snapshot of each instance is read
-(``flows.recovery_store``) and its bandit rebuilt from its own JSON state.
+(``flows.service.recovery``) and its bandit rebuilt from its own JSON state.
 
 >>> from tsi_core import Bandit
 >>> b = Bandit(2, instance_id="home")
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flows.registry import UNIT_SEPARATOR, Registry
+from flows.service.registry import UNIT_SEPARATOR, Registry
 from tsi_core import Bandit
 
 

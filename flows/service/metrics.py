@@ -2,7 +2,7 @@
 
 The metrics live in ``prometheus_client``'s default registry (``REGISTRY``), with its
 process and Python collectors, and are served by ``serve_metrics`` (``tsi run
---metrics-port``, or ``TSI_METRICS_PORT`` for ``python -m bytewax.run flows.main:flow``).
+--metrics-port``, or ``TSI_METRICS_PORT`` for ``python -m bytewax.run flows.service.main:flow``).
 Bytewax workers are threads of one process and share the metrics; each process of a
 cluster serves its own (sum them in Prometheus).
 
@@ -36,7 +36,7 @@ cluster serves its own (sum them in Prometheus).
 | ``unknown`` | waited ``feedback_ttl`` for its request in vain (``unknown_ticket``) |
 | ``expired_ticket`` | never came: a ticket expired without it (``ticket_expired``) |
 
-The operator derives them from what the instance did, not from ``flows.instance``: the
+The operator derives them from what the instance did, not from ``flows.service.instance``: the
 type of the request_id's entry before and after the event (Early / Open / Settled), and
 the reasons of the dead letters it returned. Dead letters are counted in ``build_flow``,
 where all of them merge on their way to the sink.
@@ -100,8 +100,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from flows.events import DeadLetter, Request, Selection
-from flows.instance import Early, Open, Settled
+from flows.service.events import DeadLetter, Request, Selection
+from flows.service.instance import Early, Open, Settled
 
 __all__ = [
     "READINESS",
@@ -338,7 +338,7 @@ class _Collector:
         yield family(CounterMetricFamily, "tsi_retries",
                      "Selections answering a request_id already served.", RETRIES)  # fmt: skip
         feedback = CounterMetricFamily(
-            "tsi_feedback", "Feedback by outcome (see flows.metrics).",
+            "tsi_feedback", "Feedback by outcome (see flows.service.metrics).",
             labels=["experiment", "outcome"],
         )  # fmt: skip
         for experiment, counts in sorted(experiments.items()):

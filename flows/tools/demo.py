@@ -27,10 +27,10 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from bytewax.testing import run_main
 
-from flows.dataflow import Wiring, build_flow
-from flows.events import Origin
-from flows.registry import Registry
-from flows.traffic import Demo, _ts, generate, registry_toml
+from flows.service.dataflow import Wiring, build_flow
+from flows.service.events import Origin
+from flows.service.registry import Registry
+from flows.tools.traffic import Demo, _ts, generate, registry_toml
 
 SOURCE = "demo"
 

@@ -1,4 +1,4 @@
-"""The Bytewax side of one instance: a ``StatefulLogic`` around ``flows.instance.Instance``.
+"""The Bytewax side of one instance: a ``StatefulLogic`` around ``flows.service.instance.Instance``.
 
 The logic is built per key with only the resume state, so every routed item carries its
 instance key and experiment. Each event is guarded: an unexpected error becomes a dead
@@ -15,10 +15,10 @@ from typing import Any
 
 from bytewax.operators import StatefulLogic
 
-from flows.events import DeadLetter, Feedback, Request
-from flows.instance import Instance, Output
-from flows.metrics import entry_kind, observe_expired, observe_item, observe_restored
-from flows.registry import Experiment, LiveRegistry, Registry
+from flows.service.events import DeadLetter, Feedback, Request
+from flows.service.instance import Instance, Output
+from flows.service.metrics import entry_kind, observe_expired, observe_item, observe_restored
+from flows.service.registry import Experiment, LiveRegistry, Registry
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ ignores it, which hides the mistake) is an error naming the setting, its table a
 file. ``bootstrap.servers`` is refused too: the brokers come from ``--brokers`` /
 ``KAFKA_BOOTSTRAP_SERVERS`` only. Settings that only fail together (SASL without
 ``sasl.username``, a missing certificate file with ``security.protocol = "SSL"``) are
-reported when a client is first built (`flows.kafka_io.check_topics` at start).
+reported when a client is first built (`flows.service.connectors.kafka.check_topics` at start).
 """
 
 from __future__ import annotations

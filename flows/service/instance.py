@@ -6,8 +6,8 @@ feedback arrives or its time to live passes. Feedback that arrives before its re
 waits in a bounded buffer. Whatever is not applied comes back as a ``DeadLetter`` with
 its reason: nothing is dropped silently, and a refused event changes no state.
 
->>> from flows.registry import Registry
->>> from flows.events import Origin, parse_request, parse_feedback
+>>> from flows.service.registry import Registry
+>>> from flows.service.events import Origin, parse_request, parse_feedback
 >>> exp = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')["home"]
 >>> inst = Instance(exp, "home")
 >>> [sel] = inst.on_request(parse_request(b'{"experiment":"home","request_id":"r1"}',
@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from flows.events import DeadLetter, Feedback, Origin, Request, Selection
-from flows.registry import UNIT_SEPARATOR, Experiment
+from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
+from flows.service.registry import UNIT_SEPARATOR, Experiment
 from tsi_core import Bandit, Ticket
 
 Output = Selection | DeadLetter

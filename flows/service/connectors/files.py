@@ -1,14 +1,17 @@
-"""JSON-lines files as a source: one message per line, its line number as the offset."""
+"""JSON-lines files: a source (one message per line, its line number as the offset), the
+file wiring of the dataflow, and ``read_lines``, the one reader of JSON-lines logs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import bytewax.operators as op
+from bytewax.connectors.files import FileSink
+from bytewax.dataflow import Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from flows.events import Origin
-
-Message = tuple[bytes, Origin]
+from flows.service.dataflow import Message, Wiring
+from flows.service.events import Origin
 
 
 class _LinesPartition(StatefulSourcePartition[Message, tuple[int, int]]):
@@ -55,3 +58,24 @@ class JsonLinesSource(FixedPartitionedSource[Message, tuple[int, int]]):
         self, step_id: str, for_part: str, resume_state: tuple[int, int] | None
     ) -> _LinesPartition:
         return _LinesPartition(self.path, self.batch_size, resume_state)
+
+
+def file_wiring(
+    requests: str | Path, feedback: str | Path, selections: str | Path, dead_letters: str | Path
+) -> Wiring:
+    """Read JSON-lines files; write one JSON object per line (the key is in the object)."""
+
+    def lines(step: str, up: Stream, path: str | Path) -> None:
+        text = op.map(f"{step}_text", up, lambda kv: (kv[0], kv[1].decode("utf-8")))
+        op.output(step, text, FileSink(Path(path)))
+
+    return Wiring(
+        inputs={
+            kind: (
+                lambda flow, step, path=path: (op.input(step, flow, JsonLinesSource(path)), None)
+            )
+            for kind, path in (("requests", requests), ("feedback", feedback))
+        },
+        selections=lambda step, up: lines(step, up, selections),
+        dead_letters=lambda step, up: lines(step, up, dead_letters),
+    )

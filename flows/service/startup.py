@@ -16,25 +16,19 @@ import dataclasses
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from flows.kafka_io import SOURCE_DEFAULTS, BrokerUnavailableError, DeliveryCheckedKafkaSink
-from flows.kafka_io import check_topics as check_kafka_topics
-from flows.kafka_settings import settings_lines, with_rate_limited_logs
-from flows.metrics import note_broker_contact
-from flows.registry import LiveRegistry, Registry, RegistryError
-from flows.service import (
-    ConfigError,
-    Service,
-    check_recovery_dir,
-    client_config,
-    dead_letter_bound,
-    guards_from,
-)
-from flows.topics import service_topics
-from flows.wiring import Topics
+from flows.service.connectors.kafka_admin import BrokerUnavailableError, service_topics
+from flows.service.connectors.kafka_admin import check_topics as check_kafka_topics
+from flows.service.connectors.kafka_config import settings_lines, with_rate_limited_logs
+from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
+from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
+from flows.service.metrics import note_broker_contact
+from flows.service.process import Service
+from flows.service.recovery import check_recovery_dir
+from flows.service.registry import LiveRegistry, Registry, RegistryError
+from flows.service.settings import ConfigError, Settings, client_config, dead_letter_bound
 
 log = logging.getLogger("tsi")
 DEFAULT_LOG_FILE = Path("tsi-run.log")
@@ -44,24 +38,7 @@ class StartupError(Exception):
     """Something the service needs is missing or wrong: one line saying what."""
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What ``tsi run`` was told (options or ``TSI_*`` environment variables)."""
-
-    registry: Path
-    brokers: list[str]
-    kafka_config: Path | None
-    topics: Topics
-    recovery_dir: Path | None
-    no_recovery: bool
-    processes: int
-    connect_timeout: float
-    group_id: str | None
-    skip_offsets: list[str]
-    ts_window: float | None
-
-
-def prepare(options: RunOptions) -> Service:
+def prepare(options: Settings) -> Service:
     """The service, once every check passed (``StartupError`` otherwise)."""
     if (options.recovery_dir is None) == (not options.no_recovery):
         raise StartupError(
@@ -70,7 +47,7 @@ def prepare(options: RunOptions) -> Service:
             "committed offsets, else the end of the topics)"
         )
     try:  # the checks that need no broker first
-        guards = guards_from(options.skip_offsets, options.ts_window)
+        guards = options.guards()
         consumer, producer = client_config(options.kafka_config)
         registry = LiveRegistry(Registry.load(options.registry), options.registry)
         if options.recovery_dir is not None:
@@ -155,9 +132,8 @@ def root_cause(exc: BaseException) -> str:
     return lines[0].strip() if lines else type(exc).__name__
 
 
-def describe_start(options: RunOptions, log_path: Path | None) -> str:
+def describe_start(options: Settings, log_path: Path | None) -> str:
     """The line ``tsi run`` prints when it starts serving."""
     store = options.recovery_dir or "no recovery store"
     where = f"; logs in {log_path}" if log_path else ""
     return f"tsi run: serving {options.registry} from {','.join(options.brokers)} ({store}){where}"
-

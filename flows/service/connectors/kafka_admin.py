@@ -2,8 +2,8 @@
 
 Everything here talks to the brokers through one `AdminClient` built from the connection
 settings of the client config (SASL, TLS, ...), and fails with `TopicError`: one line
-saying what is wrong. `flows.kafka_io.check_topics` (the start-up check of ``tsi run``)
-and the ``tsi topics`` commands are built on it.
+saying what is wrong. ``check_topics`` (the start-up check of ``tsi run``) and the ``tsi
+topics`` commands are built on it.
 """
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from flows.kafka_settings import connection_settings
+from flows.service.connectors.kafka_config import connection_settings
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import ClusterMetadata
 
-    from flows.wiring import Topics
+    from flows.service.connectors.kafka import Topics
 
 DEFAULT_PARTITIONS = 3
 DEFAULT_REPLICATION = 1
@@ -278,3 +278,44 @@ def _reason(exc: KafkaException) -> str:
     """librdkafka's text of a KafkaException."""
     err = exc.args[0] if exc.args else None
     return err.str() if isinstance(err, KafkaError) else str(exc)
+
+
+class BrokerUnavailableError(ConnectionError):
+    """No broker answered, or a topic the service reads or writes is missing: one line."""
+
+
+def check_topics(
+    brokers: list[str],
+    config: dict[str, Any],
+    inputs: Iterable[str],
+    outputs: Iterable[str] = (),
+    timeout: float = 10.0,
+) -> dict[str, int]:
+    """Fail fast, in one line, unless a broker answers and every topic exists; then return
+    {output topic: its max.message.bytes} (to bound what is written to it).
+
+    ``config`` is a client config (its connection settings are used: SASL, TLS, ...);
+    settings librdkafka refuses together (SASL without a username, a missing CA file) fail
+    here too. Without this check a source started against an absent broker waits forever,
+    and a missing output topic fails the flow only at its first write. max.message.bytes
+    is the topic's effective value (``BROKER_DEFAULT_MAX_MESSAGE_BYTES``, 1048588, when the
+    client may not describe topic configs).
+    """
+    inputs, outputs = list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
+    try:
+        admin = admin_client(brokers, config)
+        known = cluster_metadata(admin, brokers, timeout).topics
+        missing = [
+            f"{kind} topic(s) {', '.join(gone)}"
+            for kind, names in (("input", inputs), ("output", outputs))
+            if (gone := [t for t in names if t not in known])
+        ]
+        if missing:
+            raise BrokerUnavailableError(
+                f"{' and '.join(missing)} do not exist on {','.join(brokers)}; create them "
+                "with `tsi topics create` (same --brokers and topic options) or name others "
+                "with the --*-topic options"
+            )
+        return max_message_bytes(admin, outputs, timeout)
+    except TopicError as exc:
+        raise BrokerUnavailableError(str(exc)) from None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 
-from flows.events import (
+from flows.service.events import (
     DEFAULT_DEAD_LETTER_RAW,
     DEFAULT_TS_WINDOW,
     DeadLetter,
@@ -28,15 +28,15 @@ from flows.events import (
     parse_feedback,
     parse_request,
 )
-from flows.metrics import count_dead_letter
-from flows.operator import Routed, logic_builder
-from flows.registry import LiveRegistry, Registry
+from flows.service.logic import Routed, logic_builder
+from flows.service.metrics import count_dead_letter
+from flows.service.registry import LiveRegistry, Registry
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
 
 
-Open = Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
+OpenSource = Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
 PARSERS = {"requests": parse_request, "events": parse_event, "feedback": parse_feedback}
 
 
@@ -51,7 +51,7 @@ class Wiring:
     (key, JSON bytes) streams.
     """
 
-    inputs: dict[str, Open]
+    inputs: dict[str, OpenSource]
     selections: Callable[[str, Stream[KeyedBytes]], None]
     dead_letters: Callable[[str, Stream[KeyedBytes]], None]
     # replaces PARSERS[kind]; called as parse(raw, origin, ts_window=...)
@@ -140,7 +140,7 @@ def build_flow(
 
     ``snapshots=False`` when the flow runs without recovery: per-key snapshots are then
     never built (Bytewax asks for them at every epoch close regardless). ``event_time``
-    for replays: the events' ``ts`` is the time (see ``flows.operator.InstanceLogic``).
+    for replays: the events' ``ts`` is the time (see ``flows.service.logic.InstanceLogic``).
     ``guards``: the ts window, the dead letters' size bound, offsets to skip. A
     ``LiveRegistry`` lets the service swap the registry while the flow runs.
     """

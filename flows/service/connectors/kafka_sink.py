@@ -1,16 +1,11 @@
-"""Kafka input and output for the dataflows, built on Bytewax 0.21.1's Kafka connector.
+"""A Kafka sink that is sure of every write: ``DeliveryCheckedKafkaSink``.
 
-- `DeliveryCheckedKafkaSink`: an output sink that waits for the broker to acknowledge every
-  message of a batch and raises if any was not, so the dataflow fails and Bytewax recovery
-  replays the epoch. The stock `bytewax.connectors.kafka.KafkaSink` never looks at delivery
-  reports: messages the broker refuses (unknown topic, broker down, ...) are dropped and the
-  dataflow carries on as if they had been written.
-- `kafka_messages`: a thin wrapper over `bytewax.connectors.kafka.operators.input` (manual
-  partition assignment, offsets kept in Bytewax recovery state, no consumer group) that
-  only adds safer consumer defaults.
-
-Client settings (security.protocol, sasl.*, ssl.*, client.id, ...) are never hard-coded:
-pass any librdkafka property through `add_config`; it overrides the defaults set here.
+It waits for the broker to acknowledge every message of a batch and raises if any was
+not, so the dataflow fails and Bytewax recovery replays the epoch. The stock
+``bytewax.connectors.kafka.KafkaSink`` never looks at delivery reports: messages the broker
+refuses (unknown topic, broker down, ...) are dropped and the dataflow carries on as if
+they had been written. Client settings (security.protocol, sasl.*, ssl.*, ...) pass
+through ``add_config`` untouched.
 """
 
 from __future__ import annotations
@@ -20,27 +15,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import bytewax.operators as op
-from bytewax.connectors.kafka import (
-    KafkaError,
-    KafkaSinkMessage,
-    KafkaSource,
-    KafkaSourceMessage,
-    _KafkaSourcePartition,
-)
-from bytewax.connectors.kafka import operators as kop
-from bytewax.dataflow import Dataflow, operator
+from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
+from confluent_kafka import KafkaException, Producer
 
-from flows.metrics import note_broker_contact, observe_kafka_stats
-
-__all__ = [
-    "DeliveryCheckedKafkaSink",
-    "KafkaItem",
-    "kafka_messages",
-]
+from flows.service.metrics import note_broker_contact
 
 Key = str | bytes | None
 KafkaItem = tuple[Key, bytes | str | None] | KafkaSinkMessage[Any, Any]
@@ -69,16 +49,8 @@ Replacement = Callable[[bytes, str], bytes]
 
 log = logging.getLogger(__name__)
 
-#: Consumer defaults of `kafka_messages` (before `add_config`). Bytewax sets none of these.
-SOURCE_DEFAULTS: dict[str, Any] = {
-    # librdkafka's default is "largest": a resumed offset that retention (or delete_records)
-    # has removed would silently skip to the END of the partition, losing everything in
-    # between. "earliest" resumes at the oldest message still there (at-least-once).
-    "auto.offset.reset": "earliest",
-}
 
-
-def _names(what: str, names: Iterable[str]) -> list[str]:
+def names_of(what: str, names: Iterable[str]) -> list[str]:
     if isinstance(names, str):  # ",".join("host:9092") would give "h,o,s,t,..."
         msg = f"{what} must be a list of strings, not the string {names!r}"
         raise TypeError(msg)
@@ -235,7 +207,7 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
     failed epoch's acknowledged messages written again. A message refused for what it is
     (``REFUSED_FOR_GOOD``: too large, invalid) would fail every replay the same way: with
     ``replace`` it is written as the stand-in ``replace(value, error)`` returns instead
-    (the dead-letter sink writes ``flows.events.minimal_dead_letter``).
+    (the dead-letter sink writes ``flows.service.events.minimal_dead_letter``).
 
     Producer defaults (all overridable through `add_config`): `enable.idempotence=true`
     (no duplicates or reordering from internal retries), `acks=all`, `linger.ms=5`
@@ -255,7 +227,7 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         if not timeout_s > 0:
             msg = f"timeout_s must be positive, got {timeout_s!r}"
             raise ValueError(msg)
-        self._brokers = _names("brokers", brokers)
+        self._brokers = names_of("brokers", brokers)
         self._topic = topic
         self._add_config = dict(add_config or {})
         self._timeout_s = float(timeout_s)
@@ -290,217 +262,3 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         return _CheckedPartition(
             Producer(config), self._topic, self._timeout_s, client_errors, self._replace
         )
-
-
-class _ObservedPartition(_KafkaSourcePartition):
-    """Bytewax 0.21.1's Kafka source partition, telling the service what happens to it.
-
-    - librdkafka's statistics (every second) feed readiness and consumer lag
-      (``flows.metrics.observe_kafka_stats``) instead of Bytewax's own lag gauge;
-    - each snapshot (an epoch's close) is reported through ``on_epoch``;
-    - with a ``group.id`` of the service's own, the offset of the previous snapshot is
-      committed to that group when the next is taken (that epoch is done), and the last
-      one when the partition closes at the end of its input. Recovery never reads these
-      commits: they make progress and lag visible to standard Kafka tools, and
-      ``--no-recovery`` starts from them.
-    """
-
-    def __init__(self, *args: Any, on_epoch: Callable[[], None] | None, commit: bool) -> None:
-        super().__init__(*args)
-        self._on_epoch = on_epoch
-        self._commits = commit
-        self._done: int | None = None  # the offset of the previous snapshot
-
-    def _process_stats(self, json_stats: str) -> None:
-        observe_kafka_stats(json_stats, self._offset)  # never raises
-
-    def snapshot(self) -> int | None:
-        offset = super().snapshot()
-        self._commit(asynchronous=True)
-        self._done = offset
-        if self._on_epoch is not None:
-            self._on_epoch()
-        return offset
-
-    def _commit(self, asynchronous: bool) -> None:
-        if not self._commits or self._done is None or self._done < 0:
-            return
-        try:
-            self._consumer.commit(
-                offsets=[TopicPartition(self._topic, self._part_idx, self._done)],
-                asynchronous=asynchronous,
-            )
-        except KafkaException as exc:  # monitoring only: never stop the flow for it
-            log.warning("committing offset of %s[%d]: %s", self._topic, self._part_idx, exc)
-
-    def close(self) -> None:
-        """At the end of the input every epoch is done: commit the last snapshot's offset."""
-        self._commit(asynchronous=False)
-        super().close()
-
-
-class ObservedKafkaSource(KafkaSource):
-    """``bytewax.connectors.kafka.KafkaSource`` building ``_ObservedPartition``s; with
-    ``group_id`` they commit each finished epoch's offsets to that consumer group."""
-
-    def __init__(
-        self,
-        *args: Any,
-        group_id: str | None = None,
-        on_epoch: Callable[[], None] | None = None,
-        **kw: Any,
-    ) -> None:
-        super().__init__(*args, **kw)
-        self._group_id = group_id
-        self._on_epoch = on_epoch
-
-    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
-        """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
-        index, topic = for_part.split("-", 1)
-        config = {
-            "group.id": "BYTEWAX_IGNORED",
-            "enable.auto.commit": "false",
-            "bootstrap.servers": ",".join(self._brokers),
-            "enable.partition.eof": str(not self._tail),
-            "statistics.interval.ms": 1000,
-            **self._add_config,
-            "error_cb": _noting_errors(self._add_config.get("error_cb")),
-        }
-        if self._group_id is not None:
-            config["group.id"] = self._group_id
-        return _ObservedPartition(
-            step_id,
-            config,
-            topic,
-            int(index),
-            self._starting_offset,
-            resume_state,
-            self._batch_size,
-            self._raise_on_errors,
-            on_epoch=self._on_epoch,
-            commit=self._group_id is not None,
-        )
-
-
-def _noting_errors(
-    then: Callable[[ConfluentKafkaError], None] | None,
-) -> Callable[[ConfluentKafkaError], None]:
-    """An ``error_cb`` that tells readiness, then calls the configured one (if any)."""
-
-    def on_error(err: ConfluentKafkaError) -> None:
-        note_broker_contact(False, str(err))
-        if then is not None:
-            then(err)
-
-    return on_error
-
-
-def kafka_messages(
-    step_id: str,
-    flow: Dataflow,
-    brokers: list[str],
-    topics: list[str],
-    starting_offset: int = OFFSET_BEGINNING,
-    add_config: dict[str, Any] | None = None,
-    *,
-    tail: bool = True,
-    batch_size: int = 1000,
-    group_id: str | None = None,
-    on_epoch: Callable[[], None] | None = None,
-) -> kop.KafkaOpOut[
-    KafkaSourceMessage[bytes | None, bytes | None], KafkaError[bytes | None, bytes | None]
-]:
-    """Read `topics` from `starting_offset`; returns `.oks` and `.errs` streams.
-
-    `.oks` carries `KafkaSourceMessage` (key, value, topic, partition, offset, timestamp,
-    headers); `.errs` carries `bytewax.connectors.kafka.KafkaError` (`.err`, `.msg`) for the
-    per-message errors librdkafka returns from `consume()`. Each Kafka partition is a
-    Bytewax input partition, assigned manually; the next offset to read is the recovery
-    state, so with recovery a restart resumes where the last snapshot was taken
-    (`starting_offset` only applies without resume state; `OFFSET_STORED` starts from
-    `group_id`'s committed offsets). `tail=False` ends the input at the end of every
-    partition (tests, backfills). With `group_id`, each epoch's offsets are committed to
-    that consumer group; `on_epoch` is called at each epoch close (see
-    `ObservedKafkaSource`).
-
-    Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
-    `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
-    soon as one byte arrives (`fetch.min.bytes=1`), so lowering it did not change the
-    latency of new messages (measured ~3 ms produce-to-consume either way) and only
-    multiplies idle fetch requests. It does bound how long an idle fetch takes, hence how
-    soon `tail=False` sees the end of a partition (add_config={"fetch.wait.max.ms": 10}).
-
-    Caveats of the underlying connector (Bytewax 0.21.1): listing the partitions at start
-    waits forever if no broker answers; a broker outage while running produces no error
-    items, the input just waits and resumes when the broker is back.
-    """
-    config = {**SOURCE_DEFAULTS, **(add_config or {})}
-    source = ObservedKafkaSource(
-        _names("brokers", brokers),
-        _names("topics", topics),
-        tail=tail,
-        starting_offset=starting_offset,
-        add_config=config,
-        batch_size=batch_size,
-        raise_on_errors=False,
-        group_id=group_id,
-        on_epoch=on_epoch,
-    )
-    return _source_input(step_id, flow, source=source)
-
-
-@operator
-def _source_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> kop.KafkaOpOut:
-    """``bytewax.connectors.kafka.operators.input`` with a source of our choosing; the
-    same inner step ids, so recovery stores written before stay readable."""
-    return op.input("kafka_input", flow, source).then(kop._kafka_error_split, "split_err")
-
-
-class BrokerUnavailableError(ConnectionError):
-    """No broker answered, or a topic the service reads or writes is missing: one line."""
-
-
-def check_topics(
-    brokers: list[str],
-    config: dict[str, Any],
-    inputs: Iterable[str],
-    outputs: Iterable[str] = (),
-    timeout: float = 10.0,
-) -> dict[str, int]:
-    """Fail fast, in one line, unless a broker answers and every topic exists; then return
-    {output topic: its max.message.bytes} (to bound what is written to it).
-
-    ``config`` is a client config (its connection settings are used: SASL, TLS, ...);
-    settings librdkafka refuses together (SASL without a username, a missing CA file) fail
-    here too. Without this check a source started against an absent broker waits forever,
-    and a missing output topic fails the flow only at its first write. max.message.bytes
-    is the topic's effective value (``BROKER_DEFAULT_MAX_MESSAGE_BYTES``, 1048588, when the
-    client may not describe topic configs).
-    """
-    from flows.topics import TopicError, admin_client, cluster_metadata, max_message_bytes
-
-    inputs, outputs = list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
-    try:
-        admin = admin_client(brokers, config)
-        known = cluster_metadata(admin, brokers, timeout).topics
-        missing = [
-            f"{kind} topic(s) {', '.join(gone)}"
-            for kind, names in (("input", inputs), ("output", outputs))
-            if (gone := [t for t in names if t not in known])
-        ]
-        if missing:
-            raise BrokerUnavailableError(
-                f"{' and '.join(missing)} do not exist on {','.join(brokers)}; create them "
-                "with `tsi topics create` (same --brokers and topic options) or name others "
-                "with the --*-topic options"
-            )
-        return max_message_bytes(admin, outputs, timeout)
-    except TopicError as exc:
-        raise BrokerUnavailableError(str(exc)) from None
-
-
-def check_brokers(
-    brokers: list[str], config: dict[str, Any], topics: list[str], timeout: float = 10.0
-) -> None:
-    """`check_topics` for input ``topics`` only (what ``tsi run`` has called so far)."""
-    check_topics(brokers, config, topics, [], timeout)

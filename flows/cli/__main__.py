@@ -1,0 +1,5 @@
+"""``python -m flows.cli``: the ``tsi`` command line."""
+
+from flows.cli import app
+
+app()

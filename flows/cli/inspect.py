@@ -1,0 +1,46 @@
+"""``tsi inspect``: q and counters of instances, read from a recovery directory."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import orjson
+import typer
+
+from flows.cli.base import UserError, app, fail
+from flows.service.registry import Registry, RegistryError
+
+
+@app.command("inspect")
+def inspect_command(
+    recovery_dir: Path = typer.Option(..., help="The service's recovery directory."),
+    instance: list[str] = typer.Argument(
+        None, help="Instances: 'experiment' or 'experiment/unit', shell wildcards allowed."
+    ),
+    registry: Path | None = typer.Option(None, help="Registry, for arm names."),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table."),
+    limit: int = typer.Option(50, min=1, help="Show at most this many instances."),
+) -> None:
+    """The current allocation (q) and counters of instances, from a recovery directory."""
+    from flows.service.recovery import read_states
+    from flows.tools.inspect import InspectError, describe, render, select_instances
+
+    try:
+        reg = Registry.load(registry) if registry is not None else None
+        if not recovery_dir.is_dir():
+            raise UserError(f"recovery directory {recovery_dir} does not exist")
+        states = read_states(recovery_dir)
+        keys = select_instances(states, instance or ["*"])
+        views = [describe(k, states[k], reg) for k in keys[:limit]]
+    except (RegistryError, InspectError, UserError, FileNotFoundError) as exc:
+        fail("inspect", str(exc))
+    except sqlite3.Error as exc:
+        fail("inspect", f"{recovery_dir} is not a readable recovery directory: {exc}")
+    if as_json:
+        for v in views:
+            typer.echo(orjson.dumps(v.to_dict()).decode())
+    else:
+        typer.echo(render(views))
+    if len(keys) > limit:
+        typer.echo(f"... {len(keys) - limit} more (raise --limit)", err=True)

@@ -1,0 +1,154 @@
+"""Running the service: the Kafka dataflow (``Service``) and this process around it (``run``).
+
+``tsi run`` (after its start-up checks, ``flows.service.startup``) and ``python -m
+bytewax.run flows.service.main:flow`` start the same flow from the same ``Settings``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bytewax.dataflow import Dataflow
+from bytewax.recovery import RecoveryConfig, init_db_dir
+from bytewax.run import cli_main
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
+
+from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.dataflow import Guards, build_flow
+from flows.service.metrics import note_epoch_completed, serve_metrics
+from flows.service.registry import LiveRegistry, Registry
+from flows.service.settings import DEFAULT_GROUP, Settings, client_config
+
+log = logging.getLogger("tsi")
+
+
+@dataclass(frozen=True)
+class Service:
+    """Everything the Kafka dataflow needs.
+
+    The registry is held as a ``LiveRegistry``: ``reload_registry`` (SIGHUP in ``run``)
+    reads its file again, and the new one applies when the next epoch closes.
+    """
+
+    registry: Registry | LiveRegistry
+    brokers: list[str]
+    topics: Topics = field(default_factory=Topics)
+    consumer_config: dict[str, Any] = field(default_factory=dict)
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    group_id: str | None = DEFAULT_GROUP
+    guards: Guards = field(default_factory=Guards)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.registry, LiveRegistry):
+            object.__setattr__(self, "registry", LiveRegistry(self.registry))
+
+    def flow(self, tail: bool = True, recovery: bool = True) -> Dataflow:
+        """The Kafka dataflow. ``recovery=False`` skips the per-key snapshots and starts
+        from the consumer group's committed offsets (the end where it has none)."""
+        consumer = dict(self.consumer_config)
+        start = OFFSET_BEGINNING  # a fresh recovery store reads the topics from the start
+        if not recovery:
+            consumer.setdefault("auto.offset.reset", "latest")
+            start = OFFSET_STORED
+        wiring = kafka_wiring(
+            self.brokers,
+            self.topics,
+            consumer,
+            self.producer_config,
+            tail=tail,
+            group_id=self.group_id,
+            starting_offset=start,
+            on_epoch=self._epoch_closed,
+        )
+        return build_flow(self.registry, wiring, snapshots=recovery, guards=self.guards)
+
+    def _epoch_closed(self) -> None:
+        note_epoch_completed()
+        if self.registry.apply():
+            log.warning("the reloaded registry is now in force")
+
+    def reload_registry(self) -> None:
+        """Read the registry file again (applied when the next epoch closes); logged."""
+        log.warning(self.registry.reload())
+
+    @classmethod
+    def from_settings(cls, settings: Settings, guards: Guards | None = None) -> Service:
+        """The service ``settings`` describe, without the start-up checks."""
+        consumer, producer = client_config(settings.kafka_config)
+        return cls(
+            LiveRegistry(Registry.load(settings.registry), settings.registry),
+            settings.brokers,
+            settings.topics,
+            consumer,
+            producer,
+            settings.group_id,
+            settings.guards() if guards is None else guards,
+        )
+
+
+def settle_heap() -> None:
+    """Exempt everything alive at start-up (modules, registry, flow) from cyclic GC scans.
+
+    Full collections walk every tracked object; the imported libraries are most of them at
+    start. Freezing them shortens every later full collection (a latency tail of the
+    service) and costs nothing: they live as long as the process anyway.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def run(
+    flow: Dataflow,
+    workers: int = 1,
+    process_id: int | None = None,
+    addresses: list[str] | None = None,
+    recovery_dir: str | Path | None = None,
+    snapshot_every: float = 10.0,
+    backup_every: float = 0.0,
+    metrics_port: int | None = None,
+    ready_timeout: float = 60.0,
+    on_reload: Callable[[], None] | None = None,
+) -> None:
+    """Run the flow in this process (one process of a cluster when ``addresses`` is given).
+
+    With ``recovery_dir`` (created and initialised when empty) state and input offsets are
+    snapshotted every ``snapshot_every`` seconds; a restart resumes from the last one.
+    With ``metrics_port``, Prometheus metrics are served on it (``/metrics``, ``/ready``
+    after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
+    SIGHUP (``Service.reload_registry``).
+    """
+    recovery = None
+    if recovery_dir is not None:
+        directory = Path(recovery_dir)
+        if not directory.exists() or not any(directory.iterdir()):
+            directory.mkdir(parents=True, exist_ok=True)
+            init_db_dir(directory, max(1, len(addresses or [None])))
+        recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
+    start_process(metrics_port, ready_timeout, on_reload)
+    cli_main(
+        flow,
+        workers_per_process=workers,
+        process_id=process_id,
+        addresses=addresses,
+        epoch_interval=timedelta(seconds=snapshot_every),
+        recovery_config=recovery,
+    )
+
+
+def start_process(
+    metrics_port: int | None, ready_timeout: float, on_reload: Callable[[], None] | None
+) -> None:
+    """What every service process does before its flow runs, whichever way it was started:
+    serve metrics and probes, reload the registry on SIGHUP, settle the start-up heap."""
+    if on_reload is not None:
+        signal.signal(signal.SIGHUP, lambda *_: on_reload())
+    if metrics_port is not None:
+        serve_metrics(metrics_port, ready_timeout=ready_timeout)
+    settle_heap()

@@ -1,0 +1,135 @@
+"""The recovery directory: is it fit to serve from (``check_recovery_dir``), and what does it
+hold (``read_states``: the per-instance state the dataflow snapshotted).
+
+Bytewax keeps one SQLite file per recovery partition; the stateful step's rows hold the
+pickled ``Instance.to_dict()`` of each key at each epoch. The state of record is the
+latest snapshot at or before the partition's committed epoch: what a restart resumes
+from (the commit lags the newest snapshot by the backup interval). Only read recovery
+directories you trust: snapshots are pickles.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from flows.service.settings import ConfigError
+
+STATE_STEP = "bandit.stateful_batch"
+
+
+def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
+    """{instance key: latest committed snapshot} over all partitions of the directory."""
+    files = sorted(Path(recovery_dir).glob("part-*.sqlite3"))
+    if not files:
+        raise FileNotFoundError(f"no recovery partitions (part-*.sqlite3) in {recovery_dir}")
+    states: dict[str, dict[str, Any]] = {}
+    for path in files:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            committed = db.execute("SELECT MAX(commit_epoch) FROM commits").fetchone()[0]
+            if committed is None:
+                continue
+            rows = db.execute(
+                "SELECT state_key, ser_change FROM snaps AS s WHERE step_id = ? AND snap_epoch ="
+                " (SELECT MAX(snap_epoch) FROM snaps WHERE step_id = s.step_id AND"
+                "  state_key = s.state_key AND snap_epoch <= ?)",
+                (f"{flow_id}.{STATE_STEP}", committed),
+            )
+            for key, blob in rows:
+                if blob is None:
+                    states.pop(key, None)
+                else:
+                    states[key] = pickle.loads(blob)
+    return states
+
+
+#: Bytewax 0.21.1's recovery partitions (``python -m bytewax.recovery DIR N``) and the
+#: files sqlite keeps beside them while one is open (write-ahead log, shared memory).
+PARTITION_FILE = re.compile(r"part-(\d+)\.sqlite3(-wal|-shm|-journal)?")
+
+
+def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
+    """The recovery partitions in ``path``, or a one-line `ConfigError` saying what is wrong.
+
+    An empty list: the directory is missing (it can be created) or empty, and `run`
+    initialises it. Refused: ``path`` is not a directory or not writable; an entry that is
+    not a Bytewax partition (``part-N.sqlite3``, with its ``-wal``/``-shm`` files); a
+    partition sqlite cannot read (corrupt) or of another initialisation (a different
+    partition count); with one process (``processes == 1``), a missing partition. A
+    cluster may spread its partitions over the processes' directories, so then each
+    directory may hold some of them.
+    """
+    directory = Path(path)
+    if not directory.exists():
+        _check_creatable(directory)
+        return []
+    if not directory.is_dir():
+        raise ConfigError(f"recovery directory {directory} exists but is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"recovery directory {directory} is not writable by this user")
+    parts: dict[int, Path] = {}
+    for entry in sorted(directory.iterdir()):
+        match = PARTITION_FILE.fullmatch(entry.name)
+        if match is None or not entry.is_file():
+            raise ConfigError(
+                f"recovery directory {directory} holds {entry.name!r}, which is not a Bytewax "
+                "recovery partition (part-N.sqlite3); give the service a directory of its own"
+            )
+        if match.group(2) is None:
+            parts[int(match.group(1))] = entry
+    counts = {index: _partition_count(file, index) for index, file in parts.items()}
+    if len(set(counts.values())) > 1:
+        found = ", ".join(f"{parts[i].name} of {n}" for i, n in sorted(counts.items()))
+        raise ConfigError(
+            f"recovery directory {directory} mixes partitions of different initialisations "
+            f"({found})"
+        )
+    count = next(iter(counts.values()), 0)
+    missing = [f"part-{i}.sqlite3" for i in range(count) if i not in parts]
+    if processes == 1 and missing:
+        raise ConfigError(
+            f"recovery directory {directory} lacks {', '.join(missing)} of its {count} "
+            "partitions (restore them, or start afresh with an empty directory)"
+        )
+    return [parts[i] for i in sorted(parts)]
+
+
+def _check_creatable(directory: Path) -> None:
+    """Raise unless ``directory`` (missing) can be created: its nearest existing ancestor
+    must be a writable directory."""
+    ancestor = directory.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"recovery directory {directory} cannot be created: {ancestor} is not a writable "
+            "directory"
+        )
+
+
+def _partition_count(file: Path, index: int) -> int:
+    """The partition count recorded in Bytewax partition ``file``.
+
+    Opened read-write (never created) as Bytewax will: a read-only connection would leave
+    its -wal and -shm files behind; this one removes them on close.
+    """
+    if not os.access(file, os.R_OK | os.W_OK):
+        raise ConfigError(f"recovery partition {file} is not readable and writable by this user")
+    try:
+        with closing(sqlite3.connect(f"{file.absolute().as_uri()}?mode=rw", uri=True)) as db:
+            rows = db.execute("SELECT part_index, part_count FROM parts").fetchall()
+    except sqlite3.Error as exc:
+        raise ConfigError(
+            f"recovery partition {file} cannot be read by sqlite ({exc}): restore it from a "
+            "backup, or start afresh with an empty directory"
+        ) from None
+    if len(rows) != 1 or rows[0][0] != index:
+        raise ConfigError(
+            f"recovery partition {file} does not record partition {index} (parts: {rows})"
+        )
+    return int(rows[0][1])
