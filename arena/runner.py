@@ -1,12 +1,12 @@
 """Run bandit algorithms side by side on the same loss tables: regret, failures, speed.
 
 Every contender plays N independent instances (one per seed) on an oblivious
-``Environment``; all see the same losses. Regret is the expected loss Σ q_t·l_t (the
+``LossTable``; all see the same losses. Regret is the expected loss Σ q_t·l_t (the
 realised loss where an algorithm does not expose q) minus the loss of the competitor class
 the environment is built for, normalised by D·sqrt(M·T) with D the table's range: the
 figure the paper bounds, and one that is the same for any affine transform of the losses.
 
->>> from tsi_core.environments import bernoulli
+>>> from arena.lab.environments import bernoulli
 >>> env = bernoulli(300, 3, seed=1)
 >>> out = play(env, tsi_contenders()[0], n_seeds=4, seed=0)
 >>> out.normalised.shape, out.failures
@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from arena.lab.baselines import AHB, Exp3, Exp3IX, Exp3S, TsallisInf
+from flows.tools.loss_table import LossTable
 from tsi_core import Bandit, BatchBandit, Contextual, Fixed, Switching
-from tsi_core.baselines import AHB, Exp3, Exp3IX, Exp3S, TsallisInf
-from tsi_core.environments import Environment
 
-Build = Callable[[Environment, int, int], Any]  # (environment, instances, seed) -> policy
+Build = Callable[[LossTable, int, int], Any]  # (environment, instances, seed) -> policy
 
 TRANSFORMS: tuple[tuple[str, float, float], ...] = (
     ("identity", 1.0, 0.0),
@@ -54,7 +54,7 @@ class Contender:
     contextual: bool = False
 
 
-def _tsi_matched(env: Environment, n: int, seed: int) -> BatchBandit:
+def _tsi_matched(env: LossTable, n: int, seed: int) -> BatchBandit:
     """tsi with the competition class the environment is built for."""
     t, m = env.shape
     if env.kind == "contextual":
@@ -76,14 +76,14 @@ def tsi_contenders() -> list[Contender]:
     ]
 
 
-def _true_range(env: Environment) -> tuple[float, float]:
+def _true_range(env: LossTable) -> tuple[float, float]:
     return float(env.losses.min()), float(env.losses.max())
 
 
 def baseline_contenders() -> list[Contender]:
-    """The baselines of ``tsi_core.baselines``; only the oracle is told the loss range."""
+    """The baselines of ``arena.lab.baselines``; only the oracle is told the loss range."""
 
-    def horizon(env: Environment) -> int:
+    def horizon(env: LossTable) -> int:
         return env.shape[0]
 
     return [
@@ -234,7 +234,7 @@ class _Single:
         self.policy.update(tickets, losses)
 
 
-def _player(contender: Contender, env: Environment, n: int, seed: int) -> tuple[Any, list[Any]]:
+def _player(contender: Contender, env: LossTable, n: int, seed: int) -> tuple[Any, list[Any]]:
     """The object the loop drives, and the underlying policies (for their failure logs)."""
     if env.contexts is not None and not contender.contextual:
         player = _PerContext(
@@ -246,7 +246,7 @@ def _player(contender: Contender, env: Environment, n: int, seed: int) -> tuple[
 
 
 def play(
-    env: Environment, contender: Contender, n_seeds: int, seed: int, checkpoints: int = 50
+    env: LossTable, contender: Contender, n_seeds: int, seed: int, checkpoints: int = 50
 ) -> Outcome:
     """Run ``contender`` on ``env`` with ``n_seeds`` independent instances."""
     t_rounds, m = env.shape
@@ -310,7 +310,7 @@ def _probabilities(player: Any, context: int | None) -> np.ndarray | None:
         return None
 
 
-def _degradation(player: Any, env: Environment, ctx_last: int | None) -> tuple[str, ...]:
+def _degradation(player: Any, env: LossTable, ctx_last: int | None) -> tuple[str, ...]:
     """Silent degradation seen in the final distribution: uniform play, or all on one arm."""
     q = _probabilities(player, ctx_last)
     if q is None or env.kind != "fixed":
@@ -344,7 +344,7 @@ def single_instance_speed(
     """
     rng = np.random.default_rng(seed)
     losses = rng.random((rounds, n_arms))
-    env = Environment("speed", losses)
+    env = LossTable("speed", losses)
     rates = []
     for r in range(repeats):
         if contender.family == "tsi":
@@ -364,7 +364,7 @@ def single_instance_speed(
 
 
 def run_arena(
-    environments: Sequence[Environment],
+    environments: Sequence[LossTable],
     contenders: Sequence[Contender],
     n_seeds: int,
     seed: int = 0,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from bench_core import machine_info
 
+from arena.lab.environments import suite, supervised
 from arena.report import findings, plot_curves, plot_regret, plot_speed, regret_table, speed_table
 from arena.runner import (
     DEFAULT_PEERS,
@@ -32,7 +33,7 @@ from arena.runner import (
     single_instance_speed,
     tsi_contenders,
 )
-from tsi_core.environments import Environment, suite, supervised
+from flows.tools.loss_table import LossTable
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- arena:begin -->", "<!-- arena:end -->"
@@ -42,7 +43,7 @@ def log(message: str) -> None:
     print(f"[arena {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def digits(n_rounds: int, seed: int, n_contexts: int = 8) -> Environment:
+def digits(n_rounds: int, seed: int, n_contexts: int = 8) -> LossTable:
     """scikit-learn's bundled handwritten digits as a 10-arm bandit: arm = guessed digit,
     loss 1 for a wrong guess; the context is one of ``n_contexts`` k-means clusters of the
     pixels (computed once, seeded), so the competitor is the best cluster -> digit map."""
@@ -54,7 +55,7 @@ def digits(n_rounds: int, seed: int, n_contexts: int = 8) -> Environment:
     return supervised(data.target, n_rounds, seed, contexts=clusters, name="digits (k-means ctx)")
 
 
-def environments(n_rounds: int, seed: int) -> list[Environment]:
+def environments(n_rounds: int, seed: int) -> list[LossTable]:
     return [*suite(n_rounds, seed), digits(n_rounds, seed)]
 
 

@@ -9,9 +9,10 @@ import os
 import numpy as np
 import pytest
 
+from arena.lab.environments import bernoulli, contextual, gaussian, suite
+from arena.lab.environments import piecewise_stationary as piecewise
 from arena.runner import TRANSFORMS, baseline_contenders, play, tsi_contenders
-from tsi_core.environments import Environment, bernoulli, contextual, gaussian, suite
-from tsi_core.environments import piecewise_stationary as piecewise
+from flows.tools.loss_table import LossTable
 
 ROUNDS, SEEDS = 1500, 20
 SEED = int(os.environ.get("TSI_ARENA_SEED", "3"))
@@ -20,7 +21,7 @@ BASELINES = {c.name: c for c in baseline_contenders()}
 RANGE_BLIND = ["EXP3 (raw)", "EXP3-IX", "EXP3.S", "Tsallis-INF"]  # tuned for [0, 1]
 
 
-def shifted(env: Environment) -> Environment:
+def shifted(env: LossTable) -> LossTable:
     return env.affine(1000.0, 1e6)
 
 

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
+from arena.lab.baselines import AHB, Exp3, Exp3IX, Exp3S, TsallisInf
 from tsi_core import TicketBatch, TicketError
-from tsi_core.baselines import AHB, Exp3, Exp3IX, Exp3S, TsallisInf
 
 M, N = 4, 6
 

@@ -5,8 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tsi_core.environments import (
-    Environment,
+from arena.lab.environments import (
     bernoulli,
     contextual,
     follow_the_leader_loss,
@@ -17,6 +16,7 @@ from tsi_core.environments import (
     suite,
     supervised,
 )
+from flows.tools.loss_table import LossTable
 
 T = 600
 CONSTRUCTORS = {
@@ -142,7 +142,7 @@ def test_best_switching_loss_equals_brute_force(trial):
     losses = rng.normal(size=(t, m)) * 10.0 ** rng.integers(-3, 4)
     if trial % 3 == 0:
         losses = np.round(losses)  # ties
-    env = Environment("random", losses)
+    env = LossTable("random", losses)
     for s in range(4):
         assert env.best_switching_loss(s) == pytest.approx(
             brute_force_switching(losses, s), rel=1e-12, abs=1e-12
@@ -166,7 +166,7 @@ def test_best_switching_loss_is_exact_not_equal_segments():
     losses = np.ones((9, 2))
     losses[[0, 4, 5, 6, 7, 8], 0] = 0.0
     losses[[1, 2, 3], 1] = 0.0
-    env = Environment("uneven", losses)
+    env = LossTable("uneven", losses)
     assert env.best_switching_loss(2) == 0.0
     assert env.best_switching_loss(1) == 1.0
     assert env.best_fixed_loss() == 3.0
@@ -188,10 +188,10 @@ def test_best_contextual_loss_at_most_fixed_equal_with_one_context(seed):
 
 def test_best_contextual_loss_by_hand():
     losses = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [3.0, 0.5]])
-    env = Environment("hand", losses, np.array([0, 1, 0, 1]), 2)
+    env = LossTable("hand", losses, np.array([0, 1, 0, 1]), 2)
     assert env.best_contextual_loss() == 0.5
     assert env.best_fixed_loss() == 3.5
-    assert Environment("hand", losses).best_contextual_loss() == 3.5
+    assert LossTable("hand", losses).best_contextual_loss() == 3.5
 
 
 # --------------------------------------------------------------------------- constructors
@@ -321,12 +321,12 @@ def test_supervised_with_cluster_contexts_and_extra_classes():
         (lambda: supervised(np.array([0, 3]), n_classes=3), "n_classes"),
         (lambda: supervised(np.array([0, 1]), contexts=np.array([0])), "contexts"),
         (lambda: supervised(np.array([0, 1]), n_rounds=0), "n_rounds"),
-        (lambda: Environment("x", np.array([[0.0, np.inf]])), "inf"),
-        (lambda: Environment("x", np.zeros(3)), "shape"),
-        (lambda: Environment("x", np.zeros((2, 2)), np.array([0, 2]), 2), "contexts"),
-        (lambda: Environment("x", np.zeros((2, 2)), n_contexts=3), "n_contexts"),
-        (lambda: Environment("x", np.zeros((2, 2)), np.array([0, 1]), 2, 1), "n_switches"),
-        (lambda: Environment("x", np.zeros((2, 2))).best_switching_loss(-1), "n_switches"),
+        (lambda: LossTable("x", np.array([[0.0, np.inf]])), "inf"),
+        (lambda: LossTable("x", np.zeros(3)), "shape"),
+        (lambda: LossTable("x", np.zeros((2, 2)), np.array([0, 2]), 2), "contexts"),
+        (lambda: LossTable("x", np.zeros((2, 2)), n_contexts=3), "n_contexts"),
+        (lambda: LossTable("x", np.zeros((2, 2)), np.array([0, 1]), 2, 1), "n_switches"),
+        (lambda: LossTable("x", np.zeros((2, 2))).best_switching_loss(-1), "n_switches"),
         (lambda: suite(0), "n_rounds"),
     ],
 )

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from arena.lab.environments import bernoulli, contextual, piecewise_stationary
 from flows.service.instance import uniform_draw
 from flows.service.registry import Registry
 from flows.tools.evaluation import (
@@ -20,8 +21,8 @@ from flows.tools.evaluation import (
     read_log,
     snips_estimate,
 )
+from flows.tools.loss_table import LossTable
 from tsi_core import Bandit, BatchBandit
-from tsi_core.environments import Environment, bernoulli, contextual, piecewise_stationary
 
 REGISTRY = Registry.from_toml(
     """
@@ -140,12 +141,12 @@ def test_per_unit_splitting_each_unit_against_its_own_competitors(tmp_path):
     exp = REGISTRY["users"]
     expected = best = switching = 0.0
     for unit in ("u1", "u2"):
-        env = Environment(unit, np.array(tables[unit]))
+        env = LossTable(unit, np.array(tables[unit]))
         key = exp.instance_key(unit)
         expected += replay_by_hand("users", key, env.losses, lines[unit])[0]
         best += env.best_fixed_loss()
         switching += env.best_switching_loss(3)
-    pooled = Environment("pooled", np.array([r["losses"] for r in rows])).best_fixed_loss()
+    pooled = LossTable("pooled", np.array([r["losses"] for r in rows])).best_fixed_loss()
     assert best < pooled - 50  # the split changes the competitor a lot
     assert len(result.instances) == 2 and result.rounds == 500
     assert {i.unit for i in result.instances} == {"u1", "u2"}

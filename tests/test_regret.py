@@ -4,10 +4,10 @@ import math
 
 import pytest
 
+from arena.lab.environments import bernoulli, follow_the_leader_loss, ftl_breaker
+from arena.lab.environments import piecewise_stationary as switching_environment
+from flows.tools.simulate import run
 from tsi_core import Fixed, Switching
-from tsi_core.environments import bernoulli, follow_the_leader_loss, ftl_breaker
-from tsi_core.environments import piecewise_stationary as switching_environment
-from tsi_core.simulate import run
 
 SEEDS = 10
 

@@ -12,6 +12,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
 from typer.testing import CliRunner
 
+from arena.lab.environments import bernoulli
 from flows.cli import app
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import build_flow
@@ -20,7 +21,6 @@ from flows.service.registry import Registry
 from flows.tools.demo import run_demo
 from flows.tools.replay import merge_by_time, read_lines, replay
 from flows.tools.traffic import generate, registry_toml
-from tsi_core.environments import bernoulli
 
 RUNNER = CliRunner()
 

@@ -7,8 +7,7 @@ import math
 import typer
 
 from flows.cli.base import app
-from tsi_core.environments import bernoulli
-from tsi_core.simulate import run
+from flows.tools.simulate import bernoulli_table, run
 
 TRANSFORMS = [
     ("l", 1.0, 0.0),
@@ -32,7 +31,7 @@ def simulate(
 ) -> None:
     """Regret against the best arm, under shifted and rescaled losses (Bernoulli arms)."""
     means = [0.3 + 0.4 * m / (arms - 1) for m in range(arms)]  # arm 0 is best
-    table = bernoulli(rounds, arms, seed, means=means).losses
+    table = bernoulli_table(rounds, means, seed)
     typer.echo(
         f"{arms} Bernoulli arms, means {[round(m, 2) for m in means]}, T = {rounds}, {seeds} seeds"
     )

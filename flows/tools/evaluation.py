@@ -50,8 +50,8 @@ import orjson
 from flows.service.events import MAX_ABS_LOSS, MAX_ID_LENGTH
 from flows.service.instance import uniform_draw
 from flows.service.registry import Experiment, Registry
+from flows.tools.loss_table import LossTable
 from tsi_core import Bandit, Switching
-from tsi_core.environments import Environment
 
 __all__ = [
     "BANDIT",
@@ -802,7 +802,7 @@ def evaluate_full_information(
     Each row: q_t = the instance's distribution, the expected loss q_t·l_t is counted, the
     arm is drawn with u = uniform_draw(exp.seed, key, request_id(line, seed)) and the
     bandit updated with that arm's loss. Competitor losses come from
-    ``tsi_core.environments.Environment`` on each instance's table (exact DP for the
+    ``flows.tools.loss_table.LossTable`` on each instance's table (exact DP for the
     switching sequence). Sums are taken on losses minus each instance's minimum, so large
     offsets do not cancel the regret away.
     """
@@ -835,7 +835,7 @@ def evaluate_full_information(
             bandit.update(ticket, r.losses[ticket.arm])
         floors[rows] = floor
         contexts = np.array([records[t].context for t in rows]) if contextual else None
-        env = Environment(key, centred, contexts, exp.n_contexts)
+        env = LossTable(key, centred, contexts, exp.n_contexts)
         best_arm = int(np.argmin(centred.sum(axis=0)))
         curve_regret[rows] = curve_centred[rows] - centred[:, best_arm]
         own = np.array(

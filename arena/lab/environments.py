@@ -1,8 +1,7 @@
 """Oblivious loss environments, reproducible by seed, for running many bandits on one table.
 
-An ``Environment`` is a full-information T×M loss table fixed before play (oblivious), an
-optional context per round, and the competitor class it is built for. Its competitor
-losses are exact: ``best_switching_loss`` is a dynamic programme, not a segment heuristic.
+Each constructor returns a ``flows.tools.loss_table.LossTable`` (the table, its contexts,
+its exact competitors) built for one competitor class.
 
 >>> env = bernoulli(1000, n_arms=3, seed=0)
 >>> env.shape, env.kind, env.range
@@ -22,17 +21,15 @@ True
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from flows.tools.loss_table import LossTable, _int_vector
 from tsi_core.validate import check_int, check_real
 
 __all__ = [
-    "Environment",
-    "bernoulli",
+        "bernoulli",
     "contextual",
     "ftl_breaker",
     "gaussian",
@@ -45,187 +42,7 @@ __all__ = [
 _REAL = (int, float, np.integer, np.floating)
 
 
-# --------------------------------------------------------------------------- environment
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class Environment:
-    """A T×M oblivious loss table, optional contexts, and the competitor it is built for.
-
-    ``kind`` is "contextual" when there are contexts, else "switching" when
-    ``n_switches > 0``, else "fixed"; ``competitor_loss`` is the best loss in that class.
-    The arrays are stored as read-only copies.
-    """
-
-    name: str
-    losses: np.ndarray
-    contexts: np.ndarray | None = None
-    n_contexts: int = 1
-    n_switches: int = 0
-
-    def __post_init__(self) -> None:
-        try:
-            losses = np.array(self.losses, dtype=float)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"losses must be a T×M array of reals, got {self.losses!r}") from exc
-        if losses.ndim != 2 or losses.shape[0] < 1 or losses.shape[1] < 1:
-            raise ValueError(f"losses must be a non-empty T×M array, got shape {losses.shape}")
-        bad = np.argwhere(~np.isfinite(losses))
-        if len(bad):
-            t, m = bad[0]
-            raise ValueError(f"losses[{t}, {m}] = {losses[t, m]!r} is not finite")
-        losses.setflags(write=False)
-        object.__setattr__(self, "losses", losses)
-        check_int("n_switches", self.n_switches, 0)
-        check_int("n_contexts", self.n_contexts, 1)
-        if self.contexts is None:
-            if self.n_contexts != 1:
-                raise ValueError(f"n_contexts must be 1 without contexts, got {self.n_contexts}")
-            return
-        if self.n_switches:
-            raise ValueError(
-                f"n_switches must be 0 for a contextual environment, got {self.n_switches}"
-            )
-        contexts = _int_vector("contexts", self.contexts, losses.shape[0], 0, self.n_contexts - 1)
-        contexts.setflags(write=False)
-        object.__setattr__(self, "contexts", contexts)
-
-    def __repr__(self) -> str:
-        t, m = self.shape
-        extra = f", n_contexts={self.n_contexts}" if self.contexts is not None else ""
-        extra += f", n_switches={self.n_switches}" if self.n_switches else ""
-        return f"Environment({self.name!r}, T={t}, M={m}{extra})"
-
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(T, M): rounds and arms."""
-        t, m = self.losses.shape
-        return int(t), int(m)
-
-    @property
-    def range(self) -> float:
-        """D = max − min of the whole loss table."""
-        return float(self.losses.max() - self.losses.min())
-
-    @property
-    def kind(self) -> str:
-        """The competitor class: "fixed", "switching" or "contextual"."""
-        if self.contexts is not None:
-            return "contextual"
-        return "switching" if self.n_switches else "fixed"
-
-    @cached_property
-    def _floor(self) -> float:
-        return float(self.losses.min())
-
-    @cached_property
-    def _prefix(self) -> np.ndarray:
-        """(T+1)×M prefix sums of the losses minus their minimum (row 0 is zeros).
-
-        Every arm sequence collects exactly T losses, so a competitor's loss is its loss on
-        the centred table plus T·min; centring keeps large shifts out of the sums.
-        """
-        t, m = self.shape
-        out = np.zeros((t + 1, m))
-        np.cumsum(self.losses - self._floor, axis=0, out=out[1:])
-        return out
-
-    def _uncentre(self, value: float) -> float:
-        return float(value + self.shape[0] * self._floor)
-
-    # ------------------------------------------------------------------ competitors
-
-    def best_fixed_loss(self) -> float:
-        """Loss of the best fixed arm: the least column sum."""
-        return self._uncentre(self._prefix[-1].min())
-
-    def best_switching_loss(self, n_switches: int) -> float:
-        """Exact loss of the best arm sequence with at most ``n_switches`` switches.
-
-        Contexts are ignored. Dynamic programme over the number of switches s, vectorised
-        over rounds and arms with prefix sums C: the best sequence ending at arm m after t
-        rounds with ≤ s switches costs C[t, m] + min_{τ<t} (B_{s-1}[τ] − C[τ, m]), where
-        B_{s-1}[τ] is the best cost of τ rounds with ≤ s−1 switches (B[0] = 0); the inner
-        minimum is a running minimum. O(T·M·S) time, O(T·M) memory.
-        """
-        s_max = check_int("n_switches", n_switches, 0)
-        t, _ = self.shape
-        c = self._prefix
-        if s_max >= t - 1:  # the arm may change every round
-            return self._uncentre((self.losses - self._floor).min(axis=1).sum())
-        best = c.min(axis=1)  # B_0: no switch
-        for _ in range(s_max):
-            run = np.minimum.accumulate(best[:-1, None] - c[:-1], axis=0)
-            best = np.concatenate(([0.0], (c[1:] + run).min(axis=1)))
-        return self._uncentre(best[-1])
-
-    def best_contextual_loss(self) -> float:
-        """Loss of the best map context → arm (the best fixed arm when there are no contexts)."""
-        if self.contexts is None:
-            return self.best_fixed_loss()
-        centred = self.losses - self._floor
-        k = self.n_contexts
-        per_context = np.stack(
-            [np.bincount(self.contexts, weights=col, minlength=k) for col in centred.T], axis=1
-        )
-        return self._uncentre(per_context.min(axis=1).sum())
-
-    def competitor_loss(self) -> float:
-        """The best loss in the class the environment is designed for (see ``kind``)."""
-        if self.kind == "contextual":
-            return self.best_contextual_loss()
-        if self.kind == "switching":
-            return self.best_switching_loss(self.n_switches)
-        return self.best_fixed_loss()
-
-    # ------------------------------------------------------------------ transforms
-
-    def affine(self, scale: float, shift: float) -> Environment:
-        """The same environment with losses scale·l + shift (scale > 0, both finite)."""
-        if isinstance(scale, bool) or not isinstance(scale, _REAL):
-            raise ValueError(f"scale must be a real number, got {scale!r}")
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
-        if isinstance(shift, bool) or not isinstance(shift, _REAL) or not math.isfinite(shift):
-            raise ValueError(f"shift must be a finite real number, got {shift!r}")
-        with np.errstate(over="ignore"):
-            losses = float(scale) * self.losses + float(shift)
-        if not np.isfinite(losses).all():
-            raise ValueError(f"scale={scale!r}, shift={shift!r} overflow the losses")
-        return Environment(
-            f"{self.name} ×{_short(scale)} {'+' if shift >= 0 else '-'}{_short(abs(shift))}",
-            losses,
-            self.contexts,
-            self.n_contexts,
-            self.n_switches,
-        )
-
-
-def _short(x: float) -> str:
-    """Compact number: 1000 → "1000", 1e6 → "1e6", 2.5e-07 → "2.5e-7"."""
-    text = f"{float(x):g}"
-    mantissa, e, exponent = text.partition("e")
-    return f"{mantissa}e{int(exponent)}" if e else text
-
-
 # --------------------------------------------------------------------------- validation
-
-
-def _int_vector(name: str, values: Any, n: int | None, low: int, high: float) -> np.ndarray:
-    """A 1-D integer array (length n unless None) with entries in [low, high]."""
-    arr = np.asarray(values)
-    if arr.ndim != 1 or (n is not None and len(arr) != n):
-        want = "a 1-D array" if n is None else f"{n} integers"
-        raise ValueError(f"{name} must be {want}, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer) and len(arr):
-        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    bad = np.flatnonzero((arr < low) | (arr > high))
-    if len(bad):
-        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
-    return arr
 
 
 def _means(values: Any, n_arms: int, low: float, high: float) -> np.ndarray:
@@ -259,7 +76,7 @@ def _default_means(rng: np.random.Generator, n_arms: int) -> np.ndarray:
 # --------------------------------------------------------------------------- constructors
 
 
-def bernoulli(n_rounds: int, n_arms: int = 10, seed: int = 0, means: Any = None) -> Environment:
+def bernoulli(n_rounds: int, n_arms: int = 10, seed: int = 0, means: Any = None) -> LossTable:
     """Losses in {0, 1}: arm m loses with probability means[m], independently each round.
 
     Default means: one arm 0.3, the others evenly spaced in [0.5, 0.8], arms shuffled by
@@ -268,12 +85,12 @@ def bernoulli(n_rounds: int, n_arms: int = 10, seed: int = 0, means: Any = None)
     n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
     rng = np.random.default_rng(seed)
     mu = _default_means(rng, n_arms) if means is None else _means(means, n_arms, 0.0, 1.0)
-    return Environment("bernoulli", (rng.random((n_rounds, n_arms)) < mu).astype(float))
+    return LossTable("bernoulli", (rng.random((n_rounds, n_arms)) < mu).astype(float))
 
 
 def gaussian(
     n_rounds: int, n_arms: int = 10, seed: int = 0, means: Any = None, sigma: float = 0.5
-) -> Environment:
+) -> LossTable:
     """Losses means[m] + sigma·N(0, 1), independent; default means as in ``bernoulli``."""
     n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
     sigma = check_real("sigma", sigma, 0.0, math.inf)
@@ -281,7 +98,7 @@ def gaussian(
         raise ValueError(f"sigma must be finite, got {sigma!r}")
     rng = np.random.default_rng(seed)
     mu = _default_means(rng, n_arms) if means is None else _means(means, n_arms, -1e300, 1e300)
-    return Environment("gaussian", mu + sigma * rng.standard_normal((n_rounds, n_arms)))
+    return LossTable("gaussian", mu + sigma * rng.standard_normal((n_rounds, n_arms)))
 
 
 def heavy_tailed(
@@ -291,7 +108,7 @@ def heavy_tailed(
     means: Any = None,
     df: float = 2.5,
     noise_scale: float = 0.5,
-) -> Environment:
+) -> LossTable:
     """Losses means[m] + noise_scale·t(df): Student-t noise, default df = 2.5.
 
     With df = 2.5 the noise has a mean (0) and a finite variance but no finite third or
@@ -309,7 +126,7 @@ def heavy_tailed(
     rng = np.random.default_rng(seed)
     mu = _default_means(rng, n_arms) if means is None else _means(means, n_arms, -1e300, 1e300)
     noise = rng.standard_t(df, size=(n_rounds, n_arms))
-    return Environment("heavy_tailed", mu + noise_scale * noise)
+    return LossTable("heavy_tailed", mu + noise_scale * noise)
 
 
 def piecewise_stationary(
@@ -319,7 +136,7 @@ def piecewise_stationary(
     seed: int = 0,
     best_mean: float = 0.2,
     other_mean: float = 0.7,
-) -> Environment:
+) -> LossTable:
     """Bernoulli losses whose best arm changes exactly ``n_switches`` times.
 
     Change points are equally spaced: segment k is rounds [e_k, e_{k+1}) with
@@ -340,10 +157,10 @@ def piecewise_stationary(
     for k, arm in enumerate(best):
         means[edges[k] : edges[k + 1], arm] = best_mean
     losses = (rng.random((n_rounds, n_arms)) < means).astype(float)
-    return Environment("piecewise_stationary", losses, n_switches=n_switches)
+    return LossTable("piecewise_stationary", losses, n_switches=n_switches)
 
 
-def ftl_breaker(n_rounds: int, n_arms: int = 2, seed: int = 0) -> Environment:
+def ftl_breaker(n_rounds: int, n_arms: int = 2, seed: int = 0) -> LossTable:
     """The classic alternating sequence on which follow-the-leader's regret is about T/2.
 
     Two arms a, b (drawn by the seed): round 0 gives a loss 1/2 and b loss 0; then b, a,
@@ -361,7 +178,7 @@ def ftl_breaker(n_rounds: int, n_arms: int = 2, seed: int = 0) -> Environment:
     losses[0, a] = 0.5
     losses[1::2, b] = 1.0
     losses[2::2, a] = 1.0
-    return Environment("ftl_breaker", losses)
+    return LossTable("ftl_breaker", losses)
 
 
 def follow_the_leader_loss(losses: np.ndarray) -> float:
@@ -379,7 +196,7 @@ def follow_the_leader_loss(losses: np.ndarray) -> float:
     return float(loss)
 
 
-def contextual(n_rounds: int, n_arms: int = 10, n_contexts: int = 4, seed: int = 0) -> Environment:
+def contextual(n_rounds: int, n_arms: int = 10, n_contexts: int = 4, seed: int = 0) -> LossTable:
     """Bernoulli losses whose means depend on (context, arm); contexts uniform each round.
 
     Each context has its own best arm (mean 0.2; distinct across contexts while
@@ -394,7 +211,7 @@ def contextual(n_rounds: int, n_arms: int = 10, n_contexts: int = 4, seed: int =
     means[np.arange(n_contexts), order[np.arange(n_contexts) % n_arms]] = 0.2
     ctx = rng.integers(n_contexts, size=n_rounds)
     losses = (rng.random((n_rounds, n_arms)) < means[ctx]).astype(float)
-    return Environment("contextual", losses, ctx, n_contexts)
+    return LossTable("contextual", losses, ctx, n_contexts)
 
 
 def supervised(
@@ -404,7 +221,7 @@ def supervised(
     contexts: Any = None,
     name: str = "supervised",
     n_classes: int | None = None,
-) -> Environment:
+) -> LossTable:
     """Bandit feedback from a labelled data set: arm = predicted class, loss 0 iff correct.
 
     ``labels`` are the samples' classes (integers ≥ 0); M = ``n_classes`` (default
@@ -434,11 +251,11 @@ def supervised(
     losses = np.ones((n_rounds, n_classes))
     losses[np.arange(n_rounds), labels[order]] = 0.0
     if ctx is None:
-        return Environment(name, losses)
-    return Environment(name, losses, ctx[order], int(ctx.max()) + 1)
+        return LossTable(name, losses)
+    return LossTable(name, losses, ctx[order], int(ctx.max()) + 1)
 
 
-def suite(n_rounds: int, seed: int = 0) -> list[Environment]:
+def suite(n_rounds: int, seed: int = 0) -> list[LossTable]:
     """The arena's standard environments (all but ``supervised``, which needs data).
 
     M = 10 arms except ``ftl_breaker`` (2); ``piecewise_stationary`` switches

@@ -1,10 +1,9 @@
 """Quick regret runs of the bandit on an oblivious loss table (``tsi simulate``).
 
-Loss tables and their exact competitors are in ``tsi_core.environments``; the arena
-(``arena/runner.py``) runs every algorithm the same way.
+The arena (``arena/runner.py``) runs every algorithm the same way, on the loss tables of
+``arena/lab/environments.py``.
 
->>> from tsi_core.environments import bernoulli
->>> table = bernoulli(200, 3, seed=0, means=[0.2, 0.5, 0.8]).losses
+>>> table = bernoulli_table(200, [0.2, 0.5, 0.8], seed=0)
 >>> result = run(table, n_seeds=4, seed=1)
 >>> result.regret.shape, result.range
 ((4,), 1.0)
@@ -19,6 +18,12 @@ from typing import Any
 import numpy as np
 
 from tsi_core.batch import BatchBandit
+
+
+def bernoulli_table(n_rounds: int, means: list[float], seed: int = 0) -> np.ndarray:
+    """A T×M table of losses in {0, 1}: arm m loses with probability means[m]."""
+    rng = np.random.default_rng(seed)
+    return (rng.random((n_rounds, len(means))) < np.asarray(means)).astype(float)
 
 
 @dataclass(frozen=True)
