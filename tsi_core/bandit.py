@@ -27,7 +27,7 @@ from tsi_core.competition import Fixed, competition_from_dict
 from tsi_core.stats import exploration, observe
 from tsi_core.structures import Structure
 from tsi_core.ticket import Ticket
-from tsi_core.validate import check_int, check_loss, check_real, check_unit
+from tsi_core.validate import check_int, check_loss, check_real, check_unit, context_problem
 
 if TYPE_CHECKING:
     from tsi_core.migrate import Migration
@@ -83,14 +83,11 @@ def configure(n_arms: Any, competition: Any, gamma: Any, seed: Any) -> tuple[int
 
 
 def check_context(structure: Structure, context: Any) -> int:
-    """Row of the weights a context selects; contextual classes require one, others refuse it."""
-    if structure.n_contexts == 1 and context is None:
-        return 0
-    if context is None:
-        raise ValueError(f"context is required: an integer in [0, {structure.n_contexts - 1}]")
-    if structure.n_contexts == 1:
-        raise ValueError(f"context given ({context!r}) but the competition class has no contexts")
-    return check_int("context", context, 0, structure.n_contexts - 1)
+    """Row of the weights a context selects (the rule: ``validate.context_problem``)."""
+    problem = context_problem(structure.n_contexts, context)
+    if problem is not None:
+        raise ValueError(problem)
+    return 0 if context is None else int(context)
 
 
 def _first_above(cumulative_w: np.ndarray, u: float, scale: float, spread: float) -> int:

@@ -14,6 +14,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,6 +221,47 @@ def _edges_of(transition: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]
         raise ValueError(f"transition row {i} sums to {float(row_sums[i])!r}, not 1")
     keep = val > 0
     return src[keep].astype(np.int64), dst[keep].astype(np.int64), val[keep], k
+
+
+COMPETITIONS = {"fixed": Fixed, "switching": Switching, "contextual": Contextual, "markov": Markov}
+
+
+def competition_from_spec(spec: Any) -> Fixed | Contextual | Switching | Markov:
+    """A competition class from a name or ``{"kind": ..., options}`` (a registry's words):
+    a ``ValueError`` names an unknown kind, an unexpected or missing option, or a bad value.
+
+    >>> competition_from_spec({"kind": "switching", "rate": 0.01}).rate
+    0.01
+    >>> competition_from_spec({"kind": "fixed", "rate": 0.1})
+    Traceback (most recent call last):
+    ...
+    ValueError: competition 'fixed' takes no options; unexpected ['rate']
+    """
+    if spec is None:
+        return Fixed()
+    if isinstance(spec, str):
+        spec = {"kind": spec}
+    if not isinstance(spec, dict):
+        raise ValueError(f"competition must be a table or a name, got {spec!r}")
+    kind = spec.get("kind")
+    cls = COMPETITIONS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        known = ", ".join(COMPETITIONS)
+        raise ValueError(f"unknown competition kind {kind!r} ({known})")
+    options = {k: v for k, v in spec.items() if k != "kind"}
+    init = [f for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+    allowed = [f.name for f in init]
+    unexpected = sorted(set(options) - set(allowed))
+    if unexpected:
+        takes = f"takes {', '.join(allowed)}" if allowed else "takes no options"
+        raise ValueError(f"competition {kind!r} {takes}; unexpected {unexpected}")
+    missing = [f.name for f in init if f.default is dataclasses.MISSING and f.name not in options]
+    if missing:
+        raise ValueError(f"competition {kind!r} needs {', '.join(missing)}")
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ValueError(f"competition {kind!r}: {exc}") from None
 
 
 def competition_from_dict(data: dict[str, Any]) -> Fixed | Contextual | Switching | Markov:

@@ -49,3 +49,22 @@ def check_unit(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, _REAL) or not 0.0 <= value < 1.0:
         raise ValueError(f"u must be a real number in [0, 1), got {value!r}")
     return float(value)
+
+
+def context_problem(n_contexts: int, context: Any) -> str | None:
+    """Why ``context`` is not valid for a class with ``n_contexts`` contexts, or None:
+    contextual classes require an integer in [0, n_contexts - 1], others take none.
+
+    >>> context_problem(1, None) is None, context_problem(3, 3)
+    (True, 'context must be in [0, 2], got 3')
+    """
+    last = n_contexts - 1
+    if context is None:
+        return None if n_contexts == 1 else f"context is required: an integer in [0, {last}]"
+    if n_contexts == 1:
+        return f"context given ({context!r}) but the competition class has no contexts"
+    if isinstance(context, bool) or not isinstance(context, int | np.integer):
+        return f"context must be an integer, got {context!r}"
+    if not 0 <= context <= last:
+        return f"context must be in [0, {last}], got {context!r}"
+    return None

@@ -29,8 +29,9 @@ from typing import Any
 import orjson
 
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
-from flows.service.registry import UNIT_SEPARATOR, Experiment
+from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit, Ticket
+from tsi_core.validate import context_problem
 
 Output = Selection | DeadLetter
 
@@ -267,24 +268,11 @@ class Instance:
         return out
 
     def _check_context(self, request: Request) -> DeadLetter | None:
-        n_contexts, context = self.experiment.n_contexts, request.context
-        if n_contexts == 1 and context is not None:
-            return self._dead(
-                request,
-                "context_out_of_range",
-                f"experiment {self.experiment.name!r} takes no context",
-            )
-        if n_contexts > 1 and context is None:
-            return self._dead(
-                request, "missing_field", f"experiment {self.experiment.name!r} needs a context"
-            )
-        if n_contexts > 1 and context >= n_contexts:
-            return self._dead(
-                request,
-                "context_out_of_range",
-                f"context {context} is not in [0, {n_contexts - 1}]",
-            )
-        return None
+        problem = context_problem(self.experiment.n_contexts, request.context)
+        if problem is None:
+            return None
+        reason = "missing_field" if request.context is None else "context_out_of_range"
+        return self._dead(request, reason, f"experiment {self.experiment.name!r}: {problem}")
 
     def on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
         rid = feedback.request_id
@@ -385,7 +373,7 @@ class Instance:
 
     def _unit(self, kept: str | None) -> str | None:
         """A request's unit: implied by the key of a per-unit instance, else as kept."""
-        return self.key.partition(UNIT_SEPARATOR)[2] if self.experiment.per_unit else kept
+        return split_key(self.key)[1] if self.experiment.per_unit else kept
 
     def _answer(self, rid: str, ticket: Ticket, unit: str | None) -> Selection:
         """The selection a ticket stands for (built when emitted, not stored)."""

@@ -23,7 +23,6 @@ Arms are matched by name when the registry changes under learned state (see
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import tomllib
@@ -31,11 +30,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tsi_core import Bandit, Contextual, Fixed, Markov, Switching, Ticket
+from tsi_core import Bandit, Ticket
 from tsi_core.bandit import configure
+from tsi_core.competition import competition_from_spec
 
 DEFAULT_TTL = 3600.0
 UNIT_SEPARATOR = "\x1f"  # cannot appear in a valid experiment name
+
+
+def instance_key(experiment: str, unit: str | None) -> str:
+    """The key of an instance: the experiment's name, or experiment + unit (per unit).
+
+    >>> split_key(instance_key("home", "u7")), shown_key(instance_key("home", "u7"))
+    (('home', 'u7'), 'home/u7')
+    """
+    return experiment if unit is None else f"{experiment}{UNIT_SEPARATOR}{unit}"
+
+
+def split_key(key: str) -> tuple[str, str | None]:
+    """(experiment, unit or None) of an instance key."""
+    experiment, separator, unit = key.partition(UNIT_SEPARATOR)
+    return experiment, unit if separator else None
+
+
+def shown_key(key: str) -> str:
+    """An instance key as people write it: ``experiment/unit``."""
+    return key.replace(UNIT_SEPARATOR, "/")
 
 
 class RegistryError(ValueError):
@@ -84,7 +104,7 @@ class Experiment:
             raise KeyError(
                 f"experiment {self.name!r} keeps one bandit per unit: 'unit' is required"
             )
-        return f"{self.name}{UNIT_SEPARATOR}{unit}"
+        return instance_key(self.name, unit)
 
     def new_bandit(self, key: str) -> Bandit:
         return Bandit(len(self.arms), self.competition, self.gamma, instance_id=key)
@@ -102,39 +122,10 @@ class Experiment:
         return getattr(self.competition, "n_contexts", 1)
 
 
-COMPETITIONS = {"fixed": Fixed, "switching": Switching, "contextual": Contextual, "markov": Markov}
-
-
 def _competition(spec: Any, where: str) -> Any:
-    """A competition class from its registry spec: a name or ``{kind = ..., options}``."""
-    if spec is None:
-        return Fixed()
-    if isinstance(spec, str):
-        spec = {"kind": spec}
-    if not isinstance(spec, dict):
-        raise RegistryError(f"{where}: competition must be a table or a name, got {spec!r}")
-    kind = spec.get("kind")
-    cls = COMPETITIONS.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise RegistryError(
-            f"{where}: unknown competition kind {kind!r} (fixed, switching, contextual or markov)"
-        )
-    options = {k: v for k, v in spec.items() if k != "kind"}
-    allowed = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
-    unexpected = sorted(set(options) - set(allowed))
-    if unexpected:
-        takes = f"takes {', '.join(allowed)}" if allowed else "takes no options"
-        raise RegistryError(f"{where}: competition {kind!r} {takes}; unexpected {unexpected}")
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.init and f.default is dataclasses.MISSING and f.name not in options
-    ]
-    if missing:
-        raise RegistryError(f"{where}: competition {kind!r} needs {', '.join(missing)}")
     try:
-        return cls(**options)
-    except (TypeError, ValueError) as exc:
+        return competition_from_spec(spec)
+    except ValueError as exc:
         raise RegistryError(f"{where}: {exc}") from None
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flows.service.registry import UNIT_SEPARATOR, Registry
+from flows.service.registry import Registry, shown_key, split_key
 from tsi_core import Bandit
 
 
@@ -67,9 +67,9 @@ def describe(key: str, state: dict[str, Any], registry: Registry | None = None) 
     contexts = bandit.structure.n_contexts
     rows = [None] if contexts == 1 else list(range(contexts))
     q = [bandit.probabilities(context=c).tolist() for c in rows]
-    unit = key.split(UNIT_SEPARATOR, 1)[1] if UNIT_SEPARATOR in key else None
+    unit = split_key(key)[1]
     return InstanceView(
-        key.replace(UNIT_SEPARATOR, "/"),
+        shown_key(key),
         experiment,
         unit,
         arms,
@@ -106,10 +106,10 @@ def select_instances(
     chosen = [
         key
         for key in states
-        if any(fnmatch.fnmatchcase(key.replace(UNIT_SEPARATOR, "/"), p) for p in patterns)
+        if any(fnmatch.fnmatchcase(shown_key(key), p) for p in patterns)
     ]
     if not chosen:
-        known = ", ".join(sorted(k.replace(UNIT_SEPARATOR, "/") for k in states)[:10])
+        known = ", ".join(sorted(shown_key(k) for k in states)[:10])
         raise InspectError(f"no instance matches {patterns}; some that exist: {known or 'none'}")
     return sorted(chosen)
 

@@ -29,6 +29,7 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.testing import TestingSink, run_main
 
+from flows.service.connectors.files import read_lines as read_jsonl
 from flows.service.dataflow import Message, Wiring, build_flow
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request
 from flows.service.registry import Registry
@@ -60,11 +61,8 @@ def _ts_or(raw: bytes, default: float) -> float:
 def read_lines(path: Path) -> Iterator[Message]:
     """Non-empty lines of a JSONL file with their origin (file, line number)."""
     try:
-        with path.open("rb") as f:
-            for number, line in enumerate(f, 1):
-                body = line.rstrip(b"\r\n")
-                if body:
-                    yield body, Origin(str(path), None, number)
+        for message, _ in read_jsonl(path):
+            yield message
     except OSError as exc:
         raise ReplayError(f"cannot read {path}: {exc.strerror}") from None
 

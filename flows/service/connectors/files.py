@@ -3,6 +3,8 @@ file wiring of the dataflow, and ``read_lines``, the one reader of JSON-lines lo
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import bytewax.operators as op
@@ -14,34 +16,41 @@ from flows.service.dataflow import Message, Wiring
 from flows.service.events import Origin
 
 
+def read_lines(path: Path, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[Message, int]]:
+    """The non-empty lines of a JSON-lines file, each as (raw bytes, its origin: the file and
+    line number), with the byte offset after it; from ``start`` = (byte offset, line number).
+    """
+    offset, number = start
+    with path.open("rb") as f:
+        f.seek(offset)
+        for line in f:
+            offset += len(line)
+            number += 1
+            body = line.rstrip(b"\r\n")
+            if body:
+                yield (body, Origin(str(path), None, number)), offset
+
+
 class _LinesPartition(StatefulSourcePartition[Message, tuple[int, int]]):
     def __init__(self, path: Path, batch_size: int, resume: tuple[int, int] | None) -> None:
-        self._name = str(path)
-        self._file = path.open("rb")
-        self._offset, self._line = resume if resume is not None else (0, 0)
-        self._file.seek(self._offset)
+        self._position = resume if resume is not None else (0, 0)
+        self._lines = read_lines(path, self._position)
         self._batch_size = batch_size
 
     def next_batch(self) -> list[Message]:
         batch: list[Message] = []
-        for _ in range(self._batch_size):
-            line = self._file.readline()
-            if not line:
-                if not batch:
-                    raise StopIteration
-                break
-            self._offset += len(line)
-            self._line += 1
-            body = line.rstrip(b"\r\n")
-            if body:
-                batch.append((body, Origin(self._name, None, self._line)))
+        for message, offset in itertools.islice(self._lines, self._batch_size):
+            batch.append(message)
+            self._position = (offset, message[1].offset)
+        if not batch:
+            raise StopIteration
         return batch
 
     def snapshot(self) -> tuple[int, int]:
-        return (self._offset, self._line)
+        return self._position
 
     def close(self) -> None:
-        self._file.close()
+        self._lines.close()
 
 
 class JsonLinesSource(FixedPartitionedSource[Message, tuple[int, int]]):
