@@ -526,7 +526,7 @@ GROUPS = (
     "JSON (orjson)",
     "Kafka client (confluent-kafka, Bytewax connector, flows/kafka_io.py)",
     "parsing/validation/serialisation (flows/events.py)",
-    "per-instance logic (flows/instance.py, flows/operator.py)",
+    "per-instance logic (flows/service/instance.py, flows/service/logic.py)",
     "routing and glue (flows/dataflow.py, wiring.py, registry.py)",
     "algorithm (tsi_core)",
     "other (imports, stdlib)",

@@ -10,12 +10,17 @@ import orjson
 import pytest
 
 from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.service.logic import logic_builder
+from flows.service.logic import FlowContext, logic_builder
 from flows.service.registry import LiveRegistry, Registry
 from flows.tools.inspect import describe, render
 from tsi_core.stats import exploration
 
 T0 = 1_767_225_600.0
+
+
+def item(logic, key, event):
+    """What the dataflow routes to a key's logic: the key, the event's experiment, the event."""
+    return key, logic.context.registry.current[event.experiment], event
 
 
 def registry(arms, extra=""):
@@ -37,9 +42,11 @@ def trained(reg, rounds=300, open_requests=()):
     """A logic that learned arm 'b' is best (loss 0 vs 10), then served ``open_requests``."""
     logic = logic_builder(reg, clock=lambda: T0)(None)
     for i in range(rounds):
-        [sel] = logic.on_item(("e", request(f"r{i}")))[0]
-        logic.on_item(("e", feedback(f"r{i}", 0.0 if sel.arm_name == "b" else 10.0)))
-    served = {rid: next(iter(logic.on_item(("e", request(rid)))[0])) for rid in open_requests}
+        [sel] = logic.on_item(item(logic, "e", request(f"r{i}")))[0]
+        logic.on_item(item(logic, "e", feedback(f"r{i}", 0.0 if sel.arm_name == "b" else 10.0)))
+    served = {
+        rid: next(iter(logic.on_item(item(logic, "e", request(rid)))[0])) for rid in open_requests
+    }
     return logic, served
 
 
@@ -93,9 +100,9 @@ def test_a_retired_arm_closes_its_open_tickets_with_a_dead_letter():
     assert {d.reason for d in letters} == {"arm_retired"} and not resumed.on_notify()[0]
     # a ticket on a kept arm is remapped by name: its retry and its feedback still work
     rid = on_b[0]
-    [again] = resumed.on_item(("e", request(rid)))[0]
+    [again] = resumed.on_item(item(resumed, "e", request(rid)))[0]
     assert again.arm_name == "b" and again.arm == 1 and again.prob == served[rid].prob
-    assert list(resumed.on_item(("e", feedback(rid, 1.0, arm="b")))[0]) == []
+    assert list(resumed.on_item(item(resumed, "e", feedback(rid, 1.0, arm="b")))[0]) == []
     assert resumed.bandit.n_updates == 301
     assert 2 in resumed.bandit.probabilities().nonzero()[0]  # 'd' is index 2 now
 
@@ -108,7 +115,7 @@ def test_reordered_and_renamed_arms_are_matched_by_name():
     after = probabilities(resumed)
     for old, name in (("a", "a"), ("b", "lime"), ("c", "c"), ("d", "d")):
         assert after[name] == pytest.approx(before[old], rel=1e-9)
-    [again] = resumed.on_item(("e", request("x")))[0]
+    [again] = resumed.on_item(item(resumed, "e", request("x")))[0]
     old_name = served["x"].arm_name
     assert again.arm_name == ("lime" if old_name == "b" else old_name)
 
@@ -124,7 +131,7 @@ def test_a_changed_competition_keeps_the_arm_distribution():
     resumed = logic_builder(contextual, clock=lambda: T0)(logic.snapshot())
     for context in (0, 1):
         np.testing.assert_allclose(resumed.bandit.probabilities(context), before, rtol=1e-9)
-    [sel] = resumed.on_item(("e", request("ctx", context=1)))[0]
+    [sel] = resumed.on_item(item(resumed, "e", request("ctx", context=1)))[0]
     assert isinstance(sel, Selection)
 
 
@@ -143,28 +150,28 @@ def test_a_live_reload_applies_on_the_next_event(tmp_path):
     path.write_text('[experiments.e]\narms = ["a", "b", "c", "d"]\nfeedback_ttl = 100\n')
     live = LiveRegistry(Registry.load(path), path)
     logic = logic_builder(live, clock=lambda: T0)(None)
-    [sel] = logic.on_item(("e", request("r1")))[0]
+    [sel] = logic.on_item(item(logic, "e", request("r1")))[0]
     path.write_text("[experiments.e]\narms = [")  # a broken edit: refused, nothing changes
     assert "refused" in live.reload() and not live.apply()
     path.write_text('[experiments.e]\narms = ["d", "c", "b", "a", "e"]\nfeedback_ttl = 100\n')
     assert "reloaded" in live.reload()
     assert logic.experiment.arms == ("a", "b", "c", "d")  # not before the epoch closes
     assert live.apply()
-    [again] = logic.on_item(("e", request("r1")))[0]
+    [again] = logic.on_item(item(logic, "e", request("r1")))[0]
     assert again.arm_name == sel.arm_name and logic.experiment.arms[-1] == "e"
 
 
 def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
     logic, _ = trained(registry("abcd"))
     live = LiveRegistry(registry("abcd"))
-    logic.registry = live  # the per-dataflow class attribute, shadowed for this logic only
+    logic.context = FlowContext(live)
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("bad migration")
 
     monkeypatch.setattr(type(logic.bandit), "migrate", broken)
     live.current = registry("abcde")
-    [dead] = logic.on_item(("e", request("z")))[0]
+    [dead] = logic.on_item(item(logic, "e", request("z")))[0]
     assert dead.reason == "internal_error" and "bad migration" in dead.detail
 
 

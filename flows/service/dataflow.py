@@ -111,7 +111,8 @@ def _parse_guarded(
 
 
 def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] | DeadLetter:
-    """(instance key, (key, event)), or a dead letter for an unknown experiment or unit."""
+    """(instance key, (key, experiment, event)), or a dead letter for an unknown experiment
+    or a missing unit. The experiment is looked up here, once per event."""
     experiment = registry.get(event.experiment)
     if experiment is None:
         return DeadLetter(
@@ -124,7 +125,7 @@ def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] |
         key = experiment.instance_key(event.unit)
     except KeyError as exc:
         return DeadLetter("missing_field", exc.args[0], event.raw, event.origin)
-    return key, (key, event)
+    return key, (key, experiment, event)
 
 
 def build_flow(

@@ -36,6 +36,30 @@ from tsi_core.validate import context_problem
 Output = Selection | DeadLetter
 
 
+class Handled(list):
+    """What an event produced (its outputs, in order) and what it changed, for whoever
+    counts (the metrics): open tickets (``pending``) and waiting feedback (``early``) gained
+    or lost, feedback ``applied``, and whether it was a ``retry`` of a served request.
+
+    >>> done = Handled(pending=-1, applied=1)
+    >>> list(done), done.applied
+    ([], 1)
+    """
+
+    __slots__ = ("applied", "early", "pending", "retry")
+
+    def __init__(
+        self,
+        outputs: list[Output] = (),  # type: ignore[assignment]
+        pending: int = 0,
+        early: int = 0,
+        applied: int = 0,
+        retry: bool = False,
+    ) -> None:
+        super().__init__(outputs)
+        self.pending, self.early, self.applied, self.retry = pending, early, applied, retry
+
+
 def uniform_draw(seed: int, instance: str, request_id: str) -> float:
     """u in [0, 1) from a stable hash (never the salted built-in ``hash``).
 
@@ -241,31 +265,33 @@ class Instance:
         return self.entries(Early)
 
     # ------------------------------------------------------------------ events
-    def on_request(self, request: Request, now: float) -> list[Output]:
+    def on_request(self, request: Request, now: float) -> Handled:
         rid = request.request_id
         entry = self._get(rid)
         if type(entry) is Open or type(entry) is Settled:
             if entry.ticket.context != request.context:
-                return [
-                    self._dead(
-                        request,
-                        "context_mismatch",
-                        f"request_id {rid!r} was served with context "
-                        f"{entry.ticket.context!r}, now asks {request.context!r}",
-                    )
-                ]
-            return [self._answer(rid, entry.ticket, entry.unit)]  # a retry: the same answer
+                detail = (
+                    f"request_id {rid!r} was served with context "
+                    f"{entry.ticket.context!r}, now asks {request.context!r}"
+                )
+                return Handled([self._dead(request, "context_mismatch", detail)])
+            answer = self._answer(rid, entry.ticket, entry.unit)  # a retry: the same answer
+            return Handled([answer], retry=True)
         refused = self._check_context(request)
         if refused is not None:
-            return [refused]
+            return Handled([refused])
         u = uniform_draw(self.experiment.seed, self.key, rid)
         ticket = self.bandit.select(context=request.context, u=u)
         unit = None if self.experiment.per_unit else request.unit  # the key holds it
         self._put(Open(rid, ticket, unit, now + self.experiment.feedback_ttl, request.origin))
-        out: list[Output] = [self._answer(rid, ticket, unit)]
-        if type(entry) is Early:
-            out += self.on_feedback(entry.feedback, now)
-        return out
+        served = Handled([self._answer(rid, ticket, unit)], pending=1)
+        if type(entry) is Early:  # its feedback was waiting: apply it now
+            waited = self.on_feedback(entry.feedback, now)
+            served += waited
+            served.pending += waited.pending
+            served.applied += waited.applied
+            served.early = -1
+        return served
 
     def _check_context(self, request: Request) -> DeadLetter | None:
         problem = context_problem(self.experiment.n_contexts, request.context)
@@ -274,48 +300,32 @@ class Instance:
         reason = "missing_field" if request.context is None else "context_out_of_range"
         return self._dead(request, reason, f"experiment {self.experiment.name!r}: {problem}")
 
-    def on_feedback(self, feedback: Feedback, now: float) -> list[Output]:
+    def on_feedback(self, feedback: Feedback, now: float) -> Handled:
         rid = feedback.request_id
         entry = self._get(rid)
         if type(entry) is Settled:
-            return [
-                self._dead(
-                    feedback, "duplicate_feedback", f"request_id {rid!r} already has its feedback"
-                )
-            ]
+            detail = f"request_id {rid!r} already has its feedback"
+            return Handled([self._dead(feedback, "duplicate_feedback", detail)])
         if type(entry) is Early:
-            return [
-                self._dead(
-                    feedback,
-                    "duplicate_feedback",
-                    f"feedback for request_id {rid!r} is already waiting",
-                )
-            ]
+            detail = f"feedback for request_id {rid!r} is already waiting"
+            return Handled([self._dead(feedback, "duplicate_feedback", detail)])
         if entry is None:
             if self._n_early >= self.experiment.early_feedback_limit:
-                return [
-                    self._dead(
-                        feedback,
-                        "early_buffer_full",
-                        f"{self._n_early} feedback events already wait for their requests",
-                    )
-                ]
+                detail = f"{self._n_early} feedback events already wait for their requests"
+                return Handled([self._dead(feedback, "early_buffer_full", detail)])
             self._put(Early(rid, feedback, now + self.experiment.feedback_ttl))
-            return []
+            return Handled(early=1)
         served = entry.ticket.arm
         named = feedback.arm
         if named is not None and named != served and named != self.experiment.arms[served]:
-            return [
-                self._dead(
-                    feedback,
-                    "arm_mismatch",
-                    f"request_id {rid!r} was served arm {served} "
-                    f"({self.experiment.arms[served]!r}), feedback names arm {named!r}",
-                )
-            ]
+            detail = (
+                f"request_id {rid!r} was served arm {served} "
+                f"({self.experiment.arms[served]!r}), feedback names arm {named!r}"
+            )
+            return Handled([self._dead(feedback, "arm_mismatch", detail)])
         self.bandit.update(entry.ticket, feedback.loss)
         self._put(Settled(rid, entry.ticket, entry.unit, now + self.experiment.feedback_ttl))
-        return []
+        return Handled(pending=-1, applied=1)
 
     def expire(self, now: float) -> list[Output]:
         """Close what has waited too long: tickets without feedback, feedback without request."""

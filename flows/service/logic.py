@@ -1,8 +1,9 @@
 """The Bytewax side of one instance: a ``StatefulLogic`` around ``flows.service.instance.Instance``.
 
-The logic is built per key with only the resume state, so every routed item carries its
-instance key and experiment. Each event is guarded: an unexpected error becomes a dead
-letter for that event and the dataflow keeps running.
+Bytewax builds the logic of a key with only its resume state, so every routed item
+carries its instance key and its experiment (looked up once, when the event is routed).
+Each event is guarded: an unexpected error becomes a dead letter for that event and the
+dataflow keeps running.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,20 +19,29 @@ from bytewax.operators import StatefulLogic
 
 from flows.service.events import DeadLetter, Feedback, Request
 from flows.service.instance import Instance, Output
-from flows.service.metrics import entry_kind, observe_expired, observe_item, observe_restored
+from flows.service.metrics import observe_expired, observe_item, observe_restored
 from flows.service.registry import Experiment, LiveRegistry, Registry
 
 log = logging.getLogger(__name__)
 
-Routed = tuple[str, Request | Feedback]  # (instance key, event)
+Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experiment, event)
+
+
+@dataclass(frozen=True)
+class FlowContext:
+    """What every instance logic of one dataflow shares: the registry, the clock, whether
+    snapshots are built (recovery on), and whether the flow runs on event time."""
+
+    registry: LiveRegistry
+    clock: Callable[[], float] = time.time
+    snapshots: bool = True
+    event_time: bool = False
 
 
 class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     """An ``Instance`` that is also the Bytewax logic of its key: one object per key.
 
-    Bytewax builds the logic with only the resume state; a new key becomes an instance on
-    its first event, which names the experiment. ``registry``, ``clock`` and ``snapshots``
-    are class attributes, set once per dataflow by ``logic_builder``.
+    A new key becomes an instance on its first event, which names the experiment.
 
     On event time (replays, the demo) ``now`` is the event's own ``ts`` (else the clock),
     deadlines pass when an instance's next event or the end of the input passes them, and
@@ -43,23 +54,17 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     to life if the experiment returns.
     """
 
-    __slots__ = ("_archived",)
-    registry: LiveRegistry
-    clock: Callable[[], float]
-    snapshots: bool
-    event_time: bool
+    __slots__ = ("_archived", "context")
 
-    def __init__(self, resume: dict[str, Any] | None) -> None:
+    def __init__(self, context: FlowContext, resume: dict[str, Any] | None = None) -> None:
+        self.context = context
         self.key = None  # not bound to an experiment yet
         self._archived = None
         if resume:
-            experiment = self.registry.current.get(resume["experiment"])
+            experiment = context.registry.current.get(resume["experiment"])
             if experiment is None:
                 self._archived = resume
-                log.warning(
-                    "instance %r kept as archived: its experiment left the registry",
-                    resume.get("key"),
-                )
+                log.warning("instance %r archived: its experiment left the registry", resume["key"])
             else:
                 self.restore(experiment, resume)
                 observe_restored(self)
@@ -70,34 +75,29 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         return None if self.key is None else self
 
     def on_item(self, value: Routed) -> tuple[Iterable[Output], bool]:
-        key, event = value
-        started, before, now = time.perf_counter(), entry_kind(self, event.request_id), None
+        key, experiment, event = value
+        started, now, new = time.perf_counter(), None, self.key is None
         try:
-            experiment = self.registry.current[event.experiment]
-            if self.key is None:
+            if new:
                 self._bind(experiment, key)
             elif experiment is not self.experiment:
                 self.follow(experiment)  # the registry was reloaded
-            expired: list[Output] = self.take_notices() if self._notices else []
-            if self.event_time:
-                now = self.clock() if event.ts is None else event.ts
-                expired += self.expire(now)
-                observe_expired(self, expired)  # never raises
-                before = entry_kind(self, event.request_id)
+            before: list[Output] = self.take_notices() if self._notices else []
+            if self.context.event_time:
+                now = self.context.clock() if event.ts is None else event.ts
+                before += self.expire(now)
+                observe_expired(self, before)  # never raises
             else:
-                now = self.clock()
+                now = self.context.clock()
             if isinstance(event, Request):
                 out = self.on_request(event, now)
             else:
                 out = self.on_feedback(event, now)
-            out = expired + out if expired else out
         except Exception as exc:
-            dead = DeadLetter(
-                "internal_error", f"{type(exc).__name__}: {exc}", event.raw, event.origin, key
-            )
-            out = [dead]
-        observe_item(self, event, before, out, started, now)  # never raises
-        return out, StatefulLogic.RETAIN
+            detail = f"{type(exc).__name__}: {exc}"
+            out, before = [DeadLetter("internal_error", detail, event.raw, event.origin, key)], []
+        observe_item(experiment.name, event, out, new, started, now)  # never raises
+        return (before + out if before else out), StatefulLogic.RETAIN
 
     def _bind(self, experiment: Experiment, key: str) -> None:
         """The first event of a key: a new instance, or an archived one coming back."""
@@ -110,7 +110,7 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     def on_notify(self) -> tuple[Iterable[Output], bool]:
         if self.key is None:
             return [], StatefulLogic.RETAIN
-        out = self.take_notices() + self.expire(self.clock())
+        out = self.take_notices() + self.expire(self.context.clock())
         observe_expired(self, out)  # never raises
         return out, StatefulLogic.RETAIN
 
@@ -119,15 +119,15 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         if self.key is None:
             return [], StatefulLogic.RETAIN
         out = self.take_notices()
-        if self.event_time:
-            out += self.expire(self.clock())
+        if self.context.event_time:
+            out += self.expire(self.context.clock())
         observe_expired(self, out)  # never raises
         return out, StatefulLogic.RETAIN
 
     def notify_at(self) -> datetime | None:
-        if self.key is None or self.event_time:
+        if self.key is None or self.context.event_time:
             return None
-        due = self.clock() if self._notices else self.next_deadline()
+        due = self.context.clock() if self._notices else self.next_deadline()
         return None if due is None else datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
@@ -137,7 +137,7 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         epoch, the many idle ones stay small. An archived instance keeps its state."""
         if self.key is None:
             return self._archived
-        state = self.to_dict() if self.snapshots else None
+        state = self.to_dict() if self.context.snapshots else None
         self.rest()
         return state
 
@@ -154,11 +154,5 @@ def logic_builder(
     ``event_time=True`` runs on the events' own time (see ``InstanceLogic``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
-    settings = {
-        "registry": live,
-        "clock": staticmethod(clock),
-        "snapshots": snapshots,
-        "event_time": event_time,
-        "__slots__": (),
-    }
-    return type("BoundInstanceLogic", (InstanceLogic,), settings)
+    context = FlowContext(live, clock, snapshots, event_time)
+    return lambda resume: InstanceLogic(context, resume)

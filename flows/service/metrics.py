@@ -36,10 +36,10 @@ cluster serves its own (sum them in Prometheus).
 | ``unknown`` | waited ``feedback_ttl`` for its request in vain (``unknown_ticket``) |
 | ``expired_ticket`` | never came: a ticket expired without it (``ticket_expired``) |
 
-The operator derives them from what the instance did, not from ``flows.service.instance``: the
-type of the request_id's entry before and after the event (Early / Open / Settled), and
-the reasons of the dead letters it returned. Dead letters are counted in ``build_flow``,
-where all of them merge on their way to the sink.
+The metrics are told what happened, never peek: an instance returns a ``Handled`` for each
+event (its outputs, and the open tickets, waiting feedback and applied feedback it gained
+or lost), and the reasons of its dead letters name the rest. Dead letters are counted in
+``build_flow``, where all of them merge on their way to the sink.
 
 Cost: the per-event metrics are plain additions into a tally owned by the worker thread
 (no lock, no ``.labels()`` lookup; ``prometheus_client``'s own counters and histograms
@@ -101,16 +101,14 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from flows.service.events import DeadLetter, Request, Selection
-from flows.service.instance import Early, Open, Settled
+from flows.service.instance import Early, Open
 
 __all__ = [
     "READINESS",
     "REGISTRY",
-    "UNBOUND",
     "MetricsPortError",
     "Readiness",
     "count_dead_letter",
-    "entry_kind",
     "note_broker_contact",
     "note_epoch_completed",
     "observe_consumer_position",
@@ -141,7 +139,6 @@ FEEDBACK_REASONS = {
     "unknown_ticket": "unknown",
     "ticket_expired": "expired_ticket",
 }
-UNBOUND = object()  # entry_kind of a logic not yet bound to an experiment
 
 # slots of an experiment's tally (a list of numbers)
 DECISIONS, RETRIES, PENDING, EARLY, INSTANCES = range(5)
@@ -149,7 +146,13 @@ FEEDBACK = {outcome: 5 + i for i, outcome in enumerate(OUTCOMES)}
 _SLOTS = 5 + len(OUTCOMES)
 _APPLIED, _EARLY_FB = FEEDBACK["applied"], FEEDBACK["early"]
 _BY_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
-_EXPIRY = {"ticket_expired": PENDING, "unknown_ticket": EARLY}  # the gauge an expiry lowers
+# the gauge a dead letter of expiry (or of a registry change) lowers
+_EXPIRY = {
+    "ticket_expired": PENDING,
+    "unknown_ticket": EARLY,
+    "arm_retired": PENDING,
+    "context_retired": PENDING,
+}
 
 DEAD_LETTERS = Counter("tsi_dead_letters", "Dead letters by reason.", ["reason"])
 
@@ -193,64 +196,27 @@ def _failed(what: str) -> None:
     log.warning("metrics: %s failed", what, exc_info=True)
 
 
-def entry_kind(instance: Any, rid: str) -> Any:
-    """The type of ``rid``'s entry (``type(None)`` if none), or ``UNBOUND`` before the
-    logic has become an instance. Taken before an event, for ``observe_item``."""
-    try:
-        return UNBOUND if instance.key is None else type(instance._get(rid))
-    except Exception:
-        return UNBOUND
-
-
 def observe_item(
-    instance: Any, event: Any, before: Any, out: list, started: float, now: float | None
+    experiment: str, event: Any, handled: Any, new_instance: bool, started: float, now: float | None
 ) -> None:
-    """Account for one event handled by ``instance`` (an ``InstanceLogic``).
-
-    ``before`` is ``entry_kind`` taken before the event, ``started`` the ``perf_counter``
-    when it began, ``now`` the flow's clock it was handled at (None if it failed early).
-    """
+    """Account for one event: what the instance said it did (``Handled``: outputs, open
+    tickets and waiting feedback gained or lost, feedback applied, a retry), whether it made
+    a new instance, ``started`` the ``perf_counter`` when it began, ``now`` the flow's clock
+    it was handled at (None if it failed early)."""
     try:
-        spent = perf_counter() - started
         tally = _tallies.get(get_ident()) or _mine()
-        is_request = type(event) is Request
-        hist = tally.processing[is_request]
-        hist[bisect_left(PROCESSING_BUCKETS, spent)] += 1
-        hist[-1] += spent
-        tally.last_event = time()
-        if event.ts is not None:
-            tally.last_ts = event.ts
-        if event.ts is not None and now is not None:
-            age = now - event.ts
-            if age < 0.0:  # clocks disagree
-                age = 0.0
-            hist = tally.age[is_request]
-            hist[bisect_left(AGE_BUCKETS, age)] += 1
-            hist[-1] += age
-        if instance.key is None:
-            return
-        name = instance.experiment.name
-        c = tally.experiments.get(name) or tally.experiment(name)
-        if before is UNBOUND:
-            c[INSTANCES] += 1
-        after = type(instance._get(event.request_id))
-        if after is not before:
-            if before is Open:
-                c[PENDING] -= 1
-            elif before is Early:
-                c[EARLY] -= 1
-            if after is Open:
-                c[PENDING] += 1
-            elif after is Early:
-                c[EARLY] += 1
-                c[_EARLY_FB] += 1
-            elif after is Settled:
-                c[_APPLIED] += 1
-        for item in out:
+        _observe_times(tally, type(event) is Request, event.ts, perf_counter() - started, now)
+        c = tally.experiments.get(experiment) or tally.experiment(experiment)
+        c[INSTANCES] += new_instance
+        c[PENDING] += getattr(handled, "pending", 0)
+        c[EARLY] += getattr(handled, "early", 0)
+        c[_APPLIED] += getattr(handled, "applied", 0)
+        c[_EARLY_FB] += getattr(handled, "early", 0) > 0
+        retry = getattr(handled, "retry", False)
+        for item in handled:
             if type(item) is Selection:
                 c[DECISIONS] += 1
-                if before is Open or before is Settled:  # served before: a retry
-                    c[RETRIES] += 1
+                c[RETRIES] += retry
             else:
                 slot = _BY_REASON.get(item.reason)
                 if slot is not None:
@@ -259,8 +225,26 @@ def observe_item(
         _failed("observe_item")
 
 
+def _observe_times(
+    tally: _Tally, is_request: bool, ts: float | None, spent: float, now: float | None
+) -> None:
+    hist = tally.processing[is_request]
+    hist[bisect_left(PROCESSING_BUCKETS, spent)] += 1
+    hist[-1] += spent
+    tally.last_event = time()
+    if ts is None:
+        return
+    tally.last_ts = ts
+    if now is not None:
+        age = max(now - ts, 0.0)  # clocks may disagree
+        hist = tally.age[is_request]
+        hist[bisect_left(AGE_BUCKETS, age)] += 1
+        hist[-1] += age
+
+
 def observe_expired(instance: Any, out: list) -> None:
-    """Account for what ``Instance.expire`` returned: expired tickets and unknown feedback."""
+    """Account for what ``Instance.expire`` (or a registry change) returned: expired or
+    retired tickets and unknown feedback."""
     try:
         if not out:
             return
@@ -269,7 +253,9 @@ def observe_expired(instance: Any, out: list) -> None:
             gauge = _EXPIRY.get(item.reason)
             if gauge is not None:
                 c[gauge] -= 1
-                c[_BY_REASON[item.reason]] += 1
+                slot = _BY_REASON.get(item.reason)
+                if slot is not None:
+                    c[slot] += 1
     except Exception:
         _failed("observe_expired")
 

@@ -104,9 +104,7 @@ def select_instances(
     shell wildcards), sorted."""
     patterns = list(patterns)
     chosen = [
-        key
-        for key in states
-        if any(fnmatch.fnmatchcase(shown_key(key), p) for p in patterns)
+        key for key in states if any(fnmatch.fnmatchcase(shown_key(key), p) for p in patterns)
     ]
     if not chosen:
         known = ", ".join(sorted(shown_key(k) for k in states)[:10])

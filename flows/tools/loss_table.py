@@ -201,5 +201,3 @@ def _int_vector(name: str, values: Any, n: int | None, low: int, high: float) ->
     if len(bad):
         raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
     return arr
-
-
