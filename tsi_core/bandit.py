@@ -27,7 +27,7 @@ from tsi_core.competition import Fixed, competition_from_dict
 from tsi_core.stats import exploration, observe
 from tsi_core.structures import Structure
 from tsi_core.ticket import Ticket
-from tsi_core.validate import check_int, check_loss, check_real, check_unit, context_problem
+from tsi_core.validate import check_draw, check_int, check_loss, check_real, context_problem
 
 if TYPE_CHECKING:
     from tsi_core.migrate import Migration
@@ -218,7 +218,7 @@ class Bandit:
     def select(self, context: int | None = None, u: float | None = None) -> Ticket:
         """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
         row = check_context(self.structure, context)
-        u = self._rng.random() if u is None else check_unit(u)
+        u = self._rng.random() if u is None else check_draw(u)
         w, cw, total, keep, spread = self._weights(row)
         if cw is None:
             scale = keep / total

@@ -44,7 +44,7 @@ def check_loss(value: Any) -> float:
     return float(value)
 
 
-def check_unit(value: Any) -> float:
+def check_draw(value: Any) -> float:
     """An external uniform draw u in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, _REAL) or not 0.0 <= value < 1.0:
         raise ValueError(f"u must be a real number in [0, 1), got {value!r}")

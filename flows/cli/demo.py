@@ -22,7 +22,7 @@ def demo(
     """
     from flows.service.events import Origin
     from flows.tools.demo import generate, run_demo
-    from flows.tools.report import Stream, log_events, write_report
+    from flows.tools.report import ServedLog, log_events, write_report
     from flows.tools.traffic import SCENARIOS, registry_toml
 
     try:
@@ -39,7 +39,7 @@ def demo(
     write_jsonl(out / "dead_letters.jsonl", loop.dead_letters)
     request_ts, feedback_sent = log_events((raw, Origin("demo")) for raw in loop.sent)
     write_jsonl(out / "feedback.jsonl", feedback_sent)
-    stream = Stream(
+    stream = ServedLog(
         loop.selections,
         feedback_sent,
         loop.dead_letters,

@@ -31,7 +31,7 @@ def replay(
     """
     from flows.tools.replay import ReplayError, kafka_range, merge_by_time, read_lines
     from flows.tools.replay import replay as run_replay
-    from flows.tools.report import Stream, log_events, write_report
+    from flows.tools.report import ServedLog, log_events, write_report
 
     sources = [events is not None, requests is not None or feedback is not None, topic is not None]
     if sum(sources) != 1 or (sources[1] and (requests is None or feedback is None)):
@@ -62,7 +62,7 @@ def replay(
     write_jsonl(out / "dead_letters.jsonl", result.dead_letters)
     feedback_logs = [source for source, kind in kinds.items() if kind == "feedback"]
     request_ts, feedback_sent = log_events(messages, feedback_logs)
-    stream = Stream(result.selections, feedback_sent, result.dead_letters, request_ts)
+    stream = ServedLog(result.selections, feedback_sent, result.dead_letters, request_ts)
     report = write_report(
         stream,
         out,

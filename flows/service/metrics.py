@@ -44,8 +44,8 @@ or lost), and the reasons of its dead letters name the rest. Dead letters are co
 Cost: the per-event metrics are plain additions into a tally owned by the worker thread
 (no lock, no ``.labels()`` lookup; ``prometheus_client``'s own counters and histograms
 take a lock per update and cost several times more), summed over the threads by a
-collector when Prometheus scrapes. About 1.5 µs of CPU per event on its own, 3 to 4 µs
-measured inside the operator (against about 20 µs for the event). Metric updates never
+collector when Prometheus scrapes (``make bench-flow`` measures what they cost an event,
+see bench/RESULTS.md). Metric updates never
 raise into the flow: a failure is logged and skipped. Gauges count per process and
 assume one dataflow per process (the service): a finished in-process test flow leaves
 its open tickets counted.

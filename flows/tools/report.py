@@ -10,7 +10,7 @@ traffic is synthetic, the true expected loss of every arm for each request:
 * dead letters by reason.
 
 >>> sel = [{"experiment": "e", "unit": None, "request_id": "r1", "arm": 0, "arm_name": "a"}]
->>> stream = Stream(sel, [], [], request_ts={("e", None, "r1"): 0.0})
+>>> stream = ServedLog(sel, [], [], request_ts={("e", None, "r1"): 0.0})
 >>> stream.experiments()
 ['e']
 """
@@ -34,7 +34,7 @@ def _key(event: dict[str, Any]) -> Key:
 
 
 @dataclass
-class Stream:
+class ServedLog:
     """What went through the service, as JSON objects."""
 
     selections: list[dict[str, Any]]
@@ -111,7 +111,7 @@ class Summary:
     mean_observed_loss: float | None
 
 
-def summarise(stream: Stream, experiment: str) -> Summary:
+def summarise(stream: ServedLog, experiment: str) -> Summary:
     served = stream.served(experiment)
     observed = stream.observed_losses(experiment)
     losses = [v for k, v in observed.items() if v is not None]
@@ -141,7 +141,7 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{x:,.{digits}f}"
 
 
-def markdown(stream: Stream, title: str, plots: list[Path], notes: list[str]) -> str:
+def markdown(stream: ServedLog, title: str, plots: list[Path], notes: list[str]) -> str:
     lines = [f"# {title}", "", *notes, ""]
     truth = stream.truth is not None
     head = "| Experiment | Requests | With feedback | Mean observed loss |"
@@ -179,7 +179,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_regret(stream: Stream, path: Path) -> Path:
+def plot_regret(stream: ServedLog, path: Path) -> Path:
     """Cumulative regret (with the truth) or observed loss over requests, per experiment."""
     plt = _pyplot()
     names = stream.experiments()
@@ -209,7 +209,7 @@ def plot_regret(stream: Stream, path: Path) -> Path:
     return path
 
 
-def plot_allocation(stream: Stream, path: Path, windows: int = 40) -> Path:
+def plot_allocation(stream: ServedLog, path: Path, windows: int = 40) -> Path:
     """Share of requests served by each arm, over time (stacked)."""
     plt = _pyplot()
     names = stream.experiments()
@@ -233,7 +233,7 @@ def plot_allocation(stream: Stream, path: Path, windows: int = 40) -> Path:
     return path
 
 
-def plot_delays(stream: Stream, path: Path) -> Path:
+def plot_delays(stream: ServedLog, path: Path) -> Path:
     """Histogram of feedback delays per experiment (log-spaced bins)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -256,7 +256,7 @@ def plot_delays(stream: Stream, path: Path) -> Path:
     return path
 
 
-def plot_dead_letters(stream: Stream, path: Path) -> Path:
+def plot_dead_letters(stream: ServedLog, path: Path) -> Path:
     plt = _pyplot()
     counts = Counter(d["reason"] for d in stream.dead_letters).most_common()
     fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(counts), 1) + 1.2))
@@ -270,7 +270,7 @@ def plot_dead_letters(stream: Stream, path: Path) -> Path:
     return path
 
 
-def write_report(stream: Stream, out_dir: Path, title: str, notes: list[str]) -> Path:
+def write_report(stream: ServedLog, out_dir: Path, title: str, notes: list[str]) -> Path:
     """REPORT.md and its PNGs in ``out_dir``; returns the Markdown file."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [

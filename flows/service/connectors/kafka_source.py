@@ -171,10 +171,10 @@ def kafka_messages(
 
     Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
     `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
-    soon as one byte arrives (`fetch.min.bytes=1`), so lowering it did not change the
-    latency of new messages (measured ~3 ms produce-to-consume either way) and only
-    multiplies idle fetch requests. It does bound how long an idle fetch takes, hence how
-    soon `tail=False` sees the end of a partition (add_config={"fetch.wait.max.ms": 10}).
+    soon as one byte arrives (`fetch.min.bytes=1`), so lowering it does not lower the
+    latency of new messages and only multiplies idle fetch requests. It does bound how long
+    an idle fetch takes, hence how soon `tail=False` sees the end of a partition
+    (add_config={"fetch.wait.max.ms": 10}).
 
     Caveats of the underlying connector (Bytewax 0.21.1): listing the partitions at start
     waits forever if no broker answers; a broker outage while running produces no error
