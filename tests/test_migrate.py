@@ -18,6 +18,7 @@ from tsi_core import (
     Switching,
     Ticket,
     TicketError,
+    migrate,
     remap_ticket,
 )
 from tsi_core.bandit import default_gamma
@@ -67,7 +68,7 @@ def stats(b: Bandit) -> tuple:
 def test_identity_map_gives_the_same_bandit(competition):
     b = played(competition)
     b.select(context=contexts_of(b)[-1], u=0.3)  # a pending ticket
-    m = b.migrate(list(range(b.n_arms)))
+    m = migrate(b, list(range(b.n_arms)))
     assert m.bandit.to_dict() == b.to_dict()
     assert m.tickets == {b.n_rounds: b.pending[0]}
 
@@ -76,7 +77,7 @@ def test_identity_map_gives_the_same_bandit(competition):
 def test_kept_columns_bit_for_bit_retired_removed_new_gets_the_mean(competition):
     b = played(competition)
     before = json.dumps(b.to_dict())
-    new = b.migrate([3, None, 0, 2]).bandit  # arm 1 retired, one new arm
+    new = migrate(b, [3, None, 0, 2]).bandit  # arm 1 retired, one new arm
     assert json.dumps(b.to_dict()) == before  # the old bandit is unchanged
     assert stats(new) == stats(b)
     assert new.gamma == b.gamma and new.competition == b.competition
@@ -98,7 +99,7 @@ def test_kept_columns_bit_for_bit_retired_removed_new_gets_the_mean(competition)
 @pytest.mark.parametrize("competition", [Fixed(), Contextual(3), Switching(rate=0.02)])
 def test_new_arm_share_sets_the_new_arms_p_in_every_context(competition):
     b = played(competition)
-    new = b.migrate([None, 2, 0, None, 1], new_arm_share=0.15).bandit
+    new = migrate(b, [None, 2, 0, None, 1], new_arm_share=0.15).bandit
     for ctx in contexts_of(b):
         p, old_p = policy(new, ctx), policy(b, ctx)
         np.testing.assert_allclose(p[[0, 3]], [0.15, 0.15], rtol=1e-9)
@@ -112,7 +113,7 @@ def test_new_arm_share_sets_the_new_arms_p_in_every_context(competition):
 @pytest.mark.parametrize("competition", [Fixed(), Switching(rate=0.01), Contextual(2)])
 def test_a_new_arm_is_explored_and_learned_when_it_is_best(competition):
     b = played(competition, n_arms=3, rounds=300, seed=5)
-    new = b.migrate([0, 1, 2, None]).bandit
+    new = migrate(b, [0, 1, 2, None]).bandit
     rng = np.random.default_rng(6)
     ctxs = contexts_of(new)
     assert all(new.probabilities(ctx)[3] > 0 for ctx in ctxs)
@@ -139,7 +140,7 @@ def test_same_class_migrations_keep_kept_arms_relative_weights_exactly(data, com
     arm_map = data.draw(st.permutations([*kept, *[None] * n_new]), label="arm_map")
     share = data.draw(st.none() | st.floats(0.01, 0.9 / max(n_new, 1)), label="share")
     b = played(competition, n_arms=n_old, rounds=60, seed=seed)
-    new = b.migrate(arm_map, new_arm_share=share if kept else None).bandit
+    new = migrate(b, arm_map, new_arm_share=share if kept else None).bandit
     assert stats(new) == stats(b) and new.n_arms == len(arm_map)
     c = b.gamma / math.sqrt(b._vn + 1.0)
     old_log_w = b.structure.log_weights_one(b._state, c)
@@ -205,7 +206,7 @@ def expected_policy(b: Bandit, arm_map, n_contexts: int, share=None) -> np.ndarr
 def test_a_change_of_class_keeps_p_in_every_context(old, new, arm_map, share):
     b = played(old)
     before = json.dumps(b.to_dict())
-    moved = b.migrate(arm_map, competition=new, new_arm_share=share).bandit
+    moved = migrate(b, arm_map, competition=new, new_arm_share=share).bandit
     assert json.dumps(b.to_dict()) == before
     assert stats(moved) == stats(b)
     assert moved.competition is new and moved.gamma == default_gamma(new, 4)
@@ -216,7 +217,7 @@ def test_a_change_of_class_keeps_p_in_every_context(old, new, arm_map, share):
 
 def test_markov_spreads_each_arms_p_over_its_classes_by_the_initial_prior():
     b = played(Fixed())
-    state = b.migrate([0, 1, 2, 3], competition=MARKOV).bandit._state
+    state = migrate(b, [0, 1, 2, 3], competition=MARKOV).bandit._state
     p = policy(b)
     np.testing.assert_allclose(np.exp(state[3:]), p[3] * np.array([0.15, 0.25]) / 0.4, rtol=1e-9)
     np.testing.assert_allclose(np.exp(state[:3]), p[:3], rtol=1e-9)
@@ -224,29 +225,29 @@ def test_markov_spreads_each_arms_p_over_its_classes_by_the_initial_prior():
 
 def test_parameters_with_the_same_layout_keep_the_state_as_it_is():
     s = played(Switching(rate=0.02))
-    faster = s.migrate([0, 1, 2, 3], competition=Switching(rate=0.2)).bandit
+    faster = migrate(s, [0, 1, 2, 3], competition=Switching(rate=0.2)).bandit
     assert np.array_equal(faster._state, s._state)
     assert faster.gamma == default_gamma(Switching(rate=0.2), 4) != s.gamma
     f = played(Fixed())
-    hotter = f.migrate([0, 1, 2, 3], gamma=3 * f.gamma).bandit
+    hotter = migrate(f, [0, 1, 2, 3], gamma=3 * f.gamma).bandit
     assert np.array_equal(hotter._state, f._state) and hotter.gamma == 3 * f.gamma
     assert not np.allclose(policy(hotter), policy(f))  # documented: Φ is kept, so p changes
     # γ stays the old one when only the arms change
-    assert f.migrate([0, 1, None]).bandit.gamma == f.gamma
+    assert migrate(f, [0, 1, None]).bandit.gamma == f.gamma
 
 
 def test_before_any_positive_loss_a_cumulative_state_stays_uniform():
     b = Bandit(3, Markov(sticky(3), [0, 1, 2], [0.7, 0.2, 0.1]), instance_id="i")
     assert not np.allclose(policy(b), 1 / 3)  # the prior is not uniform
-    fixed = b.migrate([0, 1, 2, None], competition=Fixed(), new_arm_share=0.5).bandit
+    fixed = migrate(b, [0, 1, 2, None], competition=Fixed(), new_arm_share=0.5).bandit
     assert np.array_equal(fixed._state, np.zeros((1, 4)))
-    switching = b.migrate([0, 1, 2], competition=Switching()).bandit
+    switching = migrate(b, [0, 1, 2], competition=Switching()).bandit
     np.testing.assert_allclose(policy(switching), [0.7, 0.2, 0.1], rtol=1e-12)
 
 
 def test_a_map_without_kept_arms_restarts_the_weights_but_keeps_the_statistics():
     b = played(Switching(rate=0.1))
-    new = b.migrate([None, None, None]).bandit
+    new = migrate(b, [None, None, None]).bandit
     assert stats(new) == stats(b)
     assert np.array_equal(new._state, Bandit(3, Switching(rate=0.1))._state)
 
@@ -257,7 +258,7 @@ def test_pending_tickets_follow_their_arms_and_retired_ones_are_dropped():
     b.update(b.select(u=0.5), 1.0)
     tickets = {t.arm: t for t in (b.select(u=u) for u in (0.1, 0.5, 0.9))}
     assert sorted(tickets) == [0, 1, 2]
-    m = b.migrate([2, None, 0])
+    m = migrate(b, [2, None, 0])
     assert isinstance(m, Migration) and m.new_index_of_old == {2: 0, 0: 2}
     assert m.tickets[tickets[1].round] is None
     assert m.tickets[tickets[0].round] == tickets[0]._replace(arm=2)
@@ -282,10 +283,10 @@ def test_pending_tickets_follow_their_arms_and_retired_ones_are_dropped():
 def test_tickets_take_the_new_instance_and_a_context_the_new_class_has():
     b = played(Contextual(3))
     waiting = [b.select(context=ctx, u=0.5) for ctx in (0, 2)]
-    fewer = b.migrate([0, 1, 2, 3], competition=Contextual(2), instance_id="j")
+    fewer = migrate(b, [0, 1, 2, 3], competition=Contextual(2), instance_id="j")
     assert fewer.tickets[waiting[0].round] == waiting[0]._replace(instance="j")
     assert fewer.tickets[waiting[1].round] is None  # context 2 does not exist any more
-    flat = b.migrate([0, 1, 2, 3], competition=Fixed())
+    flat = migrate(b, [0, 1, 2, 3], competition=Fixed())
     moved = flat.tickets[waiting[1].round]
     assert moved == waiting[1]._replace(context=None)
     flat.bandit.update(moved, 1.0)
@@ -313,7 +314,7 @@ def test_migration_keeps_translation_and_scale_invariance(old, new):
         arms = []
         for t in range(3000):
             if t == 1000:
-                b = b.migrate([2, None, 0, 1], competition=new).bandit
+                b = migrate(b, [2, None, 0, 1], competition=new).bandit
             n_ctx = b.structure.n_contexts
             ctx = int(contexts[t]) % n_ctx if n_ctx > 1 else None
             ticket = b.select(context=ctx, u=draws[t])
@@ -340,7 +341,7 @@ def test_a_migrated_bandit_packs_and_unpacks_with_a_template_of_the_new_configur
 ):
     b = played(old)
     b.select(context=contexts_of(b)[0], u=0.7)
-    moved = b.migrate([3, None, 0, 1], competition=new).bandit
+    moved = migrate(b, [3, None, 0, 1], competition=new).bandit
     blob = moved.pack(keep_pending=True)
     assert blob is not None
     template = Bandit(4, moved.competition, moved.gamma)
@@ -383,5 +384,5 @@ def test_invalid_arguments_raise_naming_the_value_and_change_nothing(kwargs, mes
     b.select(u=0.2)
     before = json.dumps(b.to_dict())
     with pytest.raises(ValueError, match=message):
-        b.migrate(**kwargs)
+        migrate(b, **kwargs)
     assert json.dumps(b.to_dict()) == before

@@ -169,7 +169,7 @@ def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("bad migration")
 
-    monkeypatch.setattr(type(logic.bandit), "migrate", broken)
+    monkeypatch.setattr("flows.service.instance.migrate", broken)
     live.current = registry("abcde")
     [dead] = logic.on_item(item(logic, "e", request("z")))[0]
     assert dead.reason == "internal_error" and "bad migration" in dead.detail

@@ -16,10 +16,10 @@ import math
 import os
 import struct
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from itertools import accumulate
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +28,6 @@ from tsi_core.stats import exploration, observe
 from tsi_core.structures import Structure
 from tsi_core.ticket import Ticket
 from tsi_core.validate import check_draw, check_int, check_loss, check_real, context_problem
-
-if TYPE_CHECKING:
-    from tsi_core.migrate import Migration
 
 FORMAT = "tsi.bandit"
 VERSION = 1
@@ -410,28 +407,3 @@ class Bandit:
                 raise TicketError(f"ticket round {ticket.round} cannot be pending here")
             b._hold(ticket)
         return b
-
-    # ---------------------------------------------------------------- migration
-    def migrate(
-        self,
-        arm_map: Sequence[int | None],
-        n_arms: int | None = None,
-        competition: Any = None,
-        gamma: float | None = None,
-        new_arm_share: float | None = None,
-        instance_id: str | None = None,
-    ) -> Migration:
-        """A new bandit continuing this one after arms or the class changed; this one is
-        left unchanged. ``arm_map`` has one entry per new arm: the old arm it continues,
-        or None for a new arm (old arms not named are retired). The rules for each case
-        are in ``tsi_core.migrate``.
-
-        >>> b = Bandit(3, instance_id="u")
-        >>> b.update(b.select(u=0.1), 5.0)
-        >>> m = b.migrate([1, 0, 2, None])            # swap arms 0 and 1, append one
-        >>> m.bandit.n_arms, m.bandit.n_updates, m.bandit.D == b.D
-        (4, 1, True)
-        """
-        from tsi_core.migrate import migrate
-
-        return migrate(self, arm_map, n_arms, competition, gamma, new_arm_share, instance_id)

@@ -1,6 +1,6 @@
 """Carry a bandit's learned state over to a changed experiment: arms, class or γ.
 
-``migrate(bandit, arm_map, ...)`` (also ``Bandit.migrate``) builds a new bandit; the old
+``migrate(bandit, arm_map, ...)`` builds a new bandit; the old
 one is left unchanged. ``arm_map`` has one entry per NEW arm: the OLD arm index it
 continues, or None for a new arm; old arms not named are retired.
 
@@ -38,10 +38,10 @@ tickets kept for retries.
 >>> for arm, loss in [(0, 1.0), (1, 3.0), (2, 2.0)]:
 ...     b.update(b.select(u=arm / 3 + 0.1), loss)
 >>> waiting = b.select(u=0.99)
->>> m = b.migrate([2, 0, None])                # keep arms 2, 0; retire 1; append one
+>>> m = migrate(b, [2, 0, None])                # keep arms 2, 0; retire 1; append one
 >>> m.bandit.n_arms, m.tickets[4].arm, m.bandit.n_updates == b.n_updates
 (3, 0, True)
->>> s = b.migrate([0, 1, 2], competition=Switching(rate=0.01)).bandit
+>>> s = migrate(b, [0, 1, 2], competition=Switching(rate=0.01)).bandit
 >>> bool(abs(s.probabilities() - b.probabilities()).max() < 1e-12)
 True
 """

@@ -31,6 +31,7 @@ import orjson
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit, Ticket
+from tsi_core.migrate import migrate
 from tsi_core.validate import context_problem
 
 Output = Selection | DeadLetter
@@ -148,7 +149,7 @@ class Instance:
         if experiment.same_state_as(old_arms, bandit):
             self.experiment = experiment
             return
-        moved = bandit.migrate(
+        moved = migrate(bandit,
             experiment.arm_map(old_arms),
             competition=experiment.competition,
             gamma=experiment._template.gamma,
