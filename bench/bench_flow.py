@@ -10,7 +10,7 @@ It prints a Markdown report to stdout (progress goes to stderr) and writes every
 to the JSON file given by ``--out`` (default ``bench/flow_results.json``).
 
 Broker: ``$KAFKA_BOOTSTRAP_SERVERS`` when set, otherwise the project's single-node broker
-(``deploy/kafka``), started into a temp dir with ``tests/kafka_broker.py``'s
+(``deploy/kafka``), started into a temp dir with ``flows/testing/kafka_broker.py``'s
 ``start_broker`` and stopped at the end. Every run uses fresh topics; requests, feedback
 and selection topics have 3 partitions, the dead-letter topic 1. The workload is one
 per-unit experiment with 10 arms (``per_unit = true``); messages are keyed by instance id
@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import importlib
 import json
 import os
 import platform
@@ -78,7 +77,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import bytewax
@@ -97,6 +95,7 @@ from flows.service.events import Origin, Request, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.process import Service
 from flows.service.registry import Registry
+from flows.testing import kafka_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "bench"
@@ -216,13 +215,6 @@ QUICK = Plan(
 # ------------------------------------------------------------------------------ Kafka
 
 
-def kafka_broker_helpers() -> ModuleType:
-    """``tests/kafka_broker.py`` (the repository root is not on sys.path when run as a script)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module("tests.kafka_broker")
-
-
 @dataclass
 class Broker:
     bootstrap: str
@@ -241,7 +233,7 @@ class Broker:
 
 @contextlib.contextmanager
 def broker() -> Iterator[Broker]:
-    kb = kafka_broker_helpers()
+    kb = kafka_broker
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if external:
         yield Broker(external, None, False)
@@ -263,7 +255,7 @@ def broker() -> Iterator[Broker]:
 
 def new_topics(bootstrap: str, kinds: Iterable[str]) -> dict[str, str]:
     """Fresh topics; ``dlq`` has one partition, the others PARTITIONS."""
-    kb = kafka_broker_helpers()
+    kb = kafka_broker
     names = {}
     for kind in kinds:
         name = kb.unique_topic(f"bench-{kind}")

@@ -10,7 +10,7 @@ from flows.service.dataflow import build_flow
 from flows.service.events import Origin
 from flows.service.process import Service
 from flows.service.registry import Registry
-from tests.kafka_broker import consume_all, create_topic, unique_topic
+from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 
 REGISTRY = Registry.from_toml(
     """

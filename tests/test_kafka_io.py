@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import kafka_messages
-from tests.kafka_broker import consume_all, create_topic, free_port, unique_topic
+from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
 
 QUIET = {"log_level": 0}  # librdkafka logs every failed connection attempt to stderr
 

@@ -21,7 +21,7 @@ from flows.service.connectors.kafka_config import (
     with_rate_limited_logs,
 )
 from flows.service.settings import ConfigError, client_config
-from tests.kafka_broker import free_port
+from flows.testing.kafka_broker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

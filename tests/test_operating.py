@@ -16,7 +16,7 @@ import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.kafka_broker import consume_all, create_topic, free_port, unique_topic
+from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
 
 TSI = str(Path(sys.executable).parent / "tsi")
 SHOP = """

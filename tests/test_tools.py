@@ -245,7 +245,7 @@ def test_the_demo_loop_answers_every_request_before_time_moves_past_it():
 def test_replay_reads_a_kafka_topic_range_from_the_real_broker(kafka_bootstrap, tmp_path):
     from confluent_kafka import Producer
 
-    from tests.kafka_broker import create_topic, unique_topic
+    from flows.testing.kafka_broker import create_topic, unique_topic
 
     topic = unique_topic("replay")
     create_topic(kafka_bootstrap, topic, partitions=2)

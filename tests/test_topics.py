@@ -25,7 +25,7 @@ from flows.cli import app
 from flows.service.connectors.kafka_admin import BrokerUnavailableError, check_topics
 from flows.service.recovery import check_recovery_dir
 from flows.service.settings import ConfigError, client_config
-from tests.kafka_broker import create_topic, free_port, unique_topic
+from flows.testing.kafka_broker import create_topic, free_port, unique_topic
 
 TSI = Path(sys.executable).parent / "tsi"
 DEFAULT_MAX = 1048588

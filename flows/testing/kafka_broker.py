@@ -1,10 +1,11 @@
-"""A real Kafka broker for tests, and small helpers around it.
+"""A real Kafka broker for tests and benchmarks, and small helpers around it.
 
 `broker_session(data_dir)` yields a bootstrap address: `$KAFKA_BOOTSTRAP_SERVERS` when set
 (that broker is used as is), otherwise a single-node broker started with
 `deploy/kafka/start.sh` on free ports and stopped with `stop.sh` at the end. Missing
-Java/Maven or a failed start FAILS the session (`pytest.fail`), it never skips: the Kafka
-tests are part of the suite. The `kafka_bootstrap` fixture (tests/conftest.py) wraps it.
+Java/Maven or a failed start raises `BrokerStartError` saying what to install; the
+`kafka_bootstrap` fixture (tests/conftest.py) turns it into a FAILED session, never a skip:
+the Kafka tests are part of the suite.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-KAFKA_DIR = Path(__file__).resolve().parent.parent / "deploy" / "kafka"
+KAFKA_DIR = Path(__file__).resolve().parents[2] / "deploy" / "kafka"
 INSTALL_HINT = (
     "the Kafka tests need a broker: install Java 17+ and Maven 3.8+ "
     "(Debian/Ubuntu: apt-get install openjdk-17-jdk-headless maven), "
     "or set KAFKA_BOOTSTRAP_SERVERS to a running broker"
 )
+
+
+class BrokerStartError(RuntimeError):
+    """The broker could not start; the message says what to install or what failed."""
 
 
 def free_port() -> int:
@@ -48,12 +52,12 @@ def _java_missing() -> str | None:
 def start_broker(data_dir: Path, attempts: int = 3) -> str:
     """Start deploy/kafka/start.sh into data_dir on free ports; return the bootstrap address.
 
-    Fails the test session (pytest.fail) with what to install when it cannot start. Maven is
+    Raises ``BrokerStartError`` with what to install when it cannot start. Maven is
     only needed while the broker jars are not cached yet; fetch.sh then says so itself.
     """
     problem = _java_missing()
     if problem:
-        pytest.fail(f"{problem}: {INSTALL_HINT}", pytrace=False)
+        raise BrokerStartError(f"{problem}: {INSTALL_HINT}")
     err = ""
     for _ in range(attempts):  # a "free" port may be taken before the broker binds it
         port, cport = free_port(), free_port()
@@ -71,7 +75,7 @@ def start_broker(data_dir: Path, attempts: int = 3) -> str:
         err = proc.stderr.strip()
         if "already in use" not in err:
             break
-    pytest.fail(f"Kafka broker did not start ({INSTALL_HINT}):\n{err}", pytrace=False)
+    raise BrokerStartError(f"Kafka broker did not start ({INSTALL_HINT}):\n{err}")
 
 
 def stop_broker(data_dir: Path) -> None:

@@ -1,0 +1,1 @@
+"""Helpers for the tests and the benchmarks: a real Kafka broker (``kafka_broker``)."""
