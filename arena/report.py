@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from arena.peers import Failure
 from arena.runner import Outcome, Speed
 
 
@@ -74,7 +75,7 @@ def findings(outcomes: Sequence[Outcome]) -> list[str]:
     environments (with the instances affected and the first round)."""
     grouped: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for o in outcomes:
-        kinds: dict[str, list[Any]] = defaultdict(list)
+        kinds: dict[str, list[Failure]] = defaultdict(list)
         for f in o.failures:
             kinds[f.kind].append(f)
         for kind, found in kinds.items():

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from arena.lab.baselines import AHB, Exp3, Exp3IX, Exp3S, TsallisInf
+from arena.peers import INSTALL_HINT, PEERS, Failure, available_peers, missing_peers
 from flows.tools.loss_table import LossTable
 from tsi_core import Bandit, BatchBandit, Contextual, Fixed, Switching
 
@@ -141,8 +142,6 @@ def peer_contenders(names: Sequence[str] | None = DEFAULT_PEERS) -> list[Contend
     A requested peer whose library does not import raises ``RuntimeError`` naming the
     install command: a missing peer is never silently left out of a comparison.
     """
-    from arena.peers import INSTALL_HINT, PEERS, available_peers, missing_peers
-
     wanted = [cls.name for cls in PEERS] if names is None else list(names)
     found, missing = available_peers(), missing_peers()
     unknown = [n for n in wanted if n not in found and n not in missing]
@@ -158,16 +157,6 @@ def peer_contenders(names: Sequence[str] | None = DEFAULT_PEERS) -> list[Contend
 
 
 # ---------------------------------------------------------------------------- playing
-@dataclass(frozen=True)
-class Failure:
-    """Where an algorithm broke or degraded: a finding, recorded with its round."""
-
-    instance: int
-    round: int
-    kind: str
-    detail: str
-
-
 @dataclass(frozen=True)
 class Outcome:
     """One contender on one environment, over ``n_seeds`` instances."""

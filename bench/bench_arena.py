@@ -1,7 +1,7 @@
 """The arena: tsi beside baselines and peer libraries on the same loss tables.
 
-    .venv/bin/python bench/bench_arena.py              # full run (several minutes)
-    .venv/bin/python bench/bench_arena.py --quick      # smoke run (about a minute)
+    .venv/bin/python bench/bench_arena.py              # full run: 3000 rounds, 20 seeds
+    .venv/bin/python bench/bench_arena.py --quick      # smoke run: 500 rounds, 5 seeds
 
 Writes ``bench/arena/REPORT.md``, PNG plots and raw figures (``arena.json``) to
 ``--out-dir`` (default ``bench/arena``), and replaces the arena section of

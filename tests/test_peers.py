@@ -1,6 +1,6 @@
-"""Peer libraries' bandits behind the BatchBandit interface (arena/peers.py).
+"""Peer libraries' bandits behind the BatchBandit interface (arena/peers/).
 
-The peers are installed by the project's ``bench`` extra, so a peer that does not import is a
+The peers are installed by the project's ``lab`` extra, so a peer that does not import is a
 failure here, not a skip.
 """
 
@@ -66,7 +66,7 @@ def require(cls: type[PeerBatch]) -> None:
     try:
         cls.load()
     except ImportError as exc:
-        pytest.fail(f"{cls.name}: {exc}\nthe peers come with the bench extra: {INSTALL_HINT}")
+        pytest.fail(f"{cls.name}: {exc}\nthe peers come with the lab extra: {INSTALL_HINT}")
 
 
 def loss_table(rounds: int = T, seed: int = 2024) -> np.ndarray:
@@ -313,7 +313,7 @@ def test_peer_construction_errors_name_the_install_command():
         def _load(cls):
             import a_module_that_does_not_exist  # noqa: F401
 
-    with pytest.raises(ImportError, match=r"pip install -e '\.\[bench\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[lab\]'"):
         Missing(1, M)
 
 

@@ -29,7 +29,7 @@ from flows.tools.loss_table import LossTable, _int_vector
 from tsi_core.validate import check_int, check_real
 
 __all__ = [
-        "bernoulli",
+    "bernoulli",
     "contextual",
     "ftl_breaker",
     "gaussian",

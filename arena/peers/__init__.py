@@ -2,8 +2,8 @@
 
 Each adapter runs N independent instances, one peer object per instance, looping in Python
 (``base.PeerBatch`` says how: rewards, seeds, probabilities, failures). One module per
-library: ``river_peer``, ``smpybandits_peer``, ``vw_peer``, ``mabwiser_peer``; the libraries
-are imported when an adapter is first built (versions and quirks in arena/PEERS.md).
+library: ``river_peer``, ``smpybandits_peer``, ``vw_peer``, ``mabwiser_peer``; a library is
+imported on first use, not with this package (versions and quirks in arena/PEERS.md).
 
 >>> [cls.name for cls in PEERS][:3]
 ['river Exp3', 'SMPyBandits Exp3', 'SMPyBandits Exp3S']

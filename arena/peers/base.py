@@ -23,7 +23,7 @@ from tsi_core.bandit import TicketError
 from tsi_core.batch import TicketBatch, checked_losses, where_mask
 from tsi_core.validate import check_int
 
-INSTALL_HINT = "pip install -e '.[bench]'"
+INSTALL_HINT = "pip install -e '.[lab]'"
 KINDS = ("exception", "nan", "overflow", "collapse")
 
 _TINY = np.finfo(float).tiny  # weights summing to less have lost their precision (subnormal)

@@ -2,7 +2,7 @@
 
 SMPyBandits draws through ``numpy.random``'s legacy functions; the adapters point them at a
 private ``RandomState`` per instance around every call (not thread safe), so ``u`` is
-ignored. Its import needs a shim for ``scipy.special.btdtri`` (see ``_smpybandits``).
+ignored. On SciPy >= 1.14 its import needs a shim for ``scipy.special.btdtri``.
 """
 
 from __future__ import annotations
