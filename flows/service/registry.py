@@ -129,11 +129,8 @@ def _competition(spec: Any, where: str) -> Any:
         raise RegistryError(f"{where}: {exc}") from None
 
 
-def _experiment(name: str, table: Any) -> Experiment:
-    where = f"experiment {name!r}"
-    if not isinstance(table, dict):
-        raise RegistryError(f"{where} must be a table")
-    known = {
+KNOWN_SETTINGS = frozenset(
+    {
         "arms",
         "competition",
         "gamma",
@@ -144,42 +141,20 @@ def _experiment(name: str, table: Any) -> Experiment:
         "new_arm_share",
         "renamed_arms",
     }
-    unknown = sorted(set(table) - known)
+)
+
+
+def _experiment(name: str, table: Any) -> Experiment:
+    """One ``[experiments.NAME]`` table, checked (``RegistryError`` naming the problem)."""
+    where = f"experiment {name!r}"
+    if not isinstance(table, dict):
+        raise RegistryError(f"{where} must be a table")
+    unknown = sorted(set(table) - KNOWN_SETTINGS)
     if unknown:
         raise RegistryError(f"{where}: unknown setting(s) {unknown}")
     if not name or len(name) > 256 or UNIT_SEPARATOR in name:
         raise RegistryError(f"{where}: invalid experiment name")
-    arms = table.get("arms")
-    if (
-        not isinstance(arms, list)
-        or not arms
-        or not all(isinstance(a, str) and a for a in arms)
-        or len(set(arms)) != len(arms)
-    ):
-        raise RegistryError(f"{where}: arms must be a non-empty list of distinct names")
-    ttl = table.get("feedback_ttl", DEFAULT_TTL)
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
-        raise RegistryError(f"{where}: feedback_ttl must be a positive number of seconds")
-    per_unit = table.get("per_unit", False)
-    if not isinstance(per_unit, bool):
-        raise RegistryError(f"{where}: per_unit must be true or false")
-    limit = table.get("early_feedback_limit", 1000)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise RegistryError(f"{where}: early_feedback_limit must be an integer >= 0")
-    share = table.get("new_arm_share")
-    if share is not None and (
-        isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1
-    ):
-        raise RegistryError(f"{where}: new_arm_share must be a number in (0, 1), got {share!r}")
-    renamed = table.get("renamed_arms", {})
-    if not isinstance(renamed, dict) or not all(
-        isinstance(old, str) and isinstance(new, str) and new in arms and old not in arms
-        for old, new in renamed.items()
-    ):
-        raise RegistryError(
-            f"{where}: renamed_arms maps old arm names (no longer in arms) to names in arms, "
-            f"got {renamed!r}"
-        )
+    arms = _arms(table.get("arms"), where)
     competition = _competition(table.get("competition"), where)
     gamma, seed = table.get("gamma"), table.get("seed", 0)
     try:
@@ -188,16 +163,65 @@ def _experiment(name: str, table: Any) -> Experiment:
         raise RegistryError(f"{where}: {exc}") from None
     return Experiment(
         name,
-        tuple(arms),
+        arms,
         competition,
         None if gamma is None else float(gamma),
-        float(ttl),
-        per_unit,
+        _ttl(table.get("feedback_ttl", DEFAULT_TTL), where),
+        _flag(table.get("per_unit", False), "per_unit", where),
         seed,
-        limit,
-        None if share is None else float(share),
-        tuple(sorted(renamed.items())),
+        _limit(table.get("early_feedback_limit", 1000), where),
+        _share(table.get("new_arm_share"), where),
+        _renamed(table.get("renamed_arms", {}), arms, where),
     )
+
+
+def _arms(arms: Any, where: str) -> tuple[str, ...]:
+    if (
+        not isinstance(arms, list)
+        or not arms
+        or not all(isinstance(a, str) and a for a in arms)
+        or len(set(arms)) != len(arms)
+    ):
+        raise RegistryError(f"{where}: arms must be a non-empty list of distinct names")
+    return tuple(arms)
+
+
+def _ttl(ttl: Any, where: str) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
+        raise RegistryError(f"{where}: feedback_ttl must be a positive number of seconds")
+    return float(ttl)
+
+
+def _flag(value: Any, name: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise RegistryError(f"{where}: {name} must be true or false")
+    return value
+
+
+def _limit(limit: Any, where: str) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise RegistryError(f"{where}: early_feedback_limit must be an integer >= 0")
+    return limit
+
+
+def _share(share: Any, where: str) -> float | None:
+    if share is None:
+        return None
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+        raise RegistryError(f"{where}: new_arm_share must be a number in (0, 1), got {share!r}")
+    return float(share)
+
+
+def _renamed(renamed: Any, arms: tuple[str, ...], where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(renamed, dict) or not all(
+        isinstance(old, str) and isinstance(new, str) and new in arms and old not in arms
+        for old, new in renamed.items()
+    ):
+        raise RegistryError(
+            f"{where}: renamed_arms maps old arm names (no longer in arms) to names in arms, "
+            f"got {renamed!r}"
+        )
+    return tuple(sorted(renamed.items()))
 
 
 class Registry:
