@@ -270,7 +270,7 @@ def test_pending_tickets_follow_their_arms_and_retired_ones_are_dropped():
     m.bandit.update(m.tickets[tickets[0].round], 2.0)
     assert m.bandit.n_updates == b.n_updates + 1 and len(m.bandit.pending) == 1
     # settled tickets kept for retries are remapped the same way
-    settled = Ticket("i", 1, arm=0, prob=0.5, p=0.4)
+    settled = Ticket("i", 1, arm=0, prob=0.5, weight_share=0.4)
     assert m.remap(settled) == settled._replace(arm=2)
     assert remap_ticket(settled, {0: 2}) == remap_ticket(settled, [2, None, 0])
     assert remap_ticket(settled._replace(arm=1), [2, None, 0]) is None

@@ -76,7 +76,7 @@ def test_probabilities_match_paper_transcription(name, seed):
         np.testing.assert_allclose(bandit.probabilities(context), q_ref, rtol=1e-9, atol=0)
         ticket = bandit.select(context=context, u=float(rng.random()))
         loss = float(means[ctx, ticket.arm] + rng.normal())
-        reference.update(ticket.arm, loss, ticket.prob, ticket.p, ctx)
+        reference.update(ticket.arm, loss, ticket.prob, ticket.weight_share, ctx)
         bandit.update(ticket, loss)
     assert pytest.approx(reference.V, rel=1e-12) == bandit.V
     assert pytest.approx(reference.D, rel=1e-15) == bandit.D
@@ -96,6 +96,6 @@ def test_reference_harness_detects_a_wrong_learning_rate():
         worst = max(worst, float(np.max(np.abs(bandit.probabilities() / q_ref - 1))))
         ticket = bandit.select(u=float(rng.random()))
         loss = float(ticket.arm + rng.normal())
-        reference.update(ticket.arm, loss, ticket.prob, ticket.p)
+        reference.update(ticket.arm, loss, ticket.prob, ticket.weight_share)
         bandit.update(ticket, loss)
     assert worst > 1e-6

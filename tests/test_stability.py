@@ -30,7 +30,7 @@ def play(competition, scale, offset, n_rounds, check_every):
     table = signals(n_rounds, seed=1)
     for t in range(n_rounds):
         ticket = b.select()
-        assert 0.0 < ticket.prob <= 1.0 and 0.0 <= ticket.p <= 1.0  # every round
+        assert 0.0 < ticket.prob <= 1.0 and 0.0 <= ticket.weight_share <= 1.0  # every round
         b.update(ticket, offset + scale * table[t][ticket.arm])
         if t % check_every == 0:
             check(b.probabilities())

@@ -243,7 +243,9 @@ class Bandit:
         """Apply the loss of a ticket's arm; each ticket exactly once, in any order."""
         self._check_pending(ticket)
         loss = check_loss(loss)
-        step = observe(self.psi, self._vn, self._d_mant, self._d_exp, loss, ticket.prob, ticket.p)
+        step = observe(
+            self.psi, self._vn, self._d_mant, self._d_exp, loss, ticket.prob, ticket.weight_share
+        )
         if self.n_arms > 1:
             context = 0 if ticket.context is None else ticket.context
             c = self.gamma / math.sqrt(step.vn + 1.0)

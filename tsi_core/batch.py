@@ -36,7 +36,7 @@ class TicketBatch:
     rounds: np.ndarray
     arms: np.ndarray
     probs: np.ndarray
-    p: np.ndarray
+    weight_shares: np.ndarray  # the paper's p of each chosen arm (see Ticket.weight_share)
     contexts: np.ndarray
     every: bool = False  # one entry per instance of the BatchBandit, in order
 
@@ -267,7 +267,7 @@ class BatchBandit:
             self.d_exp[rows],
             losses[pick],
             tickets.probs[pick],
-            tickets.p[pick],
+            tickets.weight_shares[pick],
         )
         self.n_updates[rows] += 1
         if self.n_arms > 1:

@@ -101,7 +101,7 @@ def remap_ticket(
     ``new_index_of_old``: old arm -> new arm, as a dict (a missing arm is retired) or a
     list with one entry per old arm (None: retired).
 
-    >>> remap_ticket(Ticket("u", 7, arm=2, prob=0.5, p=0.4), [None, 0, 1]).arm
+    >>> remap_ticket(Ticket("u", 7, arm=2, prob=0.5, weight_share=0.4), [None, 0, 1]).arm
     1
     """
     if not isinstance(ticket, Ticket):

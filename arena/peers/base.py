@@ -147,7 +147,7 @@ class PeerBatch:
     Probabilities
         ``TicketBatch.probs`` is the probability the peer assigns to the chosen arm (the one
         it uses for importance weighting), or NaN where the peer does not expose one.
-        ``TicketBatch.p`` repeats ``probs``: peers have no separate exploration-free
+        ``TicketBatch.weight_shares`` repeats ``probs``: peers have no separate exploration-free
         distribution.
 
     Failures are results
