@@ -35,7 +35,7 @@ from arena.runner import (
 )
 from flows.tools.loss_table import LossTable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- arena:begin -->", "<!-- arena:end -->"
 
 
@@ -116,7 +116,7 @@ def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Pa
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per run")
@@ -126,7 +126,47 @@ def main() -> None:
     parser.add_argument("--all-peers", action="store_true", help="every peer adapter")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "arena")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def measure_speeds(players: list, quick: bool) -> list:
+    """Single-instance speed of every contender at M = 10 and M = 1000."""
+    speeds = []
+    for contender in players:
+        for n_arms, n in ((10, 300 if quick else 2000), (1000, 50 if quick else 300)):
+            log(f"speed: {contender.name}, M = {n_arms}")
+            speeds.append(single_instance_speed(contender, n_arms, n))
+    return speeds
+
+
+def make_plots(outcomes: list, speeds: list, out_dir: Path) -> list[Path]:
+    plots = [plot_regret(outcomes, out_dir / "regret.png")]
+    for name in ("bernoulli", "piecewise_stationary", "contextual"):
+        plots.append(plot_curves(outcomes, name, out_dir / f"curves_{name}.png"))
+    plots.append(plot_speed(speeds, out_dir / "speed.png"))
+    return plots
+
+
+def outcome_record(o: Any) -> dict[str, Any]:
+    """The raw figures of one outcome, as written to ``arena.json``."""
+    return {
+        "contender": o.contender,
+        "family": o.family,
+        "environment": o.environment,
+        "transform": o.transform,
+        "normalised": o.normalised.tolist(),
+        "expected": o.expected,
+        "failures": [asdict(f) for f in o.failures[:20]],
+        "n_failures": len(o.failures),
+        "notes": list(o.notes),
+        "checkpoints": o.checkpoints.tolist(),
+        "curve_mean": o.curve.mean(axis=1).tolist(),
+        "seconds": o.seconds,
+    }
+
+
+def main() -> None:
+    args = parse_args()
     rounds = args.rounds or (500 if args.quick else 3000)
     seeds = args.seeds or (5 if args.quick else 20)
     command = "python bench/bench_arena.py" + (" --quick" if args.quick else "")
@@ -140,38 +180,15 @@ def main() -> None:
     # peers loop in Python per instance (100-500 µs a round): two transforms are enough to
     # show what a shift and a scale do to them
     outcomes += run_arena(envs, peers, seeds, args.seed, TRANSFORMS[:2], progress=log)
-    speeds = []
-    for contender in players:
-        for n_arms, n in ((10, 300 if args.quick else 2000), (1000, 50 if args.quick else 300)):
-            log(f"speed: {contender.name}, M = {n_arms}")
-            speeds.append(single_instance_speed(contender, n_arms, n))
-    plots = [plot_regret(outcomes, args.out_dir / "regret.png")]
-    for name in ("bernoulli", "piecewise_stationary", "contextual"):
-        plots.append(plot_curves(outcomes, name, args.out_dir / f"curves_{name}.png"))
-    plots.append(plot_speed(speeds, args.out_dir / "speed.png"))
+    speeds = measure_speeds(players, args.quick)
+    plots = make_plots(outcomes, speeds, args.out_dir)
     results: dict[str, Any] = {
         "command": command,
         "plan": {"rounds": rounds, "seeds": seeds, "seed": args.seed},
         "machine": machine_info(),
         "load_average": os.getloadavg(),
         "wall_seconds": time.perf_counter() - t0,
-        "outcomes": [
-            {
-                "contender": o.contender,
-                "family": o.family,
-                "environment": o.environment,
-                "transform": o.transform,
-                "normalised": o.normalised.tolist(),
-                "expected": o.expected,
-                "failures": [asdict(f) for f in o.failures[:20]],
-                "n_failures": len(o.failures),
-                "notes": list(o.notes),
-                "checkpoints": o.checkpoints.tolist(),
-                "curve_mean": o.curve.mean(axis=1).tolist(),
-                "seconds": o.seconds,
-            }
-            for o in outcomes
-        ],
+        "outcomes": [outcome_record(o) for o in outcomes],
         "speeds": [asdict(s) for s in speeds],
     }
     text = report(results, outcomes, speeds, plots)

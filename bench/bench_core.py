@@ -479,7 +479,15 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+REFERENCES = (  # tsi measure -> its EXP3 reference (ratio = tsi / reference)
+    ("bandit_m10", "exp3_m10"),
+    ("bandit_m1000", "exp3_m1000"),
+    ("switching_m10", "exp3_m10"),
+    ("batch_n10000_m10", "exp3_batch_n10000_m10"),
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="2 repeats and fewer rounds")
     parser.add_argument(
@@ -488,12 +496,12 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(__file__).resolve().parent / "core_results.json",
         help="JSON file for all raw repeats (default: bench/core_results.json)",
     )
-    args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
+    return parser.parse_args(argv)
 
-    print("measuring (progress on stderr) ...", file=sys.stderr, flush=True)
-    measures = {
+
+def run_measures(plan: Plan) -> dict[str, dict]:
+    """Every throughput measure, in this order (progress on stderr)."""
+    return {
         "bandit_m10": measure_bandit("Bandit M=10", 10, plan.bandit_m10, plan),
         "bandit_m1000": measure_bandit("Bandit M=1000", 1000, plan.bandit_m1000, plan),
         "switching_m10": measure_bandit(
@@ -513,15 +521,28 @@ def main(argv: list[str] | None = None) -> int:
             "EXP3 batch N=10000 M=10", plan.exp3_batch, plan
         ),
     }
-    ratios = {
-        key: measures[key]["median"] / measures[ref]["median"]
-        for key, ref in (
-            ("bandit_m10", "exp3_m10"),
-            ("bandit_m1000", "exp3_m1000"),
-            ("switching_m10", "exp3_m10"),
-            ("batch_n10000_m10", "exp3_batch_n10000_m10"),
-        )
+
+
+def targets_of(measures: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    return {
+        key: {
+            "minimum": minimum,
+            "unit": unit,
+            "median": measures[key]["median"],
+            "pass": measures[key]["median"] >= minimum,
+        }
+        for key, (minimum, unit) in TARGETS.items()
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    started = time.perf_counter()
+
+    print("measuring (progress on stderr) ...", file=sys.stderr, flush=True)
+    measures = run_measures(plan)
+    ratios = {key: measures[key]["median"] / measures[ref]["median"] for key, ref in REFERENCES}
     memory = measure_memory()
     results = {
         "mode": "quick" if args.quick else "full",
@@ -530,15 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         "loss_table": {"shift": LOSS_SHIFT, "scale": LOSS_SCALE, "seed": TABLE_SEED},
         "measures": measures,
         "ratios": ratios,
-        "targets": {
-            key: {
-                "minimum": minimum,
-                "unit": unit,
-                "median": measures[key]["median"],
-                "pass": measures[key]["median"] >= minimum,
-            }
-            for key, (minimum, unit) in TARGETS.items()
-        },
+        "targets": targets_of(measures),
         "memory": memory,
         "wall_seconds": time.perf_counter() - started,
     }

@@ -97,7 +97,7 @@ from flows.service.process import Service
 from flows.service.registry import Registry
 from flows.testing import kafka_broker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "bench"
 N_ARMS = 10
 PARTITIONS = 3
@@ -734,74 +734,93 @@ def paced(rate: float, seconds: float) -> Iterator[int]:
             time.sleep(delay)
 
 
-def latency_run(
-    bk: Broker, plan: Plan, cfg: LatencyConfig, registry_path: Path, workdir: Path
-) -> dict[str, Any]:
-    topics = new_topics(bk.bootstrap, ("requests", "feedback", "sel", "dlq"))
-    logfile = workdir / f"latency-{len(list(workdir.glob('latency-*')))}.log"
-    reader = SelectionReader(bk.bootstrap, topics["sel"])
-    # No linger (nothing waits to fill a batch); idempotence caps the requests in flight at 5,
-    # so under load messages batch while earlier requests are in flight (without it every
-    # message is its own produce request, and the broker and the service's consumers pay).
-    producer = Producer(
-        {"bootstrap.servers": bk.bootstrap, "linger.ms": 0, "enable.idempotence": True}
-    )
-    sent: dict[str, float] = {}
+class RequestSender:
+    """Requests produced one by one, with the time each was sent (``time.perf_counter``)."""
 
-    def send(rid: str, unit: str) -> None:
+    def __init__(self, bootstrap: str, topics: dict[str, str]) -> None:
+        # No linger (nothing waits to fill a batch); idempotence caps the requests in flight
+        # at 5, so under load messages batch while earlier requests are in flight (without it
+        # every message is its own produce request, and the broker and the service's
+        # consumers pay).
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True}
+        )
+        self.topics = topics
+        self.sent: dict[str, float] = {}
+
+    def send(self, rid: str, unit: str) -> None:
         value = request_value(unit, rid, ts=time.time())
         t = time.perf_counter()
-        producer.produce(topics["requests"], key=instance_key(unit), value=value)
-        producer.poll(0)
-        sent[rid] = t
+        self.producer.produce(self.topics["requests"], key=instance_key(unit), value=value)
+        self.producer.poll(0)
+        self.sent[rid] = t
 
-    try:
-        with service_process(bk, cfg.server, topics, registry_path, logfile) as proc:
-            t0 = time.perf_counter()
-            k = 0
-            while not reader.received:  # ready: a probe request has been answered
-                check_alive(proc, logfile)
-                if time.perf_counter() - t0 > 90:
-                    raise TimeoutError("the service answered no request within 90 s")
-                send(f"probe{k}", f"probe{k}")
-                k += 1
-                time.sleep(0.2)
-            ready_s = time.perf_counter() - t0
-            for k in paced(plan.latency_rate, plan.latency_warmup_seconds):
-                send(f"w{k}", f"u{k % plan.units}")
-            lag = round(plan.latency_rate * 0.5)  # feedback 0.5 s after its request
-            t_start = time.perf_counter()
-            for k in paced(plan.latency_rate, plan.latency_seconds):
-                send(f"m{k}", f"u{k % plan.units}")
-                if cfg.feedback and k >= lag:
-                    j = k - lag
-                    unit = f"u{j % plan.units}"
-                    producer.produce(
-                        topics["feedback"],
-                        key=instance_key(unit),
-                        value=feedback_value(unit, f"m{j}", loss_of(j)),
-                    )
-            send_seconds = time.perf_counter() - t_start
-            producer.flush(10)
-            measured = [rid for rid in sent if rid.startswith("m")]
-            deadline = time.perf_counter() + 10
-            while time.perf_counter() < deadline and not all(
-                rid in reader.received for rid in measured
-            ):
-                time.sleep(0.1)
-            time.sleep(0.5)
-            check_alive(proc, logfile)
-    finally:
-        reader.close()
-    gc_pauses = None  # full collections in the service (logged by flow_helpers.py serve)
-    if cfg.server[0] == HELPERS:
-        gc_pauses = [
-            float(line.split()[1])
-            for line in logfile.read_text(errors="replace").splitlines()
-            if line.startswith("GC2 ")
-        ]
-    answered = [rid for rid in measured if rid in reader.received]
-    lat = np.array([(reader.received[rid] - sent[rid]) * 1e3 for rid in answered])
+    def feedback(self, j: int, units: int) -> None:
+        """The feedback of measured request ``j``."""
+        unit = f"u{j % units}"
+        self.producer.produce(
+            self.topics["feedback"],
+            key=instance_key(unit),
+            value=feedback_value(unit, f"m{j}", loss_of(j)),
+        )
+
+
+def await_ready(
+    proc: subprocess.Popen, logfile: Path, reader: SelectionReader, sender: RequestSender
+) -> tuple[float, float]:
+    """Probe requests until one is answered: (start time, seconds until ready)."""
+    t0 = time.perf_counter()
+    k = 0
+    while not reader.received:  # ready: a probe request has been answered
+        check_alive(proc, logfile)
+        if time.perf_counter() - t0 > 90:
+            raise TimeoutError("the service answered no request within 90 s")
+        sender.send(f"probe{k}", f"probe{k}")
+        k += 1
+        time.sleep(0.2)
+    return t0, time.perf_counter() - t0
+
+
+def send_load(plan: Plan, cfg: LatencyConfig, sender: RequestSender) -> tuple[float, float]:
+    """Warm-up, then the measured requests: (start time, seconds) of the measured ones."""
+    for k in paced(plan.latency_rate, plan.latency_warmup_seconds):
+        sender.send(f"w{k}", f"u{k % plan.units}")
+    lag = round(plan.latency_rate * 0.5)  # feedback 0.5 s after its request
+    t_start = time.perf_counter()
+    for k in paced(plan.latency_rate, plan.latency_seconds):
+        sender.send(f"m{k}", f"u{k % plan.units}")
+        if cfg.feedback and k >= lag:
+            sender.feedback(k - lag, plan.units)
+    return t_start, time.perf_counter() - t_start
+
+
+def await_answers(
+    reader: SelectionReader, measured: list[str], proc: subprocess.Popen, logfile: Path
+) -> None:
+    """Wait up to 10 s for every measured answer, then 0.5 s more."""
+    deadline = time.perf_counter() + 10
+    while time.perf_counter() < deadline and not all(rid in reader.received for rid in measured):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    check_alive(proc, logfile)
+
+
+def gc2_pauses(cfg: LatencyConfig, logfile: Path) -> list[float] | None:
+    """Full collections in the service (logged by flow_helpers.py serve), else None."""
+    if cfg.server[0] != HELPERS:
+        return None
+    return [
+        float(line.split()[1])
+        for line in logfile.read_text(errors="replace").splitlines()
+        if line.startswith("GC2 ")
+    ]
+
+
+def latency_figures(
+    received: dict[str, float], sent: dict[str, float], answered: list[str], t0: float
+) -> dict[str, Any]:
+    """Percentiles of the answered requests and their per-second timeline."""
+    lat = np.array([(received[rid] - sent[rid]) * 1e3 for rid in answered])
     if not len(lat):
         raise RuntimeError("no measured request was answered")
     at = np.array([sent[rid] - t0 for rid in answered])  # seconds since the service started
@@ -811,6 +830,35 @@ def latency_run(
         if len(chunk):
             timeline.append([second, len(chunk), float(np.median(chunk)), float(chunk.max())])
     return {
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p90_ms": float(np.percentile(lat, 90)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "max_ms": float(lat.max()),
+        "mean_ms": float(lat.mean()),
+        "share_over_50ms": float((lat > TARGET_P99_MS).mean()),
+        "timeline": timeline,
+    }
+
+
+def latency_run(
+    bk: Broker, plan: Plan, cfg: LatencyConfig, registry_path: Path, workdir: Path
+) -> dict[str, Any]:
+    topics = new_topics(bk.bootstrap, ("requests", "feedback", "sel", "dlq"))
+    logfile = workdir / f"latency-{len(list(workdir.glob('latency-*')))}.log"
+    reader = SelectionReader(bk.bootstrap, topics["sel"])
+    sender = RequestSender(bk.bootstrap, topics)
+    try:
+        with service_process(bk, cfg.server, topics, registry_path, logfile) as proc:
+            t0, ready_s = await_ready(proc, logfile, reader, sender)
+            t_start, send_seconds = send_load(plan, cfg, sender)
+            sender.producer.flush(10)
+            measured = [rid for rid in sender.sent if rid.startswith("m")]
+            await_answers(reader, measured, proc, logfile)
+    finally:
+        reader.close()
+    gc_pauses = gc2_pauses(cfg, logfile)
+    answered = [rid for rid in measured if rid in reader.received]
+    return {
         "config": asdict(cfg),
         "rate": plan.latency_rate,
         "seconds": plan.latency_seconds,
@@ -819,13 +867,7 @@ def latency_run(
         "measured_from_s": t_start - t0,
         "sent": len(measured),
         "answered": len(answered),
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p90_ms": float(np.percentile(lat, 90)),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "max_ms": float(lat.max()),
-        "mean_ms": float(lat.mean()),
-        "share_over_50ms": float((lat > TARGET_P99_MS).mean()),
-        "timeline": timeline,
+        **latency_figures(reader.received, sender.sent, answered, t0),
         "gc2_pauses_ms": gc_pauses,
     }
 
@@ -1058,9 +1100,19 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
-def report(results: dict[str, Any]) -> str:
+THROUGHPUT_MODES = (("separate", "requests + feedback topics"), ("events", "events topic"))
+REFERENCE_MODES = (("separate", "two topics"), ("events", "events topic"))
+MEMORY_STATES = (("open_tickets", "open ticket"), ("idle", "idle"))
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.1f}"
+
+
+def report_machine(results: dict[str, Any]) -> list[str]:
+    """Title and the machine, code and workload of the run."""
     m, plan = results["machine"], results["plan"]
-    lines = [
+    return [
         "# Streaming service benchmark (bench/bench_flow.py)",
         "",
         f"- CPU: {m['cpu_model']} ({m['cpu_count']} logical, {m['usable_cpus']} usable), "
@@ -1078,203 +1130,248 @@ def report(results: dict[str, Any]) -> str:
         f"{fmt_load(results['load_average_at_end'])} (other jobs on the machine skew figures)",
         "",
     ]
-    errors = results.get("errors", {})
-    tp = results.get("throughput")
-    if tp:
-        n = plan["requests"]
-        lines += [
-            f"## Throughput, end to end ({n:,} requests + {n:,} feedback, {plan['units']:,} "
-            f"units, median of {plan['repeats']})",
-            "",
-            "`bytewax.testing.run_main(Service(...).flow(tail=False, recovery=False))` in this "
-            "process, from start to EOF; epoch 10 s (default).",
-            "",
-            "| Input | Time (s) | Raw events/s | Fixed cost (s) | Steady events/s | Target "
-            "| | Worker thread CPU | Process CPU | Broker CPU |",
-            "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
-        ]
-        for mode, label in (("separate", "requests + feedback topics"), ("events", "events topic")):
-            r = tp.get(mode)
-            if not r:
-                continue
-            last = r["runs"][len(r["runs"]) // 2]
-            lines.append(
-                f"| {label} | {r['seconds']:.2f} | {r['raw_events_per_s']:,.0f} | "
-                f"{r['fixed_cost_s']:.2f} | {r['steady_events_per_s']:,.0f} | "
-                f">= {TARGET_EVENTS_PER_S:,} | "
-                f"{verdict(r['steady_events_per_s'] >= TARGET_EVENTS_PER_S)} | "
-                f"{pct(last['worker_thread_cpu'])} | {pct(last['process_cpu'])} | "
-                f"{pct(last['broker_cpu'])} |"
-            )
-        short = tp.get("separate_short_epoch")
-        if short:
-            lines.append(
-                f"| requests + feedback, epoch {short['epoch_ms']:g} ms (1 run) | "
-                f"{short['seconds']:.2f} | {short['events_per_s']:,.0f} | | "
-                f"{short['steady_events_per_s']:,.0f} | | | {pct(short['worker_thread_cpu'])} | "
-                f"{pct(short['process_cpu'])} | {pct(short['broker_cpu'])} |"
-            )
-        lines += [
-            "",
-            "Same-run reference (`reference_flow`: the same Kafka sources, parsing and "
-            "delivery-checked sink, every request echoed, no routing, no bandit), alternating "
-            "with the service: "
-            + "; ".join(
-                f"{label}: reference {tp[mode]['reference_events_per_s']:,.0f} events/s, "
-                f"service / reference {tp[mode]['ratio_to_reference']:.2f} (median of ratios)"
-                for mode, label in (("separate", "two topics"), ("events", "events topic"))
-                if tp.get(mode) and "ratio_to_reference" in tp[mode]
-            )
-            + ".",
-        ]
-        all_runs = [(mode, r) for mode in ("separate", "events") for r in tp[mode]["runs"]]
-        clean = all(
-            r["dead_letters"] == 0 and 2 * r["selections"] == r["events"] for _, r in all_runs
+
+
+def report_throughput(tp: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """The throughput table, one row per input mode (and the short-epoch run)."""
+    n = plan["requests"]
+    lines = [
+        f"## Throughput, end to end ({n:,} requests + {n:,} feedback, {plan['units']:,} "
+        f"units, median of {plan['repeats']})",
+        "",
+        "`bytewax.testing.run_main(Service(...).flow(tail=False, recovery=False))` in this "
+        "process, from start to EOF; epoch 10 s (default).",
+        "",
+        "| Input | Time (s) | Raw events/s | Fixed cost (s) | Steady events/s | Target "
+        "| | Worker thread CPU | Process CPU | Broker CPU |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for mode, label in THROUGHPUT_MODES:
+        r = tp.get(mode)
+        if not r:
+            continue
+        last = r["runs"][len(r["runs"]) // 2]
+        lines.append(
+            f"| {label} | {r['seconds']:.2f} | {r['raw_events_per_s']:,.0f} | "
+            f"{r['fixed_cost_s']:.2f} | {r['steady_events_per_s']:,.0f} | "
+            f">= {TARGET_EVENTS_PER_S:,} | "
+            f"{verdict(r['steady_events_per_s'] >= TARGET_EVENTS_PER_S)} | "
+            f"{pct(last['worker_thread_cpu'])} | {pct(last['process_cpu'])} | "
+            f"{pct(last['broker_cpu'])} |"
         )
-        lines += [
-            "",
-            "Repeats (raw events/s): "
-            + "; ".join(f"{mode} {r['events_per_s']:,.0f}" for mode, r in all_runs)
-            + ". Every run answered every request with no dead letter: "
-            + ("yes." if clean else "NO (see JSON)."),
-            "",
-        ]
-    lat = results.get("latency")
-    if lat:
-        lines += [
-            f"## Decision latency at {plan['latency_rate']:,.0f} requests/s for "
-            f"{plan['latency_seconds']:g} s (after {plan['latency_warmup_seconds']:g} s warm-up)",
-            "",
-            "Produce (request) to consume (selection), in ms; service in a background process, "
-            "no recovery. Rows marked diagnostic are not the product: `flow_helpers.py serve` "
-            "with `InstanceLogic.snapshot` stubbed (Bytewax calls it for every key touched in "
-            "an epoch when the epoch closes, recovery or not) and/or the cyclic GC disabled, "
-            "to show what the tail is made of.",
-            "",
-            "| Service | Epoch | Feedback | Answered | p50 | p90 | p99 | max | > 50 ms | "
-            f"Target p99 < {TARGET_P99_MS:g} | |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for r in lat:
-            c = r["config"]
-            fb = f"{r['rate']:,.0f}/s, 0.5 s later" if c["feedback"] else "none"
+    short = tp.get("separate_short_epoch")
+    if short:
+        lines.append(
+            f"| requests + feedback, epoch {short['epoch_ms']:g} ms (1 run) | "
+            f"{short['seconds']:.2f} | {short['events_per_s']:,.0f} | | "
+            f"{short['steady_events_per_s']:,.0f} | | | {pct(short['worker_thread_cpu'])} | "
+            f"{pct(short['process_cpu'])} | {pct(short['broker_cpu'])} |"
+        )
+    return lines + throughput_notes(tp)
+
+
+def throughput_notes(tp: dict[str, Any]) -> list[str]:
+    """The same-run reference and the raw figure of every repeat."""
+    reference = "; ".join(
+        f"{label}: reference {tp[mode]['reference_events_per_s']:,.0f} events/s, "
+        f"service / reference {tp[mode]['ratio_to_reference']:.2f} (median of ratios)"
+        for mode, label in REFERENCE_MODES
+        if tp.get(mode) and "ratio_to_reference" in tp[mode]
+    )
+    all_runs = [(mode, r) for mode in ("separate", "events") for r in tp[mode]["runs"]]
+    clean = all(r["dead_letters"] == 0 and 2 * r["selections"] == r["events"] for _, r in all_runs)
+    return [
+        "",
+        "Same-run reference (`reference_flow`: the same Kafka sources, parsing and "
+        "delivery-checked sink, every request echoed, no routing, no bandit), alternating "
+        "with the service: " + reference + ".",
+        "",
+        "Repeats (raw events/s): "
+        + "; ".join(f"{mode} {r['events_per_s']:,.0f}" for mode, r in all_runs)
+        + ". Every run answered every request with no dead letter: "
+        + ("yes." if clean else "NO (see JSON)."),
+        "",
+    ]
+
+
+def report_latency(lat: list[dict[str, Any]], plan: dict[str, Any]) -> list[str]:
+    """The latency table, one row per service configuration."""
+    lines = [
+        f"## Decision latency at {plan['latency_rate']:,.0f} requests/s for "
+        f"{plan['latency_seconds']:g} s (after {plan['latency_warmup_seconds']:g} s warm-up)",
+        "",
+        "Produce (request) to consume (selection), in ms; service in a background process, "
+        "no recovery. Rows marked diagnostic are not the product: `flow_helpers.py serve` "
+        "with `InstanceLogic.snapshot` stubbed (Bytewax calls it for every key touched in "
+        "an epoch when the epoch closes, recovery or not) and/or the cyclic GC disabled, "
+        "to show what the tail is made of.",
+        "",
+        "| Service | Epoch | Feedback | Answered | p50 | p90 | p99 | max | > 50 ms | "
+        f"Target p99 < {TARGET_P99_MS:g} | |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in lat:
+        c = r["config"]
+        fb = f"{r['rate']:,.0f}/s, 0.5 s later" if c["feedback"] else "none"
+        lines.append(
+            f"| `{c['name'].replace(', + feedback', '')}` | {c['epoch']} | {fb} | "
+            f"{r['answered']:,} / {r['sent']:,} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | "
+            f"{r['p99_ms']:.1f} | {r['max_ms']:.1f} | {pct(r['share_over_50ms'])} | "
+            f"< {TARGET_P99_MS:g} | {verdict(r['p99_ms'] < TARGET_P99_MS)} |"
+        )
+    return lines + latency_slow_seconds(lat)
+
+
+def latency_slow_seconds(lat: list[dict[str, Any]]) -> list[str]:
+    """Per configuration, the seconds whose slowest answer took over 100 ms."""
+    lines = [
+        "",
+        "Seconds (since the service process started; requests sent in that second) whose "
+        "slowest answer took over 100 ms:",
+        "",
+    ]
+    for r in lat:
+        slow = [f"{sec} s: {worst:.0f} ms" for sec, _, _, worst in r["timeline"] if worst > 100]
+        gcs = r["gc2_pauses_ms"]
+        gc_note = (
+            ""
+            if gcs is None
+            else f"; full GCs in the service: {len(gcs)}"
+            + (f", longest {max(gcs):.0f} ms" if gcs else "")
+        )
+        lines.append(
+            f"- `{r['config']['name']}` (measured from {r['measured_from_s']:.1f} s): "
+            + (", ".join(slow) if slow else "none")
+            + gc_note
+        )
+    lines.append("")
+    return lines
+
+
+def report_memory(mem: dict[str, Any]) -> list[str]:
+    """The RSS table, one row per stage and state."""
+    lines = [
+        "## Memory per instance (RSS of the service process)",
+        "",
+        "`python -m bytewax.run flows.service.main:flow` (epoch 10 s); new units in cumulative "
+        f"stages; baseline = RSS after {WARM_UNITS} warm-up instances. Open ticket: one "
+        "request per unit, the selection waits for its feedback (TTL 3600 s). Idle: request "
+        "then feedback on the events topic with feedback_ttl = 1 s, RSS read once the "
+        "settled answers have expired, so only the instance (bandit state) remains.",
+        "",
+        "| Instances | State | Baseline (MiB) | RSS (MiB) | Peak RSS (MiB) | "
+        "(RSS - baseline) / instances (B) | New instances/s |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, label in MEMORY_STATES:
+        run = mem.get(key)
+        for st in run["stages"] if run else ():
             lines.append(
-                f"| `{c['name'].replace(', + feedback', '')}` | {c['epoch']} | {fb} | "
-                f"{r['answered']:,} / {r['sent']:,} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | "
-                f"{r['p99_ms']:.1f} | {r['max_ms']:.1f} | {pct(r['share_over_50ms'])} | "
-                f"< {TARGET_P99_MS:g} | {verdict(r['p99_ms'] < TARGET_P99_MS)} |"
+                f"| {st['instances']:,} | {label} | {mib(run['baseline_rss'])} | "
+                f"{mib(st['rss'])} | {mib(st['hwm'])} | "
+                f"{st['bytes_per_instance']:,.0f} | {st['new_instances_per_s']:,.0f} |"
             )
-        lines += [
-            "",
-            "Seconds (since the service process started; requests sent in that second) whose "
-            "slowest answer took over 100 ms:",
-            "",
-        ]
-        for r in lat:
-            slow = [f"{sec} s: {worst:.0f} ms" for sec, _, _, worst in r["timeline"] if worst > 100]
-            gcs = r["gc2_pauses_ms"]
-            gc_note = (
-                ""
-                if gcs is None
-                else f"; full GCs in the service: {len(gcs)}"
-                + (f", longest {max(gcs):.0f} ms" if gcs else "")
-            )
-            lines.append(
-                f"- `{r['config']['name']}` (measured from {r['measured_from_s']:.1f} s): "
-                + (", ".join(slow) if slow else "none")
-                + gc_note
-            )
-        lines.append("")
-    mem = results.get("memory")
-    if mem:
-        lines += [
-            "## Memory per instance (RSS of the service process)",
-            "",
-            "`python -m bytewax.run flows.service.main:flow` (epoch 10 s); new units in cumulative "
-            f"stages; baseline = RSS after {WARM_UNITS} warm-up instances. Open ticket: one "
-            "request per unit, the selection waits for its feedback (TTL 3600 s). Idle: request "
-            "then feedback on the events topic with feedback_ttl = 1 s, RSS read once the "
-            "settled answers have expired, so only the instance (bandit state) remains.",
-            "",
-            "| Instances | State | Baseline (MiB) | RSS (MiB) | Peak RSS (MiB) | "
-            "(RSS - baseline) / instances (B) | New instances/s |",
-            "|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for key, label in (("open_tickets", "open ticket"), ("idle", "idle")):
-            run = mem.get(key)
-            for st in run["stages"] if run else ():
-                lines.append(
-                    f"| {st['instances']:,} | {label} | {run['baseline_rss'] / 2**20:,.1f} | "
-                    f"{st['rss'] / 2**20:,.1f} | {st['hwm'] / 2**20:,.1f} | "
-                    f"{st['bytes_per_instance']:,.0f} | {st['new_instances_per_s']:,.0f} |"
-                )
-        lines.append("")
-        for key, label in (("open_tickets", "open ticket"), ("idle", "idle")):
-            run = mem.get(key)
-            if not run:
-                continue
-            last = run["stages"][-1]
-            ok = last["bytes_per_instance"] < TARGET_BYTES_PER_INSTANCE
-            lines.append(
-                f"- {label}: {last['bytes_per_instance']:,.0f} B per instance at "
-                f"{last['instances']:,} instances (least-squares slope "
-                f"{run['slope_bytes_per_instance']:,.0f} B); target < "
-                f"{TARGET_BYTES_PER_INSTANCE:,} B: **{verdict(ok)}**; dead letters: "
-                f"{run['dead_letters']}."
-            )
-        b = mem["python_breakdown"]
-        lines += [
-            f"- Python objects of one `Instance` alone (tracemalloc, 10,000 instances, in this "
-            f"process, without Bytewax's per-key state): open ticket {b['open_ticket']:,.0f} B, "
-            f"settled (answer kept for the TTL) {b['settled']:,.0f} B, idle after expiry "
-            f"{b['idle_after_expiry']:,.0f} B.",
-            f"- Bytewax's own state per key (`op.stateful` with a logic that keeps nothing, "
-            f"{mem['bytewax_floor']['keys']:,} keys, RSS, `bench/flow_helpers.py floor`): "
-            f"{mem['bytewax_floor']['bytes_per_key']:,.0f} B.",
-            "",
-        ]
-    prof = results.get("profile")
-    if prof:
-        lines += [
-            f"## Profile (cProfile, requests + feedback topics, {plan['requests'] * 2:,} events)",
-            "",
-            f"Profiled run {prof['profiled_seconds']:.1f} s vs {prof['unprofiled_seconds']:.1f} s "
-            "unprofiled: cProfile inflates Python calls more than C calls, so shares of Python "
-            "code are upper bounds. Own time (tottime) by group; built-ins and generated code "
-            "count for their callers.",
-            "",
-            "| Group | Seconds | Share | µs per event (profiled) |",
-            "|---|---:|---:|---:|",
-        ]
-        for g, v in sorted(prof["groups"].items(), key=lambda kv: -kv[1]["seconds"]):
-            lines.append(
-                f"| {g} | {v['seconds']:.2f} | {pct(v['share'])} | {prof['us_per_event'][g]:.1f} |"
-            )
-        lines += ["", "Top functions by own time:", "", "| Function | Group | Calls | Own s |"]
-        lines.append("|---|---|---:|---:|")
-        for t in prof["top"][:15]:
-            lines.append(
-                f"| `{t['function']}` | {t['group'].split(' (')[0]} | {t['calls']:,} | "
-                f"{t['tottime_s']:.3f} |"
-            )
-        snap, to_dict = prof["snapshot"], prof["instance_to_dict"]
-        lines.append("")
-        if snap:
-            lines.append(
-                f"`InstanceLogic.snapshot` was called {snap['calls']:,} times "
-                f"({snap['cumtime_s']:.2f} s cumulative; `Instance.to_dict` "
-                f"{(to_dict or {}).get('calls', 0):,} times) in a run without recovery."
-            )
-        if prof.get("early_feedback_share") is not None:
-            lines.append(
-                f"Feedback that arrived before its request (buffered, then applied): "
-                f"{pct(prof['early_feedback_share'])}."
-            )
-        lines.append("")
-    if errors:
-        lines += ["## Errors", ""]
-        for name, err in errors.items():
-            lines += [f"- {name}:", "", "```", err.strip(), "```", ""]
+    lines.append("")
+    return lines + memory_notes(mem)
+
+
+def memory_notes(mem: dict[str, Any]) -> list[str]:
+    """Verdict per state, then the Python and Bytewax decompositions."""
+    lines = []
+    for key, label in MEMORY_STATES:
+        run = mem.get(key)
+        if not run:
+            continue
+        last = run["stages"][-1]
+        ok = last["bytes_per_instance"] < TARGET_BYTES_PER_INSTANCE
+        lines.append(
+            f"- {label}: {last['bytes_per_instance']:,.0f} B per instance at "
+            f"{last['instances']:,} instances (least-squares slope "
+            f"{run['slope_bytes_per_instance']:,.0f} B); target < "
+            f"{TARGET_BYTES_PER_INSTANCE:,} B: **{verdict(ok)}**; dead letters: "
+            f"{run['dead_letters']}."
+        )
+    b, floor = mem["python_breakdown"], mem["bytewax_floor"]
+    return [
+        *lines,
+        f"- Python objects of one `Instance` alone (tracemalloc, 10,000 instances, in this "
+        f"process, without Bytewax's per-key state): open ticket {b['open_ticket']:,.0f} B, "
+        f"settled (answer kept for the TTL) {b['settled']:,.0f} B, idle after expiry "
+        f"{b['idle_after_expiry']:,.0f} B.",
+        f"- Bytewax's own state per key (`op.stateful` with a logic that keeps nothing, "
+        f"{floor['keys']:,} keys, RSS, `bench/flow_helpers.py floor`): "
+        f"{floor['bytes_per_key']:,.0f} B.",
+        "",
+    ]
+
+
+def report_profile(prof: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """Own time by group, then the top functions."""
+    lines = [
+        f"## Profile (cProfile, requests + feedback topics, {plan['requests'] * 2:,} events)",
+        "",
+        f"Profiled run {prof['profiled_seconds']:.1f} s vs {prof['unprofiled_seconds']:.1f} s "
+        "unprofiled: cProfile inflates Python calls more than C calls, so shares of Python "
+        "code are upper bounds. Own time (tottime) by group; built-ins and generated code "
+        "count for their callers.",
+        "",
+        "| Group | Seconds | Share | µs per event (profiled) |",
+        "|---|---:|---:|---:|",
+    ]
+    for g, v in sorted(prof["groups"].items(), key=lambda kv: -kv[1]["seconds"]):
+        lines.append(
+            f"| {g} | {v['seconds']:.2f} | {pct(v['share'])} | {prof['us_per_event'][g]:.1f} |"
+        )
+    lines += ["", "Top functions by own time:", "", "| Function | Group | Calls | Own s |"]
+    lines.append("|---|---|---:|---:|")
+    for t in prof["top"][:15]:
+        lines.append(
+            f"| `{t['function']}` | {t['group'].split(' (')[0]} | {t['calls']:,} | "
+            f"{t['tottime_s']:.3f} |"
+        )
+    return lines + profile_notes(prof)
+
+
+def profile_notes(prof: dict[str, Any]) -> list[str]:
+    """Snapshot calls and the share of feedback that came before its request."""
+    snap, to_dict = prof["snapshot"], prof["instance_to_dict"]
+    lines = [""]
+    if snap:
+        lines.append(
+            f"`InstanceLogic.snapshot` was called {snap['calls']:,} times "
+            f"({snap['cumtime_s']:.2f} s cumulative; `Instance.to_dict` "
+            f"{(to_dict or {}).get('calls', 0):,} times) in a run without recovery."
+        )
+    if prof.get("early_feedback_share") is not None:
+        lines.append(
+            f"Feedback that arrived before its request (buffered, then applied): "
+            f"{pct(prof['early_feedback_share'])}."
+        )
+    lines.append("")
+    return lines
+
+
+def report_errors(errors: dict[str, str]) -> list[str]:
+    lines = ["## Errors", ""]
+    for name, err in errors.items():
+        lines += [f"- {name}:", "", "```", err.strip(), "```", ""]
+    return lines
+
+
+def report(results: dict[str, Any]) -> str:
+    """The Markdown report: the machine, then a section per part that ran."""
+    plan = results["plan"]
+    lines = report_machine(results)
+    if tp := results.get("throughput"):
+        lines += report_throughput(tp, plan)
+    if lat := results.get("latency"):
+        lines += report_latency(lat, plan)
+    if mem := results.get("memory"):
+        lines += report_memory(mem)
+    if prof := results.get("profile"):
+        lines += report_profile(prof, plan)
+    if errors := results.get("errors", {}):
+        lines += report_errors(errors)
     return "\n".join(lines)
 
 

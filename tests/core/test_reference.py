@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.paper_reference import PaperReference
+from tests.core.paper_reference import PaperReference
 from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
 
 

@@ -11,8 +11,8 @@ from confluent_kafka import Producer
 
 from flows.service.recovery import read_states
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
-from tests.test_crash_proof import largest_accepted, sized_request
-from tests.test_operating import TSI, wait_for
+from tests.service.test_crash_proof import largest_accepted, sized_request
+from tests.service.test_operating import TSI, wait_for
 
 REGISTRY = """
 [experiments.shop]

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from flows.service.recovery import read_states
 from flows.service.registry import Registry
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
-from tests.streams import (
+from tests.service.streams import (
     REGISTRY_TOML,
     REQUESTS,
     comparable,

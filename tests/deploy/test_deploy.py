@@ -32,7 +32,7 @@ from flows.service.metrics import Readiness, serve_metrics
 from flows.service.registry import Registry
 from flows.service.settings import client_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE_DIR = DEPLOY / "compose"

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from flows.service.events import MAX_MESSAGE_BYTES
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
-from tests.streams import REGISTRY_TOML, REQUESTS, event_stream, service_env, start_service
+from tests.service.streams import REGISTRY_TOML, REQUESTS, event_stream, service_env, start_service
 
 BIG_SIZES = (MAX_MESSAGE_BYTES + 1, 500_000, 900_000)  # and the broker's limit, probed
 

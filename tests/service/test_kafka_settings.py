@@ -23,7 +23,7 @@ from flows.service.connectors.kafka_config import (
 from flows.service.settings import ConfigError, client_config
 from flows.testing.kafka_broker import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(tmp_path: Path, text: str) -> tuple[dict, dict]:

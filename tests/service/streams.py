@@ -72,7 +72,7 @@ def service_env(bootstrap, registry_path, events, selections, dlq, **extra):
         "TSI_TOPIC_EVENTS": events,
         "TSI_TOPIC_SELECTIONS": selections,
         "TSI_TOPIC_DLQ": dlq,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         **extra,
     }
 
