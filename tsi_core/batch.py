@@ -23,7 +23,7 @@ import numpy as np
 
 from tsi_core.bandit import TicketError, configure
 from tsi_core.stats import observe_batch
-from tsi_core.validate import check_int
+from tsi_core.validate import check_int, check_int_vector
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,17 +42,6 @@ class TicketBatch:
 
     def __len__(self) -> int:
         return len(self.instances)
-
-
-def _int_array(name: str, values: Any, n: int, low: int, high: int) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.shape != (n,) or not (np.issubdtype(arr.dtype, np.integer) or n == 0):
-        raise ValueError(f"{name} must be {n} integers, got {values!r}")
-    arr = arr.astype(np.int64)
-    bad = np.flatnonzero((arr < low) | (arr > high))
-    if len(bad):
-        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
-    return arr
 
 
 def _real_array(name: str, values: Any, n: int, low: float, high: float) -> np.ndarray:
@@ -170,7 +159,7 @@ class BatchBandit:
         """Row selector: a slice for all instances (views, no copies), else unique indices."""
         if instances is None:
             return slice(None)
-        rows = _int_array(
+        rows = check_int_vector(
             "instances", instances, len(np.atleast_1d(instances)), 0, self.n_instances - 1
         )
         if len(np.unique(rows)) != len(rows):
@@ -185,7 +174,7 @@ class BatchBandit:
             return np.zeros(n, dtype=np.int64)
         if c == 1:
             raise ValueError("contexts given but the competition class has no contexts")
-        return _int_array("contexts", contexts, n, 0, c - 1)
+        return check_int_vector("contexts", contexts, n, 0, c - 1)
 
     def _policy(self, rows: np.ndarray | slice, contexts: np.ndarray) -> tuple[np.ndarray, ...]:
         """(q, w, Σw): q and the arm weights w have shape (M, n), arms first; p = w / Σw."""

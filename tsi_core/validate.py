@@ -68,3 +68,18 @@ def context_problem(n_contexts: int, context: Any) -> str | None:
     if not 0 <= context <= last:
         return f"context must be in [0, {last}], got {context!r}"
     return None
+
+
+def check_int_vector(name: str, values: Any, n: int | None, low: int, high: float) -> np.ndarray:
+    """A 1-D integer array (length n unless None) with entries in [low, high]."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (n is not None and len(arr) != n):
+        want = "a 1-D array" if n is None else f"{n} integers"
+        raise ValueError(f"{name} must be {want}, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer) and len(arr):
+        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero((arr < low) | (arr > high))
+    if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
+    return arr

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from flows.tools.loss_table import LossTable, _int_vector
-from tsi_core.validate import check_int, check_real
+from flows.tools.loss_table import LossTable
+from tsi_core.validate import check_int, check_int_vector, check_real
 
 __all__ = [
     "bernoulli",
@@ -231,7 +231,7 @@ def supervised(
     id the caller computed from the features) travel with their samples; the competitor
     is then the best map context → arm, else the best fixed arm (the majority class).
     """
-    labels = _int_vector("labels", labels, None, 0, math.inf)
+    labels = check_int_vector("labels", labels, None, 0, math.inf)
     n_samples = len(labels)
     if n_samples == 0:
         raise ValueError("labels must not be empty, got 0 samples")
@@ -244,7 +244,9 @@ def supervised(
     seed = check_int("seed", seed, 0)
     if not isinstance(name, str):
         raise ValueError(f"name must be a string, got {name!r}")
-    ctx = None if contexts is None else _int_vector("contexts", contexts, n_samples, 0, math.inf)
+    ctx = (
+        None if contexts is None else check_int_vector("contexts", contexts, n_samples, 0, math.inf)
+    )
     rng = np.random.default_rng(seed)
     passes = -(-n_rounds // n_samples)
     order = np.concatenate([rng.permutation(n_samples) for _ in range(passes)])[:n_rounds]

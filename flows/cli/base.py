@@ -54,15 +54,24 @@ def write_jsonl(path: Path, items: list[dict]) -> None:
 
 
 BROKERS = typer.Option(
-    DEFAULT_BROKERS, envvar="KAFKA_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers."
+    DEFAULT_BROKERS,
+    envvar="KAFKA_BOOTSTRAP_SERVERS",
+    help="Kafka bootstrap servers, comma-separated.",
 )
 KAFKA_CONFIG = typer.Option(
-    None, envvar="TSI_KAFKA_CONFIG", help="TOML client settings (SASL, TLS), as for tsi run."
+    None,
+    envvar="TSI_KAFKA_CONFIG",
+    help="TOML of librdkafka client settings (SASL, TLS, ...): [kafka] for both clients, "
+    "[kafka.consumer] and [kafka.producer] for one; names as in librdkafka, quoted or "
+    'not (security.protocol = "SASL_SSL"). Unknown names are refused; secrets are '
+    "masked when the effective settings are logged.",
 )
 REQUESTS_TOPIC = typer.Option(Topics.requests, envvar="TSI_TOPIC_REQUESTS", help="Requests topic.")
 FEEDBACK_TOPIC = typer.Option(Topics.feedback, envvar="TSI_TOPIC_FEEDBACK", help="Feedback topic.")
 EVENTS_TOPIC = typer.Option(
-    None, envvar="TSI_TOPIC_EVENTS", help="One topic for requests and feedback; replaces the two."
+    None,
+    envvar="TSI_TOPIC_EVENTS",
+    help="One topic for requests and feedback (field 'type'); replaces the two.",
 )
 SELECTIONS_TOPIC = typer.Option(
     Topics.selections, envvar="TSI_TOPIC_SELECTIONS", help="Selections topic."

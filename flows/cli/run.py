@@ -7,45 +7,25 @@ from pathlib import Path
 
 import typer
 
-from flows.cli.base import app, fail
+from flows.cli.base import (
+    BROKERS,
+    DLQ_TOPIC,
+    EVENTS_TOPIC,
+    FEEDBACK_TOPIC,
+    KAFKA_CONFIG,
+    REQUESTS_TOPIC,
+    SELECTIONS_TOPIC,
+    app,
+    fail,
+)
 from flows.service.connectors.kafka import Topics
 from flows.service.metrics import MetricsPortError
 from flows.service.process import run as run_flow
-from flows.service.settings import DEFAULT_BROKERS, DEFAULT_GROUP, Settings
+from flows.service.settings import DEFAULT_GROUP, Settings
 from flows.service.startup import ServiceLog, StartupError, describe_start, prepare
 
 REGISTRY_OPTION = typer.Option(
     ..., envvar="TSI_REGISTRY", help="Experiments registry (TOML); SIGHUP reloads it."
-)
-BROKERS_OPTION = typer.Option(
-    DEFAULT_BROKERS,
-    envvar="KAFKA_BOOTSTRAP_SERVERS",
-    help="Kafka bootstrap servers, comma-separated.",
-)
-KAFKA_CONFIG_OPTION = typer.Option(
-    None,
-    envvar="TSI_KAFKA_CONFIG",
-    help="TOML of librdkafka client settings (SASL, TLS, ...): [kafka] for both clients, "
-    "[kafka.consumer] and [kafka.producer] for one; names as in librdkafka, quoted or "
-    'not (security.protocol = "SASL_SSL"). Unknown names are refused; secrets are '
-    "masked when the effective settings are logged.",
-)
-REQUESTS_TOPIC_OPTION = typer.Option(
-    Topics.requests, envvar="TSI_TOPIC_REQUESTS", help="Decision requests topic."
-)
-FEEDBACK_TOPIC_OPTION = typer.Option(
-    Topics.feedback, envvar="TSI_TOPIC_FEEDBACK", help="Feedback topic."
-)
-EVENTS_TOPIC_OPTION = typer.Option(
-    None,
-    envvar="TSI_TOPIC_EVENTS",
-    help="One topic for requests and feedback (field 'type'); replaces the two.",
-)
-SELECTIONS_TOPIC_OPTION = typer.Option(
-    Topics.selections, envvar="TSI_TOPIC_SELECTIONS", help="Selections topic."
-)
-DLQ_TOPIC_OPTION = typer.Option(
-    Topics.dead_letters, envvar="TSI_TOPIC_DLQ", help="Dead-letter topic."
 )
 RECOVERY_DIR_OPTION = typer.Option(
     None, envvar="TSI_RECOVERY_DIR", help="Recovery directory (state survives restarts)."
@@ -125,13 +105,13 @@ LOG_FILE_OPTION = typer.Option(
 @app.command("run")
 def run_service(
     registry: Path = REGISTRY_OPTION,
-    brokers: str = BROKERS_OPTION,
-    kafka_config: Path | None = KAFKA_CONFIG_OPTION,
-    requests_topic: str = REQUESTS_TOPIC_OPTION,
-    feedback_topic: str = FEEDBACK_TOPIC_OPTION,
-    events_topic: str | None = EVENTS_TOPIC_OPTION,
-    selections_topic: str = SELECTIONS_TOPIC_OPTION,
-    dlq_topic: str = DLQ_TOPIC_OPTION,
+    brokers: str = BROKERS,
+    kafka_config: Path | None = KAFKA_CONFIG,
+    requests_topic: str = REQUESTS_TOPIC,
+    feedback_topic: str = FEEDBACK_TOPIC,
+    events_topic: str | None = EVENTS_TOPIC,
+    selections_topic: str = SELECTIONS_TOPIC,
+    dlq_topic: str = DLQ_TOPIC,
     recovery_dir: Path | None = RECOVERY_DIR_OPTION,
     no_recovery: bool = NO_RECOVERY_OPTION,
     snapshot_every: float = SNAPSHOT_EVERY_OPTION,

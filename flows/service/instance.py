@@ -149,7 +149,8 @@ class Instance:
         if experiment.same_state_as(old_arms, bandit):
             self.experiment = experiment
             return
-        moved = migrate(bandit,
+        moved = migrate(
+            bandit,
             experiment.arm_map(old_arms),
             competition=experiment.competition,
             gamma=experiment._template.gamma,

@@ -17,11 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
-from tsi_core.validate import check_int
+from tsi_core.validate import check_int, check_int_vector
 
 _REAL = (int, float, np.integer, np.floating)
 
@@ -64,7 +63,9 @@ class LossTable:
             raise ValueError(
                 f"n_switches must be 0 for a contextual environment, got {self.n_switches}"
             )
-        contexts = _int_vector("contexts", self.contexts, losses.shape[0], 0, self.n_contexts - 1)
+        contexts = check_int_vector(
+            "contexts", self.contexts, losses.shape[0], 0, self.n_contexts - 1
+        )
         contexts.setflags(write=False)
         object.__setattr__(self, "contexts", contexts)
 
@@ -186,18 +187,3 @@ def _short(x: float) -> str:
     text = f"{float(x):g}"
     mantissa, e, exponent = text.partition("e")
     return f"{mantissa}e{int(exponent)}" if e else text
-
-
-def _int_vector(name: str, values: Any, n: int | None, low: int, high: float) -> np.ndarray:
-    """A 1-D integer array (length n unless None) with entries in [low, high]."""
-    arr = np.asarray(values)
-    if arr.ndim != 1 or (n is not None and len(arr) != n):
-        want = "a 1-D array" if n is None else f"{n} integers"
-        raise ValueError(f"{name} must be {want}, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer) and len(arr):
-        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    bad = np.flatnonzero((arr < low) | (arr > high))
-    if len(bad):
-        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
-    return arr
