@@ -61,8 +61,9 @@ BROKERS = typer.Option(
 KAFKA_CONFIG = typer.Option(
     None,
     envvar="TSI_KAFKA_CONFIG",
-    help="TOML of librdkafka client settings (SASL, TLS, ...): [kafka] for both clients, "
-    "[kafka.consumer] and [kafka.producer] for one; names as in librdkafka, quoted or "
+    # rich reads [...] as markup: the table names are escaped to be shown
+    help="TOML of librdkafka client settings (SASL, TLS, ...): \\[kafka] for both clients, "
+    "\\[kafka.consumer] and \\[kafka.producer] for one; names as in librdkafka, quoted or "
     'not (security.protocol = "SASL_SSL"). Unknown names are refused; secrets are '
     "masked when the effective settings are logged.",
 )

@@ -116,3 +116,9 @@ def test_tsi_run_explains_user_mistakes_in_one_line(tmp_path, args, message):
     result = CliRunner().invoke(app, ["run", *args])
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_tsi_run_help_names_the_kafka_settings_tables():
+    shown = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "250"}).output
+    for table in ("[kafka]", "[kafka.consumer]", "[kafka.producer]"):
+        assert table in shown
