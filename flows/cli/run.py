@@ -95,6 +95,14 @@ TS_WINDOW_OPTION = typer.Option(
     envvar="TSI_TS_WINDOW",
     help="Seconds an event's ts may differ from the wall clock (default 10 years).",
 )
+FRESH_OPTION = typer.Option(
+    False,
+    "--fresh",
+    envvar="TSI_FRESH",
+    help="Accept an empty recovery directory although the consumer group made progress: "
+    "state starts empty and the input resumes from the group's offsets (without it, tsi "
+    "run refuses to start over silently).",
+)
 LOG_FILE_OPTION = typer.Option(
     None,
     envvar="TSI_LOG_FILE",
@@ -126,6 +134,7 @@ def run_service(
     group_id: str = GROUP_ID_OPTION,
     skip_offset: list[str] = SKIP_OFFSET_OPTION,
     ts_window: float | None = TS_WINDOW_OPTION,
+    fresh: bool = FRESH_OPTION,
     log_file: Path | None = LOG_FILE_OPTION,
 ) -> None:
     """Serve decisions from Kafka: requests and feedback in, selections and dead letters out.
@@ -151,6 +160,7 @@ def run_service(
         stop_at_end,
         metrics_port,
         ready_timeout,
+        fresh,
     )
     serve(settings, Cluster(workers, process_id, cluster), snapshot_every, backup_every, log_file)
 
@@ -183,7 +193,11 @@ def serve(
     service_log.say(describe_start(settings, service_log.path))
     try:
         run_flow(
-            service.flow(tail=not settings.stop_at_end, recovery=settings.recovery_dir is not None),
+            service.flow(
+                tail=not settings.stop_at_end,
+                recovery=settings.recovery_dir is not None,
+                fresh=settings.fresh,
+            ),
             cluster.workers,
             cluster.process_id,
             cluster.addresses,

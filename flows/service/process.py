@@ -49,14 +49,15 @@ class Service:
         if not isinstance(self.registry, LiveRegistry):
             object.__setattr__(self, "registry", LiveRegistry(self.registry))
 
-    def flow(self, tail: bool = True, recovery: bool = True) -> Dataflow:
-        """The Kafka dataflow. ``recovery=False`` skips the per-key snapshots and starts
-        from the consumer group's committed offsets (the end where it has none)."""
+    def flow(self, tail: bool = True, recovery: bool = True, fresh: bool = False) -> Dataflow:
+        """The Kafka dataflow. A new recovery store reads the topics from their start, or
+        with ``fresh`` (an accepted reset) from the consumer group's committed offsets;
+        ``recovery=False`` skips the per-key snapshots and starts from the group's offsets
+        (the end where it has none)."""
         consumer = dict(self.consumer_config)
-        start = OFFSET_BEGINNING  # a fresh recovery store reads the topics from the start
+        start = OFFSET_STORED if fresh or not recovery else OFFSET_BEGINNING
         if not recovery:
             consumer.setdefault("auto.offset.reset", "latest")
-            start = OFFSET_STORED
         wiring = kafka_wiring(
             self.brokers,
             self.topics,

@@ -48,6 +48,29 @@ def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dic
     return states
 
 
+def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[str, int], int]:
+    """{(topic, partition): next offset} of the Kafka inputs, as of the committed epoch:
+    where a restart resumes reading."""
+    offsets: dict[tuple[str, int], int] = {}
+    for path in sorted(Path(recovery_dir).glob("part-*.sqlite3")):
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            committed = db.execute("SELECT MAX(commit_epoch) FROM commits").fetchone()[0]
+            if committed is None:
+                continue
+            rows = db.execute(
+                "SELECT state_key, ser_change FROM snaps AS s WHERE step_id LIKE ? AND"
+                " snap_epoch = (SELECT MAX(snap_epoch) FROM snaps WHERE step_id = s.step_id"
+                " AND state_key = s.state_key AND snap_epoch <= ?)",
+                (f"{flow_id}.%_in.kafka_input", committed),
+            )
+            for key, blob in rows:
+                offset = None if blob is None else pickle.loads(blob)
+                partition, _, topic = key.partition("-")
+                if isinstance(offset, int) and offset >= 0:
+                    offsets[(topic, int(partition))] = offset
+    return offsets
+
+
 #: Bytewax 0.21.1's recovery partitions (``python -m bytewax.recovery DIR N``) and the
 #: files sqlite keeps beside them while one is open (write-ahead log, shared memory).
 PARTITION_FILE = re.compile(r"part-(\d+)\.sqlite3(-wal|-shm|-journal)?")

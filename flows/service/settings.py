@@ -58,6 +58,7 @@ class Settings:
     stop_at_end: bool = False
     metrics_port: int | None = None
     ready_timeout: float | None = None
+    fresh: bool = False  # accept an empty recovery store although the group made progress
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:

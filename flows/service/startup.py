@@ -19,14 +19,19 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from flows.service.connectors.kafka_admin import BrokerUnavailableError, service_topics
+from flows.service.connectors.kafka_admin import (
+    BrokerUnavailableError,
+    TopicError,
+    group_offsets,
+    service_topics,
+)
 from flows.service.connectors.kafka_admin import check_topics as check_kafka_topics
 from flows.service.connectors.kafka_config import settings_lines, with_rate_limited_logs
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
 from flows.service.metrics import note_broker_contact
 from flows.service.process import Service
-from flows.service.recovery import check_recovery_dir
+from flows.service.recovery import check_recovery_dir, store_offsets
 from flows.service.registry import LiveRegistry, Registry, RegistryError
 from flows.service.settings import ConfigError, Settings, client_config, dead_letter_bound
 
@@ -50,15 +55,18 @@ def prepare(options: Settings) -> Service:
         guards = options.guards()
         consumer, producer = client_config(options.kafka_config)
         registry = LiveRegistry(Registry.load(options.registry), options.registry)
+        parts = None
         if options.recovery_dir is not None:
-            check_recovery_dir(options.recovery_dir, options.processes)
+            parts = check_recovery_dir(options.recovery_dir, options.processes)
         inputs, outputs = service_topics(options.topics)
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
+        if parts is not None and options.group_id is not None:
+            check_no_silent_reset(options, consumer, inputs, parts)
         bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
         guards = dataclasses.replace(guards, dead_letter_raw=bound)
-    except (ConfigError, RegistryError, BrokerUnavailableError) as exc:
+    except (ConfigError, RegistryError, BrokerUnavailableError, TopicError) as exc:
         raise StartupError(str(exc)) from None
     note_broker_contact(True)
     effective = DeliveryCheckedKafkaSink(options.brokers, None, producer).producer_config()
@@ -80,6 +88,40 @@ def prepare(options: Settings) -> Service:
         options.group_id,
         guards,
     )
+
+
+def check_no_silent_reset(
+    options: Settings, consumer: dict, inputs: list[str], parts: list[Path]
+) -> None:
+    """Refuse a recovery store that would silently start over: empty (or missing) while
+    the consumer group committed progress, or behind the group's commits (its latest
+    snapshots are lost). ``--fresh`` accepts an empty store (state starts empty; the input
+    resumes from the group's offsets)."""
+    group = options.group_id
+    committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
+    if not committed:
+        return
+    where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(committed.items())[:4])
+    if not parts:
+        if options.fresh:
+            log.warning("starting afresh (--fresh): consumer group %r was at %s", group, where)
+            return
+        raise StartupError(
+            f"recovery directory {options.recovery_dir} is empty but consumer group {group!r} "
+            f"has committed progress ({where}): restore the directory from its backup, or "
+            "accept a reset with --fresh (state starts empty, the input resumes from the "
+            "group's offsets)"
+        )
+    stored = store_offsets(options.recovery_dir)
+    behind = [(tp, o, stored.get(tp, 0)) for tp, o in committed.items() if stored.get(tp, 0) < o]
+    if behind:
+        (topic, partition), group_at, store_at = sorted(behind)[0]
+        raise StartupError(
+            f"recovery directory {options.recovery_dir} is behind consumer group {group!r} "
+            f"on {topic}[{partition}] (offset {store_at} < {group_at}): its latest "
+            "snapshots are lost (a deleted file or write-ahead log?); restore it from its "
+            "backup, or empty it and start with --fresh"
+        )
 
 
 class ServiceLog:

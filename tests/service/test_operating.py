@@ -296,3 +296,44 @@ def test_a_crash_prints_one_line_and_where_the_log_is(kafka_bootstrap, tmp_path)
     report = log_file.read_text()
     assert "Traceback" in report and "message.timeout.ms=2000" in report
     assert os.path.getsize(log_file) > len(err)
+
+
+def test_an_emptied_or_stale_recovery_store_is_refused_not_silently_restarted(
+    kafka_bootstrap, tmp_path
+):
+    import shutil
+
+    registry = tmp_path / "registry.toml"
+    registry.write_text(shop("ab"))
+    names = service_topics(kafka_bootstrap, partitions=1)
+    recovery = tmp_path / "recovery"
+    args = run_args(
+        kafka_bootstrap,
+        names,
+        registry,
+        "--recovery-dir",
+        recovery,
+        "--stop-at-end",
+        "--group-id",
+        unique_topic("group"),
+    )
+    produce(kafka_bootstrap, names["ev"], requests([f"r{i}" for i in range(20)]))
+    assert tsi("run", *args).returncode == 0
+    backup = tmp_path / "backup"
+    shutil.copytree(recovery, backup)
+    produce(kafka_bootstrap, names["ev"], requests([f"s{i}" for i in range(5)]))
+    assert tsi("run", *args).returncode == 0
+    shutil.rmtree(recovery)  # the store is lost: starting over would re-emit everything
+    done = tsi("run", *args)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "is empty but consumer group" in done.stderr and "--fresh" in done.stderr
+    shutil.copytree(backup, recovery)  # an old copy: behind what was processed
+    done = tsi("run", *args)
+    assert done.returncode == 2 and "is behind consumer group" in done.stderr, done.stderr
+    shutil.rmtree(recovery)
+    produce(kafka_bootstrap, names["ev"], requests(["t0"]))
+    done = tsi("run", *args, "--fresh")  # the reset accepted: from the group's offsets
+    assert done.returncode == 0, done.stderr
+    served = sorted(s["request_id"] for s in messages(kafka_bootstrap, names["sel"]))
+    expected = sorted([f"r{i}" for i in range(20)] + [f"s{i}" for i in range(5)] + ["t0"])
+    assert served == expected  # nothing re-emitted, nothing lost

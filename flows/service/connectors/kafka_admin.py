@@ -35,6 +35,14 @@ TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 
 
+#: A new group's coordinator is found (and loaded) on first use: asking again succeeds.
+_COORDINATOR_MOVING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+)
+
+
 class TopicError(Exception):
     """No broker answers, or a topic is missing, different or cannot be created: one line."""
 
@@ -319,3 +327,38 @@ def check_topics(
         return max_message_bytes(admin, outputs, timeout)
     except TopicError as exc:
         raise BrokerUnavailableError(str(exc)) from None
+
+
+def group_offsets(
+    brokers: list[str],
+    config: dict[str, Any],
+    group: str,
+    topics: Iterable[str],
+    timeout: float = 10.0,
+) -> dict[tuple[str, int], int]:
+    """{(topic, partition): offset} the consumer ``group`` committed on ``topics`` (partitions
+    without a commit are left out; a group that never committed gives {})."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    settings = {**connection_settings(config), "bootstrap.servers": ",".join(brokers)}
+    consumer = Consumer({**settings, "group.id": group, "enable.auto.commit": False})
+    deadline = time.monotonic() + timeout
+    try:
+        known = consumer.list_topics(timeout=timeout).topics
+        parts = [TopicPartition(t, p) for t in topics if t in known for p in known[t].partitions]
+        while True:  # a group's coordinator may still be loading ("not coordinator")
+            try:
+                committed = consumer.committed(parts, timeout=timeout) if parts else []
+                break
+            except KafkaException as exc:
+                err = exc.args[0]
+                again = err.retriable() or err.code() in _COORDINATOR_MOVING
+                if not again or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    except KafkaException as exc:
+        message = f"cannot read consumer group {group!r}'s offsets: {_reason(exc)}"
+        raise TopicError(message) from None
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
