@@ -95,6 +95,17 @@ class Settled:
 
 
 @dataclass(slots=True)
+class Expired:
+    """A selection whose feedback never came, kept until ``deadline`` to answer retries
+    (with the same answer) and to name late feedback (``late_feedback``)."""
+
+    rid: str
+    ticket: Ticket
+    unit: str | None
+    deadline: float
+
+
+@dataclass(slots=True)
 class Early:
     """Feedback that arrived before its request."""
 
@@ -103,13 +114,15 @@ class Early:
     deadline: float
 
 
-Entry = Open | Settled | Early
+Entry = Open | Settled | Expired | Early
 
 
 class Instance:
     """State and event handling of one instance (an experiment, or experiment + unit).
 
-    Each request_id has at most one entry, which moves Early -> Open -> Settled -> gone.
+    Each request_id has at most one entry, which moves Early -> Open -> Settled (or
+    Expired) -> gone: answers are kept ``retry_window`` seconds after the feedback (or the
+    expiry) for retries.
     Idle instances are the common case with one bandit per user, so they are kept small:
     the bandit is packed into bytes while no ticket is pending, and the entries are held
     as nothing, one entry, or (from two on) a dict with a heap of deadlines.
@@ -162,7 +175,7 @@ class Instance:
                 ticket = moved.tickets[entry.ticket.round]
                 if ticket is None:
                     notices.append(self._retired(entry, moved.new_index_of_old, old_arms))
-            elif type(entry) is Settled:
+            elif type(entry) is Settled or type(entry) is Expired:
                 ticket = moved.remap(entry.ticket)
             else:
                 continue
@@ -270,7 +283,7 @@ class Instance:
     def on_request(self, request: Request, now: float) -> Handled:
         rid = request.request_id
         entry = self._get(rid)
-        if type(entry) is Open or type(entry) is Settled:
+        if type(entry) is Open or type(entry) is Settled or type(entry) is Expired:
             if entry.ticket.context != request.context:
                 detail = (
                     f"request_id {rid!r} was served with context "
@@ -308,6 +321,12 @@ class Instance:
         if type(entry) is Settled:
             detail = f"request_id {rid!r} already has its feedback"
             return Handled([self._dead(feedback, "duplicate_feedback", detail)])
+        if type(entry) is Expired:
+            detail = (
+                f"request_id {rid!r} waited {self.experiment.feedback_ttl:g} s for its "
+                "feedback and expired before this came"
+            )
+            return Handled([self._dead(feedback, "late_feedback", detail)])
         if type(entry) is Early:
             detail = f"feedback for request_id {rid!r} is already waiting"
             return Handled([self._dead(feedback, "duplicate_feedback", detail)])
@@ -326,7 +345,7 @@ class Instance:
             )
             return Handled([self._dead(feedback, "arm_mismatch", detail)])
         self.bandit.update(entry.ticket, feedback.loss)
-        self._put(Settled(rid, entry.ticket, entry.unit, now + self.experiment.feedback_ttl))
+        self._put(Settled(rid, entry.ticket, entry.unit, now + self.experiment.retry_window))
         return Handled(pending=-1, applied=1)
 
     def expire(self, now: float) -> list[Output]:
@@ -349,6 +368,10 @@ class Instance:
             if type(entry) is Open:
                 self.bandit.discard(entry.ticket)  # while the entry still holds it (unpack)
                 out.append(self._expired(entry))
+                window = self.experiment.retry_window
+                if window > 0:  # its answer stays for retries, and to name late feedback
+                    self._put(Expired(entry.rid, entry.ticket, entry.unit, now + window))
+                    continue
             elif type(entry) is Early:
                 out.append(
                     self._dead(
@@ -415,6 +438,10 @@ class Instance:
             "settled": [
                 [s.rid, s.ticket.to_dict(), s.unit, s.deadline] for s in self.settled.values()
             ],
+            "expired": [
+                [e.rid, e.ticket.to_dict(), e.unit, e.deadline]
+                for e in self.entries(Expired).values()
+            ],
             "early": [
                 [e.rid, _feedback_to_dict(e.feedback), e.deadline] for e in self.early.values()
             ],
@@ -437,6 +464,8 @@ class Instance:
             self._put(Open(item["request_id"], ticket, item["unit"], item["deadline"], origin))
         for rid, ticket, unit, forget in data["settled"]:
             self._put(Settled(rid, Ticket.from_dict(ticket), unit, forget))
+        for rid, ticket, unit, forget in data.get("expired", ()):  # older snapshots: none
+            self._put(Expired(rid, Ticket.from_dict(ticket), unit, forget))
         for rid, feedback, deadline in data["early"]:
             self._put(Early(rid, _feedback_from_dict(feedback), deadline))
         self.follow(experiment, _arms_of(data, experiment, bandit.n_arms))

@@ -35,6 +35,7 @@ cluster serves its own (sum them in Prometheus).
 | ``early_buffer_full`` | came before its request while the early-feedback buffer was full |
 | ``unknown`` | waited ``feedback_ttl`` for its request in vain (``unknown_ticket``) |
 | ``expired_ticket`` | never came: a ticket expired without it (``ticket_expired``) |
+| ``late`` | came after its ticket expired, within the retry window (``late_feedback``) |
 
 The metrics are told what happened, never peek: an instance returns a ``Handled`` for each
 event (its outputs, and the open tickets, waiting feedback and applied feedback it gained
@@ -129,7 +130,7 @@ AGE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 3
 KINDS = {True: "request", False: "feedback"}  # label of an event kind (is a request)
 OUTCOMES = (
     "applied", "early", "duplicate", "arm_mismatch", "early_buffer_full", "unknown",
-    "expired_ticket",
+    "expired_ticket", "late",
 )  # fmt: skip
 # dead letters of an instance that are the fate of a feedback (or of a ticket)
 FEEDBACK_REASONS = {
@@ -138,6 +139,7 @@ FEEDBACK_REASONS = {
     "early_buffer_full": "early_buffer_full",
     "unknown_ticket": "unknown",
     "ticket_expired": "expired_ticket",
+    "late_feedback": "late",
 }
 
 # slots of an experiment's tally (a list of numbers)

@@ -6,6 +6,7 @@ arms = ["control", "green", "blue"]
 competition = { kind = "switching", rate = 0.001 }   # fixed | switching | contextual | markov
 gamma = 1.5              # optional, default sqrt(W) of the class
 feedback_ttl = 3600      # seconds a selection waits for its feedback
+retry_window = 3600      # seconds an answer is kept for retries after its feedback or expiry
 per_unit = true          # one bandit per unit (user), or one shared by the experiment
 seed = 42                # seeds the hashed draws
 early_feedback_limit = 1000   # feedback waiting for its request, per instance
@@ -74,6 +75,12 @@ class Experiment:
     early_feedback_limit: int = 1000
     new_arm_share: float | None = None
     renamed_arms: tuple[tuple[str, str], ...] = ()  # (old name, new name)
+    retry_after: float | None = None  # the ``retry_window`` setting; None: feedback_ttl
+
+    @property
+    def retry_window(self) -> float:
+        """Seconds an answer is kept after its feedback (or its expiry), for retries."""
+        return self.feedback_ttl if self.retry_after is None else self.retry_after
 
     def arm_map(self, old_arms: tuple[str, ...]) -> list[int | None]:
         """For each arm, its index among ``old_arms`` (by name, following ``renamed_arms``),
@@ -140,6 +147,7 @@ KNOWN_SETTINGS = frozenset(
         "early_feedback_limit",
         "new_arm_share",
         "renamed_arms",
+        "retry_window",
     }
 )
 
@@ -172,6 +180,7 @@ def _experiment(name: str, table: Any) -> Experiment:
         _limit(table.get("early_feedback_limit", 1000), where),
         _share(table.get("new_arm_share"), where),
         _renamed(table.get("renamed_arms", {}), arms, where),
+        _retry_window(table.get("retry_window"), where),
     )
 
 
@@ -190,6 +199,18 @@ def _ttl(ttl: Any, where: str) -> float:
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
         raise RegistryError(f"{where}: feedback_ttl must be a positive number of seconds")
     return float(ttl)
+
+
+def _retry_window(window: Any, where: str) -> float | None:
+    if window is None:
+        return None
+    if (
+        isinstance(window, bool)
+        or not isinstance(window, int | float)
+        or not 0 <= window < math.inf
+    ):
+        raise RegistryError(f"{where}: retry_window must be a number of seconds >= 0")
+    return float(window)
 
 
 def _flag(value: Any, name: str, where: str) -> bool:

@@ -129,7 +129,7 @@ def test_early_feedback_waits_in_a_bounded_buffer_and_applies_on_its_request():
 
 def test_expiry_reports_tickets_without_feedback_and_feedback_without_request():
     inst = fresh()
-    inst.on_request(request("r1"), 0.0)
+    [served] = inst.on_request(request("r1"), 0.0)
     inst.on_feedback(feedback("zz"), 3.0)
     assert inst.next_deadline() == 10.0
     assert inst.expire(9.9) == []
@@ -139,10 +139,27 @@ def test_expiry_reports_tickets_without_feedback_and_feedback_without_request():
     assert inst.bandit.pending == () and inst.open == {}
     [unknown] = inst.expire(13.0)
     assert unknown.reason == "unknown_ticket" and orjson.loads(unknown.raw)["request_id"] == "zz"
-    # feedback after its ticket expired is unknown too: it waits, then is reported
-    assert inst.on_feedback(feedback("r1"), 14.0) == []
-    assert [d.reason for d in inst.expire(24.0)] == ["unknown_ticket"]
+    # within the retry window (feedback_ttl by default) the expired answer is kept: a retry
+    # gets it again, late feedback is named as such at once and applied to nothing
+    assert list(inst.on_request(request("r1"), 14.0)) == [served]
+    [late] = inst.on_feedback(feedback("r1"), 15.0)
+    assert late.reason == "late_feedback" and inst.bandit.n_updates == 0
+    assert inst.expire(20.0) == [] and inst.next_deadline() is None  # then forgotten
+    assert list(inst.on_feedback(feedback("r1"), 21.0)) == []  # unknown: waits for a request
+    assert [d.reason for d in inst.expire(31.0)] == ["unknown_ticket"]
     assert inst.bandit.n_updates == 0
+
+
+def test_the_retry_window_is_a_setting_of_the_experiment():
+    exp = Registry.from_toml(
+        '[experiments.home]\narms = ["a", "b"]\nfeedback_ttl = 10\nretry_window = 0'
+    )["home"]
+    inst = Instance(exp, "home")
+    inst.on_request(request("r1"), 0.0)
+    [expired] = inst.expire(10.0)
+    assert expired.reason == "ticket_expired" and inst.next_deadline() is None  # none kept
+    [again] = inst.on_request(request("r1"), 11.0)  # a documented new draw
+    assert again.round == 2
 
 
 def test_settled_requests_are_forgotten_after_the_time_to_live():
@@ -227,7 +244,8 @@ def test_any_history_keeps_the_tables_consistent_and_snapshots_exact(ops):
     assert state(inst) == state(twin)
     closing = inst.expire(now + 100.0)
     assert [d.reason for d in closing] == [d.reason for d in twin.expire(now + 100.0)]
-    assert inst.entries() == {} and inst.bandit.pending == ()
+    assert inst.bandit.pending == ()
+    assert inst.expire(now + 200.0) == [] and inst.entries() == {}  # answers kept, then gone
 
 
 def test_an_expired_ticket_is_reported_with_the_request_re_encoded_and_its_origin():

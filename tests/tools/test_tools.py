@@ -132,9 +132,10 @@ def test_on_event_time_a_ticket_expires_when_the_stream_passes_its_deadline():
     out = replay(log, registry)
     reasons = [(d["reason"], orjson.loads(d.get("raw") or b"{}")) for d in out.dead_letters]
     expired = [d for d in out.dead_letters if d["reason"] == "ticket_expired"]
-    unknown = [d for d in out.dead_letters if d["reason"] == "unknown_ticket"]
-    # r1 expired at 10 (its feedback at 11 came too late), r2 at 15; r3 is open at the end
-    assert len(expired) == 2 and len(unknown) == 1, reasons
+    late = [d for d in out.dead_letters if d["reason"] == "late_feedback"]
+    # r1 expired at 10 (its feedback at 11 came too late, and says so), r2 at 15; r3 is
+    # open at the end
+    assert len(expired) == 2 and len(late) == 1, reasons
     assert len(out.selections) == 3
 
 
