@@ -78,6 +78,24 @@ def start_broker(data_dir: Path, attempts: int = 3) -> str:
     raise BrokerStartError(f"Kafka broker did not start ({INSTALL_HINT}):\n{err}")
 
 
+def restart_broker(data_dir: Path) -> str:
+    """Start again the broker of ``data_dir`` (stopped by ``stop_broker``) on its old ports,
+    with its topics and messages: what a broker outage ends with."""
+    settings = (Path(data_dir) / "server.properties").read_text()
+    listeners = next(line for line in settings.splitlines() if line.startswith("listeners="))
+    ports = [part.rsplit(":", 1)[1] for part in listeners.split("=", 1)[1].split(",")]
+    proc = subprocess.run(
+        [str(KAFKA_DIR / "start.sh"), str(data_dir), *ports],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BrokerStartError(f"Kafka broker did not start again:\n{proc.stderr.strip()}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def stop_broker(data_dir: Path) -> None:
     subprocess.run([str(KAFKA_DIR / "stop.sh"), str(data_dir)], check=False, timeout=60)
 

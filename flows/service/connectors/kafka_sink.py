@@ -11,6 +11,7 @@ through ``add_config`` untouched.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +29,12 @@ KafkaItem = tuple[Key, bytes | str | None] | KafkaSinkMessage[Any, Any]
 topic, or a `KafkaSinkMessage` (its `topic`, `partition` and `headers` are honoured when
 set; its `timestamp` 0 means "now")."""
 
-#: Extra time `flush` is given beyond `message.timeout.ms`: librdkafka checks message
-#: timeouts about once a second, so the last report can arrive up to ~1 s late.
-_FLUSH_GRACE_S = 2.0
+#: How long a write waits before it reports the broker unreachable (readiness), and the
+#: first of the doubling intervals at which it logs that it is still waiting.
+_PATIENCE_S = 2.0
+_FIRST_LOG_S = 10.0
+#: How long closing the sink may wait for what is still queued.
+_CLOSE_S = 30.0
 
 #: Errors that refuse one message for what it is (its size or form), not for the state of
 #: the cluster: retrying the same bytes can never succeed.
@@ -83,13 +87,11 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
         self,
         producer: Producer,
         topic: str | None,
-        timeout_s: float,
         client_errors: list[str],
         replace: Replacement | None = None,
     ) -> None:
         self._producer = producer
         self._topic = topic
-        self._timeout_s = timeout_s
         self._client_errors = client_errors  # filled by the producer's error_cb
         self._replace = replace
 
@@ -134,7 +136,7 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
             if errors:
                 first = f"first error on {errors[0][0]!r}: {errors[0][1]}"
             else:
-                first = f"no delivery report within {self._timeout_s + _FLUSH_GRACE_S:g} s"
+                first = "no delivery report"
             topics = sorted({args["topic"] for args in batch})
             msg = (
                 f"Kafka did not acknowledge {failed} of {len(batch)} messages to topic "
@@ -183,12 +185,37 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
                         reports.errors.append((args["topic"], why))
                     break
             self._producer.poll(0)
-        self._producer.flush(self._timeout_s + _FLUSH_GRACE_S)
+        self._wait_for_reports(len(batch))
         return reports
+
+    def _wait_for_reports(self, n: int) -> None:
+        """Flush in 1 s slices (signals are served) until every message has its report.
+
+        librdkafka retries retriable errors itself, in order (idempotent producer), for
+        ``message.timeout.ms`` (infinite by default here): while the brokers are away this
+        waits, reports not-ready and logs at doubling intervals, and never re-produces.
+        """
+        started, next_log, noted = time.monotonic(), _FIRST_LOG_S, False
+        while (left := self._producer.flush(1.0)) > 0:
+            waited = time.monotonic() - started
+            if not noted and waited > _PATIENCE_S:
+                noted = True
+                last = self._client_errors[-1] if self._client_errors else "no answer"
+                note_broker_contact(False, f"{left} messages to {self._topic} waiting: {last}")
+            if waited >= next_log:
+                log.warning(
+                    "%d of %d messages to %s not acknowledged after %.0f s; waiting for the "
+                    "brokers",
+                    left,
+                    n,
+                    self._topic,
+                    waited,
+                )
+                next_log *= 2
 
     def close(self) -> None:
         """Flush anything left (normally nothing: every batch was flushed)."""
-        left = self._producer.flush(self._timeout_s + _FLUSH_GRACE_S)
+        left = self._producer.flush(_CLOSE_S)
         if left:
             msg = f"Kafka sink for topic {self._topic}: {left} messages still queued at close"
             raise RuntimeError(msg)
@@ -212,8 +239,9 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
     Producer defaults (all overridable through `add_config`): `enable.idempotence=true`
     (no duplicates or reordering from internal retries), `acks=all`, `linger.ms=5`
     (batching inside a write; the flush at its end sends immediately, so no latency is
-    added) and `message.timeout.ms = timeout_s * 1000`, so every message gets a success or
-    failure report within `timeout_s` (plus ~1 s) and a write blocks at most that long.
+    added) and `message.timeout.ms`: 0 (infinite) by default, so a broker outage of any
+    length is waited out (readiness reports it; nothing is lost or reordered), or
+    `timeout_s` when given, after which a write fails.
     """
 
     def __init__(
@@ -221,16 +249,16 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         brokers: list[str],
         topic: str | None = None,
         add_config: dict[str, Any] | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float | None = None,
         replace: Replacement | None = None,
     ) -> None:
-        if not timeout_s > 0:
+        if timeout_s is not None and not timeout_s > 0:
             msg = f"timeout_s must be positive, got {timeout_s!r}"
             raise ValueError(msg)
         self._brokers = names_of("brokers", brokers)
         self._topic = topic
         self._add_config = dict(add_config or {})
-        self._timeout_s = float(timeout_s)
+        self._timeout_s = timeout_s
         self._replace = replace
 
     def producer_config(self, step_id: str = "sink", worker_index: int = 0) -> dict[str, Any]:
@@ -241,7 +269,9 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,
-            "message.timeout.ms": max(1, round(self._timeout_s * 1000)),
+            "message.timeout.ms": 0
+            if self._timeout_s is None
+            else max(1, round(self._timeout_s * 1000)),
         }
         config.update(self._add_config)
         return config
@@ -259,6 +289,4 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
                 user_cb(err)
 
         config["error_cb"] = on_error
-        return _CheckedPartition(
-            Producer(config), self._topic, self._timeout_s, client_errors, self._replace
-        )
+        return _CheckedPartition(Producer(config), self._topic, client_errors, self._replace)
