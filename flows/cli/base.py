@@ -77,4 +77,11 @@ EVENTS_TOPIC = typer.Option(
 SELECTIONS_TOPIC = typer.Option(
     Topics.selections, envvar="TSI_TOPIC_SELECTIONS", help="Selections topic."
 )
+INTERNAL_TOPIC = typer.Option(
+    "tsi.events.internal",
+    envvar="TSI_TOPIC_INTERNAL",
+    help="With two input topics: the instance-keyed topic the service copies both into and "
+    "serves from, so a restart sees every instance's events in the same order ('' to serve "
+    "straight from the two, without that guarantee).",
+)
 DLQ_TOPIC = typer.Option(Topics.dead_letters, envvar="TSI_TOPIC_DLQ", help="Dead-letter topic.")

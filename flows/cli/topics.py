@@ -11,6 +11,7 @@ from flows.cli.base import (
     DLQ_TOPIC,
     EVENTS_TOPIC,
     FEEDBACK_TOPIC,
+    INTERNAL_TOPIC,
     KAFKA_CONFIG,
     REQUESTS_TOPIC,
     SELECTIONS_TOPIC,
@@ -27,11 +28,17 @@ _TIMEOUT = typer.Option(30.0, min=0.1, help="Seconds to wait for the brokers.")
 
 
 def _service_topic_names(
-    requests: str, feedback: str, events: str | None, selections: str, dlq: str
+    requests: str,
+    feedback: str,
+    events: str | None,
+    selections: str,
+    dlq: str,
+    internal: str = Topics.internal,
 ) -> list[str]:
     from flows.service.connectors.kafka_admin import service_topics
 
-    inputs, outputs = service_topics(Topics(requests, feedback, selections, dlq, events or None))
+    topics = Topics(requests, feedback, selections, dlq, events or None, internal or None)
+    inputs, outputs = service_topics(topics)
     return inputs + outputs
 
 
@@ -44,6 +51,7 @@ def topics_create(
     events_topic: str | None = EVENTS_TOPIC,
     selections_topic: str = SELECTIONS_TOPIC,
     dlq_topic: str = DLQ_TOPIC,
+    internal_topic: str = INTERNAL_TOPIC,
     partitions: int | None = typer.Option(
         None, min=1, help="Partitions of new topics (default 3); if given, existing must match."
     ),
@@ -66,7 +74,7 @@ def topics_create(
     from flows.service.connectors.kafka_admin import TopicError, create_topics
 
     names = _service_topic_names(
-        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic
+        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic, internal_topic
     )
     limits = {} if dlq_max_message_bytes is None else {dlq_topic: dlq_max_message_bytes}
     try:
@@ -95,6 +103,7 @@ def topics_check(
     events_topic: str | None = EVENTS_TOPIC,
     selections_topic: str = SELECTIONS_TOPIC,
     dlq_topic: str = DLQ_TOPIC,
+    internal_topic: str = INTERNAL_TOPIC,
     timeout: float = _TIMEOUT,
 ) -> None:
     """Each of the service's topics: partitions, replication, max.message.bytes or missing.
@@ -104,7 +113,7 @@ def topics_check(
     from flows.service.connectors.kafka_admin import TopicError, topic_infos
 
     names = _service_topic_names(
-        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic
+        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic, internal_topic
     )
     try:
         consumer, _ = client_config(kafka_config)

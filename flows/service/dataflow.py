@@ -13,6 +13,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
@@ -41,6 +42,18 @@ PARSERS = {"requests": parse_request, "events": parse_event, "feedback": parse_f
 
 
 @dataclass(frozen=True)
+class Repartition:
+    """An instance-keyed internal topic between the inputs and the stateful step (the
+    Kafka Streams repartition pattern): ``sink`` writes the routed copies, ``source``
+    reads them back in the log's fixed order (dropping second copies a crash made), as
+    (bytes, the input message's own Origin)."""
+
+    sink: Callable[[str, Stream[Any]], None]
+    source: OpenSource
+    parse: Callable[..., object]  # a copy's parser: its original's (by its origin's topic)
+
+
+@dataclass(frozen=True)
 class Wiring:
     """Where messages come from and go to.
 
@@ -56,6 +69,7 @@ class Wiring:
     dead_letters: Callable[[str, Stream[KeyedBytes]], None]
     # replaces PARSERS[kind]; called as parse(raw, origin, ts_window=...)
     parsers: dict[str, Callable[..., object]] | None = None
+    repartition: Repartition | None = None  # requests and feedback meet in one ordered log
 
     def __post_init__(self) -> None:
         unknown = set(self.inputs) - set(PARSERS)
@@ -128,6 +142,51 @@ def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] |
     return key, (key, experiment, event)
 
 
+def _parse_and_route(
+    name: str,
+    messages: Stream[Message],
+    parse: Callable[..., object],
+    guards: Guards,
+    live: LiveRegistry,
+    dead: list[Stream[DeadLetter]],
+) -> Stream[tuple[str, Routed]]:
+    """Parse, then route to an instance; refusals join ``dead``."""
+    parsed = op.map(f"parse_{name}", messages, functools.partial(_parse_guarded, parse, guards))
+    keyed = op.map(
+        f"route_{name}",
+        parsed,
+        lambda e: e if isinstance(e, DeadLetter) else route(live.current, e),
+    )
+    split = op.branch(f"split_{name}", keyed, lambda e: isinstance(e, DeadLetter))
+    dead.append(split.trues)
+    return split.falses
+
+
+def _through_internal_topic(
+    flow: Dataflow,
+    wiring: Wiring,
+    routed: list[Stream[tuple[str, Routed]]],
+    guards: Guards,
+    live: LiveRegistry,
+    dead: list[Stream[DeadLetter]],
+) -> Stream[tuple[str, Routed]]:
+    """Stage 1 writes each routed event to the internal topic, keyed by instance; stage 2
+    reads that one log, so every run sees an instance's events in the same order."""
+    copies = op.map("internal_copy", op.merge("to_internal", *routed), _internal_copy)
+    wiring.repartition.sink("internal_out", copies)
+    messages, errors = wiring.repartition.source(flow, "internal_in")
+    if errors is not None:
+        dead.append(errors)
+    parse = wiring.repartition.parse
+    return _parse_and_route("internal", messages, parse, guards, live, dead)
+
+
+def _internal_copy(item: tuple[str, Routed]) -> tuple[str, bytes, Origin]:
+    """(instance key, original bytes, original origin): what the internal topic carries."""
+    key, (_, _, event) = item
+    return key, event.raw, event.origin
+
+
 def build_flow(
     registry: Registry | LiveRegistry,
     wiring: Wiring,
@@ -156,15 +215,9 @@ def build_flow(
         messages, source_errors = source(flow, f"{name}_in")
         if source_errors is not None:
             dead.append(source_errors)
-        parsed = op.map(f"parse_{name}", messages, functools.partial(_parse_guarded, parse, guards))
-        keyed = op.map(
-            f"route_{name}",
-            parsed,
-            lambda e: e if isinstance(e, DeadLetter) else route(live.current, e),
-        )
-        split = op.branch(f"split_{name}", keyed, lambda e: isinstance(e, DeadLetter))
-        dead.append(split.trues)
-        routed.append(split.falses)
+        routed.append(_parse_and_route(name, messages, parse, guards, live, dead))
+    if wiring.repartition is not None:
+        routed = [_through_internal_topic(flow, wiring, routed, guards, live, dead)]
     events = op.merge("events", *routed)
     outputs = op.stateful("bandit", events, logic_builder(live, clock, snapshots, event_time))
     answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))

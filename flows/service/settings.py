@@ -6,7 +6,7 @@ environment alike (each option has the environment variable below).
 | ``TSI_REGISTRY`` | experiments registry (TOML) | required |
 | ``KAFKA_BOOTSTRAP_SERVERS`` | brokers, comma-separated | ``127.0.0.1:9092`` |
 | ``TSI_KAFKA_CONFIG`` | TOML with ``[kafka]``, ``[kafka.consumer]``, ``[kafka.producer]`` | none |
-| ``TSI_TOPIC_REQUESTS`` … ``TSI_TOPIC_DLQ``, ``TSI_TOPIC_EVENTS`` | topic names | ``tsi.*`` |
+| ``TSI_TOPIC_REQUESTS`` … ``_DLQ``, ``_EVENTS``, ``_INTERNAL`` | topic names | ``tsi.*`` |
 | ``TSI_RECOVERY_DIR`` / ``TSI_NO_RECOVERY`` | recovery directory, or running without one | |
 | ``TSI_STOP_AT_END`` | ``1``: stop at the end of the input topics (replays, tests) | ``0`` |
 | ``TSI_METRICS_PORT`` | serve metrics, ``/ready`` and ``/healthz`` on this port | off |
@@ -72,6 +72,7 @@ class Settings:
             selections=env.get("TSI_TOPIC_SELECTIONS", Topics.selections),
             dead_letters=env.get("TSI_TOPIC_DLQ", Topics.dead_letters),
             events=env.get("TSI_TOPIC_EVENTS") or None,
+            internal=env.get("TSI_TOPIC_INTERNAL", Topics.internal) or None,
         )
         return cls(
             Path(registry),

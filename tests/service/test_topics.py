@@ -238,11 +238,11 @@ def tsi_topics(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 
 def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
-    names = {role: unique_topic(f"cli-{role}") for role in ("REQUESTS", "FEEDBACK", "SELECTIONS")}
-    names["DLQ"] = unique_topic("cli-DLQ")
+    roles = ("REQUESTS", "FEEDBACK", "SELECTIONS", "DLQ", "INTERNAL")
+    names = {role: unique_topic(f"cli-{role}") for role in roles}
     env = {f"TSI_TOPIC_{role}": name for role, name in names.items()}
     env["KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
-    ordered = [names[r] for r in ("REQUESTS", "FEEDBACK", "SELECTIONS", "DLQ")]
+    ordered = [names[r] for r in roles]  # the internal topic the service copies both into
 
     first = tsi_topics("create", "--partitions", "2", "--dlq-max-message-bytes", "2000000", env=env)
     assert first.returncode == 0, first.stderr
@@ -252,7 +252,7 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
         for name in ordered
     ]
     counts = partition_counts(kafka_bootstrap)
-    assert [counts.get(name) for name in ordered] == [2, 2, 2, 2]
+    assert [counts.get(name) for name in ordered] == [2, 2, 2, 2, 2]
     assert topic_config(kafka_bootstrap, names["DLQ"], "max.message.bytes") == "2000000"
     assert topic_config(kafka_bootstrap, names["SELECTIONS"], "max.message.bytes") == "1048588"
 
@@ -266,7 +266,7 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
     assert contradicted.returncode == 2 and contradicted.stdout == ""
     assert contradicted.stderr.startswith("tsi topics: ") and contradicted.stderr.count("\n") == 1
     assert f"{names['REQUESTS']} exists with 2 partitions, not 5" in contradicted.stderr
-    assert [partition_counts(kafka_bootstrap)[name] for name in ordered] == [2, 2, 2, 2]
+    assert [partition_counts(kafka_bootstrap)[name] for name in ordered] == [2, 2, 2, 2, 2]
 
 
 def test_tsi_topics_create_with_an_events_topic_skips_requests_and_feedback(kafka_bootstrap):

@@ -7,24 +7,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import bytewax.operators as op
+from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.dataflow import Dataflow, Stream
 from confluent_kafka import OFFSET_BEGINNING
 
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink, Replacement
-from flows.service.connectors.kafka_source import kafka_messages
-from flows.service.dataflow import OpenSource, Wiring
-from flows.service.events import DeadLetter, Origin, minimal_dead_letter
+from flows.service.connectors.kafka_source import (
+    ORIGIN_HEADER,
+    internal_messages,
+    kafka_messages,
+)
+from flows.service.dataflow import OpenSource, Repartition, Wiring
+from flows.service.events import (
+    DeadLetter,
+    Origin,
+    minimal_dead_letter,
+    parse_feedback,
+    parse_request,
+)
 
 
 @dataclass(frozen=True)
 class Topics:
-    """Kafka topic names; with ``events`` set, requests and feedback share that one topic."""
+    """Kafka topic names; with ``events`` set, requests and feedback share that one topic.
+    Otherwise the service copies both into ``internal`` (keyed by instance) and serves from
+    that one ordered log; ``internal=None`` serves straight from the two topics."""
 
     requests: str = "tsi.requests"
     feedback: str = "tsi.feedback"
     selections: str = "tsi.selections"
     dead_letters: str = "tsi.dlq"
     events: str | None = None
+    internal: str | None = "tsi.events.internal"
+
+    @property
+    def repartitioned(self) -> bool:
+        """Whether requests and feedback meet in the internal topic."""
+        return self.events is None and self.internal is not None
 
 
 def kafka_wiring(
@@ -80,9 +99,48 @@ def kafka_wiring(
         if topics.events is not None
         else {"requests": source(topics.requests), "feedback": source(topics.feedback)}
     )
+    repartition = None
+    if topics.repartitioned and tail:  # a bounded run (tail=False) reads the inputs directly
+        tags = {topics.requests: b"r", topics.feedback: b"f"}
+
+        def open_internal(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
+            inputs_by_tag = {tag: topic for topic, tag in tags.items()}
+            messages, errors = internal_messages(
+                step,
+                flow,
+                brokers,
+                topics.internal,
+                inputs_by_tag,
+                consumer_config,
+                starting_offset=starting_offset,
+                tail=tail,
+                group_id=group_id,
+                on_epoch=on_epoch,
+            )
+            return messages, op.map(f"{step}_errors", errors, _kafka_dead_letter)
+
+        def copy(step: str, up: Stream) -> None:
+            messages = op.map(f"{step}_message", up, lambda kro: _copy_message(kro, tags))
+            sink(topics.internal)(step, messages)
+
+        def parse(raw: bytes, origin: Origin, **options: Any) -> Any:
+            request = origin.source == topics.requests
+            return (parse_request if request else parse_feedback)(raw, origin, **options)
+
+        repartition = Repartition(copy, open_internal, parse)
     return Wiring(
-        inputs, sink(topics.selections), sink(topics.dead_letters, replace=minimal_dead_letter)
+        inputs,
+        sink(topics.selections),
+        sink(topics.dead_letters, replace=minimal_dead_letter),
+        repartition=repartition,
     )
+
+
+def _copy_message(item: tuple[str, bytes, Origin], tags: dict[str, bytes]) -> KafkaSinkMessage:
+    """The internal copy of an input message: keyed by its instance, naming its original."""
+    key, raw, origin = item
+    named = b"%s:%d:%d" % (tags[origin.source], origin.partition, origin.offset)
+    return KafkaSinkMessage(key.encode(), raw, headers=[(ORIGIN_HEADER, named)])
 
 
 def _kafka_dead_letter(error: Any) -> DeadLetter:

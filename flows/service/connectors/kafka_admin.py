@@ -68,9 +68,11 @@ class TopicInfo:
 
 def service_topics(topics: Topics) -> tuple[list[str], list[str]]:
     """(inputs, outputs) of the service: requests and feedback (or the combined events
-    topic), then selections and dead letters."""
+    topic), then selections and dead letters (and the internal topic both stages share,
+    which the service writes first)."""
     inputs = [topics.events] if topics.events is not None else [topics.requests, topics.feedback]
-    return inputs, [topics.selections, topics.dead_letters]
+    internal = [topics.internal] if topics.repartitioned else []
+    return inputs, [topics.selections, topics.dead_letters, *internal]
 
 
 # --------------------------------------------------------------------------- the brokers

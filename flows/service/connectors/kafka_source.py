@@ -20,11 +20,12 @@ from bytewax.connectors.kafka import (
     _KafkaSourcePartition,
 )
 from bytewax.connectors.kafka import operators as kop
-from bytewax.dataflow import Dataflow, operator
+from bytewax.dataflow import Dataflow, Stream, operator
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
 from flows.service.connectors.kafka_sink import names_of
+from flows.service.events import Origin
 from flows.service.metrics import note_broker_contact, observe_kafka_stats
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,9 @@ class _ObservedPartition(_KafkaSourcePartition):
       ``--no-recovery`` starts from them.
     """
 
-    def __init__(self, *args: Any, on_epoch: Callable[[], None] | None, commit: bool) -> None:
+    def __init__(self, *args: Any, source: ObservedKafkaSource) -> None:
         super().__init__(*args)
+        on_epoch, commit = source._on_epoch, source._group_id is not None
         self._on_epoch = on_epoch
         self._commits = commit
         self._done: int | None = None  # the offset of the previous snapshot
@@ -103,6 +105,12 @@ class ObservedKafkaSource(KafkaSource):
     def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
         """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
         index, topic = for_part.split("-", 1)
+        args = self._partition_args(step_id, topic, index, resume_state)
+        return _ObservedPartition(*args, source=self)
+
+    def _partition_args(
+        self, step_id: str, topic: str, index: str, resume_state: int | None
+    ) -> tuple[Any, ...]:
         config = {
             "group.id": "BYTEWAX_IGNORED",
             "enable.auto.commit": "false",
@@ -114,7 +122,7 @@ class ObservedKafkaSource(KafkaSource):
         }
         if self._group_id is not None:
             config["group.id"] = self._group_id
-        return _ObservedPartition(
+        return (
             step_id,
             config,
             topic,
@@ -123,9 +131,93 @@ class ObservedKafkaSource(KafkaSource):
             resume_state,
             self._batch_size,
             self._raise_on_errors,
-            on_epoch=self._on_epoch,
-            commit=self._group_id is not None,
         )
+
+
+#: The header an internal copy carries: its input's tag (r or f), partition and offset.
+ORIGIN_HEADER = "o"
+
+
+class _InternalPartition(_ObservedPartition):
+    """One partition of the instance-keyed internal topic (see ``Repartition``).
+
+    Each copy names its input message in a header. A crash makes the copying stage write
+    again what it copied since its last snapshot: those second copies come after the
+    first ones, and are dropped here by source offset (per input partition, offsets only
+    grow: one reader, one idempotent writer), so they never change anything. Items are
+    (bytes, the input message's Origin); the highest source offsets are in the snapshot.
+    """
+
+    def __init__(self, *args: Any, source: InternalKafkaSource, seen: dict[bytes, int]) -> None:
+        super().__init__(*args, source=source)
+        self._inputs = source.inputs
+        self._seen = seen
+
+    def next_batch(self) -> list[Any]:
+        out: list[Any] = []
+        seen = self._seen
+        for message in super().next_batch():
+            if isinstance(message, KafkaError):
+                out.append(message)
+                continue
+            named = dict(message.headers).get(ORIGIN_HEADER, b"")
+            where, _, offset = named.rpartition(b":")
+            if not where or int(offset) <= seen.get(where, -1):
+                continue  # a second copy (or not a copy at all)
+            seen[where] = int(offset)
+            tag, _, partition = where.partition(b":")
+            out.append((message.value, Origin(self._inputs[tag], int(partition), int(offset))))
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"offset": super().snapshot(), "seen": dict(self._seen)}
+
+
+class InternalKafkaSource(ObservedKafkaSource):
+    """The internal topic's source: ``_InternalPartition``s; ``inputs`` maps a copy's tag
+    (b"r", b"f") to its input topic."""
+
+    def __init__(self, *args: Any, inputs: dict[bytes, str], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.inputs = inputs
+
+    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> Any:
+        index, topic = for_part.split("-", 1)
+        offset = resume_state["offset"] if resume_state else None
+        args = self._partition_args(step_id, topic, index, offset)
+        seen = dict(resume_state["seen"]) if resume_state else {}
+        return _InternalPartition(*args, source=self, seen=seen)
+
+
+def internal_messages(
+    step_id: str,
+    flow: Dataflow,
+    brokers: list[str],
+    topic: str,
+    inputs: dict[bytes, str],
+    add_config: dict[str, Any] | None = None,
+    *,
+    starting_offset: int = OFFSET_BEGINNING,
+    tail: bool = True,
+    group_id: str | None = None,
+    on_epoch: Callable[[], None] | None = None,
+) -> tuple[Stream[Any], Stream[Any]]:
+    """(messages as (bytes, input Origin), Kafka errors) of the internal topic, from its
+    start by default (it only holds what this service copied)."""
+    source = InternalKafkaSource(
+        names_of("brokers", brokers),
+        [topic],
+        tail=tail,
+        starting_offset=starting_offset,
+        add_config={**SOURCE_DEFAULTS, **(add_config or {})},
+        raise_on_errors=False,
+        group_id=group_id,
+        on_epoch=on_epoch,
+        inputs=inputs,
+    )
+    read = op.input(step_id, flow, source)
+    split = op.branch(f"{step_id}_split", read, lambda item: isinstance(item, KafkaError))
+    return split.falses, split.trues
 
 
 def _noting_errors(
