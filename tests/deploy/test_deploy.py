@@ -989,7 +989,13 @@ def test_the_compose_file_is_consistent(compose, dockerfile):
     assert depends_on(services["topics"]) == {"kafka": "service_healthy"}
     assert "kafka-topics.sh" in " ".join(services["topics"]["command"])
     created = compose_env(services["topics"])["TOPICS"].split()
-    assert created == ["tsi.requests", "tsi.feedback", "tsi.selections", "tsi.dlq"]
+    assert created == [
+        "tsi.requests",
+        "tsi.feedback",
+        "tsi.selections",
+        "tsi.dlq",
+        "tsi.events.internal",
+    ]
     env = compose_env(services["tsi-1"])
     assert env["TSI_ADDRESSES"] == "tsi-0:2101;tsi-1:2101"
     assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
