@@ -32,6 +32,7 @@ from flows.service.events import (
 from flows.service.logic import Routed, logic_builder
 from flows.service.metrics import count_dead_letter
 from flows.service.registry import LiveRegistry, Registry
+from flows.service.stream_clock import StreamClock
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
@@ -195,6 +196,7 @@ def build_flow(
     snapshots: bool = True,
     event_time: bool = False,
     guards: Guards = Guards(),
+    stream: StreamClock | None = None,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
@@ -202,7 +204,8 @@ def build_flow(
     never built (Bytewax asks for them at every epoch close regardless). ``event_time``
     for replays: the events' ``ts`` is the time (see ``flows.service.logic.InstanceLogic``).
     ``guards``: the ts window, the dead letters' size bound, offsets to skip. A
-    ``LiveRegistry`` lets the service swap the registry while the flow runs.
+    ``LiveRegistry`` lets the service swap the registry while the flow runs; ``stream``
+    runs the time to live on stream time (the Kafka service).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     flow = Dataflow(flow_id)
@@ -219,7 +222,9 @@ def build_flow(
     if wiring.repartition is not None:
         routed = [_through_internal_topic(flow, wiring, routed, guards, live, dead)]
     events = op.merge("events", *routed)
-    outputs = op.stateful("bandit", events, logic_builder(live, clock, snapshots, event_time))
+    outputs = op.stateful(
+        "bandit", events, logic_builder(live, clock, snapshots, event_time, stream)
+    )
     answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
     dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))
     selections = op.map("selection_json", answers.falses, lambda kv: (kv[0], kv[1].to_json()))

@@ -36,11 +36,13 @@ DEAD_LETTER_ENVELOPE = 8 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where a message came from: a topic (or file) with partition and offset (or line)."""
+    """Where a message came from: a topic (or file) with partition and offset (or line),
+    and the time Kafka stamped it with (Unix seconds), when it came from Kafka."""
 
     source: str
     partition: int | None = None
     offset: int | None = None
+    time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

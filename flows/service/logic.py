@@ -21,6 +21,7 @@ from flows.service.events import DeadLetter, Feedback, Request
 from flows.service.instance import Instance, Output
 from flows.service.metrics import observe_expired, observe_item, observe_restored
 from flows.service.registry import Experiment, LiveRegistry, Registry
+from flows.service.stream_clock import StreamClock
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,15 @@ Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experi
 @dataclass(frozen=True)
 class FlowContext:
     """What every instance logic of one dataflow shares: the registry, the clock, whether
-    snapshots are built (recovery on), and whether the flow runs on event time."""
+    snapshots are built (recovery on), whether the flow runs on event time, and the stream
+    clock (the Kafka service: an event's time is its Kafka timestamp and tickets expire on
+    stream time, see ``flows.service.stream_clock``)."""
 
     registry: LiveRegistry
     clock: Callable[[], float] = time.time
     snapshots: bool = True
     event_time: bool = False
+    stream: StreamClock | None = None
 
 
 class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
@@ -83,12 +87,10 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
             elif experiment is not self.experiment:
                 self.follow(experiment)  # the registry was reloaded
             before: list[Output] = self.take_notices() if self._notices else []
+            now = self._time_of(event)
             if self.context.event_time:
-                now = self.context.clock() if event.ts is None else event.ts
                 before += self.expire(now)
                 observe_expired(self, before)  # never raises
-            else:
-                now = self.context.clock()
             if isinstance(event, Request):
                 out = self.on_request(event, now)
             else:
@@ -98,6 +100,24 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
             out, before = [DeadLetter("internal_error", detail, event.raw, event.origin, key)], []
         observe_item(experiment.name, event, out, new, started, now)  # never raises
         return (before + out if before else out), StatefulLogic.RETAIN
+
+    def _time_of(self, event: Request | Feedback) -> float:
+        """The time an event happened at: its own ``ts`` on event time, its Kafka timestamp
+        on stream time (noted as served), else the clock."""
+        context = self.context
+        if context.event_time:
+            return context.clock() if event.ts is None else event.ts
+        origin = event.origin
+        if context.stream is None or origin.time is None:
+            return context.clock()
+        context.stream.note_served(origin.source, origin.partition, origin.time)
+        return origin.time
+
+    def _now(self) -> float:
+        """What a wake-up or the end of the input expires against: the stream time, or
+        the clock."""
+        stream = self.context.stream
+        return self.context.clock() if stream is None else stream.now()
 
     def _bind(self, experiment: Experiment, key: str) -> None:
         """The first event of a key: a new instance, or an archived one coming back."""
@@ -110,7 +130,7 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     def on_notify(self) -> tuple[Iterable[Output], bool]:
         if self.key is None:
             return [], StatefulLogic.RETAIN
-        out = self.take_notices() + self.expire(self.context.clock())
+        out = self.take_notices() + self.expire(self._now())
         observe_expired(self, out)  # never raises
         return out, StatefulLogic.RETAIN
 
@@ -125,10 +145,16 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         return out, StatefulLogic.RETAIN
 
     def notify_at(self) -> datetime | None:
+        """A wall-clock wake-up at the next deadline; on stream time a deadline the stream
+        has not reached yet (the service is catching up) is looked at again in a second."""
         if self.key is None or self.context.event_time:
             return None
         due = self.context.clock() if self._notices else self.next_deadline()
-        return None if due is None else datetime.fromtimestamp(due, tz=UTC)
+        if due is None:
+            return None
+        if self.context.stream is not None:  # a past deadline: expire() decides, every second
+            due = max(due, time.time() + 1.0)
+        return datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
         """The instance's state for recovery. Bytewax asks for it at every epoch close, for
@@ -147,12 +173,14 @@ def logic_builder(
     clock: Callable[[], float] = time.time,
     snapshots: bool = True,
     event_time: bool = False,
+    stream: StreamClock | None = None,
 ) -> Callable[[dict[str, Any] | None], InstanceLogic]:
     """The builder ``op.stateful`` calls for each new key (with its resume state).
 
     ``snapshots=False`` (no recovery configured) skips building snapshots;
-    ``event_time=True`` runs on the events' own time (see ``InstanceLogic``).
+    ``event_time=True`` runs on the events' own time, ``stream`` on stream time (see
+    ``FlowContext``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
-    context = FlowContext(live, clock, snapshots, event_time)
+    context = FlowContext(live, clock, snapshots, event_time, stream)
     return lambda resume: InstanceLogic(context, resume)

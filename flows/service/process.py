@@ -25,6 +25,7 @@ from flows.service.dataflow import Guards, build_flow
 from flows.service.metrics import note_epoch_completed, serve_metrics
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.settings import DEFAULT_GROUP, Settings, client_config
+from flows.service.stream_clock import STREAM_CLOCK
 
 log = logging.getLogger("tsi")
 
@@ -68,7 +69,9 @@ class Service:
             starting_offset=start,
             on_epoch=self._epoch_closed,
         )
-        return build_flow(self.registry, wiring, snapshots=recovery, guards=self.guards)
+        return build_flow(
+            self.registry, wiring, snapshots=recovery, guards=self.guards, stream=STREAM_CLOCK
+        )
 
     def _epoch_closed(self) -> None:
         note_epoch_completed()

@@ -154,3 +154,64 @@ def test_two_topics_give_identical_answers_and_every_feedback_once_across_kill_9
     states = read_states(recovery)
     assert sum(s["bandit"]["n_updates"] for s in states.values()) == REQUESTS  # once each
     assert sum(len(s["open"]) + len(s["early"]) for s in states.values()) == 0
+
+
+def test_a_downtime_longer_than_the_time_to_live_loses_no_feedback(kafka_bootstrap, tmp_path):
+    topics = {n: unique_topic(n) for n in ("requests", "feedback", "sel", "dlq", "internal")}
+    for name, topic in topics.items():
+        create_topic(kafka_bootstrap, topic, 1 if name == "dlq" else 2)
+    (tmp_path / "registry.toml").write_text(
+        '[experiments.shop]\narms = ["a", "b"]\nper_unit = true\nfeedback_ttl = 5\n'
+    )
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
+    env = {
+        **os.environ,
+        "TSI_REGISTRY": str(tmp_path / "registry.toml"),
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "TSI_TOPIC_REQUESTS": topics["requests"],
+        "TSI_TOPIC_FEEDBACK": topics["feedback"],
+        "TSI_TOPIC_SELECTIONS": topics["sel"],
+        "TSI_TOPIC_DLQ": topics["dlq"],
+        "TSI_TOPIC_INTERNAL": topics["internal"],
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    clients = Clients(kafka_bootstrap, topics)
+    asked = [clients.request(i) for i in range(1, 60) if i % 3]  # per-unit requests only
+    proc = start_service(env, recovery)
+    try:
+        for event in asked:
+            clients.send("requests", event)
+        clients.producer.flush(10)
+        deadline = time.monotonic() + 60
+        while len(consume_all(kafka_bootstrap, topics["sel"])[0]) + len(
+            consume_all(kafka_bootstrap, topics["sel"])[1]
+        ) < len(asked):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.5)
+        time.sleep(2.0)  # a snapshot holds the open tickets
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    for event in asked:  # the feedback comes within the time to live, while the service is down
+        clients.send("feedback", {**event, "loss": 1.0})
+    assert clients.producer.flush(10) == 0
+    time.sleep(12.0)  # down for longer than the 5 s time to live
+    proc = start_service(env, recovery)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            states = read_states(recovery)
+            if sum(s["bandit"]["n_updates"] for s in states.values()) == len(asked):
+                break
+        time.sleep(7.0)  # past every deadline: anything left would expire now
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    states = read_states(recovery)
+    assert sum(s["bandit"]["n_updates"] for s in states.values()) == len(asked)
+    letters = [orjson.loads(v) for _, v, _ in consume_all(kafka_bootstrap, topics["dlq"])[0]]
+    assert [d["reason"] for d in letters] == []  # no ticket expired, no feedback late

@@ -14,6 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink, Replacement
 from flows.service.connectors.kafka_source import (
     ORIGIN_HEADER,
+    TIME_HEADER,
     internal_messages,
     kafka_messages,
 )
@@ -83,7 +84,7 @@ def kafka_wiring(
                 f"{step}_messages",
                 read.oks,
                 # the topic's one str object, not a copy per message: open tickets keep it
-                lambda m: (m.value, Origin(topic, m.partition, m.offset)),
+                lambda m: (m.value, Origin(topic, m.partition, m.offset, _stamped(m))),
             )
             errors = op.map(f"{step}_errors", read.errs, _kafka_dead_letter)
             return messages, errors
@@ -137,10 +138,20 @@ def kafka_wiring(
 
 
 def _copy_message(item: tuple[str, bytes, Origin], tags: dict[str, bytes]) -> KafkaSinkMessage:
-    """The internal copy of an input message: keyed by its instance, naming its original."""
+    """The internal copy of an input message: keyed by its instance, naming its original
+    (topic, partition, offset, and the time it was stamped with, in ms)."""
     key, raw, origin = item
     named = b"%s:%d:%d" % (tags[origin.source], origin.partition, origin.offset)
-    return KafkaSinkMessage(key.encode(), raw, headers=[(ORIGIN_HEADER, named)])
+    headers = [(ORIGIN_HEADER, named)]
+    if origin.time is not None:
+        headers.append((TIME_HEADER, b"%d" % round(origin.time * 1000)))
+    return KafkaSinkMessage(key.encode(), raw, headers=headers)
+
+
+def _stamped(message: Any) -> float | None:
+    """The time Kafka stamped a message with, in Unix seconds (None if it has none)."""
+    _kind, ms = message.timestamp
+    return ms / 1000.0 if ms > 0 else None
 
 
 def _kafka_dead_letter(error: Any) -> DeadLetter:

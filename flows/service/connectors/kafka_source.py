@@ -8,6 +8,7 @@ a consumer group when given one.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.events import Origin
 from flows.service.metrics import note_broker_contact, observe_kafka_stats
+from flows.service.stream_clock import STREAM_CLOCK
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,13 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def _process_stats(self, json_stats: str) -> None:
         observe_kafka_stats(json_stats, self._offset)  # never raises
+        try:  # is this partition caught up? (stream time: flows.service.stream_clock)
+            mine = json.loads(json_stats)["topics"][self._topic]["partitions"][str(self._part_idx)]
+            end, start = mine["hi_offset"], mine.get("lo_offset", -1)
+            read_all = end <= self._offset if self._offset >= 0 else 0 <= end == start
+            STREAM_CLOCK.note_position(self._topic, self._part_idx, end >= 0 and read_all)
+        except (KeyError, TypeError, ValueError):
+            STREAM_CLOCK.note_position(self._topic, self._part_idx, caught_up=False)
 
     def snapshot(self) -> int | None:
         offset = super().snapshot()
@@ -136,6 +145,7 @@ class ObservedKafkaSource(KafkaSource):
 
 #: The header an internal copy carries: its input's tag (r or f), partition and offset.
 ORIGIN_HEADER = "o"
+TIME_HEADER = "t"  # the input message's timestamp (ms)
 
 
 class _InternalPartition(_ObservedPartition):
@@ -160,13 +170,16 @@ class _InternalPartition(_ObservedPartition):
             if isinstance(message, KafkaError):
                 out.append(message)
                 continue
-            named = dict(message.headers).get(ORIGIN_HEADER, b"")
-            where, _, offset = named.rpartition(b":")
+            headers = dict(message.headers)
+            where, _, offset = headers.get(ORIGIN_HEADER, b"").rpartition(b":")
             if not where or int(offset) <= seen.get(where, -1):
                 continue  # a second copy (or not a copy at all)
             seen[where] = int(offset)
             tag, _, partition = where.partition(b":")
-            out.append((message.value, Origin(self._inputs[tag], int(partition), int(offset))))
+            stamped = headers.get(TIME_HEADER)
+            at = None if stamped is None else int(stamped) / 1000.0
+            origin = Origin(self._inputs[tag], int(partition), int(offset), at)
+            out.append((message.value, origin))
         return out
 
     def snapshot(self) -> dict[str, Any]:
