@@ -20,6 +20,7 @@ from flows.cli.base import (
     fail,
 )
 from flows.service.connectors.kafka import Topics
+from flows.service.connectors.kafka_source import PartitionsChanged
 from flows.service.metrics import MetricsPortError
 from flows.service.process import run as run_flow
 from flows.service.settings import DEFAULT_GROUP, Settings
@@ -109,6 +110,9 @@ LOG_FILE_OPTION = typer.Option(
     envvar="TSI_LOG_FILE",
     help="Write logs here (default: tsi-run.log when stderr is a terminal, else stderr).",
 )
+
+
+RESTART = 3  # the exit status asking a supervisor to start the service again
 
 
 @app.command("run")
@@ -223,3 +227,6 @@ def serve(
     except Exception as exc:
         service_log.stopped(exc)
         raise typer.Exit(1) from None
+    if PartitionsChanged.detail is not None:  # a clean end that asks to be started again
+        service_log.say(f"tsi run: {PartitionsChanged.detail}")
+        raise typer.Exit(RESTART)

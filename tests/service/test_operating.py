@@ -337,3 +337,45 @@ def test_an_emptied_or_stale_recovery_store_is_refused_not_silently_restarted(
     served = sorted(s["request_id"] for s in messages(kafka_bootstrap, names["sel"]))
     expected = sorted([f"r{i}" for i in range(20)] + [f"s{i}" for i in range(5)] + ["t0"])
     assert served == expected  # nothing re-emitted, nothing lost
+
+
+def test_partitions_added_at_run_time_end_the_service_cleanly_and_a_restart_reads_them(
+    kafka_bootstrap, tmp_path
+):
+    from confluent_kafka.admin import NewPartitions
+
+    registry = tmp_path / "registry.toml"
+    registry.write_text(shop("ab"))
+    names = service_topics(kafka_bootstrap, partitions=1)
+    config = tmp_path / "kafka.toml"
+    config.write_text("[kafka.consumer]\ntopic.metadata.refresh.interval.ms = 2000\n")
+    args = run_args(
+        kafka_bootstrap,
+        names,
+        registry,
+        "--recovery-dir",
+        tmp_path / "rec",
+        "--kafka-config",
+        config,
+    )
+    produce(kafka_bootstrap, names["ev"], requests(["r0", "r1"]))
+    proc = start(*args)
+    try:
+        wait_for(lambda: len(messages(kafka_bootstrap, names["sel"])) == 2, proc)
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        admin.create_partitions([NewPartitions(names["ev"], 3)])[names["ev"]].result(30)
+        _, err = proc.communicate(timeout=60)  # it notices and ends by itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err  # a clean end asking to be started again
+    assert f"topic {names['ev']} has 3 partitions" in err.strip().splitlines()[-1]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for partition in (1, 2):  # messages in the new partitions
+        event = requests([f"new{partition}"], unit=f"p{partition}")[0]
+        producer.produce(names["ev"], orjson.dumps(event), partition=partition)
+    assert producer.flush(30) == 0
+    done = tsi("run", *args, "--stop-at-end")
+    assert done.returncode == 0, done.stderr
+    served = sorted(s["request_id"] for s in messages(kafka_bootstrap, names["sel"]))
+    assert served == ["new1", "new2", "r0", "r1"]  # read from the new partitions, none twice

@@ -38,7 +38,18 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     # has removed would silently skip to the END of the partition, losing everything in
     # between. "earliest" resumes at the oldest message still there (at-least-once).
     "auto.offset.reset": "earliest",
+    # how soon partitions added to a topic are noticed (librdkafka's default: 5 minutes)
+    "topic.metadata.refresh.interval.ms": 30000,
 }
+
+
+class PartitionsChanged:
+    """Set when a source sees its topic's partition count differ from the one the flow was
+    built with: Bytewax 0.21.1 lists partitions only at start, so the sources then end the
+    flow cleanly (their input stops; every epoch finishes) and ``tsi run`` asks for a restart,
+    which reads the new partitions (from their start)."""
+
+    detail: str | None = None
 
 
 class _ObservedPartition(_KafkaSourcePartition):
@@ -56,20 +67,38 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def __init__(self, *args: Any, source: ObservedKafkaSource) -> None:
         super().__init__(*args)
+        self._built_with = source.partition_counts.get(self._topic)
         on_epoch, commit = source._on_epoch, source._group_id is not None
         self._on_epoch = on_epoch
         self._commits = commit
         self._done: int | None = None  # the offset of the previous snapshot
 
+    def next_batch(self) -> list[Any]:
+        if PartitionsChanged.detail is not None:
+            raise StopIteration
+        return super().next_batch()
+
     def _process_stats(self, json_stats: str) -> None:
         observe_kafka_stats(json_stats, self._offset)  # never raises
         try:  # is this partition caught up? (stream time: flows.service.stream_clock)
-            mine = json.loads(json_stats)["topics"][self._topic]["partitions"][str(self._part_idx)]
+            partitions = json.loads(json_stats)["topics"][self._topic]["partitions"]
+            self._check_count(partitions)
+            mine = partitions[str(self._part_idx)]
             end, start = mine["hi_offset"], mine.get("lo_offset", -1)
             read_all = end <= self._offset if self._offset >= 0 else 0 <= end == start
             STREAM_CLOCK.note_position(self._topic, self._part_idx, end >= 0 and read_all)
         except (KeyError, TypeError, ValueError):
             STREAM_CLOCK.note_position(self._topic, self._part_idx, caught_up=False)
+
+    def _check_count(self, partitions: dict[str, Any]) -> None:
+        count = sum(1 for pid in partitions if int(pid) >= 0)
+        changed = self._built_with is not None and count != self._built_with
+        if changed and PartitionsChanged.detail is None:
+            PartitionsChanged.detail = (
+                f"topic {self._topic} has {count} partitions, the flow was built with "
+                f"{self._built_with}: ending cleanly; restart to read them"
+            )
+            log.error(PartitionsChanged.detail)
 
     def snapshot(self) -> int | None:
         offset = super().snapshot()
@@ -110,6 +139,15 @@ class ObservedKafkaSource(KafkaSource):
         super().__init__(*args, **kw)
         self._group_id = group_id
         self._on_epoch = on_epoch
+        self.partition_counts: dict[str, int] = {}
+
+    def list_parts(self) -> list[str]:
+        """Bytewax's listing, remembering each topic's partition count."""
+        parts = super().list_parts()
+        for part in parts:
+            topic = part.split("-", 1)[1]
+            self.partition_counts[topic] = self.partition_counts.get(topic, 0) + 1
+        return parts
 
     def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
         """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
