@@ -14,6 +14,7 @@ import os
 import pickle
 import re
 import sqlite3
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -23,36 +24,13 @@ from flows.service.settings import ConfigError
 STATE_STEP = "bandit.stateful_batch"
 
 
-def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
-    """{instance key: latest committed snapshot} over all partitions of the directory."""
+def _committed_snapshots(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, Any]]:
+    """(state key, snapshot or None if deleted) of every step matching ``step_pattern`` (SQL
+    LIKE), as of each partition's committed epoch: what a restart resumes from."""
     files = sorted(Path(recovery_dir).glob("part-*.sqlite3"))
     if not files:
         raise FileNotFoundError(f"no recovery partitions (part-*.sqlite3) in {recovery_dir}")
-    states: dict[str, dict[str, Any]] = {}
     for path in files:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            committed = db.execute("SELECT MAX(commit_epoch) FROM commits").fetchone()[0]
-            if committed is None:
-                continue
-            rows = db.execute(
-                "SELECT state_key, ser_change FROM snaps AS s WHERE step_id = ? AND snap_epoch ="
-                " (SELECT MAX(snap_epoch) FROM snaps WHERE step_id = s.step_id AND"
-                "  state_key = s.state_key AND snap_epoch <= ?)",
-                (f"{flow_id}.{STATE_STEP}", committed),
-            )
-            for key, blob in rows:
-                if blob is None:
-                    states.pop(key, None)
-                else:
-                    states[key] = pickle.loads(blob)
-    return states
-
-
-def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[str, int], int]:
-    """{(topic, partition): next offset} of the Kafka inputs, as of the committed epoch:
-    where a restart resumes reading."""
-    offsets: dict[tuple[str, int], int] = {}
-    for path in sorted(Path(recovery_dir).glob("part-*.sqlite3")):
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             committed = db.execute("SELECT MAX(commit_epoch) FROM commits").fetchone()[0]
             if committed is None:
@@ -61,13 +39,31 @@ def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[
                 "SELECT state_key, ser_change FROM snaps AS s WHERE step_id LIKE ? AND"
                 " snap_epoch = (SELECT MAX(snap_epoch) FROM snaps WHERE step_id = s.step_id"
                 " AND state_key = s.state_key AND snap_epoch <= ?)",
-                (f"{flow_id}.%_in.kafka_input", committed),
-            )
-            for key, blob in rows:
-                offset = None if blob is None else pickle.loads(blob)
-                partition, _, topic = key.partition("-")
-                if isinstance(offset, int) and offset >= 0:
-                    offsets[(topic, int(partition))] = offset
+                (step_pattern, committed),
+            ).fetchall()
+        for key, blob in rows:
+            yield key, None if blob is None else pickle.loads(blob)
+
+
+def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
+    """{instance key: latest committed snapshot} over all partitions of the directory."""
+    states: dict[str, dict[str, Any]] = {}
+    for key, state in _committed_snapshots(recovery_dir, f"{flow_id}.{STATE_STEP}"):
+        if state is None:
+            states.pop(key, None)
+        else:
+            states[key] = state
+    return states
+
+
+def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[str, int], int]:
+    """{(topic, partition): next offset} of the Kafka inputs, as of the committed epoch:
+    where a restart resumes reading."""
+    offsets: dict[tuple[str, int], int] = {}
+    for key, offset in _committed_snapshots(recovery_dir, f"{flow_id}.%_in.kafka_input"):
+        partition, _, topic = key.partition("-")
+        if isinstance(offset, int) and offset >= 0:
+            offsets[(topic, int(partition))] = offset
     return offsets
 
 

@@ -93,6 +93,21 @@ class Clients:
             consumer.close()
 
 
+def two_topic_env(bootstrap: str, registry: Path, topics: dict[str, str]) -> dict[str, str]:
+    """Environment for ``python -m bytewax.run flows.service.main:flow`` on two topics."""
+    return {
+        **os.environ,
+        "TSI_REGISTRY": str(registry),
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "TSI_TOPIC_REQUESTS": topics["requests"],
+        "TSI_TOPIC_FEEDBACK": topics["feedback"],
+        "TSI_TOPIC_SELECTIONS": topics["sel"],
+        "TSI_TOPIC_DLQ": topics["dlq"],
+        "TSI_TOPIC_INTERNAL": topics["internal"],
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+
+
 def test_two_topics_give_identical_answers_and_every_feedback_once_across_kill_9(
     kafka_bootstrap, tmp_path
 ):
@@ -103,17 +118,7 @@ def test_two_topics_give_identical_answers_and_every_feedback_once_across_kill_9
     recovery = tmp_path / "recovery"
     recovery.mkdir()
     subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
-    env = {
-        **os.environ,
-        "TSI_REGISTRY": str(tmp_path / "registry.toml"),
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "TSI_TOPIC_REQUESTS": topics["requests"],
-        "TSI_TOPIC_FEEDBACK": topics["feedback"],
-        "TSI_TOPIC_SELECTIONS": topics["sel"],
-        "TSI_TOPIC_DLQ": topics["dlq"],
-        "TSI_TOPIC_INTERNAL": topics["internal"],
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    }
+    env = two_topic_env(kafka_bootstrap, tmp_path / "registry.toml", topics)
     clients = Clients(kafka_bootstrap, topics)
     threads = [threading.Thread(target=f, daemon=True) for f in (clients.ask, clients.answer)]
     for thread in threads:
@@ -166,17 +171,7 @@ def test_a_downtime_longer_than_the_time_to_live_loses_no_feedback(kafka_bootstr
     recovery = tmp_path / "recovery"
     recovery.mkdir()
     subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
-    env = {
-        **os.environ,
-        "TSI_REGISTRY": str(tmp_path / "registry.toml"),
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "TSI_TOPIC_REQUESTS": topics["requests"],
-        "TSI_TOPIC_FEEDBACK": topics["feedback"],
-        "TSI_TOPIC_SELECTIONS": topics["sel"],
-        "TSI_TOPIC_DLQ": topics["dlq"],
-        "TSI_TOPIC_INTERNAL": topics["internal"],
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    }
+    env = two_topic_env(kafka_bootstrap, tmp_path / "registry.toml", topics)
     clients = Clients(kafka_bootstrap, topics)
     asked = [clients.request(i) for i in range(1, 60) if i % 3]  # per-unit requests only
     proc = start_service(env, recovery)
