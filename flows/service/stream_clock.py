@@ -3,16 +3,20 @@ while the service is down or behind (downtime and lag lose nothing that arrives 
 
 Each input message carries the time Kafka stamped it with; a ticket's deadline is its
 request's time plus the time to live. A ticket expires when the stream has moved past its
-deadline: while any source partition has messages left to read, the stream time is the
-oldest of the newest times served from each input partition (one never served holds it
-back); once every partition is caught up, it is the wall clock. Until the sources have
+deadline: while source partitions have messages left to read, the stream time is the
+oldest of the newest times served from each of them (one that has served nothing yet, or
+the internal topic's, whose events are served under their input's name, holds it back
+entirely); once every partition is caught up, it is the wall clock. Until the sources have
 said where they stand (their first statistics, a second after start), nothing expires.
 
 >>> clock = StreamClock(wall=lambda: 100.0)
 >>> clock.note_served("t", 0, 40.0); clock.note_served("t", 1, 55.0)
->>> clock.note_position("t", 0, caught_up=False); clock.now()
+>>> clock.note_position("t", 0, caught_up=False); clock.now()  # t[0] is behind
 40.0
->>> clock.note_position("t", 0, caught_up=True); clock.note_position("t", 1, caught_up=True)
+>>> clock.note_position("u", 0, caught_up=False); clock.now()  # behind, nothing served
+-inf
+>>> for topic, partition in (("t", 0), ("t", 1), ("u", 0)):
+...     clock.note_position(topic, partition, caught_up=True)
 >>> clock.now()
 100.0
 """
@@ -54,10 +58,11 @@ class StreamClock:
         """The time the stream has reached."""
         if not self._known:
             return -math.inf
-        if not self._behind:
+        with self._lock:
+            behind = list(self._behind)
+        if not behind:
             return self._wall()
-        served = list(self._served.values())
-        return min(served) if served else -math.inf
+        return min(self._served.get(partition, -math.inf) for partition in behind)
 
 
 STREAM_CLOCK = StreamClock()

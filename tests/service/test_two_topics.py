@@ -6,6 +6,7 @@ The service copies both topics into one instance-keyed internal topic and serves
 log (``Topics.internal``); this test fails against the direct two-topic merge.
 """
 
+import base64
 import os
 import random
 import signal
@@ -193,6 +194,12 @@ def test_a_downtime_longer_than_the_time_to_live_loses_no_feedback(kafka_bootstr
         clients.send("feedback", {**event, "loss": 1.0})
     assert clients.producer.flush(10) == 0
     time.sleep(12.0)  # down for longer than the 5 s time to live
+    later = [  # requests keep coming: newer than every deadline, read before some feedback
+        {"experiment": "shop", "unit": f"v{i}", "request_id": f"later{i}"} for i in range(200)
+    ]
+    for event in later:
+        clients.send("requests", event)
+    assert clients.producer.flush(10) == 0
     proc = start_service(env, recovery)
     try:
         deadline = time.monotonic() + 60
@@ -209,4 +216,7 @@ def test_a_downtime_longer_than_the_time_to_live_loses_no_feedback(kafka_bootstr
     states = read_states(recovery)
     assert sum(s["bandit"]["n_updates"] for s in states.values()) == len(asked)
     letters = [orjson.loads(v) for _, v, _ in consume_all(kafka_bootstrap, topics["dlq"])[0]]
-    assert [d["reason"] for d in letters] == []  # no ticket expired, no feedback late
+    reasons = [d["reason"] for d in letters]  # the later requests expire, nothing else
+    assert all(d["reason"] == "ticket_expired" for d in letters), reasons
+    expired = {orjson.loads(base64.b64decode(d["raw_b64"]))["request_id"] for d in letters}
+    assert expired <= {event["request_id"] for event in later}
