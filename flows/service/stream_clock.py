@@ -6,7 +6,8 @@ request's time plus the time to live. A ticket expires when the stream has moved
 deadline: while source partitions have messages left to read, the stream time is the
 oldest of the newest times served from each of them (one that has served nothing yet, or
 the internal topic's, whose events are served under their input's name, holds it back
-entirely); once every partition is caught up, it is the wall clock. Until the sources have
+entirely); once every partition is caught up (it has read what it held at start and is
+within ``CAUGHT_UP_LAG`` messages of its end), it is the wall clock. Until the sources have
 said where they stand (their first statistics, a second after start), nothing expires.
 
 >>> clock = StreamClock(wall=lambda: 100.0)

@@ -43,6 +43,12 @@ SOURCE_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: A partition counts as caught up (stream time) once it has read what it held when the
+#: service started and is this close to its end: under steady traffic a few messages are
+#: always in flight, and a lag building up is far longer.
+CAUGHT_UP_LAG = 1000
+
+
 class PartitionsChanged:
     """Set when a source sees its topic's partition count differ from the one the flow was
     built with: Bytewax 0.21.1 lists partitions only at start, so the sources then end the
@@ -68,6 +74,7 @@ class _ObservedPartition(_KafkaSourcePartition):
     def __init__(self, *args: Any, source: ObservedKafkaSource) -> None:
         super().__init__(*args)
         self._built_with = source.partition_counts.get(self._topic)
+        self._backlog_end: int | None = None  # the partition's end when first seen
         on_epoch, commit = source._on_epoch, source._group_id is not None
         self._on_epoch = on_epoch
         self._commits = commit
@@ -85,8 +92,11 @@ class _ObservedPartition(_KafkaSourcePartition):
             self._check_count(partitions)
             mine = partitions[str(self._part_idx)]
             end, start = mine["hi_offset"], mine.get("lo_offset", -1)
-            read_all = end <= self._offset if self._offset >= 0 else 0 <= end == start
-            STREAM_CLOCK.note_position(self._topic, self._part_idx, end >= 0 and read_all)
+            position = self._offset if self._offset >= 0 else start
+            if self._backlog_end is None:  # what was there at start must be read first
+                self._backlog_end = end
+            caught_up = 0 <= self._backlog_end <= position and end - position <= CAUGHT_UP_LAG
+            STREAM_CLOCK.note_position(self._topic, self._part_idx, end >= 0 and caught_up)
         except (KeyError, TypeError, ValueError):
             STREAM_CLOCK.note_position(self._topic, self._part_idx, caught_up=False)
 
