@@ -102,39 +102,44 @@ def kafka_wiring(
     )
     repartition = None
     if topics.repartitioned and tail:  # a bounded run (tail=False) reads the inputs directly
-        tags = {topics.requests: b"r", topics.feedback: b"f"}
-
-        def open_internal(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
-            inputs_by_tag = {tag: topic for topic, tag in tags.items()}
-            messages, errors = internal_messages(
-                step,
-                flow,
-                brokers,
-                topics.internal,
-                inputs_by_tag,
-                consumer_config,
-                starting_offset=starting_offset,
-                tail=tail,
-                group_id=group_id,
-                on_epoch=on_epoch,
-            )
-            return messages, op.map(f"{step}_errors", errors, _kafka_dead_letter)
-
-        def copy(step: str, up: Stream) -> None:
-            messages = op.map(f"{step}_message", up, lambda kro: _copy_message(kro, tags))
-            sink(topics.internal)(step, messages)
-
-        def parse(raw: bytes, origin: Origin, **options: Any) -> Any:
-            request = origin.source == topics.requests
-            return (parse_request if request else parse_feedback)(raw, origin, **options)
-
-        repartition = Repartition(copy, open_internal, parse)
+        options = {"starting_offset": starting_offset, "group_id": group_id, "on_epoch": on_epoch}
+        repartition = _repartition(brokers, topics, consumer_config, sink, options)
     return Wiring(
         inputs,
         sink(topics.selections),
         sink(topics.dead_letters, replace=minimal_dead_letter),
         repartition=repartition,
     )
+
+
+def _repartition(
+    brokers: list[str],
+    topics: Topics,
+    consumer_config: dict[str, Any] | None,
+    sink: Callable[[str], Callable[[str, Stream], None]],
+    options: dict[str, Any],
+) -> Repartition:
+    """The internal topic between the inputs and the stateful step: copies written with
+    ``sink``, read back by an internal source (``options``: its starting offset, group and
+    epoch hook), each parsed as its original was."""
+    tags = {topics.requests: b"r", topics.feedback: b"f"}
+    inputs_by_tag = {tag: topic for topic, tag in tags.items()}
+
+    def open_internal(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
+        messages, errors = internal_messages(
+            step, flow, brokers, topics.internal, inputs_by_tag, consumer_config, **options
+        )
+        return messages, op.map(f"{step}_errors", errors, _kafka_dead_letter)
+
+    def copy(step: str, up: Stream) -> None:
+        messages = op.map(f"{step}_message", up, lambda kro: _copy_message(kro, tags))
+        sink(topics.internal)(step, messages)
+
+    def parse(raw: bytes, origin: Origin, **parse_options: Any) -> Any:
+        request = origin.source == topics.requests
+        return (parse_request if request else parse_feedback)(raw, origin, **parse_options)
+
+    return Repartition(copy, open_internal, parse)
 
 
 def _copy_message(item: tuple[str, bytes, Origin], tags: dict[str, bytes]) -> KafkaSinkMessage:

@@ -86,9 +86,13 @@ class _ObservedPartition(_KafkaSourcePartition):
         return super().next_batch()
 
     def _process_stats(self, json_stats: str) -> None:
-        observe_kafka_stats(json_stats, self._offset)  # never raises
+        try:
+            stats = json.loads(json_stats)  # decoded once, for the metrics and stream time
+        except ValueError:
+            stats = {}
+        observe_kafka_stats(stats, self._offset)  # never raises
         try:  # is this partition caught up? (stream time: flows.service.stream_clock)
-            partitions = json.loads(json_stats)["topics"][self._topic]["partitions"]
+            partitions = stats["topics"][self._topic]["partitions"]
             self._check_count(partitions)
             mine = partitions[str(self._part_idx)]
             end, start = mine["hi_offset"], mine.get("lo_offset", -1)
