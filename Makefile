@@ -12,11 +12,14 @@ $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(RUNTIME): pyproject.toml $(VENV)/bin/python
+# the compiled kernel is built by this install (Cython and a C compiler); editing it rebuilds
+KERNEL := setup.py $(wildcard tsi_core/*.pyx tsi_core/*.pxd tsi_core/_kernel_src/*.h)
+
+$(RUNTIME): pyproject.toml $(KERNEL) $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e ".[demo]"
 	touch $(RUNTIME)
 
-$(LAB): pyproject.toml $(RUNTIME)
+$(LAB): pyproject.toml $(KERNEL) $(RUNTIME)
 	$(PY) -m pip install --quiet -e ".[demo,dev,lab]"
 	touch $(LAB)
 

@@ -15,30 +15,24 @@ import functools
 import math
 import os
 import struct
-from bisect import bisect_right
 from collections.abc import Iterable
-from itertools import accumulate
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from tsi_core._bandit import BanditCore
+from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
 from tsi_core.competition import Fixed, competition_from_dict
-from tsi_core.stats import exploration, observe
 from tsi_core.structures import Structure
-from tsi_core.ticket import Ticket
-from tsi_core.validate import check_draw, check_int, check_loss, check_real, context_problem
+from tsi_core.ticket import Ticket, TicketError
+from tsi_core.validate import check_int, check_loss, check_real, context_problem
 
 FORMAT = "tsi.bandit"
 VERSION = 1
 
 
-_NO_TICKETS: Any = MappingProxyType({})  # shared read-only stand-in for an empty table
 _PACKED = struct.Struct("<dddqqq")  # psi, V/D², D mantissa, D exponent, updates, rounds
-
-
-class TicketError(ValueError):
-    """A ticket that this instance cannot settle (foreign, settled, discarded or forged)."""
+MAX_COUNT = 2**53  # counters live in the kernel's float64 rows: exact up to here
 
 
 @functools.lru_cache(maxsize=1024)
@@ -87,45 +81,21 @@ def check_context(structure: Structure, context: Any) -> int:
     return 0 if context is None else int(context)
 
 
-def _first_above(cumulative_w: np.ndarray, u: float, scale: float, spread: float) -> int:
-    """Smallest i with u < scale·W_i + spread·(i + 1) (binary search, no full q array)."""
-    low, high = 0, len(cumulative_w)
-    while low < high:
-        mid = (low + high) // 2
-        if u < scale * cumulative_w[mid] + spread * (mid + 1):
-            high = mid
-        else:
-            low = mid + 1
-    return low
+__all__ = ["Bandit", "TicketError", "check_context", "configure", "default_gamma"]
 
 
-class Bandit:
+class Bandit(BanditCore):
     """A bandit instance: ``select`` an arm, later ``update`` its ticket with the loss.
 
     Parameters: ``n_arms`` M >= 1; ``competition`` the class of arm sequences to compete
     with (``Fixed()`` by default); ``gamma`` the learning-rate scale (default sqrt(W));
     ``seed`` for the instance's own draws; ``instance_id`` names the instance on its
-    tickets (random when not given).
+    tickets (random when not given). ``select``, ``update`` and ``discard`` are compiled
+    (``tsi_core._bandit``); the round itself is the kernel's (``tsi_core._kernel``), which
+    ``BatchBandit`` and the service share.
     """
 
-    __slots__ = (
-        "_d_exp",
-        "_d_mant",
-        "_pending",
-        "_rng_obj",
-        "_rng_state",
-        "_seed",
-        "_state",
-        "_vn",
-        "competition",
-        "gamma",
-        "instance_id",
-        "n_arms",
-        "n_rounds",
-        "n_updates",
-        "psi",
-        "structure",
-    )
+    __slots__ = ("competition", "gamma", "n_arms", "structure")
 
     def __init__(
         self,
@@ -142,26 +112,67 @@ class Bandit:
             raise ValueError(f"instance_id must be a string, got {instance_id!r}")
         self.instance_id = instance_id if instance_id is not None else os.urandom(8).hex()
         self._seed = seed
-        self._rng_state: dict[str, Any] | None = None  # restored generator state, if any
-        self._rng_obj: np.random.Generator | None = None
-        self._state = self.structure.initial_state(1)[..., 0].copy()
-        self.psi = math.inf
-        self._vn = 0.0
-        self._d_mant = 0.0
-        self._d_exp = 0
-        self.n_updates = 0
-        self.n_rounds = 0
-        # no table while idle, the ticket itself while one is pending, else round -> ticket
-        self._pending: Any = _NO_TICKETS
+        kernel = self.structure.kernel(self.gamma)
+        self._attach(Table(kernel, kernel.initial_rows(1)))
+
+    # ------------------------------------------------ state (one row of the kernel's table)
+    @property
+    def psi(self) -> float:
+        """ψ, the smallest loss seen (+inf before any)."""
+        return float(self._row[PSI])
+
+    @psi.setter
+    def psi(self, value: float) -> None:
+        self._row[PSI] = value
 
     @property
-    def _rng(self) -> np.random.Generator:
-        """The instance's own generator, created on first use (streams pass their own u)."""
-        if self._rng_obj is None:
-            self._rng_obj = np.random.default_rng(self._seed)
-            if self._rng_state is not None:
-                self._rng_obj.bit_generator.state = self._rng_state
-        return self._rng_obj
+    def n_updates(self) -> int:
+        return int(self._row[N_UPDATES])
+
+    @n_updates.setter
+    def n_updates(self, value: int) -> None:
+        self._row[N_UPDATES] = value
+
+    @property
+    def n_rounds(self) -> int:
+        return int(self._row[N_ROUNDS])
+
+    @n_rounds.setter
+    def n_rounds(self, value: int) -> None:
+        self._row[N_ROUNDS] = value
+
+    @property
+    def _vn(self) -> float:
+        return float(self._row[VN])
+
+    @_vn.setter
+    def _vn(self, value: float) -> None:
+        self._row[VN] = value
+
+    @property
+    def _d_mant(self) -> float:
+        return float(self._row[D_MANT])
+
+    @_d_mant.setter
+    def _d_mant(self, value: float) -> None:
+        self._row[D_MANT] = value
+
+    @property
+    def _d_exp(self) -> int:
+        return int(self._row[D_EXP])
+
+    @_d_exp.setter
+    def _d_exp(self, value: int) -> None:
+        self._row[D_EXP] = value
+
+    @property
+    def _state(self) -> np.ndarray:
+        """The class's state (a view), shape ``structure.state_shape``."""
+        return self._row[HEAD:].reshape(self.structure.state_shape)
+
+    @_state.setter
+    def _state(self, value: np.ndarray) -> None:
+        self._row[HEAD:] = np.asarray(value, dtype=float).ravel()
 
     # ---------------------------------------------------------------- statistics
     @property
@@ -185,107 +196,14 @@ class Bandit:
             return math.inf
         return self.gamma / (self.D * math.sqrt(self._vn + 1.0))
 
-    @property
-    def pending(self) -> tuple[Ticket, ...]:
-        """Tickets selected and not yet updated or discarded."""
-        if type(self._pending) is Ticket:
-            return (self._pending,)
-        return tuple(self._pending.values())
-
     # ------------------------------------------------------------------ decisions
-    def _weights(self, row: int) -> tuple[Any, Any, float, float, float]:
-        """(w, W, Σw, 1 - ε, ε/M) of one context: q = w·((1 - ε)/Σw) + ε/M, p = w/Σw.
-
-        W is the cumulative sum of an array w (None for a list); Σw is summed in arm
-        order, as the batch engine sums over its arm axis.
-        """
-        c = self.gamma / math.sqrt(self._vn + 1.0)
-        w = self.structure.arm_weights_one(self._state, row, c)
-        eps = exploration(self.n_arms, self.n_updates + 1)
-        if isinstance(w, list):
-            return w, None, sum(w), 1.0 - eps, eps / self.n_arms
-        cw = np.cumsum(w)
-        return w, cw, float(cw[-1]), 1.0 - eps, eps / self.n_arms
-
     def probabilities(self, context: int | None = None) -> np.ndarray:
         """q: the distribution the next selection (in this context) is drawn from."""
-        w, _, total, keep, spread = self._weights(check_context(self.structure, context))
-        return np.asarray(w) * (keep / total) + spread
+        return self._table.probabilities(0, check_context(self.structure, context))
 
-    def select(self, context: int | None = None, u: float | None = None) -> Ticket:
-        """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
-        row = check_context(self.structure, context)
-        u = self._rng.random() if u is None else check_draw(u)
-        w, cw, total, keep, spread = self._weights(row)
-        if cw is None:
-            scale = keep / total
-            arm = bisect_right(list(accumulate([x * scale + spread for x in w])), u)
-        else:
-            arm = _first_above(cw, u, keep / total, spread)
-        arm = min(arm, self.n_arms - 1)
-        p = float(w[arm]) / total
-        self.n_rounds += 1
-        prob = float(w[arm]) * (keep / total) + spread
-        ticket = Ticket(self.instance_id, self.n_rounds, arm, prob, p, context)
-        self._hold(ticket)
-        return ticket
-
-    def _hold(self, ticket: Ticket) -> None:
-        held = self._pending
-        if held is _NO_TICKETS:
-            self._pending = ticket  # the common case of one pending ticket needs no table
-        elif type(held) is Ticket:
-            self._pending = {held.round: held, ticket.round: ticket}
-        else:
-            held[ticket.round] = ticket
-
-    def update(self, ticket: Ticket, loss: float) -> None:
-        """Apply the loss of a ticket's arm; each ticket exactly once, in any order."""
-        self._check_pending(ticket)
-        loss = check_loss(loss)
-        step = observe(
-            self.psi, self._vn, self._d_mant, self._d_exp, loss, ticket.prob, ticket.weight_share
-        )
-        if self.n_arms > 1:
-            context = 0 if ticket.context is None else ticket.context
-            c = self.gamma / math.sqrt(step.vn + 1.0)
-            self.structure.update_one(self._state, context, ticket.arm, step, c, self.n_updates + 1)
-        self.psi, self._vn, self._d_mant, self._d_exp = step.psi, step.vn, step.d_mant, step.d_exp
-        self.n_updates += 1
-        self._settle(ticket)
-
-    def discard(self, ticket: Ticket) -> None:
-        """Forget a pending ticket without feedback (its time to live ran out)."""
-        self._check_pending(ticket)
-        self._settle(ticket)
-
-    def _settle(self, ticket: Ticket) -> None:
-        held = self._pending
-        if type(held) is Ticket:
-            self._pending = _NO_TICKETS  # an idle instance keeps no ticket table
-            return
-        del held[ticket.round]
-        if len(held) == 1:
-            [self._pending] = held.values()
-
-    def _pending_at(self, round_: int) -> Ticket | None:
-        held = self._pending
-        if type(held) is Ticket:
-            return held if held.round == round_ else None
-        return held.get(round_)
-
-    def _check_pending(self, ticket: Any) -> None:
-        if not isinstance(ticket, Ticket):
-            raise TicketError(f"expected a Ticket, got {ticket!r}")
-        if ticket.instance != self.instance_id:
-            raise TicketError(
-                f"ticket of instance {ticket.instance!r} given to instance {self.instance_id!r}"
-            )
-        if self._pending_at(ticket.round) != ticket:
-            raise TicketError(
-                f"ticket round {ticket.round} is not pending here "
-                "(already updated, discarded, never issued, or altered)"
-            )
+    def weight_shares(self, context: int | None = None) -> np.ndarray:
+        """p = w/Σw: the class's arm distribution before the ε-mixing (q = (1-ε)p + ε/M)."""
+        return self._table.weight_shares(0, check_context(self.structure, context))
 
     # -------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -328,13 +246,13 @@ class Bandit:
             )
             if weights.size != b._state.size or np.isnan(weights).any():
                 raise ValueError(f"weights must be {b._state.size} numbers")
-            b._state = weights.reshape(b._state.shape)
+            b._state = weights
             b.psi = math.inf if data["psi"] is None else check_loss(data["psi"])
             b._vn = check_real("vn", data["vn"], 0.0, math.inf)
             b._d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
-            b._d_exp = check_int("d_exp", data["d_exp"], -(2**31))
-            b.n_updates = check_int("n_updates", data["n_updates"], 0)
-            b.n_rounds = check_int("n_rounds", data["n_rounds"], 0)
+            b._d_exp = check_int("d_exp", data["d_exp"], -(2**31), 2**31)
+            b.n_updates = check_int("n_updates", data["n_updates"], 0, MAX_COUNT)
+            b.n_rounds = check_int("n_rounds", data["n_rounds"], 0, MAX_COUNT)
             for raw in data["pending"]:
                 t = Ticket.from_dict(raw)
                 if b._pending_at(t.round) is not None or t.instance != b.instance_id:
@@ -368,12 +286,13 @@ class Bandit:
         """
         if self._rng_obj is not None or self._rng_state is not None:
             return None
-        if self._pending is not _NO_TICKETS and not keep_pending:
+        if self._pending is not None and not keep_pending:
             return None
+        row = self._row
         head = _PACKED.pack(
-            self.psi, self._vn, self._d_mant, self._d_exp, self.n_updates, self.n_rounds
+            row[PSI], row[VN], row[D_MANT], int(row[D_EXP]), int(row[N_UPDATES]), int(row[N_ROUNDS])
         )
-        return head + self._state.tobytes()
+        return head + row[HEAD:].tobytes()
 
     @classmethod
     def unpack(
@@ -382,26 +301,27 @@ class Bandit:
         """Rebuild an instance from ``pack()``; ``template`` is any instance of the same
         configuration (arms, competition, γ, seed), whose own state is not used, and
         ``pending`` the tickets that were pending when it was packed."""
-        shape = template._state.shape
-        size = _PACKED.size + template._state.nbytes
+        kernel = template._table.kernel
+        size = _PACKED.size + 8 * (kernel.width - HEAD)
         if not isinstance(blob, bytes) or len(blob) != size:
+            shape = template.structure.state_shape
             raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
         psi, vn, d_mant, d_exp, n_updates, n_rounds = _PACKED.unpack_from(blob)
-        weights = _weights_struct(template._state.size).unpack_from(blob, _PACKED.size)
+        weights = _weights_struct(kernel.width - HEAD).unpack_from(blob, _PACKED.size)
         if math.isnan(psi) or not 0.0 <= vn < math.inf or not 0.0 <= d_mant < 1.0:
             raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
         # a NaN or a +inf weight makes the sum NaN or +inf (-inf weights are valid): no numpy
         total = sum(weights)
-        if n_updates < 0 or n_rounds < 0 or math.isnan(total) or total == math.inf:
+        counters_ok = 0 <= n_updates <= MAX_COUNT and 0 <= n_rounds <= MAX_COUNT
+        if not counters_ok or math.isnan(total) or total == math.inf:
             raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}")
         b = cls.__new__(cls)
         b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma
         b.competition, b._seed, b.instance_id = template.competition, template._seed, instance_id
-        b._rng_state = b._rng_obj = None
-        b._state = np.array(weights).reshape(shape)
-        b.psi, b._vn, b._d_mant, b._d_exp = psi, vn, d_mant, d_exp
-        b.n_updates, b.n_rounds = n_updates, n_rounds
-        b._pending = _NO_TICKETS
+        rows = np.empty((1, kernel.width))
+        rows[0, :HEAD] = (psi, vn, d_mant, d_exp, n_updates, n_rounds)
+        rows[0, HEAD:] = weights
+        b._attach(Table(kernel, rows))
         for ticket in pending:
             if not isinstance(ticket, Ticket) or ticket.instance != instance_id:
                 raise TicketError(f"not a ticket of instance {instance_id!r}: {ticket!r}")

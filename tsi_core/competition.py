@@ -1,14 +1,15 @@
 """Competition classes: which arm sequences the bandit competes with.
 
 A class is a small, immutable, JSON-describable spec. ``bind(n_arms)`` turns it into a
-*structure* (``tsi_core.structures``): the object that knows the class's weight arrays,
-how to turn them into arm probabilities and how to apply one round's update.
+*structure* (``tsi_core.structures``): the object that knows the class's state and gives
+its compiled round. Complexities (which size the default γ) use the kernel's log, so γ
+has the same bits on every machine.
 
->>> Fixed().complexity(10) == math.log(10)
+>>> round(Fixed().complexity(10), 12) == round(math.log(10), 12)
 True
 >>> round(Switching(rate=0.01, switches=2).complexity(10), 3)
 17.897
->>> Contextual(3).complexity(4) == 3 * math.log(4)
+>>> round(Contextual(3).complexity(4), 12) == round(3 * math.log(4), 12)
 True
 """
 
@@ -21,10 +22,17 @@ from typing import Any
 
 import numpy as np
 
+from tsi_core._kernel import log as _log
 from tsi_core.structures import CumulativeLoss, MarkovWeights, Structure, SwitchingWeights
 from tsi_core.validate import check_int, check_real
 
 DEFAULT_HORIZON = 1_000_000
+
+
+def _log1p(x: float) -> float:
+    """log(1 + x), accurate for small x, from the kernel's log (Goldberg's method)."""
+    u = 1.0 + x
+    return x if u == 1.0 else _log(u) * x / (u - 1.0)
 
 
 # --------------------------------------------------------------------------- specs
@@ -35,7 +43,7 @@ class Fixed:
     """Compete with the best fixed arm: Ω = arms, T = identity, W = log M."""
 
     def complexity(self, n_arms: int) -> float:
-        return math.log(n_arms)
+        return _log(n_arms)
 
     def bind(self, n_arms: int) -> Structure:
         return CumulativeLoss(n_arms, 1)
@@ -58,7 +66,7 @@ class Contextual:
         check_int("n_contexts", self.n_contexts, 1)
 
     def complexity(self, n_arms: int) -> float:
-        return self.n_contexts * math.log(n_arms)
+        return self.n_contexts * _log(n_arms)
 
     def bind(self, n_arms: int) -> Structure:
         return CumulativeLoss(n_arms, self.n_contexts)
@@ -90,18 +98,18 @@ class Switching:
         check_int("horizon", self.horizon, 1)
 
     def complexity(self, n_arms: int) -> float:
-        w = math.log(n_arms)
+        w = _log(n_arms)
         s = float(self.switches)
         if n_arms == 1 or s == 0.0:
             return w
         if self.rate is None:
             h = float(self.horizon)
-            return w + math.log(h) + s * math.log(h * (n_arms - 1))
+            return w + _log(h) + s * _log(h * (n_arms - 1))
         a = float(self.rate)
         if a == 0.0:
             return w
-        stay = 0.0 if a == 1.0 else -(s / a - s) * math.log1p(-a)
-        return w + s * math.log((n_arms - 1) / a) + stay
+        stay = 0.0 if a == 1.0 else -(s / a - s) * _log1p(-a)
+        return w + s * _log((n_arms - 1) / a) + stay
 
     def bind(self, n_arms: int) -> Structure:
         return SwitchingWeights(n_arms, self.rate)
@@ -135,7 +143,7 @@ class Markov:
     complexity_: float | None = None
     _edges: tuple[np.ndarray, np.ndarray, np.ndarray] = field(init=False, repr=False)
     _arm_of: np.ndarray = field(init=False, repr=False)
-    _log_initial: np.ndarray = field(init=False, repr=False)
+    _initial: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         src, dst, val, k = _edges_of(self.transition)
@@ -157,11 +165,9 @@ class Markov:
         if self.complexity_ is not None:
             check_real("complexity_", self.complexity_, 0.0, math.inf)
         order = np.lexsort((src, dst))
-        with np.errstate(divide="ignore"):
-            log_initial = np.log(initial)
-        object.__setattr__(self, "_edges", (src[order], dst[order], np.log(val[order])))
+        object.__setattr__(self, "_edges", (src[order], dst[order], val[order]))
         object.__setattr__(self, "_arm_of", arm_of.astype(np.int64))
-        object.__setattr__(self, "_log_initial", log_initial)
+        object.__setattr__(self, "_initial", initial)
 
     @property
     def n_classes(self) -> int:
@@ -170,23 +176,23 @@ class Markov:
     def complexity(self, n_arms: int) -> float:
         if self.complexity_ is not None:
             return float(self.complexity_)
-        return math.log(self.n_classes)
+        return _log(self.n_classes)
 
     def bind(self, n_arms: int) -> Structure:
         if int(self._arm_of.max()) >= n_arms:
             raise ValueError(
                 f"arm_of names arm {int(self._arm_of.max())}, but the bandit has {n_arms} arms"
             )
-        return MarkovWeights(n_arms, self._arm_of, self._log_initial, self._edges)
+        return MarkovWeights(n_arms, self._arm_of, self._initial, self._edges)
 
     def to_dict(self) -> dict[str, Any]:
-        src, dst, log_val = self._edges
+        src, dst, val = self._edges
         return {
             "kind": "markov",
             "n_classes": self.n_classes,
-            "edges": [src.tolist(), dst.tolist(), np.exp(log_val).tolist()],
+            "edges": [src.tolist(), dst.tolist(), val.tolist()],
             "arm_of": self._arm_of.tolist(),
-            "initial": np.exp(self._log_initial).tolist(),
+            "initial": self._initial.tolist(),
             "complexity": self.complexity_,
         }
 

@@ -153,11 +153,11 @@ def migrate(
     scale = new_s.log_weight_scale(c_new)  # None: no per-arm state
     per_arm = type(old_s) is type(new_s) and old_s.n_contexts == new_s.n_contexts
     if not kept or (isinstance(new_s, CumulativeLoss) and not bandit._d_mant):
-        state = new_s.initial_state(1)[..., 0]
+        state = new_s.initial_state()
     elif per_arm and scale is not None:
         state = _carry(bandit._state, sources, scale, share)
         if not np.isfinite(state).any():
-            state = new_s.initial_state(1)[..., 0]
+            state = new_s.initial_state()
     elif same_class and sources == list(range(bandit.n_arms)):
         state = bandit._state.copy()
     else:

@@ -10,6 +10,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 
+class TicketError(ValueError):
+    """A ticket that an instance cannot settle (foreign, settled, discarded or forged)."""
+
+
 class Ticket(NamedTuple):
     """What a selection was made with: the update needs these values, not current ones.
 

@@ -83,3 +83,19 @@ def check_int_vector(name: str, values: Any, n: int | None, low: int, high: floa
     if len(bad):
         raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is outside [{low}, {high}]")
     return arr
+
+
+def check_real_vector(name: str, values: Any, n: int, low: float, high: float) -> np.ndarray:
+    """n finite real numbers (not bools) in [low, high], as a float array."""
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be {n} real numbers, got {values!r}") from exc
+    if arr.shape != (n,) or np.asarray(values).dtype == bool:
+        raise ValueError(f"{name} must be {n} real numbers, got shape {arr.shape}")
+    bad = np.flatnonzero(~((arr >= low) & (arr <= high) & np.isfinite(arr)))
+    if len(bad):
+        raise ValueError(
+            f"{name}[{bad[0]}] = {float(arr[bad[0]])!r} is not a finite number in range"
+        )
+    return arr

@@ -40,12 +40,27 @@ from typing import Any
 import numpy as np
 
 from tsi_core.bandit import TicketError
-from tsi_core.batch import TicketBatch, _real_array, checked_losses, cumulative, select_arms
-from tsi_core.validate import check_int, check_real
+from tsi_core.batch import TicketBatch, checked_losses
+from tsi_core.validate import check_int, check_real, check_real_vector
 
 __all__ = ["AHB", "Baseline", "Exp3", "Exp3IX", "Exp3S", "TsallisInf"]
 
 _BIG = 1e300  # bound on single estimates and cumulative sums: every later sum stays finite
+
+
+def cumulative(q: np.ndarray) -> np.ndarray:
+    """Cumulative sums over arms (axis 0); a loop of vector adds beats np.cumsum for few arms."""
+    if len(q) > 64:
+        return np.cumsum(q, axis=0)
+    out = q.copy()
+    for i in range(1, len(out)):
+        out[i] += out[i - 1]
+    return out
+
+
+def select_arms(cumulative_q: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per instance (column), the smallest i with u < q_0 + … + q_i (else the last arm)."""
+    return np.minimum((cumulative_q <= u).sum(axis=0), cumulative_q.shape[0] - 1)
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -175,7 +190,7 @@ class Baseline:
         if u is None:
             u = self._rng.random(n)
         else:
-            u = _real_array("u", u, n, 0.0, 1.0)
+            u = check_real_vector("u", u, n, 0.0, 1.0)
             if (u >= 1.0).any():
                 raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
         q, memo = self._distribution()

@@ -13,7 +13,6 @@ from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, 
 from flows.service.logic import FlowContext, logic_builder
 from flows.service.registry import LiveRegistry, Registry
 from flows.tools.inspect import describe, render
-from tsi_core.stats import exploration
 
 T0 = 1_767_225_600.0
 
@@ -56,10 +55,7 @@ def probabilities(logic):
 
 def learned(logic):
     """p = w/Σw, the learned part of q = (1 - ε)·p + ε/M."""
-    bandit = logic.bandit
-    eps = exploration(bandit.n_arms, bandit.n_updates + 1)
-    q = bandit.probabilities()
-    return dict(zip(logic.experiment.arms, (q - eps / len(q)) / (1 - eps), strict=True))
+    return dict(zip(logic.experiment.arms, logic.bandit.weight_shares(), strict=True))
 
 
 def test_an_appended_arm_keeps_what_was_learned_and_is_explored():

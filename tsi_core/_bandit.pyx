@@ -1,0 +1,220 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, embedsignature=True
+"""The hot path of one bandit instance: select and update, with their checks, compiled.
+
+``tsi_core.bandit.Bandit`` subclasses ``BanditCore`` and adds configuration, statistics
+and persistence in Python. A round here is: check the arguments (the same rules and
+messages as ``tsi_core.validate``), call the kernel on the instance's row, build or settle
+the ``Ticket``. The instance's own uniform draws come straight from its numpy generator's
+C interface: the same numbers ``Generator.random()`` returns.
+"""
+
+from cpython.object cimport PyTypeObject
+from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_SET_ITEM
+from libc.math cimport isfinite
+from libc.stdint cimport int64_t, uint64_t
+
+import numpy as np
+
+from tsi_core._kernel cimport C_N_ROUNDS, Kernel, Table
+from tsi_core.ticket import Ticket, TicketError
+from tsi_core.validate import check_draw, check_loss, context_problem
+
+
+cdef extern from *:
+    """
+    /* numpy/random/bitgen.h: the C interface every numpy BitGenerator exposes */
+    typedef struct {
+        void *state;
+        uint64_t (*next_uint64)(void *st);
+        uint32_t (*next_uint32)(void *st);
+        double (*next_double)(void *st);
+        uint64_t (*next_raw)(void *st);
+    } tsi_bitgen_t;
+    """
+    ctypedef struct tsi_bitgen_t:
+        void* state
+        double (*next_double)(void* st) noexcept nogil
+
+cdef extern from "Python.h":
+    object PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t n)
+
+
+cdef inline void put(object ticket, Py_ssize_t i, object item):
+    Py_INCREF(item)  # PyTuple_SET_ITEM steals a reference
+    PyTuple_SET_ITEM(ticket, i, item)
+
+
+cdef inline object new_ticket(object instance, int64_t round_, int64_t arm, double q,
+                              double p, object context):
+    """Ticket(instance, round_, arm, q, p, context), allocated as tuple.__new__ does for a
+    tuple subclass, without the intermediate tuple."""
+    cdef object ticket = PyType_GenericAlloc(<PyTypeObject*>Ticket, 6)
+    put(ticket, 0, instance)
+    put(ticket, 1, round_)
+    put(ticket, 2, arm)
+    put(ticket, 3, q)
+    put(ticket, 4, p)
+    put(ticket, 5, context)
+    return ticket
+
+
+cdef inline object field(object ticket, Py_ssize_t i):
+    """Item i of a Ticket (a tuple): no __getitem__ dispatch."""
+    return <object>PyTuple_GET_ITEM(ticket, i)
+
+
+cdef class BanditCore:
+    """Row 0 of a one-row kernel table, the pending tickets, and the instance's draws."""
+
+    cdef readonly Table _table
+    cdef readonly object _row
+    cdef double* _data
+    cdef Kernel _kernel
+    cdef int _n_contexts
+    cdef public object instance_id
+    cdef public object _pending      # None, one Ticket, or {round: Ticket}
+    cdef public object _seed
+    cdef public object _rng_state    # a restored generator state, used on first draw
+    cdef object _generator
+    cdef object _bit_generator      # keeps the C state below alive
+    cdef tsi_bitgen_t* _bitgen
+
+    def _attach(self, Table table):
+        """Make ``table`` (one row) this instance's state."""
+        if table.n != 1:
+            raise ValueError(f"an instance's table has one row, got {table.n}")
+        self._table, self._kernel, self._row = table, table.kernel, table.rows[0]
+        self._data = table.row(0)
+        self._n_contexts = table.kernel.n_contexts
+
+    # ------------------------------------------------------------------ draws
+    @property
+    def _rng(self):
+        """The instance's own generator, created on first use (streams pass their own u)."""
+        if self._generator is None:
+            generator = np.random.default_rng(self._seed)
+            if self._rng_state is not None:
+                generator.bit_generator.state = self._rng_state
+            self._bit_generator = generator.bit_generator
+            capsule = self._bit_generator.capsule
+            self._bitgen = <tsi_bitgen_t*>PyCapsule_GetPointer(capsule, "BitGenerator")
+            self._generator = generator
+        return self._generator
+
+    @property
+    def _rng_obj(self):
+        return self._generator
+
+    cdef double _draw(self) except? -1.0:
+        if self._bitgen == NULL:
+            self._rng
+        return self._bitgen.next_double(self._bitgen.state)
+
+    # -------------------------------------------------------------- decisions
+    def select(self, context=None, u=None):
+        """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
+        cdef int64_t arm
+        cdef int64_t row = 0
+        cdef double q, p, draw
+        if context is not None or self._n_contexts > 1:
+            problem = context_problem(self._n_contexts, context)
+            if problem is not None:
+                raise ValueError(problem)
+            row = context
+        if u is None:
+            draw = self._draw()
+        elif isinstance(u, float) and 0.0 <= <double>u < 1.0:
+            draw = u
+        else:
+            draw = check_draw(u)
+        self._kernel.select_row(self._data, <int>row, draw, &arm, &q, &p)
+        ticket = new_ticket(self.instance_id, <int64_t>self._data[C_N_ROUNDS], arm, q, p,
+                            context)
+        self.hold(ticket)
+        return ticket
+
+    def update(self, ticket, loss):
+        """Apply the loss of a ticket's arm; each ticket exactly once, in any order."""
+        cdef double value
+        self.check_pending(ticket)
+        if isinstance(loss, float) and isfinite(<double>loss):
+            value = loss
+        else:
+            value = check_loss(loss)
+        context = field(ticket, 5)
+        cdef int64_t row = 0 if context is None else context
+        cdef int64_t arm = field(ticket, 2)
+        cdef double q = field(ticket, 3)
+        cdef double p = field(ticket, 4)
+        self._table.check_ticket(row, arm, q, p, value)
+        self._kernel.update_row(self._data, <int>row, arm, q, p, value)
+        self.settle(ticket)
+
+    def discard(self, ticket):
+        """Forget a pending ticket without feedback (its time to live ran out)."""
+        self.check_pending(ticket)
+        self.settle(ticket)
+
+    # -------------------------------------------------------- pending tickets
+    @property
+    def pending(self):
+        """Tickets selected and not yet updated or discarded."""
+        held = self._pending
+        if held is None:
+            return ()
+        if type(held) is dict:
+            return tuple(held.values())
+        return (held,)
+
+    def _hold(self, ticket):
+        self.hold(ticket)
+
+    def _pending_at(self, round_):
+        return self.pending_at(round_)
+
+    cdef int hold(self, ticket) except -1:
+        held = self._pending
+        if held is None:
+            self._pending = ticket  # the common case of one pending ticket needs no table
+        elif type(held) is dict:
+            held[ticket[1]] = ticket
+        else:
+            self._pending = {held[1]: held, ticket[1]: ticket}
+        return 0
+
+    cdef int settle(self, ticket) except -1:
+        held = self._pending
+        if type(held) is not dict:
+            self._pending = None  # an idle instance keeps no ticket table
+            return 0
+        del held[ticket[1]]
+        if len(held) == 1:
+            self._pending = next(iter(held.values()))
+        return 0
+
+    cdef object pending_at(self, round_):
+        held = self._pending
+        if held is None:
+            return None
+        if type(held) is dict:
+            return held.get(round_)
+        return held if held[1] == round_ else None
+
+    cdef int check_pending(self, ticket) except -1:
+        if type(ticket) is not Ticket and not isinstance(ticket, Ticket):
+            raise TicketError(f"expected a Ticket, got {ticket!r}")
+        if field(ticket, 0) != self.instance_id:
+            raise TicketError(
+                f"ticket of instance {ticket[0]!r} given to instance {self.instance_id!r}"
+            )
+        if self._pending is ticket:
+            return 0
+        if self.pending_at(field(ticket, 1)) != ticket:
+            raise TicketError(
+                f"ticket round {ticket[1]} is not pending here "
+                "(already updated, discarded, never issued, or altered)"
+            )
+        return 0

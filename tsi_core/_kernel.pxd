@@ -1,0 +1,75 @@
+# cython: language_level=3
+"""C-level declarations of the kernel (``_kernel.pyx``), for other compiled modules."""
+
+from libc.stdint cimport int64_t
+
+cdef enum:
+    # the columns of an instance's row; the class's state follows from C_HEAD
+    C_PSI = 0
+    C_VN = 1
+    C_D_MANT = 2
+    C_D_EXP = 3
+    C_N_UPDATES = 4
+    C_N_ROUNDS = 5
+    C_HEAD = 6
+
+cdef enum Kind:
+    CUMULATIVE = 0
+    SWITCHING = 1
+    MARKOV = 2
+
+cdef struct Step:
+    double psi
+    double vn
+    double d_mant
+    double d_exp
+    double x       # φ / D_new, in [0, 1]
+    double ratio   # D_old / D_new (1 while D does not grow, 0 when D was 0)
+    double r       # η_new / η_old (0 when η_old was +inf)
+    bint active    # D_new > 0: η is finite and the loss term applies
+
+
+cdef class Kernel:
+    cdef readonly int n_arms
+    cdef readonly int n_contexts
+    cdef readonly int n_state
+    cdef readonly int width
+    cdef readonly double gamma
+    cdef readonly str kind_name
+    cdef int kind
+    cdef double rate
+    cdef int n_classes
+    cdef int64_t[::1] arm_of
+    cdef int64_t[::1] src
+    cdef int64_t[::1] targets
+    cdef int64_t[::1] starts
+    cdef double[::1] log_t
+    cdef double[::1] scratch
+    cdef double[::1] initial
+
+    cdef double arm_weights(self, const double* state, int ctx, double c,
+                            double* w) noexcept nogil
+    cdef double mixing(self, const double* row) noexcept nogil
+    cdef void select_row(self, double* row, int ctx, double u, int64_t* arm,
+                         double* q, double* p) noexcept nogil
+    cdef void policy_row(self, const double* row, int ctx, double* out) noexcept nogil
+    cdef void update_row(self, double* row, int ctx, int64_t arm, double q, double p,
+                         double loss) noexcept nogil
+    cdef void cumulative_update(self, double* state, int ctx, int64_t arm,
+                                const Step* s) noexcept nogil
+    cdef void switching_update(self, double* logw, int64_t arm, const Step* s, double c,
+                               double n) noexcept nogil
+    cdef void markov_update(self, double* logw, int64_t arm, const Step* s,
+                            double c) noexcept nogil
+
+
+cdef class Table:
+    cdef readonly Kernel kernel
+    cdef readonly object rows
+    cdef double* data
+    cdef readonly Py_ssize_t n
+
+    cdef double* row(self, Py_ssize_t i) except NULL
+    cdef int check_context(self, int64_t ctx) except -1
+    cdef int check_ticket(self, int64_t ctx, int64_t arm, double q, double p,
+                          double loss) except -1

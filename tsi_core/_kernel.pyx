@@ -1,0 +1,486 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, embedsignature=True
+"""The compiled round of the algorithm: every class, one arithmetic, one instance or many.
+
+``Bandit`` (one instance), ``BatchBandit`` (many) and the service all call the functions
+here, so given the same draws they make the same selections bit for bit, on any machine:
+the extension is built without fast-math and without fused multiply-add (setup.py), sums
+run in one fixed order, and exp/log are the project's own (``_kernel_src/detmath.h``).
+
+An instance is one row of a float64 table (``Table.rows``, shape (n, width))::
+
+    PSI  VN  D_MANT  D_EXP  N_UPDATES  N_ROUNDS  state...
+
+ψ; V/D²; D = D_MANT·2^D_EXP; the counters (exact integers in a double up to 2^53); then
+the class's state: Φ/D per (context, arm) for Fixed and Contextual, normalised
+log-weights per arm (Switching) or per class (Markov).
+
+>>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
+>>> t = Table(k, k.initial_rows(2))
+>>> arm, q, p, n = t.select(0, 0, 0.5)      # instance 0, context 0, u = 0.5
+>>> t.update(0, 0, arm, q, p, 7.0)
+>>> t.rows[:, N_UPDATES].tolist()
+[1.0, 0.0]
+"""
+
+import numpy as np
+
+from libc.math cimport INFINITY, frexp, isfinite, isinf, ldexp, sqrt
+from libc.stdint cimport int64_t
+
+from tsi_core._kernel cimport (
+    C_D_EXP, C_D_MANT, C_HEAD, C_N_ROUNDS, C_N_UPDATES, C_PSI, C_VN, CUMULATIVE, MARKOV,
+    SWITCHING, Step,
+)
+
+cdef extern from "_kernel_src/detmath.h":
+    double tsi_exp(double x) noexcept nogil
+    double tsi_log(double x) noexcept nogil
+
+PSI, VN, D_MANT, D_EXP, N_UPDATES, N_ROUNDS, HEAD = range(7)
+
+KINDS = {"cumulative": CUMULATIVE, "switching": SWITCHING, "markov": MARKOV}
+
+
+def exp(double x) -> float:
+    """e^x, the same bits on every machine (below 1 ulp from the true value).
+
+    >>> exp(0.0), exp(float("-inf"))
+    (1.0, 0.0)
+    """
+    return tsi_exp(x)
+
+
+def log(double x) -> float:
+    """Natural log, the same bits on every machine; log(0) = -inf.
+
+    >>> log(1.0), log(0.0)
+    (0.0, -inf)
+    """
+    return tsi_log(x)
+
+
+def log_array(values) -> np.ndarray:
+    """``log`` of every entry of a float array (a new array)."""
+    cdef double[::1] v = np.array(values, dtype=float).ravel()
+    cdef Py_ssize_t i
+    for i in range(v.shape[0]):
+        v[i] = tsi_log(v[i])
+    return np.asarray(v).reshape(np.shape(values))
+
+
+cdef inline void observe(const double* row, double loss, double q, double p,
+                         Step* s) noexcept nogil:
+    """Fold one loss (drawn with probability q, weight share p) into ψ, V/D², D."""
+    cdef double psi = row[C_PSI]
+    cdef double vn = row[C_VN]
+    cdef double d_mant = row[C_D_MANT]
+    cdef int d_exp = <int>row[C_D_EXP]
+    cdef double gap, g_mant, phi_mant, new_vn
+    cdef int g_exp, phi_exp
+    s.psi = loss if loss < psi else psi
+    gap = loss - s.psi
+    if isinf(gap):  # loss - ψ beyond float64: halve both operands first
+        g_mant = frexp(loss * 0.5 - s.psi * 0.5, &g_exp)
+        g_exp += 1
+    else:
+        g_mant = frexp(gap, &g_exp)
+    if g_mant == 0.0:  # φ = 0: nothing but ψ changes
+        s.vn, s.d_mant, s.d_exp = vn, d_mant, d_exp
+        s.x, s.ratio, s.r, s.active = 0.0, 1.0, 1.0, d_mant != 0.0
+        return
+    phi_mant = frexp(g_mant / q, &phi_exp)
+    phi_exp += g_exp
+    if d_mant == 0.0 or phi_exp > d_exp or (phi_exp == d_exp and phi_mant > d_mant):
+        s.ratio = 0.0 if d_mant == 0.0 else ldexp(d_mant / phi_mant, d_exp - phi_exp)
+        new_vn = vn * s.ratio * s.ratio + p
+        s.x = 1.0
+        s.d_mant, s.d_exp = phi_mant, phi_exp
+    else:
+        s.ratio = 1.0
+        s.x = ldexp(phi_mant / d_mant, phi_exp - d_exp)
+        new_vn = vn + p * s.x * s.x
+        s.d_mant, s.d_exp = d_mant, d_exp
+    s.vn = new_vn
+    s.r = s.ratio * sqrt((vn + 1.0) / (new_vn + 1.0))
+    s.active = True
+
+
+cdef inline void normalise(double* logw, Py_ssize_t n) noexcept nogil:
+    """Subtract the log-sum-exp (all -inf stays as it is up to NaN, as numpy had it)."""
+    cdef Py_ssize_t i
+    cdef double top = logw[0]
+    cdef double total = 0.0
+    for i in range(1, n):
+        if logw[i] > top:
+            top = logw[i]
+    if not isfinite(top):
+        top = 0.0
+    for i in range(n):
+        total += tsi_exp(logw[i] - top)
+    total = tsi_log(total) + top
+    for i in range(n):
+        logw[i] = logw[i] - total
+
+
+cdef inline double powered(double v, const Step* s, double eta_phi, bint hit) noexcept nogil:
+    """log z = r·log w - η·φ·[hit], with r·(-inf) = -inf."""
+    return (s.r * v if isfinite(v) else -INFINITY) - (eta_phi if hit else 0.0)
+
+
+cdef class Kernel:
+    """One configuration's round (class kind, arms, contexts, γ, transition); no state.
+
+    ``kind`` is "cumulative" (Fixed, Contextual: ``n_contexts`` rows of Φ/D),
+    "switching" (``rate`` a constant share, or None for the decaying 1/(t+1)) or
+    "markov" (``arm_of`` per class, edges ``src`` → grouped by target with ``starts``,
+    ``log_t`` their log-probabilities, ``log_initial`` the initial log-weights).
+    """
+
+    def __init__(self, str kind, int n_arms, int n_contexts=1, double gamma=1.0,
+                 rate=None, arm_of=None, src=None, dst=None, log_t=None,
+                 log_initial=None):
+        if kind not in KINDS:
+            raise ValueError(f"kernel kind must be one of {sorted(KINDS)}, got {kind!r}")
+        if n_arms < 1 or n_contexts < 1 or not (gamma > 0.0 and isfinite(gamma)):
+            raise ValueError(f"bad kernel configuration: {n_arms=}, {n_contexts=}, {gamma=}")
+        self.kind_name = kind
+        self.kind = KINDS[kind]
+        self.n_arms, self.n_contexts, self.gamma = n_arms, n_contexts, gamma
+        self.rate = -1.0 if rate is None else float(rate)
+        self.n_classes = 0
+        if self.kind == MARKOV:
+            self._bind_markov(arm_of, src, dst, log_t)
+            self.n_state = self.n_classes
+            self.initial = np.array(log_initial, dtype=float)
+        elif self.kind == SWITCHING:
+            self.n_state = n_arms
+            self.initial = np.full(n_arms, -tsi_log(<double>n_arms))
+        else:
+            self.n_state = n_contexts * n_arms
+            self.initial = np.zeros(self.n_state)
+        if self.initial.shape[0] != self.n_state:
+            raise ValueError(f"initial state must have {self.n_state} entries")
+        self.width = C_HEAD + self.n_state
+        self.scratch = np.zeros(2 * max(self.n_arms, self.n_state))
+
+    def _bind_markov(self, arm_of, src, dst, log_t):
+        arm = np.ascontiguousarray(arm_of, dtype=np.int64)
+        s = np.ascontiguousarray(src, dtype=np.int64)
+        d = np.ascontiguousarray(dst, dtype=np.int64)
+        k = len(arm)
+        if k < 1 or arm.min() < 0 or arm.max() >= self.n_arms:
+            raise ValueError(f"arm_of must name arms in [0, {self.n_arms - 1}]")
+        if len(s) != len(d) or len(s) != len(log_t) or (len(d) and (
+                (np.diff(d) < 0).any() or s.min() < 0 or s.max() >= k or d.max() >= k)):
+            raise ValueError("markov edges must be (src, dst, log_t) sorted by dst, in [0, K)")
+        targets, starts = np.unique(d, return_index=True)
+        self.n_classes = k
+        self.arm_of, self.src = arm, s
+        self.log_t = np.ascontiguousarray(log_t, dtype=float)
+        self.targets = targets.astype(np.int64)
+        self.starts = np.append(starts, len(d)).astype(np.int64)
+
+    def initial_rows(self, Py_ssize_t n) -> np.ndarray:
+        """n fresh instances: ψ = +inf, V = D = 0, no rounds, the class's initial state."""
+        rows = np.zeros((n, self.width))
+        rows[:, C_PSI] = INFINITY
+        rows[:, C_HEAD:] = np.asarray(self.initial)
+        return rows
+
+    # ------------------------------------------------------------ the round
+    cdef double arm_weights(self, const double* state, int ctx, double c,
+                            double* w) noexcept nogil:
+        """Unnormalised arm weights w (the largest 1) into ``w``; returns Σw in arm order."""
+        cdef Py_ssize_t i, m = self.n_arms
+        cdef double top, total = 0.0
+        cdef const double* s
+        if self.kind == CUMULATIVE:
+            s = state + ctx * m
+            top = s[0]
+            for i in range(1, m):
+                if s[i] < top:
+                    top = s[i]
+            for i in range(m):
+                w[i] = tsi_exp((top - s[i]) * c)
+        elif self.kind == SWITCHING:
+            top = state[0]
+            for i in range(1, m):
+                if state[i] > top:
+                    top = state[i]
+            for i in range(m):
+                w[i] = tsi_exp(state[i] - top)
+        else:
+            top = state[0]
+            for i in range(1, self.n_classes):
+                if state[i] > top:
+                    top = state[i]
+            for i in range(m):
+                w[i] = 0.0
+            for i in range(self.n_classes):
+                w[self.arm_of[i]] += tsi_exp(state[i] - top)
+        for i in range(m):
+            total += w[i]
+        return total
+
+    cdef double mixing(self, const double* row) noexcept nogil:
+        """ε_t = min(1/2, sqrt(M/t)), t = updates so far + 1."""
+        cdef double eps = sqrt(<double>self.n_arms / (row[C_N_UPDATES] + 1.0))
+        return 0.5 if eps > 0.5 else eps
+
+    cdef void select_row(self, double* row, int ctx, double u, int64_t* arm,
+                         double* q, double* p) noexcept nogil:
+        """Inverse-CDF draw from q = w·((1-ε)/Σw) + ε/M; records q and p = w/Σw."""
+        cdef double* w = &self.scratch[0]
+        cdef double c = self.gamma / sqrt(row[C_VN] + 1.0)
+        cdef double total = self.arm_weights(row + C_HEAD, ctx, c, w)
+        cdef double eps = self.mixing(row)
+        cdef double spread = eps / self.n_arms
+        cdef double scale = (1.0 - eps) / total
+        cdef double acc = 0.0
+        cdef Py_ssize_t i, chosen = 0
+        if self.n_arms <= 64:  # few arms: count the cumulative q <= u, without branches
+            for i in range(self.n_arms):
+                acc += w[i] * scale + spread
+                chosen += acc <= u
+        else:  # many arms: stop at the first cumulative q above u
+            chosen = self.n_arms
+            for i in range(self.n_arms):
+                acc += w[i] * scale + spread
+                if u < acc:
+                    chosen = i
+                    break
+        if chosen > self.n_arms - 1:
+            chosen = self.n_arms - 1
+        arm[0] = chosen
+        q[0] = w[chosen] * scale + spread
+        p[0] = w[chosen] / total
+        row[C_N_ROUNDS] += 1.0
+
+    cdef void policy_row(self, const double* row, int ctx, double* out) noexcept nogil:
+        cdef double* w = &self.scratch[0]
+        cdef double c = self.gamma / sqrt(row[C_VN] + 1.0)
+        cdef double total = self.arm_weights(row + C_HEAD, ctx, c, w)
+        cdef double eps = self.mixing(row)
+        cdef double spread = eps / self.n_arms
+        cdef double scale = (1.0 - eps) / total
+        cdef Py_ssize_t i
+        for i in range(self.n_arms):
+            out[i] = w[i] * scale + spread
+
+    cdef void update_row(self, double* row, int ctx, int64_t arm, double q, double p,
+                         double loss) noexcept nogil:
+        """Observe the loss, update the class's state, then the statistics."""
+        cdef Step s
+        cdef double n = row[C_N_UPDATES] + 1.0
+        cdef double c
+        observe(row, loss, q, p, &s)
+        if self.n_arms > 1:
+            c = self.gamma / sqrt(s.vn + 1.0)
+            if self.kind == CUMULATIVE:
+                self.cumulative_update(row + C_HEAD, ctx, arm, &s)
+            elif self.kind == SWITCHING:
+                self.switching_update(row + C_HEAD, arm, &s, c, n)
+            else:
+                self.markov_update(row + C_HEAD, arm, &s, c)
+        row[C_PSI], row[C_VN], row[C_D_MANT], row[C_D_EXP] = s.psi, s.vn, s.d_mant, s.d_exp
+        row[C_N_UPDATES] = n
+
+    cdef void cumulative_update(self, double* state, int ctx, int64_t arm,
+                                       const Step* s) noexcept nogil:
+        """Identity transition: Φ/D of the played (context, arm) grows by φ/D."""
+        cdef Py_ssize_t i
+        if s.ratio != 1.0:
+            for i in range(self.n_state):
+                state[i] = state[i] * s.ratio
+        state[ctx * self.n_arms + arm] += s.x
+
+    cdef void switching_update(self, double* logw, int64_t arm, const Step* s, double c,
+                               double n) noexcept nogil:
+        """Loss, power η_t/η_{t-1}, then the fixed share w' = (1-α)z + α/(M-1)(Σz - z),
+        normalised (M >= 2: a single arm's state never changes)."""
+        cdef Py_ssize_t i, m = self.n_arms
+        cdef double* e = &self.scratch[0]
+        cdef double top, total = 0.0, alpha, a, b, shared
+        if s.active:
+            for i in range(m):
+                logw[i] = powered(logw[i], s, c * s.x, i == arm)
+        top = logw[0]
+        for i in range(1, m):
+            if logw[i] > top:
+                top = logw[i]
+        for i in range(m):
+            e[i] = tsi_exp(logw[i] - top)
+            total += e[i]
+        alpha = self.rate if self.rate >= 0.0 else 1.0 / (n + 1.0)
+        b = alpha / (m - 1)
+        a = 1.0 - alpha - b
+        for i in range(m):
+            if a >= 0.0:  # both terms >= 0: no cancellation
+                shared = a * e[i] + b * total
+            else:
+                shared = (1.0 - alpha) * e[i] + b * (total - e[i])
+                shared = shared if shared > 0.0 else 0.0
+            e[i] = shared
+        total = 0.0  # normalise in the linear domain: log w' = log(shared) - log(Σ shared)
+        for i in range(m):
+            total += e[i]
+        top = tsi_log(total)
+        for i in range(m):
+            logw[i] = tsi_log(e[i]) - top if e[i] > 0.0 else -INFINITY
+
+    cdef void markov_update(self, double* logw, int64_t arm, const Step* s,
+                            double c) noexcept nogil:
+        """Loss and power per class, then w'_λ = Σ_μ T(λ|μ) z_μ as a log-sum-exp per target."""
+        cdef Py_ssize_t i, j, e, k = self.n_classes
+        cdef double* z = &self.scratch[0]
+        cdef double term, top, total
+        for i in range(k):
+            z[i] = powered(logw[i], s, c * s.x, self.arm_of[i] == arm) if s.active else logw[i]
+            logw[i] = -INFINITY
+        for j in range(self.targets.shape[0]):
+            top = -INFINITY
+            for e in range(self.starts[j], self.starts[j + 1]):
+                term = z[self.src[e]] + self.log_t[e]
+                if term > top:
+                    top = term
+            if not isfinite(top):
+                top = 0.0
+            total = 0.0
+            for e in range(self.starts[j], self.starts[j + 1]):
+                total += tsi_exp(z[self.src[e]] + self.log_t[e] - top)
+            logw[self.targets[j]] = tsi_log(total) + top
+        normalise(logw, k)
+
+
+cdef class Table:
+    """Instances of one configuration as rows of a float64 array, and their rounds.
+
+    Single-call entry points (``select``, ``update``, ``probabilities``) take one row;
+    batch entry points (``select_many``, ``update_many``, ``probabilities_many``) process
+    many events in order in one call (a row may appear several times). Arguments are
+    checked (a bad row, context, arm, draw, probability or loss raises ``ValueError``
+    before anything changes); the callers' richer checks come first.
+    """
+
+    def __init__(self, Kernel kernel, rows):
+        cdef double[:, ::1] view
+        if not isinstance(rows, np.ndarray) or rows.dtype != np.float64 or rows.ndim != 2 \
+                or rows.shape[1] != kernel.width or not rows.flags.c_contiguous \
+                or not rows.flags.writeable or rows.shape[0] < 1:
+            raise ValueError(f"rows must be a writeable C-contiguous float64 array of shape "
+                             f"(n >= 1, {kernel.width})")
+        view = rows
+        self.kernel, self.rows, self.n = kernel, rows, rows.shape[0]
+        self.data = &view[0, 0]
+
+    cdef double* row(self, Py_ssize_t i) except NULL:
+        if i < 0 or i >= self.n:
+            raise ValueError(f"row {i} is outside [0, {self.n - 1}]")
+        return self.data + i * self.kernel.width
+
+    cdef int check_context(self, int64_t ctx) except -1:
+        if ctx < 0 or ctx >= self.kernel.n_contexts:
+            raise ValueError(f"context {ctx} is outside [0, {self.kernel.n_contexts - 1}]")
+        return 0
+
+    cdef int check_ticket(self, int64_t ctx, int64_t arm, double q, double p,
+                                 double loss) except -1:
+        self.check_context(ctx)
+        if arm < 0 or arm >= self.kernel.n_arms:
+            raise ValueError(f"arm {arm} is outside [0, {self.kernel.n_arms - 1}]")
+        if not (0.0 < q <= 1.0) or not (0.0 <= p <= 1.0):
+            raise ValueError(f"q must be in (0, 1] and p in [0, 1], got q={q!r}, p={p!r}")
+        if not isfinite(loss):
+            raise ValueError(f"loss must be a finite real number, got {loss!r}")
+        return 0
+
+    def select(self, Py_ssize_t i, int64_t context, double u):
+        """(arm, q, p, round) drawn for row ``i`` with the uniform draw ``u`` in [0, 1);
+        ``round`` counts the row's selections from 1."""
+        cdef int64_t arm
+        cdef double q, p
+        cdef double* row = self.row(i)
+        self.check_context(context)
+        if not (0.0 <= u < 1.0):
+            raise ValueError(f"u must be a real number in [0, 1), got {u!r}")
+        self.kernel.select_row(row, <int>context, u, &arm, &q, &p)
+        return arm, q, p, <int64_t>row[C_N_ROUNDS]
+
+    def update(self, Py_ssize_t i, int64_t context, int64_t arm, double q, double p,
+               double loss):
+        """Apply the loss of an arm selected with probability q (weight share p)."""
+        cdef double* row = self.row(i)
+        self.check_ticket(context, arm, q, p, loss)
+        self.kernel.update_row(row, <int>context, arm, q, p, loss)
+
+    def probabilities(self, Py_ssize_t i, int64_t context) -> np.ndarray:
+        """q of every arm for row ``i`` in ``context`` (a new array)."""
+        out = np.empty(self.kernel.n_arms)
+        cdef double[::1] view = out
+        cdef double* row = self.row(i)
+        self.check_context(context)
+        self.kernel.policy_row(row, <int>context, &view[0])
+        return out
+
+    def weight_shares(self, Py_ssize_t i, int64_t context) -> np.ndarray:
+        """p = w/Σw of every arm for row ``i`` in ``context``: q before the ε-mixing."""
+        out = np.empty(self.kernel.n_arms)
+        cdef double[::1] view = out
+        cdef double* row = self.row(i)
+        cdef double total
+        cdef Py_ssize_t a
+        self.check_context(context)
+        total = self.kernel.arm_weights(row + C_HEAD, <int>context,
+                                        self.kernel.gamma / sqrt(row[C_VN] + 1.0), &view[0])
+        for a in range(self.kernel.n_arms):
+            view[a] = view[a] / total
+        return out
+
+    def select_many(self, const int64_t[::1] rows, const int64_t[::1] contexts,
+                    const double[::1] u, int64_t[::1] arms, double[::1] q, double[::1] p):
+        """One selection per event, in order, into ``arms``, ``q`` and ``p``."""
+        cdef Py_ssize_t e, n = rows.shape[0]
+        self._check_lengths(n, contexts.shape[0], u.shape[0], arms.shape[0], q.shape[0],
+                            p.shape[0])
+        for e in range(n):
+            self.row(rows[e])
+            self.check_context(contexts[e])
+            if not (0.0 <= u[e] < 1.0):
+                raise ValueError(f"u[{e}] = {u[e]!r} is not in [0, 1)")
+        for e in range(n):
+            self.kernel.select_row(self.data + rows[e] * self.kernel.width, <int>contexts[e],
+                                   u[e], &arms[e], &q[e], &p[e])
+
+    def update_many(self, const int64_t[::1] rows, const int64_t[::1] contexts,
+                    const int64_t[::1] arms, const double[::1] q, const double[::1] p,
+                    const double[::1] losses):
+        """Apply one loss per event, in order."""
+        cdef Py_ssize_t e, n = rows.shape[0]
+        self._check_lengths(n, contexts.shape[0], arms.shape[0], q.shape[0], p.shape[0],
+                            losses.shape[0])
+        for e in range(n):
+            self.row(rows[e])
+            self.check_ticket(contexts[e], arms[e], q[e], p[e], losses[e])
+        for e in range(n):
+            self.kernel.update_row(self.data + rows[e] * self.kernel.width, <int>contexts[e],
+                                   arms[e], q[e], p[e], losses[e])
+
+    def probabilities_many(self, const int64_t[::1] rows, const int64_t[::1] contexts):
+        """q of every arm per event, shape (events, M)."""
+        cdef Py_ssize_t e, n = rows.shape[0]
+        self._check_lengths(n, contexts.shape[0])
+        out = np.empty((n, self.kernel.n_arms))
+        cdef double[:, ::1] view = out
+        for e in range(n):
+            self.row(rows[e])
+            self.check_context(contexts[e])
+        for e in range(n):
+            self.kernel.policy_row(self.data + rows[e] * self.kernel.width, <int>contexts[e],
+                                   &view[e, 0])
+        return out
+
+    def _check_lengths(self, Py_ssize_t n, *others):
+        for other in others:
+            if other != n:
+                raise ValueError(f"every event array must have {n} entries, got {other}")
