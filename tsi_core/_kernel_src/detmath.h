@@ -2,14 +2,15 @@
  *
  * A C library's exp and log may differ in the last bit between versions, CPUs and SIMD
  * widths (numpy's AVX-512 exp does), and the switching classes amplify one bit into a
- * different arm within a few thousand rounds. These functions use only +, -, *, /, truncation,
+ * different arm within a few thousand rounds. These functions use only +, -, *, /, bit moves,
  * frexp and ldexp (exact or correctly rounded by IEEE 754) in an order the compiler may not
  * change: the extension is built without fast-math and without fused multiply-add
  * contraction (setup.py). Error below 1 ulp (tests/core/test_kernel.py measures it).
  *
- * The method is the classic one (Cody & Waite argument reduction, then a minimax rational
- * approximation, as in Sun's fdlibm): exp(x) = 2^k exp(r) with |r| <= ln2/2, and
- * log(x) = k ln2 + log(1 + f) with 1 + f in [sqrt(2)/2, sqrt(2)).
+ * exp is table-driven (2^(j/64) from exp_table.h, generated with exact decimals) with a
+ * short polynomial; log is the classic method (Cody & Waite reduction and a minimax
+ * rational approximation, as in Sun's fdlibm): log(x) = k ln2 + log(1 + f), 1 + f in
+ * [sqrt(2)/2, sqrt(2)).
  */
 #ifndef TSI_DETMATH_H
 #define TSI_DETMATH_H
@@ -18,27 +19,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* 2^k for a normal result (-1022 <= k <= 1023), built from its bits: exact. */
-static inline double tsi_pow2(int k)
-{
-    uint64_t bits = (uint64_t)(k + 1023) << 52;
-    double out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
+#include "exp_table.h"
 
 /* ln 2 split so that k * LN2_HI is exact for |k| < 2^20 */
 static const double TSI_LN2_HI = 6.93147180369123816490e-01;
 static const double TSI_LN2_LO = 1.90821492927058770002e-10;
-static const double TSI_INV_LN2 = 1.44269504088896338700e+00;
 static const double TSI_SQRT_HALF = 7.07106781186547524401e-01;
-
-/* exp: minimax coefficients of R(r^2) ~ r (e^r + 1)/(e^r - 1) on [0, (ln2/2)^2] */
-static const double TSI_P1 = 1.66666666666666019037e-01;
-static const double TSI_P2 = -2.77777777770155933842e-03;
-static const double TSI_P3 = 6.61375632143793436117e-05;
-static const double TSI_P4 = -1.65339022054652515390e-06;
-static const double TSI_P5 = 4.13813679705723846039e-08;
 
 /* log: minimax coefficients of (log(1+f) - 2s)/s, s = f/(2+f), a polynomial in s^2 */
 static const double TSI_LG1 = 6.666666666666735130e-01;
@@ -49,27 +35,45 @@ static const double TSI_LG5 = 1.818357216161805012e-01;
 static const double TSI_LG6 = 1.531383769920937332e-01;
 static const double TSI_LG7 = 1.479819860511658591e-01;
 
-/* e^x; exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN. */
+static inline uint64_t tsi_bits(double x)
+{
+    uint64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static inline double tsi_double(uint64_t b)
+{
+    double x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
+/* e^x; exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN. No division, no libm call.
+ * x = (64 k + j) ln2/64 + r with |r| <= ln2/128: e^x = 2^k 2^(j/64) e^r, 2^(j/64) from the
+ * table as head + tail, e^r by its Taylor polynomial to r^5 (truncation < 0.4 ulp). */
 static inline double tsi_exp(double x)
 {
-    double kd, hi, lo, r, t, c, y;
+    const double shift = 0x1.8p52; /* adding it rounds to an integer kept in the low bits */
+    double z, kd, r, head, y;
+    int64_t ki, k, k1;
     if (x != x)
         return x;
     if (x > 709.782712893383973096)
         return INFINITY;
     if (x < -745.13321910194110842)
         return 0.0;
-    /* k = nearest integer to x/ln2 (halves away from 0), by truncation: no libm call */
-    kd = (double)(int)(x * TSI_INV_LN2 + (x < 0.0 ? -0.5 : 0.5));
-    hi = x - kd * TSI_LN2_HI;
-    lo = kd * TSI_LN2_LO;
-    r = hi - lo;
-    t = r * r;
-    c = r - t * (TSI_P1 + t * (TSI_P2 + t * (TSI_P3 + t * (TSI_P4 + t * TSI_P5))));
-    y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi);
-    if (kd > -1021.0 && kd < 1023.0)
-        return y * tsi_pow2((int)kd); /* exact: y in [0.7, 1.42], the result is normal */
-    return ldexp(y, (int)kd);         /* near overflow or into the subnormals: one rounding */
+    z = x * TSI_64_LN2 + shift;
+    kd = z - shift;
+    ki = (int64_t)(tsi_bits(z) - tsi_bits(shift));
+    r = (x - kd * TSI_LN2_64_HI) - kd * TSI_LN2_64_LO;
+    head = TSI_EXP2_HEAD[ki & 63];
+    y = head + (TSI_EXP2_TAIL[ki & 63]
+                + head * (r + r * r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0))))));
+    /* 2^k as two normal factors: one rounding, also into the subnormals */
+    k = ki >> 6;
+    k1 = k >> 1;
+    return (y * tsi_double((uint64_t)(k1 + 1023) << 52)) * tsi_double((uint64_t)(k - k1 + 1023) << 52);
 }
 
 /* Natural log; log(0) = -inf, log(inf) = inf, log of a negative number or NaN is NaN. */

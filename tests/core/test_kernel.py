@@ -1,0 +1,173 @@
+"""The compiled kernel: its own exp and log, its table, its draws and its determinism."""
+
+import hashlib
+import math
+import random
+import struct
+import subprocess
+import sys
+from decimal import Decimal, getcontext
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tsi_core._kernel import Kernel, Table, exp, log
+
+from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
+
+SRC = Path(__file__).resolve().parents[2] / "tsi_core" / "_kernel_src"
+getcontext().prec = 50
+
+
+def ulps(got: float, exact: Decimal) -> float:
+    """|got - exact| in units of the last place of the float nearest to exact."""
+    near = float(exact)
+    if near == 0.0 or math.isinf(near):
+        return 0.0 if got == near else math.inf
+    return float(abs(Decimal(got) - exact) / Decimal(math.ulp(near)))
+
+
+def test_exp_is_within_one_ulp_of_the_exact_value():
+    rng = random.Random(1)
+    xs = [rng.uniform(-745.0, 709.7) for _ in range(3000)]
+    xs += [rng.uniform(-1e-3, 1e-3) for _ in range(500)] + [0.0, -0.0, 1.0, -1.0, 709.7, -745.0]
+    worst = max(ulps(exp(x), Decimal(x).exp()) for x in xs)
+    assert worst < 1.0, worst
+
+
+def test_log_is_within_one_ulp_of_the_exact_value():
+    rng = random.Random(2)
+    xs = [math.ldexp(rng.uniform(0.5, 1.0), rng.randint(-1074, 1024)) for _ in range(3000)]
+    xs += [1.0 + rng.uniform(-1e-2, 1e-2) for _ in range(500)] + [5e-324, 2.0, 10.0]
+    worst = max(ulps(log(x), Decimal(x).ln()) for x in xs if x > 0)
+    assert worst < 1.0, worst
+
+
+@pytest.mark.parametrize(
+    ("call", "x", "want"),
+    [
+        (exp, -math.inf, 0.0),
+        (exp, math.inf, math.inf),
+        (exp, 710.0, math.inf),
+        (exp, -746.0, 0.0),
+        (exp, -745.0, 5e-324),
+        (log, 0.0, -math.inf),
+        (log, math.inf, math.inf),
+        (log, 1.0, 0.0),
+    ],
+)
+def test_edges_of_exp_and_log(call, x, want):
+    assert call(x) == want
+
+
+def test_nan_and_negative_inputs_give_nan():
+    assert math.isnan(exp(math.nan)) and math.isnan(log(math.nan)) and math.isnan(log(-1.0))
+
+
+def test_the_exp_table_header_is_what_its_generator_writes():
+    made = subprocess.run(
+        [sys.executable, str(SRC / "make_exp_table.py")], capture_output=True, text=True, check=True
+    ).stdout
+    assert made == (SRC / "exp_table.h").read_text()
+
+
+def test_own_draws_are_the_numpy_generators_numbers():
+    own = Bandit(4, seed=123, instance_id="x")
+    given = Bandit(4, instance_id="x")
+    reference = np.random.default_rng(123)
+    for t in range(300):
+        mine, theirs = own.select(), given.select(u=reference.random())
+        assert mine == theirs
+        own.update(mine, float(t % 5))
+        given.update(theirs, float(t % 5))
+
+
+def test_own_draws_continue_from_a_restored_generator_state():
+    b = Bandit(4, seed=5, instance_id="x")
+    for _ in range(7):
+        b.update(b.select(), 2.0)
+    twin = Bandit.from_dict(b.to_dict())
+    assert [b.select().arm for _ in range(20)] == [twin.select().arm for _ in range(20)]
+
+
+CLASSES = {
+    "fixed": Fixed(),
+    "contextual": Contextual(3),
+    "switching": Switching(rate=0.02),
+    "decaying": Switching(),
+    "markov": Markov([[0.9, 0.1, 0.0], [0.05, 0.9, 0.05], [0.1, 0.0, 0.9]], [0, 1, 2]),
+}
+
+# Digests of 10,000 rounds of every class (arms, then the bits of every q), recorded on an
+# AMD EPYC (x86-64, gcc 12). The kernel's arithmetic is fixed (own exp/log, no FMA, fixed
+# sums): every machine must reproduce these bits; a change of the arithmetic changes them
+# on purpose, and then they are re-recorded with the reason in the commit.
+GOLDEN = {
+    "fixed": "a300bb61087ac6191d02972254053510d488bd30dcdb39afa8732c90d3190f13",
+    "contextual": "5a7b2e71ad0129bd34dd315c96b7418747829a89ef5f158c6a8c07d53fed8b1d",
+    "switching": "2e5ca75e510d17ac9afac8a666423722b5b902cfca84a6d6158cb4d82c1446ee",
+    "decaying": "169e47854f123921f4432337e5fa4e48e54a39540432373cb8f586ca9451f62a",
+    "markov": "bf3d3dbd57aee90630b5e4b9d7e54258044bd7a3d1afb541834a889011dd05dc",
+}
+
+
+def run_digest(name: str) -> str:
+    """Inputs from Python's Mersenne Twister (its random() sequence is stable across Python
+    versions) and exact float operations only: heavy-tailed losses as ratios of uniforms."""
+    rng = random.Random(2026)
+    b = Bandit(3, CLASSES[name], instance_id="golden")
+    digest = hashlib.sha256()
+    for _ in range(10_000):
+        ctx = int(rng.random() * 3) if name == "contextual" else None
+        ticket = b.select(context=ctx, u=rng.random())
+        digest.update(struct.pack("<qd", ticket.arm, ticket.prob))
+        spread = (2.0 * rng.random() - 1.0) / (rng.random() + 1e-12)
+        b.update(ticket, 1e6 * spread + 3.0 * ticket.arm)
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_selections_are_the_recorded_bits_on_every_machine(name):
+    assert run_digest(name) == GOLDEN[name]
+
+
+def test_the_table_refuses_bad_rows_and_arguments_before_changing_anything():
+    k = Kernel("cumulative", n_arms=3, n_contexts=2, gamma=1.0)
+    t = Table(k, k.initial_rows(2))
+    before = t.rows.copy()
+    for call in (
+        lambda: t.select(2, 0, 0.5),
+        lambda: t.select(0, 2, 0.5),
+        lambda: t.select(0, 0, 1.0),
+        lambda: t.update(0, 0, 3, 0.5, 0.5, 1.0),
+        lambda: t.update(0, 0, 0, 0.0, 0.5, 1.0),
+        lambda: t.update(0, 0, 0, 0.5, 0.5, math.nan),
+        lambda: t.select_many(
+            np.array([0, 5]), np.zeros(2, np.int64), np.zeros(2), *_outputs(2)
+        ),
+    ):
+        with pytest.raises(ValueError):
+            call()
+    assert np.array_equal(t.rows, before)
+
+
+def _outputs(n):
+    return np.empty(n, np.int64), np.empty(n), np.empty(n)
+
+
+def test_many_events_in_one_call_equal_one_call_each_even_on_repeated_rows():
+    k = Kernel("switching", n_arms=4, gamma=1.3, rate=None)
+    one, many = Table(k, k.initial_rows(3)), Table(k, k.initial_rows(3))
+    rng = np.random.default_rng(7)
+    rows = rng.integers(0, 3, 400)
+    u = rng.random(400)
+    zeros = np.zeros(400, np.int64)
+    arms, q, p = _outputs(400)
+    many.select_many(rows, zeros, u, arms, q, p)
+    singles = [one.select(int(r), 0, float(x)) for r, x in zip(rows, u, strict=True)]
+    assert [s[:3] for s in singles] == list(zip(arms.tolist(), q.tolist(), p.tolist(), strict=True))
+    losses = rng.standard_t(2.0, 400) * 1e3
+    many.update_many(rows, zeros, arms, q, p, losses)
+    for r, s, loss in zip(rows, singles, losses, strict=True):
+        one.update(int(r), 0, s[0], s[1], s[2], float(loss))
+    assert np.array_equal(one.rows, many.rows)
