@@ -119,7 +119,9 @@ cdef class BanditCore:
         cdef int64_t arm
         cdef int64_t row = 0
         cdef double q, p, draw
-        if context is not None or self._n_contexts > 1:
+        if type(context) is int and 0 <= context < self._n_contexts and self._n_contexts > 1:
+            row = context  # the common contextual case, checked here without a call
+        elif context is not None or self._n_contexts > 1:
             problem = context_problem(self._n_contexts, context)
             if problem is not None:
                 raise ValueError(problem)

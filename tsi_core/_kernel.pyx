@@ -106,6 +106,27 @@ cdef inline void observe(const double* row, double loss, double q, double p,
     s.active = True
 
 
+cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
+    """Σx in one fixed order: four running sums over x[0::4], x[1::4], x[2::4], x[3::4],
+    then (s0 + s1) + (s2 + s3). Four independent chains run four times faster than one
+    sum in index order, and the order is the same on every machine."""
+    cdef double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
+    cdef Py_ssize_t i = 0
+    while i + 4 <= n:
+        s0 += x[i]
+        s1 += x[i + 1]
+        s2 += x[i + 2]
+        s3 += x[i + 3]
+        i += 4
+    if i < n:
+        s0 += x[i]
+    if i + 1 < n:
+        s1 += x[i + 1]
+    if i + 2 < n:
+        s2 += x[i + 2]
+    return (s0 + s1) + (s2 + s3)
+
+
 cdef inline void normalise(double* logw, Py_ssize_t n) noexcept nogil:
     """Subtract the log-sum-exp (all -inf stays as it is up to NaN, as numpy had it)."""
     cdef Py_ssize_t i
@@ -191,9 +212,9 @@ cdef class Kernel:
     # ------------------------------------------------------------ the round
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil:
-        """Unnormalised arm weights w (the largest 1) into ``w``; returns Σw in arm order."""
+        """Unnormalised arm weights w (the largest 1) into ``w``; returns Σw (``fixed_sum``)."""
         cdef Py_ssize_t i, m = self.n_arms
-        cdef double top, total = 0.0
+        cdef double top
         cdef const double* s
         if self.kind == CUMULATIVE:
             s = state + ctx * m
@@ -219,9 +240,7 @@ cdef class Kernel:
                 w[i] = 0.0
             for i in range(self.n_classes):
                 w[self.arm_of[i]] += tsi_exp(state[i] - top)
-        for i in range(m):
-            total += w[i]
-        return total
+        return fixed_sum(w, m)
 
     cdef double mixing(self, const double* row) noexcept nogil:
         """ε_t = min(1/2, sqrt(M/t)), t = updates so far + 1."""
@@ -301,7 +320,7 @@ cdef class Kernel:
         normalised (M >= 2: a single arm's state never changes)."""
         cdef Py_ssize_t i, m = self.n_arms
         cdef double* e = &self.scratch[0]
-        cdef double top, total = 0.0, alpha, a, b, shared
+        cdef double top, total, alpha, a, b, shared
         if s.active:
             for i in range(m):
                 logw[i] = powered(logw[i], s, c * s.x, i == arm)
@@ -311,7 +330,7 @@ cdef class Kernel:
                 top = logw[i]
         for i in range(m):
             e[i] = tsi_exp(logw[i] - top)
-            total += e[i]
+        total = fixed_sum(e, m)
         alpha = self.rate if self.rate >= 0.0 else 1.0 / (n + 1.0)
         b = alpha / (m - 1)
         a = 1.0 - alpha - b
@@ -322,10 +341,7 @@ cdef class Kernel:
                 shared = (1.0 - alpha) * e[i] + b * (total - e[i])
                 shared = shared if shared > 0.0 else 0.0
             e[i] = shared
-        total = 0.0  # normalise in the linear domain: log w' = log(shared) - log(Σ shared)
-        for i in range(m):
-            total += e[i]
-        top = tsi_log(total)
+        top = tsi_log(fixed_sum(e, m))  # normalise: log w' = log(shared) - log(Σ shared)
         for i in range(m):
             logw[i] = tsi_log(e[i]) - top if e[i] > 0.0 else -INFINITY
 

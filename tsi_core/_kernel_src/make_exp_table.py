@@ -27,7 +27,8 @@ def header() -> str:
     step_lo = float(step - Decimal(step_hi))
 
     def table(name: str, values: list[float]) -> str:
-        rows = "".join(f"    {a.hex()}, {b.hex()},\n" for a, b in zip(values[::2], values[1::2]))
+        pairs = zip(values[::2], values[1::2], strict=True)
+        rows = "".join(f"    {a.hex()}, {b.hex()},\n" for a, b in pairs)
         return f"static const double {name}[{N}] = {{\n{rows}}};\n"
 
     return (
