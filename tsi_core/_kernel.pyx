@@ -12,8 +12,9 @@ An instance is one row of a float64 table (``Table.rows``, shape (n, width))::
     PSI  VN  D_MANT  D_EXP  N_UPDATES  N_ROUNDS  state...
 
 ψ; V/D²; D = D_MANT·2^D_EXP; the counters (exact integers in a double up to 2^53); then
-the class's state: Φ/D per (context, arm) for Fixed and Contextual, normalised
-log-weights per arm (Switching) or per class (Markov).
+the class's state: Φ/D per (context, arm) for Fixed and Contextual, the weights per arm
+normalised to sum 1 (Switching: a fixed share keeps every weight above α/M, no log domain
+needed, and a selection needs no exp), normalised log-weights per class (Markov).
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
@@ -176,7 +177,7 @@ cdef class Kernel:
             self.initial = np.array(log_initial, dtype=float)
         elif self.kind == SWITCHING:
             self.n_state = n_arms
-            self.initial = np.full(n_arms, -tsi_log(<double>n_arms))
+            self.initial = np.full(n_arms, 1.0 / n_arms)
         else:
             self.n_state = n_contexts * n_arms
             self.initial = np.zeros(self.n_state)
@@ -224,13 +225,9 @@ cdef class Kernel:
                     top = s[i]
             for i in range(m):
                 w[i] = tsi_exp((top - s[i]) * c)
-        elif self.kind == SWITCHING:
-            top = state[0]
-            for i in range(1, m):
-                if state[i] > top:
-                    top = state[i]
+        elif self.kind == SWITCHING:  # the state holds the weights themselves
             for i in range(m):
-                w[i] = tsi_exp(state[i] - top)
+                w[i] = state[i]
         else:
             top = state[0]
             for i in range(1, self.n_classes):
@@ -314,22 +311,25 @@ cdef class Kernel:
                 state[i] = state[i] * s.ratio
         state[ctx * self.n_arms + arm] += s.x
 
-    cdef void switching_update(self, double* logw, int64_t arm, const Step* s, double c,
+    cdef void switching_update(self, double* w, int64_t arm, const Step* s, double c,
                                double n) noexcept nogil:
-        """Loss, power η_t/η_{t-1}, then the fixed share w' = (1-α)z + α/(M-1)(Σz - z),
-        normalised (M >= 2: a single arm's state never changes)."""
+        """Loss and power η_t/η_{t-1} in the log domain, then the fixed share
+        w' = (1-α)z + α/(M-1)(Σz - z), normalised to sum 1 (M >= 2)."""
         cdef Py_ssize_t i, m = self.n_arms
         cdef double* e = &self.scratch[0]
         cdef double top, total, alpha, a, b, shared
-        if s.active:
+        if s.active:  # log z = r·log w - η·φ·[arm], then z relative to its largest
             for i in range(m):
-                logw[i] = powered(logw[i], s, c * s.x, i == arm)
-        top = logw[0]
-        for i in range(1, m):
-            if logw[i] > top:
-                top = logw[i]
-        for i in range(m):
-            e[i] = tsi_exp(logw[i] - top)
+                e[i] = powered(tsi_log(w[i]), s, c * s.x, i == arm)
+            top = e[0]
+            for i in range(1, m):
+                if e[i] > top:
+                    top = e[i]
+            for i in range(m):
+                e[i] = tsi_exp(e[i] - top)
+        else:  # η still infinite: only the transition moves the weights
+            for i in range(m):
+                e[i] = w[i]
         total = fixed_sum(e, m)
         alpha = self.rate if self.rate >= 0.0 else 1.0 / (n + 1.0)
         b = alpha / (m - 1)
@@ -341,9 +341,9 @@ cdef class Kernel:
                 shared = (1.0 - alpha) * e[i] + b * (total - e[i])
                 shared = shared if shared > 0.0 else 0.0
             e[i] = shared
-        top = tsi_log(fixed_sum(e, m))  # normalise: log w' = log(shared) - log(Σ shared)
+        total = fixed_sum(e, m)
         for i in range(m):
-            logw[i] = tsi_log(e[i]) - top if e[i] > 0.0 else -INFINITY
+            w[i] = e[i] / total
 
     cdef void markov_update(self, double* logw, int64_t arm, const Step* s,
                             double c) noexcept nogil:

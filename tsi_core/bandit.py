@@ -23,12 +23,12 @@ import numpy as np
 from tsi_core._bandit import BanditCore
 from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
 from tsi_core.competition import Fixed, competition_from_dict
-from tsi_core.structures import Structure
+from tsi_core.structures import Structure, SwitchingWeights
 from tsi_core.ticket import Ticket, TicketError
 from tsi_core.validate import check_int, check_loss, check_real, context_problem
 
 FORMAT = "tsi.bandit"
-VERSION = 1
+VERSION = 2  # 2: Switching keeps its weights, not their logs (version 1 is read too)
 
 
 _PACKED = struct.Struct("<dddqqq")  # psi, V/D², D mantissa, D exponent, updates, rounds
@@ -232,7 +232,7 @@ class Bandit(BanditCore):
         """Rebuild an instance from ``to_dict``; a malformed snapshot raises ``ValueError``."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} snapshot: {str(data)[:80]!r}")
-        if data.get("version") != VERSION:
+        if data.get("version") not in (1, VERSION):
             raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
         try:
             b = cls(
@@ -244,8 +244,13 @@ class Bandit(BanditCore):
             weights = np.array(
                 [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
             )
-            if weights.size != b._state.size or np.isnan(weights).any():
+            if weights.size != b._state.size:
                 raise ValueError(f"weights must be {b._state.size} numbers")
+            if data["version"] == 1 and isinstance(b.structure, SwitchingWeights):
+                weights = np.exp(weights)  # version 1 kept Switching's log-weights
+            problem = b.structure.state_problem(weights)
+            if problem is not None:
+                raise ValueError(f"weights: {problem}")
             b._state = weights
             b.psi = math.inf if data["psi"] is None else check_loss(data["psi"])
             b._vn = check_real("vn", data["vn"], 0.0, math.inf)
@@ -310,11 +315,11 @@ class Bandit(BanditCore):
         weights = _weights_struct(kernel.width - HEAD).unpack_from(blob, _PACKED.size)
         if math.isnan(psi) or not 0.0 <= vn < math.inf or not 0.0 <= d_mant < 1.0:
             raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
-        # a NaN or a +inf weight makes the sum NaN or +inf (-inf weights are valid): no numpy
-        total = sum(weights)
         counters_ok = 0 <= n_updates <= MAX_COUNT and 0 <= n_rounds <= MAX_COUNT
-        if not counters_ok or math.isnan(total) or total == math.inf:
-            raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}")
+        problem = template.structure.state_problem(weights)
+        if not counters_ok or problem is not None:
+            raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}, "
+                             f"{problem}")
         b = cls.__new__(cls)
         b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma
         b.competition, b._seed, b.instance_id = template.competition, template._seed, instance_id

@@ -10,17 +10,17 @@ continues, or None for a new arm; old arms not named are retired.
   rate, the same Markov class with an identity map), whatever γ: each kept arm keeps its
   state exactly, bit for bit (for CumulativeLoss a changed γ therefore changes p: the loss
   history is what is kept). A retired arm's state is dropped, its mass renormalised away.
-  A new arm gets the mean state of the kept arms (the mean Φ per context; the mean finite
-  log-weight for Switching), or with ``new_arm_share=s`` the weight that makes its p
-  (before ε-mixing) s in every context. Switching log-weights are not re-normalised: they
-  are defined up to a common constant and the next update normalises them.
+  A new arm gets the mean log-weight of the kept arms (the mean Φ per context; the
+  geometric mean weight for Switching), or with ``new_arm_share=s`` the weight that makes
+  its p (before ε-mixing) s in every context. Switching weights are not re-normalised:
+  they are defined up to a common factor and the next update normalises them.
 * Otherwise (another class kind, another number of contexts, any Markov change) the new
   state is built so that p per context, after the arm map, equals the old one: kept arms
   keep their relative p, new arms enter as above (geometric mean p or share s). Contexts
   are matched by index when both classes are contextual; a context the old class did not
   have, or a non-contextual new class, gets the mean p over the old contexts. CumulativeLoss
   gets Φ/D = -log p / c (c = γ/sqrt(V/D² + 1), the new η·D; a p of 0 becomes the smallest
-  float), Switching log p, Markov each arm's p spread over its classes by their initial
+  float), Switching p, Markov each arm's p spread over its classes by their initial
   prior (an arm with no class loses its mass).
 * Before any positive φ (D = 0) a CumulativeLoss state has no unit: it is all 0 (uniform p)
   and ``new_arm_share`` cannot apply. The first positive φ resets every class's weights
@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from tsi_core.bandit import Bandit, TicketError, configure
-from tsi_core.structures import CumulativeLoss
+from tsi_core.structures import CumulativeLoss, Transform
 from tsi_core.ticket import Ticket
 from tsi_core.validate import check_int, check_real
 
@@ -150,19 +150,19 @@ def migrate(
 
     old_s, root = bandit.structure, math.sqrt(bandit._vn + 1.0)
     c_new = gamma / root  # η·D of the new bandit (the old one's is bandit.gamma / root)
-    scale = new_s.log_weight_scale(c_new)  # None: no per-arm state
+    logs = new_s.per_arm_log(c_new)  # None: no per-arm state
     per_arm = type(old_s) is type(new_s) and old_s.n_contexts == new_s.n_contexts
     if not kept or (isinstance(new_s, CumulativeLoss) and not bandit._d_mant):
         state = new_s.initial_state()
-    elif per_arm and scale is not None:
-        state = _carry(bandit._state, sources, scale, share)
-        if not np.isfinite(state).any():
+    elif per_arm and logs is not None:
+        state = _carry(bandit._state, sources, *logs, share)
+        if not np.isfinite(logs[0](state)).any():
             state = new_s.initial_state()
     elif same_class and sources == list(range(bandit.n_arms)):
         state = bandit._state.copy()
     else:
         old_log_p = _log_normalise(old_s.log_weights_one(bandit._state, bandit.gamma / root))
-        log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, 1.0, share)
+        log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
         state = new_s.state_from_log_p(_log_normalise(log_p), c_new)
 
     new._state = state
@@ -232,22 +232,31 @@ def _context_rows(log_p: np.ndarray, n_new: int) -> np.ndarray:
     return np.array([log_p[r] if both and r < n_old else mean for r in range(n_new)])
 
 
+def _same(values: np.ndarray) -> np.ndarray:
+    return values
+
+
 def _carry(
-    state: np.ndarray, sources: list[int | None], scale: float, share: float | None
+    state: np.ndarray,
+    sources: list[int | None],
+    to_log: Transform,
+    from_log: Transform,
+    share: float | None,
 ) -> np.ndarray:
-    """Kept arms' columns (last axis) exactly; each new arm's from the kept arms' log-weights
-    ``scale * state``: their mean (finite ones), or the log-weight giving p = ``share``."""
+    """Kept arms' columns (last axis) exactly; each new arm's from the kept arms'
+    log-weights ``to_log(state)``: their mean (finite ones), or the log-weight giving
+    p = ``share``, turned back into a state value by ``from_log``."""
     kept = [i for i, s in enumerate(sources) if s is not None]
     fresh = [i for i, s in enumerate(sources) if s is None]
     out = np.empty((*state.shape[:-1], len(sources)))
     out[..., kept] = state[..., [sources[i] for i in kept]]
     if fresh:
-        log_w = scale * out[..., kept]
+        log_w = to_log(out[..., kept])
         if share is None:
             finite = np.isfinite(log_w)
             total = np.where(finite, log_w, 0.0).sum(axis=-1)
             value = total / np.maximum(finite.sum(axis=-1), 1)
         else:
             value = math.log(share / (1.0 - len(fresh) * share)) + _lse(log_w)
-        out[..., fresh] = (value / scale)[..., None]
+        out[..., fresh] = from_log(value)[..., None]
     return out

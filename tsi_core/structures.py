@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tsi_core._kernel import Kernel, log_array
+
+Transform = Callable[[np.ndarray], np.ndarray]
+
+
+def _log(values: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(values)
 
 
 class Structure:
@@ -36,6 +44,15 @@ class Structure:
     def kernel_options(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def state_problem(self, state: Any) -> str | None:
+        """Why one instance's state values (a flat sequence) cannot be this class's state,
+        or None. By default: no NaN, no +inf, at least one finite value (log-domain states
+        hold -inf for a weight of 0)."""
+        values = np.asarray(state, dtype=float)
+        if np.isnan(values).any() or (values == math.inf).any() or not np.isfinite(values).any():
+            return "a state needs finite values or -inf, and at least one finite one"
+        return None
+
     def initial_state(self) -> np.ndarray:
         """One fresh instance's state, shape ``state_shape``."""
         return np.asarray(self.kernel(1.0).initial_rows(1)[0, 6:]).reshape(self.state_shape)
@@ -44,9 +61,10 @@ class Structure:
         """log w of one instance, shape (n_contexts, M), up to a constant per context."""
         raise NotImplementedError
 
-    def log_weight_scale(self, c: float) -> float | None:
-        """k with log w = k·state when the state keeps one value per arm on its last axis
-        (up to a constant per context); None when it does not (classes, not arms)."""
+    def per_arm_log(self, c: float) -> tuple[Transform, Transform] | None:
+        """(to_log, from_log) when the state keeps one value per arm on its last axis and
+        log w = to_log(value) up to a constant per context; None when it does not (classes,
+        not arms). ``c`` is η·D."""
         return None
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
@@ -84,11 +102,16 @@ class CumulativeLoss(Structure):
     def kernel_options(self) -> dict[str, Any]:
         return {"kind": "cumulative", "n_contexts": self.n_contexts}
 
+    def state_problem(self, state: Any) -> str | None:
+        if not np.isfinite(np.asarray(state, dtype=float)).all():
+            return "cumulative losses Φ/D must be finite"
+        return None
+
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         return -c * state
 
-    def log_weight_scale(self, c: float) -> float | None:
-        return -c
+    def per_arm_log(self, c: float) -> tuple[Transform, Transform] | None:
+        return (lambda state: -c * state), (lambda log_w: -log_w / c)
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
         """Φ/D = (max log p - log p) / c; a p of 0 becomes the smallest positive float's log."""
@@ -98,7 +121,7 @@ class CumulativeLoss(Structure):
 
 class SwitchingWeights(Structure):
     """Fixed-share transition over arms (``rate``, or None for the decaying 1/(t+1)):
-    normalised log-weights per arm, O(M) per update."""
+    the weights per arm, normalised to sum 1 by each update, O(M) per update."""
 
     def __init__(self, n_arms: int, rate: float | None) -> None:
         self.n_arms = n_arms
@@ -109,14 +132,20 @@ class SwitchingWeights(Structure):
     def kernel_options(self) -> dict[str, Any]:
         return {"kind": "switching", "rate": self.rate}
 
-    def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
-        return state[None, :].copy()
+    def state_problem(self, state: Any) -> str | None:
+        values = np.asarray(state, dtype=float)
+        if not np.isfinite(values).all() or (values < 0).any() or not values.sum() > 0:
+            return "switching weights must be finite, >= 0, and not all 0"
+        return None
 
-    def log_weight_scale(self, c: float) -> float | None:
-        return 1.0
+    def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
+        return _log(state)[None, :]
+
+    def per_arm_log(self, c: float) -> tuple[Transform, Transform] | None:
+        return _log, np.exp
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
-        return np.array(log_p[0], dtype=float)
+        return np.exp(log_p[0])
 
 
 class MarkovWeights(Structure):
@@ -150,9 +179,7 @@ class MarkovWeights(Structure):
 
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         top = state.max()
-        w = np.bincount(self.arm_of, np.exp(state - top), self.n_arms)
-        with np.errstate(divide="ignore"):
-            return np.log(w)[None, :]
+        return _log(np.bincount(self.arm_of, np.exp(state - top), self.n_arms))[None, :]
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
         """Each arm's p spread over its classes in proportion to their initial prior (evenly

@@ -267,3 +267,38 @@ def test_unpack_refuses_a_damaged_blob(mutate, message):
         b.update(b.select(u=i / 5), float(i))
     with pytest.raises(ValueError, match=message):
         Bandit.unpack(mutate(b.pack()), Bandit(4), "x")
+
+
+def _played_switching(rate=0.05):
+    b = Bandit(4, Switching(rate=rate), instance_id="s")
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        t = b.select(u=rng.random())
+        b.update(t, float(t.arm) + rng.normal())
+    return b
+
+
+def test_a_version_1_switching_snapshot_with_log_weights_is_read_as_weights():
+    b = _played_switching()
+    old = b.to_dict()
+    old["version"] = 1  # version 1 kept Switching's normalised log-weights
+    old["weights"] = np.log(np.asarray(old["weights"])).tolist()
+    again = Bandit.from_dict(old)
+    np.testing.assert_allclose(again.probabilities(), b.probabilities(), rtol=1e-12)
+    t1, t2 = b.select(u=0.3), again.select(u=0.3)
+    assert t1.arm == t2.arm
+
+
+@pytest.mark.parametrize(
+    "weights", [[0.5, -0.1, 0.3, 0.3], [0.0, 0.0, 0.0, 0.0], [0.5, float("inf"), 0.1, 0.1]]
+)
+def test_impossible_switching_weights_are_refused_in_snapshots_and_packed_bytes(weights):
+    b = _played_switching()
+    data = b.to_dict()
+    data["weights"] = weights
+    with pytest.raises(ValueError, match="switching weights must be finite"):
+        Bandit.from_dict(data)
+    blob = bytearray(b.pack())
+    blob[-32:] = np.asarray(weights, dtype="<f8").tobytes()
+    with pytest.raises(ValueError, match="switching weights must be finite"):
+        Bandit.unpack(bytes(blob), b, "s")

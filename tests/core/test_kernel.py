@@ -105,8 +105,8 @@ CLASSES = {
 GOLDEN = {
     "fixed": "bda3b648effb8c9d0eed849a2c6a6752d915f7619190c2f09b91e2417d2a4844",
     "contextual": "859740e72f75cb82ee7bd416528d7a7fe46ff55d69ff2ae08211d605783cc5e9",
-    "switching": "1a79bde657718f88f368678c8184d3475bc98cb0995d7e6d34bc4a3e45f2ea82",
-    "decaying": "a218bb98e1bca5476ef5a5d1d468a242ec8369d2bd0a33a2c1a35fc3d15aa745",
+    "switching": "0eba490a0001b9ade82e04c2d8f43284abec6f8d4bba36786de2a0352b4cc067",
+    "decaying": "f2ff68beaa48c2b8ce93ed6b025a9dfb1ff81fbb9b87a163ddb9adcdc1f1b762",
     "markov": "f0af7d0246fd1a5983512e5cb3d9a1c15105a7b5cbda266ac16ba0bfd0c7e56a",
 }
 
