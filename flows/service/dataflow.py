@@ -18,6 +18,7 @@ from typing import Any
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 
+from flows.service.deadlines import WakeUps
 from flows.service.events import (
     DEFAULT_DEAD_LETTER_RAW,
     DEFAULT_TS_WINDOW,
@@ -71,6 +72,10 @@ class Wiring:
     # replaces PARSERS[kind]; called as parse(raw, origin, ts_window=...)
     parsers: dict[str, Callable[..., object]] | None = None
     repartition: Repartition | None = None  # requests and feedback meet in one ordered log
+    # an unbounded flow: instances wake up from one queue per worker (``deadlines``), not
+    # from Bytewax's per-key timers, whose scan grows with every key waiting for a deadline;
+    # the function says when the inputs are ending (the wake-ups end too)
+    wake_ups: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.inputs) - set(PARSERS)
@@ -188,6 +193,14 @@ def _internal_copy(item: tuple[str, Routed]) -> tuple[str, bytes, Origin]:
     return key, event.raw, event.origin
 
 
+def _wake_ups(
+    flow: Dataflow, ending: Callable[[], bool], now: Callable[[], float]
+) -> Stream[tuple[str, Routed]]:
+    """Each worker's due wake-ups, as events of their keys (no experiment attached)."""
+    due = op.input("wake_ups", flow, WakeUps(ending, now))
+    return op.map("wake_up_events", due, lambda kv: (kv[0], (kv[0], None, kv[1])))
+
+
 def build_flow(
     registry: Registry | LiveRegistry,
     wiring: Wiring,
@@ -221,9 +234,13 @@ def build_flow(
         routed.append(_parse_and_route(name, messages, parse, guards, live, dead))
     if wiring.repartition is not None:
         routed = [_through_internal_topic(flow, wiring, routed, guards, live, dead)]
+    if wiring.wake_ups is not None:
+        routed.append(_wake_ups(flow, wiring.wake_ups, clock if stream is None else stream.now))
     events = op.merge("events", *routed)
     outputs = op.stateful(
-        "bandit", events, logic_builder(live, clock, snapshots, event_time, stream)
+        "bandit",
+        events,
+        logic_builder(live, clock, snapshots, event_time, stream, wiring.wake_ups is not None),
     )
     answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
     dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))

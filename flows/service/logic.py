@@ -17,6 +17,7 @@ from typing import Any
 
 from bytewax.operators import StatefulLogic
 
+from flows.service.deadlines import worker_queue
 from flows.service.events import DeadLetter, Feedback, Request
 from flows.service.instance import Instance, Output
 from flows.service.metrics import observe_expired, observe_item, observe_restored
@@ -40,6 +41,7 @@ class FlowContext:
     snapshots: bool = True
     event_time: bool = False
     stream: StreamClock | None = None
+    wake_ups: bool = False  # wake-ups from the worker's queue instead of Bytewax timers
 
 
 class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
@@ -72,6 +74,7 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
             else:
                 self.restore(experiment, resume)
                 observe_restored(self)
+                self._wish()
 
     @property
     def instance(self) -> Instance | None:
@@ -80,6 +83,8 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
 
     def on_item(self, value: Routed) -> tuple[Iterable[Output], bool]:
         key, experiment, event = value
+        if isinstance(event, str):  # WAKE_UP: the only event that is not parsed
+            return self.on_notify()
         started, now, new = time.perf_counter(), None, self.key is None
         try:
             if new:
@@ -99,6 +104,7 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
             detail = f"{type(exc).__name__}: {exc}"
             out, before = [DeadLetter("internal_error", detail, event.raw, event.origin, key)], []
         observe_item(experiment.name, event, out, new, started, now)  # never raises
+        self._wish()
         return (before + out if before else out), StatefulLogic.RETAIN
 
     def _time_of(self, event: Request | Feedback) -> float:
@@ -132,7 +138,18 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
             return [], StatefulLogic.RETAIN
         out = self.take_notices() + self.expire(self._now())
         observe_expired(self, out)  # never raises
+        self._wish()
         return out, StatefulLogic.RETAIN
+
+    def _due(self) -> float | None:
+        """When this instance wants to be woken: now for dead letters waiting to be handed
+        out, else its next deadline."""
+        return self._now() if self._notices else self.next_deadline()
+
+    def _wish(self) -> None:
+        """With wake-ups from the worker's queue, queue this instance's next one."""
+        if self.context.wake_ups and not self.context.event_time and self.key is not None:
+            worker_queue().want(self.key, self._due())
 
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         """On event time, the end of the input is the last moment: expire what is due."""
@@ -147,7 +164,7 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     def notify_at(self) -> datetime | None:
         """A wall-clock wake-up at the next deadline; on stream time a deadline the stream
         has not reached yet (the service is catching up) is looked at again in a second."""
-        if self.key is None or self.context.event_time:
+        if self.key is None or self.context.event_time or self.context.wake_ups:
             return None
         due = self.context.clock() if self._notices else self.next_deadline()
         if due is None:
@@ -174,13 +191,14 @@ def logic_builder(
     snapshots: bool = True,
     event_time: bool = False,
     stream: StreamClock | None = None,
+    wake_ups: bool = False,
 ) -> Callable[[dict[str, Any] | None], InstanceLogic]:
     """The builder ``op.stateful`` calls for each new key (with its resume state).
 
     ``snapshots=False`` (no recovery configured) skips building snapshots;
-    ``event_time=True`` runs on the events' own time, ``stream`` on stream time (see
-    ``FlowContext``).
+    ``event_time=True`` runs on the events' own time, ``stream`` on stream time, and
+    ``wake_ups`` wakes instances from the worker's queue (see ``FlowContext``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
-    context = FlowContext(live, clock, snapshots, event_time, stream)
+    context = FlowContext(live, clock, snapshots, event_time, stream, wake_ups)
     return lambda resume: InstanceLogic(context, resume)

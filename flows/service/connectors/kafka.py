@@ -15,6 +15,7 @@ from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink, Replac
 from flows.service.connectors.kafka_source import (
     ORIGIN_HEADER,
     TIME_HEADER,
+    PartitionsChanged,
     internal_messages,
     kafka_messages,
 )
@@ -109,6 +110,8 @@ def kafka_wiring(
         sink(topics.selections),
         sink(topics.dead_letters, replace=minimal_dead_letter),
         repartition=repartition,
+        # an unbounded run wakes its instances from per-worker queues, until it ends
+        wake_ups=(lambda: PartitionsChanged.detail is not None) if tail else None,
     )
 
 

@@ -1,0 +1,136 @@
+"""What one event costs while many instances wait for feedback: per-key timers vs wake-ups.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_wake_ups.py            # waiting 10^3, 10^4, 10^5 (~2 min)
+    .venv/bin/python bench/bench_wake_ups.py --max 1000000   # adds 10^6 (wake-ups only)
+
+In this process (``bytewax.testing.run_main``, one worker, no Kafka, no recovery): a
+per-unit experiment (10 arms, one hour to live) first serves N requests of N units, which
+leaves N instances each with an open ticket; once all N are answered, the source sends
+``PROBES`` more requests one per call of its ``next_batch`` (an event per activation, as at
+a real-time rate) and the figure is the time from the first probe to the last divided by
+their number: the cost of one event, the operator's scan of the waiting keys included. Two
+flows are timed at each N in the same run: Bytewax's per-key timers (``notify_at``, what
+bounded flows use) and the unbounded service's wake-ups (one queue per worker,
+``flows.service.deadlines``). Median of ``REPEATS`` runs; the ratio of each mode's cost at
+N to its cost at 10^3 is the figure to compare (the issue's target: at most 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import orjson
+from bytewax.inputs import DynamicSource, StatelessSourcePartition
+from bytewax.testing import run_main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flows.service.connectors.memory import memory_wiring
+from flows.service.dataflow import Wiring, build_flow
+from flows.service.events import Origin
+from flows.service.registry import Registry
+
+REGISTRY = Registry.from_toml(
+    '[experiments.e]\narms = ["a0","a1","a2","a3","a4","a5","a6","a7","a8","a9"]\n'
+    "per_unit = true\nfeedback_ttl = 3600\n"
+)
+PROBES = 300
+REPEATS = 3
+CHUNK = 2000
+
+
+class _Load(StatelessSourcePartition):
+    """N requests in chunks; once all are answered, one probe request per call."""
+
+    def __init__(self, n: int, answered: list, marks: list) -> None:
+        self.n, self.sent, self.probes = n, 0, 0
+        self.answered, self.marks = answered, marks
+
+    def next_batch(self) -> list:
+        if self.sent < self.n:
+            batch = [_request(i) for i in range(self.sent, min(self.n, self.sent + CHUNK))]
+            self.sent += len(batch)
+            return batch
+        if len(self.answered) < self.n:
+            return []  # the backlog is still being served
+        if self.probes <= PROBES:
+            self.marks.append(time.perf_counter())
+            self.probes += 1
+            return [_request(self.n + self.probes)]
+        raise StopIteration
+
+
+class _LoadSource(DynamicSource):
+    def __init__(self, n: int, answered: list, marks: list) -> None:
+        self.args = (n, answered, marks)
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _Load:
+        return _Load(*self.args)
+
+
+def _request(i: int) -> tuple[bytes, Origin]:
+    body = orjson.dumps({"experiment": "e", "unit": f"u{i}", "request_id": f"r{i}"})
+    return body, Origin("requests", 0, i)
+
+
+def per_event_us(n: int, wake_ups: bool) -> float:
+    """Microseconds per probe event with n instances waiting."""
+    import bytewax.operators as op
+
+    answered, dead, marks = [], [], []
+    memory = memory_wiring([], [], answered, dead)
+    finished = [False]
+
+    def requests(flow, step):
+        return op.input(step, flow, _LoadSource(n, answered, marks)), None
+
+    wiring = Wiring(
+        {"requests": requests},
+        memory.selections,
+        memory.dead_letters,
+        wake_ups=(lambda: finished[0] or len(marks) > PROBES) if wake_ups else None,
+    )
+    run_main(build_flow(REGISTRY, wiring, snapshots=False))
+    finished[0] = True
+    assert len(answered) == n + PROBES + 1, (len(answered), n)
+    return (marks[-1] - marks[0]) / PROBES * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--max", type=int, default=100_000, help="largest N (10^6 adds minutes)")
+    args = parser.parse_args()
+    sizes = [n for n in (1_000, 10_000, 100_000, 1_000_000) if n <= args.max]
+    rows = {}
+    for n in sizes:
+        for mode in ("timers", "wake-ups"):
+            if mode == "timers" and n > 100_000:
+                continue  # ~11 ms an event: minutes for nothing new
+            runs = [per_event_us(n, mode == "wake-ups") for _ in range(REPEATS)]
+            rows[(n, mode)] = statistics.median(runs)
+            print(f"  N={n:>9,} {mode:<8} {rows[(n, mode)]:9.1f} us/event", file=sys.stderr)
+    print("## Per-event cost while N instances wait for feedback\n")
+    print(f"- {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} cores; median of {REPEATS} runs of {PROBES} probe events\n")
+    print("| N waiting | per-key timers (us/event) | x at 10^3 | wake-ups (us/event) | x at 10^3 |")
+    print("|---:|---:|---:|---:|---:|")
+    for n in sizes:
+        cells = []
+        for mode in ("timers", "wake-ups"):
+            cost = rows.get((n, mode))
+            base = rows[(sizes[0], mode)]
+            cells += ["n/a", ""] if cost is None else [f"{cost:,.1f}", f"{cost / base:.2f}"]
+        print(f"| {n:,} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

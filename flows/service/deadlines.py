@@ -1,0 +1,118 @@
+"""Wake-ups of the instances one worker holds, in one queue per worker.
+
+Bytewax keeps every key's ``notify_at`` in one map and scans all of it at each activation
+of the stateful step: with 10^5 instances waiting for feedback an event cost 11 ms. The
+unbounded service uses this queue instead: each worker keeps one heap of (time, key), a
+source on the same worker (``WakeUps``) pops what is due and
+sends each key a ``WAKE_UP`` event, and the key's logic handles it like any other event.
+An event's cost no longer depends on how many tickets are open.
+
+``WakeUps`` is that source: one partition per worker, which looks again at the next
+wake-up and at least every ``period`` seconds (on stream time the stream may reach a
+deadline the wall clock passed long ago). Only unbounded flows use it; it ends when their
+inputs end (``ending`` says so), so that the flow can end.
+
+>>> q = DeadlineQueue()
+>>> q.want("a", 5.0); q.want("b", 3.0); q.want("a", 4.0)   # a's earlier wish replaces 5.0
+>>> q.due(4.5), q.next(), len(q)
+(['b', 'a'], None, 0)
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from bytewax.inputs import DynamicSource, StatelessSourcePartition
+
+
+class DeadlineQueue:
+    """The next wake-up wished for each key; popped in time order, each key once."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, str]] = []
+        self._wished: dict[str, float] = {}  # the earliest wake-up queued per key
+
+    def want(self, key: str, at: float | None) -> None:
+        """Wake ``key`` at ``at`` (None: nothing); an earlier wish than one queued wins,
+        a later one waits for the earlier wake-up, whose handler wishes again."""
+        if at is None:
+            return
+        wished = self._wished.get(key)
+        if wished is None or at < wished:
+            self._wished[key] = at
+            heapq.heappush(self._heap, (at, key))
+
+    def due(self, now: float) -> list[str]:
+        """The keys whose wake-up is at or before ``now``, earliest first, each once."""
+        out, heap, wished = [], self._heap, self._wished
+        while heap and heap[0][0] <= now:
+            at, key = heapq.heappop(heap)
+            if wished.get(key) == at:  # else superseded by an earlier wish, already woken
+                del wished[key]
+                out.append(key)
+        return out
+
+    def next(self) -> float | None:
+        """The earliest wake-up queued, or None."""
+        heap, wished = self._heap, self._wished
+        while heap and wished.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def __len__(self) -> int:
+        return len(self._wished)
+
+
+_worker = threading.local()
+
+
+def worker_queue() -> DeadlineQueue:
+    """The queue of the worker running on this thread: Bytewax runs all of a worker's
+    operators on one thread, so a key's logic and the wake-up source that serves it
+    (the key's own worker) share it."""
+    queue = getattr(_worker, "queue", None)
+    if queue is None:
+        queue = _worker.queue = DeadlineQueue()
+    return queue
+
+
+WAKE_UP = "wake-up"  # the event a key receives when its wake-up is due
+
+
+class _WakeUps(StatelessSourcePartition[tuple[str, str]]):
+    def __init__(self, now: Callable[[], float], ending: Callable[[], bool], period: float):
+        self._now = now
+        self._ending = ending
+        self._period = period
+
+    def next_batch(self) -> list[tuple[str, str]]:
+        if self._ending():
+            raise StopIteration
+        return [(key, WAKE_UP) for key in worker_queue().due(self._now())]
+
+    def next_awake(self) -> datetime:
+        head = worker_queue().next()
+        wait = self._period if head is None else min(self._period, max(0.0, head - self._now()))
+        return datetime.now(UTC) + timedelta(seconds=wait)
+
+
+class WakeUps(DynamicSource[tuple[str, str]]):
+    """(key, ``WAKE_UP``) for every key whose wake-up time ``now()`` has reached, until
+    ``ending()`` is true."""
+
+    def __init__(
+        self,
+        ending: Callable[[], bool],
+        now: Callable[[], float] = time.time,
+        period: float = 1.0,
+    ) -> None:
+        self._ending = ending
+        self._now = now
+        self._period = period
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _WakeUps:
+        return _WakeUps(self._now, self._ending, self._period)

@@ -1,0 +1,99 @@
+"""Wake-ups from one queue per worker instead of Bytewax's per-key timers."""
+
+import math
+import threading
+import time
+
+import orjson
+import pytest
+from bytewax.testing import run_main
+
+from flows.service.connectors.memory import memory_wiring
+from flows.service.dataflow import Wiring, build_flow
+from flows.service.deadlines import WAKE_UP, DeadlineQueue, worker_queue
+from flows.service.events import Origin, parse_request
+from flows.service.logic import logic_builder
+from flows.service.registry import Registry
+
+REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
+
+
+@pytest.fixture(autouse=True)
+def empty_queue():
+    """The test thread's queue starts empty (logics built here wish into it)."""
+    worker_queue().due(math.inf)
+
+
+def request(rid, unit=None):
+    body = {"experiment": "e", "request_id": rid} | ({"unit": unit} if unit else {})
+    return parse_request(orjson.dumps(body), Origin("t", 0, 1))
+
+
+def test_the_queue_wakes_each_key_once_at_its_earliest_wish():
+    q = DeadlineQueue()
+    q.want("a", 5.0)
+    q.want("b", 3.0)
+    q.want("a", 4.0)  # earlier: replaces 5.0
+    q.want("b", 9.0)  # later: b is still woken at 3.0, and wishes again then
+    q.want("c", None)  # nothing to wake
+    assert q.next() == 3.0 and len(q) == 2
+    assert q.due(2.9) == []
+    assert q.due(4.0) == ["b", "a"]
+    assert q.next() is None and q.due(100.0) == []  # the superseded 5.0 is not a wake-up
+    q.want("a", 6.0)
+    assert q.due(6.0) == ["a"]
+
+
+def test_each_worker_thread_has_its_own_queue():
+    mine = worker_queue()
+    mine.want("here", 1.0)
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(len(worker_queue())))
+    other.start()
+    other.join()
+    assert seen == [0] and worker_queue() is mine and mine.due(1.0) == ["here"]
+
+
+def test_a_logic_on_wake_ups_asks_the_queue_not_bytewax_and_expires_on_its_wake_up():
+    now = [100.0]
+    logic = logic_builder(REGISTRY, clock=lambda: now[0], wake_ups=True)(None)
+    experiment = logic.context.registry.current["e"]
+    logic.on_item(("e", experiment, request("r1")))
+    assert logic.notify_at() is None  # no per-key timer for Bytewax to scan
+    assert worker_queue().next() == 105.0
+    now[0] = 106.0
+    assert worker_queue().due(now[0]) == ["e"]
+    out, _ = logic.on_item(("e", None, WAKE_UP))
+    assert [d.reason for d in out] == ["ticket_expired"]
+    window = experiment.retry_window  # the expired answer is kept this long for retries
+    assert window > 0 and worker_queue().next() == now[0] + window
+
+
+def test_a_restored_instance_queues_its_deadline_on_the_worker_that_builds_it():
+    logic = logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(None)
+    logic.on_item(("e", logic.context.registry.current["e"], request("r1")))
+    snapshot = logic.snapshot()
+    worker_queue().due(1e9)  # empty it
+    logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(snapshot)
+    assert worker_queue().next() == 5.0
+
+
+def test_an_unbounded_flow_expires_tickets_from_its_wake_ups():
+    """Requests with a 1 s time to live, no feedback: their tickets expire while the flow
+    runs (the wake-up source ends 3 s in, the inputs long before)."""
+    registry = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 1\n')
+    raw = [orjson.dumps({"experiment": "e", "request_id": f"r{i}"}) for i in range(5)]
+    selections, dead = [], []
+    requests = [(r, Origin("t", 0, i)) for i, r in enumerate(raw)]
+    wiring = memory_wiring(requests, [], selections, dead)
+    started = time.time()
+    unbounded = Wiring(
+        wiring.inputs,
+        wiring.selections,
+        wiring.dead_letters,
+        wake_ups=lambda: time.time() > started + 3.0,
+    )
+    run_main(build_flow(registry, unbounded, snapshots=False))
+    letters = [orjson.loads(d) for _, d in dead]
+    assert len(selections) == 5
+    assert sorted(d["reason"] for d in letters) == ["ticket_expired"] * 5
