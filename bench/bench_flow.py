@@ -666,9 +666,10 @@ def service_process(
     env.pop("TSI_STOP_AT_END", None)  # tail mode: the service waits for new messages
     if "events" in topics:
         env["TSI_TOPIC_EVENTS"] = topics["events"]
-    else:
+    else:  # the default two-topic setup also needs its internal topic (issue 11)
         env["TSI_TOPIC_REQUESTS"] = topics["requests"]
         env["TSI_TOPIC_FEEDBACK"] = topics["feedback"]
+        env["TSI_TOPIC_INTERNAL"] = new_topics(bk.bootstrap, ("internal",))["internal"]
     with open(logfile, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, *args], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT

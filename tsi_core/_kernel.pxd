@@ -50,6 +50,8 @@ cdef class Kernel:
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil
     cdef double mixing(self, const double* row) noexcept nogil
+    cdef double policy(self, const double* row, int ctx, double* w, double* scale,
+                       double* spread) noexcept nogil
     cdef void select_row(self, double* row, int ctx, double u, int64_t* arm,
                          double* q, double* p) noexcept nogil
     cdef void policy_row(self, const double* row, int ctx, double* out) noexcept nogil

@@ -244,15 +244,23 @@ cdef class Kernel:
         cdef double eps = sqrt(<double>self.n_arms / (row[C_N_UPDATES] + 1.0))
         return 0.5 if eps > 0.5 else eps
 
+    cdef double policy(self, const double* row, int ctx, double* w, double* scale,
+                       double* spread) noexcept nogil:
+        """Arm weights w into ``w``; q_i = w_i·scale + spread (scale = (1-ε)/Σw,
+        spread = ε/M). Returns Σw."""
+        cdef double total = self.arm_weights(row + C_HEAD, ctx,
+                                             self.gamma / sqrt(row[C_VN] + 1.0), w)
+        cdef double eps = self.mixing(row)
+        spread[0] = eps / self.n_arms
+        scale[0] = (1.0 - eps) / total
+        return total
+
     cdef void select_row(self, double* row, int ctx, double u, int64_t* arm,
                          double* q, double* p) noexcept nogil:
         """Inverse-CDF draw from q = w·((1-ε)/Σw) + ε/M; records q and p = w/Σw."""
         cdef double* w = &self.scratch[0]
-        cdef double c = self.gamma / sqrt(row[C_VN] + 1.0)
-        cdef double total = self.arm_weights(row + C_HEAD, ctx, c, w)
-        cdef double eps = self.mixing(row)
-        cdef double spread = eps / self.n_arms
-        cdef double scale = (1.0 - eps) / total
+        cdef double scale, spread
+        cdef double total = self.policy(row, ctx, w, &scale, &spread)
         cdef double acc = 0.0
         cdef Py_ssize_t i, chosen = 0
         if self.n_arms <= 64:  # few arms: count the cumulative q <= u, without branches
@@ -275,12 +283,9 @@ cdef class Kernel:
 
     cdef void policy_row(self, const double* row, int ctx, double* out) noexcept nogil:
         cdef double* w = &self.scratch[0]
-        cdef double c = self.gamma / sqrt(row[C_VN] + 1.0)
-        cdef double total = self.arm_weights(row + C_HEAD, ctx, c, w)
-        cdef double eps = self.mixing(row)
-        cdef double spread = eps / self.n_arms
-        cdef double scale = (1.0 - eps) / total
+        cdef double scale, spread
         cdef Py_ssize_t i
+        self.policy(row, ctx, w, &scale, &spread)
         for i in range(self.n_arms):
             out[i] = w[i] * scale + spread
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
 from tsi_core.bandit import TicketError, configure
-from tsi_core.validate import check_int, check_int_vector, check_real_vector
+from tsi_core.validate import check_draws, check_int, check_int_vector
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,12 +179,7 @@ class BatchBandit:
         rows = self._rows(instances)
         n = len(rows)
         ctx = self._contexts(contexts, n)
-        if u is None:
-            u = self._rng.random(n)
-        else:
-            u = check_real_vector("u", u, n, 0.0, 1.0)
-            if (u >= 1.0).any():
-                raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
+        u = self._rng.random(n) if u is None else check_draws(u, n)
         arms = np.empty(n, dtype=np.int64)
         probs, shares = np.empty(n), np.empty(n)
         self._table.select_many(rows, ctx, np.ascontiguousarray(u), arms, probs, shares)

@@ -99,3 +99,11 @@ def check_real_vector(name: str, values: Any, n: int, low: float, high: float) -
             f"{name}[{bad[0]}] = {float(arr[bad[0]])!r} is not a finite number in range"
         )
     return arr
+
+
+def check_draws(u: Any, n: int) -> np.ndarray:
+    """n uniform draws in [0, 1), as a float array (``ValueError`` naming a bad one)."""
+    draws = check_real_vector("u", u, n, 0.0, 1.0)
+    if (draws >= 1.0).any():
+        raise ValueError(f"u must be in [0, 1), got {draws[draws >= 1.0][0]!r}")
+    return draws

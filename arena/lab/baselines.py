@@ -41,7 +41,7 @@ import numpy as np
 
 from tsi_core.bandit import TicketError
 from tsi_core.batch import TicketBatch, checked_losses
-from tsi_core.validate import check_int, check_real, check_real_vector
+from tsi_core.validate import check_draws, check_int, check_real
 
 __all__ = ["AHB", "Baseline", "Exp3", "Exp3IX", "Exp3S", "TsallisInf"]
 
@@ -187,12 +187,7 @@ class Baseline:
                 f"{self.name} is context-free: contexts must be None, got {contexts!r}"
             )
         n = self.n_instances
-        if u is None:
-            u = self._rng.random(n)
-        else:
-            u = check_real_vector("u", u, n, 0.0, 1.0)
-            if (u >= 1.0).any():
-                raise ValueError(f"u must be in [0, 1), got {u[u >= 1.0][0]!r}")
+        u = self._rng.random(n) if u is None else check_draws(u, n)
         q, memo = self._distribution()
         cum = cumulative(q)
         cum /= cum[-1]  # ends at exactly 1: the drawn arm always has q > 0
