@@ -662,7 +662,11 @@ def service_process(
     )
     for name in ("TSI_TOPIC_REQUESTS", "TSI_TOPIC_FEEDBACK", "TSI_TOPIC_EVENTS"):
         env.pop(name, None)
-    env.pop("TSI_KAFKA_CONFIG", None)
+    # without recovery the service starts from its (fresh) group's offsets: read from the
+    # start, so that what is produced before its consumers are assigned is not skipped
+    config = logfile.with_suffix(".kafka.toml")
+    config.write_text('[kafka.consumer]\nauto.offset.reset = "earliest"\n')
+    env["TSI_KAFKA_CONFIG"] = str(config)
     env.pop("TSI_STOP_AT_END", None)  # tail mode: the service waits for new messages
     if "events" in topics:
         env["TSI_TOPIC_EVENTS"] = topics["events"]
