@@ -84,6 +84,21 @@ def check_context(structure: Structure, context: Any) -> int:
 __all__ = ["Bandit", "TicketError", "check_context", "configure", "default_gamma"]
 
 
+class _Column:
+    """One statistic of an instance: a column of its kernel row, read as ``kind``."""
+
+    def __init__(self, column: int, kind: type, doc: str) -> None:
+        self.column, self.kind, self.__doc__ = column, kind, doc
+
+    def __get__(self, bandit: Any, owner: type | None = None) -> Any:
+        if bandit is None:
+            return self
+        return self.kind(bandit._row[self.column])
+
+    def __set__(self, bandit: Any, value: float) -> None:
+        bandit._row[self.column] = value
+
+
 class Bandit(BanditCore):
     """A bandit instance: ``select`` an arm, later ``update`` its ticket with the loss.
 
@@ -116,54 +131,12 @@ class Bandit(BanditCore):
         self._attach(Table(kernel, kernel.initial_rows(1)))
 
     # ------------------------------------------------ state (one row of the kernel's table)
-    @property
-    def psi(self) -> float:
-        """ψ, the smallest loss seen (+inf before any)."""
-        return float(self._row[PSI])
-
-    @psi.setter
-    def psi(self, value: float) -> None:
-        self._row[PSI] = value
-
-    @property
-    def n_updates(self) -> int:
-        return int(self._row[N_UPDATES])
-
-    @n_updates.setter
-    def n_updates(self, value: int) -> None:
-        self._row[N_UPDATES] = value
-
-    @property
-    def n_rounds(self) -> int:
-        return int(self._row[N_ROUNDS])
-
-    @n_rounds.setter
-    def n_rounds(self, value: int) -> None:
-        self._row[N_ROUNDS] = value
-
-    @property
-    def _vn(self) -> float:
-        return float(self._row[VN])
-
-    @_vn.setter
-    def _vn(self, value: float) -> None:
-        self._row[VN] = value
-
-    @property
-    def _d_mant(self) -> float:
-        return float(self._row[D_MANT])
-
-    @_d_mant.setter
-    def _d_mant(self, value: float) -> None:
-        self._row[D_MANT] = value
-
-    @property
-    def _d_exp(self) -> int:
-        return int(self._row[D_EXP])
-
-    @_d_exp.setter
-    def _d_exp(self, value: int) -> None:
-        self._row[D_EXP] = value
+    psi = _Column(PSI, float, "ψ, the smallest loss seen (+inf before any)")
+    n_updates = _Column(N_UPDATES, int, "losses applied")
+    n_rounds = _Column(N_ROUNDS, int, "selections made")
+    _vn = _Column(VN, float, "V / D²")
+    _d_mant = _Column(D_MANT, float, "D's mantissa, in [0.5, 1) (0 before a positive φ)")
+    _d_exp = _Column(D_EXP, int, "D's exponent")
 
     @property
     def _state(self) -> np.ndarray:

@@ -22,7 +22,7 @@ import numpy as np
 
 from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
 from tsi_core.bandit import TicketError, configure
-from tsi_core.validate import check_draws, check_int, check_int_vector
+from tsi_core.validate import check_draws, check_int, check_int_vector, is_real
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,19 +53,13 @@ def where_mask(where: Any, n: int) -> np.ndarray:
     return take
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
-        value, bool | np.bool_
-    )
-
-
 def checked_losses(losses: Any, take: np.ndarray) -> np.ndarray:
     """One float loss per ticket entry (a view when already floats); the entries ``take``
     selects must be finite. Raises ``ValueError`` naming the bad value."""
     n = len(take)
     given = np.asarray(losses)
     if given.shape != (n,) or given.dtype.kind not in "iuf":
-        odd = [i for i, v in enumerate(given.ravel()[:n]) if not _is_real(v)]
+        odd = [i for i, v in enumerate(given.ravel()[:n]) if not is_real(v)]
         where = f": losses[{odd[0]}] = {given.ravel()[odd[0]]!r}" if odd else ""
         raise ValueError(f"losses must be {n} real numbers, got {losses!r:.200}{where}")
     values = given.astype(float, copy=False)

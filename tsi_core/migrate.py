@@ -56,8 +56,9 @@ from typing import Any
 
 import numpy as np
 
+from tsi_core._kernel import HEAD
 from tsi_core.bandit import Bandit, TicketError, configure
-from tsi_core.structures import CumulativeLoss, Transform
+from tsi_core.structures import CumulativeLoss, Structure, Transform
 from tsi_core.ticket import Ticket
 from tsi_core.validate import check_int, check_real
 
@@ -147,28 +148,8 @@ def migrate(
     m, competition, new_s, gamma = configure(len(sources), competition, gamma, None)
     new_id = bandit.instance_id if instance_id is None else instance_id
     new = Bandit(m, competition, gamma, instance_id=new_id)
-
-    old_s, root = bandit.structure, math.sqrt(bandit._vn + 1.0)
-    c_new = gamma / root  # η·D of the new bandit (the old one's is bandit.gamma / root)
-    logs = new_s.per_arm_log(c_new)  # None: no per-arm state
-    per_arm = type(old_s) is type(new_s) and old_s.n_contexts == new_s.n_contexts
-    if not kept or (isinstance(new_s, CumulativeLoss) and not bandit._d_mant):
-        state = new_s.initial_state()
-    elif per_arm and logs is not None:
-        state = _carry(bandit._state, sources, *logs, share)
-        if not np.isfinite(logs[0](state)).any():
-            state = new_s.initial_state()
-    elif same_class and sources == list(range(bandit.n_arms)):
-        state = bandit._state.copy()
-    else:
-        old_log_p = _log_normalise(old_s.log_weights_one(bandit._state, bandit.gamma / root))
-        log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
-        state = new_s.state_from_log_p(_log_normalise(log_p), c_new)
-
-    new._state = state
-    new.psi, new._vn = bandit.psi, bandit._vn
-    new._d_mant, new._d_exp = bandit._d_mant, bandit._d_exp
-    new.n_updates, new.n_rounds = bandit.n_updates, bandit.n_rounds
+    new._state = _new_state(bandit, new_s, gamma, sources, share, same_class)
+    new._row[:HEAD] = bandit._row[:HEAD]  # ψ, V/D², D, the counters: the loss stream's
     new._seed = bandit._seed
     rng = bandit._rng_obj.bit_generator.state if bandit._rng_obj is not None else bandit._rng_state
     new._rng_state = copy.deepcopy(rng)
@@ -178,6 +159,33 @@ def migrate(
         if moved is not None:
             new._hold(moved)
     return Migration(new, tickets, arms, bandit.instance_id)
+
+
+def _new_state(
+    bandit: Bandit,
+    new_s: Structure,
+    gamma: float,
+    sources: list[int | None],
+    share: float | None,
+    same_class: bool,
+) -> np.ndarray:
+    """The new class's state continuing ``bandit``'s (the rules: see the module)."""
+    old_s, root = bandit.structure, math.sqrt(bandit._vn + 1.0)
+    c_new = gamma / root  # η·D of the new bandit (the old one's is bandit.gamma / root)
+    logs = new_s.per_arm_log(c_new)  # None: no per-arm state
+    per_arm = type(old_s) is type(new_s) and old_s.n_contexts == new_s.n_contexts
+    if all(s is None for s in sources) or (
+        isinstance(new_s, CumulativeLoss) and not bandit._d_mant
+    ):
+        return new_s.initial_state()
+    if per_arm and logs is not None:
+        state = _carry(bandit._state, sources, *logs, share)
+        return state if np.isfinite(logs[0](state)).any() else new_s.initial_state()
+    if same_class and sources == list(range(bandit.n_arms)):
+        return bandit._state.copy()
+    old_log_p = _log_normalise(old_s.log_weights_one(bandit._state, bandit.gamma / root))
+    log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
+    return new_s.state_from_log_p(_log_normalise(log_p), c_new)
 
 
 def _check_arm_map(arm_map: Any, n_old: int) -> list[int | None]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core._kernel import Kernel, log_array
+from tsi_core._kernel import HEAD, Kernel, log_array
 
 Transform = Callable[[np.ndarray], np.ndarray]
 
@@ -55,7 +55,7 @@ class Structure:
 
     def initial_state(self) -> np.ndarray:
         """One fresh instance's state, shape ``state_shape``."""
-        return np.asarray(self.kernel(1.0).initial_rows(1)[0, 6:]).reshape(self.state_shape)
+        return np.asarray(self.kernel(1.0).initial_rows(1)[0, HEAD:]).reshape(self.state_shape)
 
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         """log w of one instance, shape (n_contexts, M), up to a constant per context."""

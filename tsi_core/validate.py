@@ -17,6 +17,11 @@ import numpy as np
 _REAL = (int, float, np.integer, np.floating)
 
 
+def is_real(value: Any) -> bool:
+    """A real number of Python or numpy, not a bool."""
+    return isinstance(value, _REAL) and not isinstance(value, bool)
+
+
 def check_int(name: str, value: Any, minimum: int, maximum: float = math.inf) -> int:
     """An integer (not a bool) in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -29,7 +34,7 @@ def check_int(name: str, value: Any, minimum: int, maximum: float = math.inf) ->
 
 def check_real(name: str, value: Any, low: float, high: float) -> float:
     """A real number (not a bool, not NaN) in [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, _REAL):
+    if not is_real(value):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     v = float(value)
     if not low <= v <= high:
@@ -39,14 +44,14 @@ def check_real(name: str, value: Any, low: float, high: float) -> float:
 
 def check_loss(value: Any) -> float:
     """A finite real loss of any sign and scale."""
-    if isinstance(value, bool) or not isinstance(value, _REAL) or not math.isfinite(value):
+    if not is_real(value) or not math.isfinite(value):
         raise ValueError(f"loss must be a finite real number, got {value!r}")
     return float(value)
 
 
 def check_draw(value: Any) -> float:
     """An external uniform draw u in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, _REAL) or not 0.0 <= value < 1.0:
+    if not is_real(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"u must be a real number in [0, 1), got {value!r}")
     return float(value)
 

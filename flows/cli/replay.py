@@ -29,7 +29,7 @@ def replay(
 
     The same log and seed give the same selections, byte for byte.
     """
-    from flows.tools.replay import ReplayError, kafka_range, merge_by_time, read_lines
+    from flows.tools.replay import ReplayError
     from flows.tools.replay import replay as run_replay
     from flows.tools.report import ServedLog, log_events, write_report
 
@@ -38,14 +38,9 @@ def replay(
         fail("replay", "give --events, or --requests with --feedback, or --topic")
     try:
         reg = Registry.load(registry)
-        kinds: dict[str, str] = {}
-        if events is not None:
-            messages = list(read_lines(events))
-        elif topic is not None:
-            messages = kafka_range(brokers, topic, from_offset, to_offset)
-        else:
-            messages = merge_by_time(read_lines(requests), read_lines(feedback))
-            kinds = {str(requests): "request", str(feedback): "feedback"}
+        messages, kinds = _read_log(
+            events, requests, feedback, topic, brokers, from_offset, to_offset
+        )
         out.mkdir(parents=True, exist_ok=True)
     except (RegistryError, ReplayError) as exc:
         fail("replay", str(exc))
@@ -73,3 +68,23 @@ def replay(
         f"{len(result.selections):,} selections, {len(result.dead_letters):,} dead letters "
         f"from {len(messages):,} messages; {out / 'selections.jsonl'}; report: {report}"
     )
+
+
+def _read_log(
+    events: Path | None,
+    requests: Path | None,
+    feedback: Path | None,
+    topic: str | None,
+    brokers: str,
+    from_offset: int | None,
+    to_offset: int | None,
+) -> tuple[list, dict[str, str]]:
+    """The messages to replay, and the kind of each source file (empty for one log)."""
+    from flows.tools.replay import kafka_range, merge_by_time, read_lines
+
+    if events is not None:
+        return list(read_lines(events)), {}
+    if topic is not None:
+        return kafka_range(brokers, topic, from_offset, to_offset), {}
+    kinds = {str(requests): "request", str(feedback): "feedback"}
+    return merge_by_time(read_lines(requests), read_lines(feedback)), kinds

@@ -68,29 +68,10 @@ def kafka_wiring(
     ``minimal_dead_letter`` instead.
     """
 
-    def source(topic: str) -> OpenSource:
-        def open_source(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
-            read = kafka_messages(
-                step,
-                flow,
-                brokers,
-                [topic],
-                starting_offset,
-                add_config=consumer_config,
-                tail=tail,
-                group_id=group_id,
-                on_epoch=on_epoch,
-            )
-            messages = op.map(
-                f"{step}_messages",
-                read.oks,
-                # the topic's one str object, not a copy per message: open tickets keep it
-                lambda m: (m.value, Origin(topic, m.partition, m.offset, _stamped(m))),
-            )
-            errors = op.map(f"{step}_errors", read.errs, _kafka_dead_letter)
-            return messages, errors
+    options = {"starting_offset": starting_offset, "group_id": group_id, "on_epoch": on_epoch}
 
-        return open_source
+    def source(topic: str) -> OpenSource:
+        return _topic_source(brokers, topic, consumer_config, tail, options)
 
     def sink(topic: str, replace: Replacement | None = None) -> Callable[[str, Stream], None]:
         checked = DeliveryCheckedKafkaSink(brokers, topic, producer_config, replace=replace)
@@ -103,7 +84,6 @@ def kafka_wiring(
     )
     repartition = None
     if topics.repartitioned and tail:  # a bounded run (tail=False) reads the inputs directly
-        options = {"starting_offset": starting_offset, "group_id": group_id, "on_epoch": on_epoch}
         repartition = _repartition(brokers, topics, consumer_config, sink, options)
     return Wiring(
         inputs,
@@ -113,6 +93,40 @@ def kafka_wiring(
         # an unbounded run wakes its instances from per-worker queues, until it ends
         wake_ups=(lambda: PartitionsChanged.detail is not None) if tail else None,
     )
+
+
+def _topic_source(
+    brokers: list[str],
+    topic: str,
+    consumer_config: dict[str, Any] | None,
+    tail: bool,
+    options: dict[str, Any],
+) -> OpenSource:
+    """One input topic as (bytes, Origin) messages and its Kafka errors as dead letters;
+    ``options``: the starting offset, group and epoch hook."""
+
+    def open_source(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
+        read = kafka_messages(
+            step,
+            flow,
+            brokers,
+            [topic],
+            options["starting_offset"],
+            add_config=consumer_config,
+            tail=tail,
+            group_id=options["group_id"],
+            on_epoch=options["on_epoch"],
+        )
+        messages = op.map(
+            f"{step}_messages",
+            read.oks,
+            # the topic's one str object, not a copy per message: open tickets keep it
+            lambda m: (m.value, Origin(topic, m.partition, m.offset, _stamped(m))),
+        )
+        errors = op.map(f"{step}_errors", read.errs, _kafka_dead_letter)
+        return messages, errors
+
+    return open_source
 
 
 def _repartition(
