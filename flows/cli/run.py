@@ -208,7 +208,7 @@ def serve(
         run_flow(
             service.flow(
                 tail=not settings.stop_at_end,
-                recovery=settings.recovery_dir is not None,
+                recovery=settings.recovery_dir or False,
                 fresh=settings.fresh,
             ),
             cluster.workers,

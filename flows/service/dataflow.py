@@ -3,8 +3,11 @@
 ```
 requests ─ parse ─ route ─┐                     ┌─ selections ─ serialise ─ sink
 feedback ─ parse ─ route ─┼─ merge ─ stateful ──┤
- (events ─ parse ─ route)─┘     (per instance)  └─ dead letters (+ every refusal upstream)
+ (events ─ parse ─ route)─┘      (per shard)    └─ dead letters (+ every refusal upstream)
 ```
+
+Events are routed by instance to a fixed number of shards (``flows.service.logic``); a
+shard is one Bytewax key and holds many instances.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import bytewax.operators as op
@@ -30,7 +34,7 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.logic import Routed, logic_builder
+from flows.service.logic import Routed, logic_builder, shard_of
 from flows.service.metrics import count_dead_letter
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.stream_clock import StreamClock
@@ -131,8 +135,8 @@ def _parse_guarded(
 
 
 def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] | DeadLetter:
-    """(instance key, (key, experiment, event)), or a dead letter for an unknown experiment
-    or a missing unit. The experiment is looked up here, once per event."""
+    """(shard, (instance key, experiment, event)), or a dead letter for an unknown
+    experiment or a missing unit. The experiment is looked up here, once per event."""
     experiment = registry.get(event.experiment)
     if experiment is None:
         return DeadLetter(
@@ -145,7 +149,7 @@ def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] |
         key = experiment.instance_key(event.unit)
     except KeyError as exc:
         return DeadLetter("missing_field", exc.args[0], event.raw, event.origin)
-    return key, (key, experiment, event)
+    return shard_of(key), (key, experiment, event)
 
 
 def _parse_and_route(
@@ -189,7 +193,7 @@ def _through_internal_topic(
 
 def _internal_copy(item: tuple[str, Routed]) -> tuple[str, bytes, Origin]:
     """(instance key, original bytes, original origin): what the internal topic carries."""
-    key, (_, _, event) = item
+    _, (key, _, event) = item
     return key, event.raw, event.origin
 
 
@@ -210,6 +214,7 @@ def build_flow(
     event_time: bool = False,
     guards: Guards = Guards(),
     stream: StreamClock | None = None,
+    store: Path | None = None,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
@@ -218,7 +223,9 @@ def build_flow(
     for replays: the events' ``ts`` is the time (see ``flows.service.logic.InstanceLogic``).
     ``guards``: the ts window, the dead letters' size bound, offsets to skip. A
     ``LiveRegistry`` lets the service swap the registry while the flow runs; ``stream``
-    runs the time to live on stream time (the Kafka service).
+    runs the time to live on stream time (the Kafka service). ``store``: where the
+    shards append what each epoch changed (``flows.service.shard_store``); without it a
+    shard's snapshot holds all its instances.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     flow = Dataflow(flow_id)
@@ -237,14 +244,18 @@ def build_flow(
     if wiring.wake_ups is not None:
         routed.append(_wake_ups(flow, wiring.wake_ups, clock if stream is None else stream.now))
     events = op.merge("events", *routed)
-    outputs = op.stateful(
-        "bandit",
+    outputs = op.stateful_batch(
+        "shards",
         events,
-        logic_builder(live, clock, snapshots, event_time, stream, wiring.wake_ups is not None),
+        logic_builder(
+            live, clock, snapshots, event_time, stream, wiring.wake_ups is not None, store
+        ),
     )
     answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
     dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))
-    selections = op.map("selection_json", answers.falses, lambda kv: (kv[0], kv[1].to_json()))
+    selections = op.map(
+        "selection_json", answers.falses, lambda kv: (kv[1].instance, kv[1].to_json())
+    )
     wiring.selections("selections_out", selections)
     letters = op.map(
         "dead_letter_json",

@@ -1,37 +1,57 @@
-"""The Bytewax side of one instance: a ``StatefulLogic`` around ``flows.service.instance.Instance``.
+"""The Bytewax side of the instances: one ``StatefulBatchLogic`` per shard.
 
-Bytewax builds the logic of a key with only its resume state, so every routed item
-carries its instance key and its experiment (looked up once, when the event is routed).
-Each event is guarded: an unexpected error becomes a dead letter for that event and the
-dataflow keeps running.
+Instances are routed to a fixed number of shards (``shard_of``), and each shard is one
+Bytewax key holding many ``flows.service.instance.Instance`` objects. Bytewax's cost per
+key (its own state, its timers, its snapshot calls) is then paid per shard, not per
+user, and one call handles all the events an activation brings to a shard. Every routed
+item carries its instance key and its experiment (looked up once, when the event is
+routed). Each event is guarded: an unexpected error becomes a dead letter for that event
+and the dataflow keeps running.
+
+>>> shard_of("home:u1") == shard_of("home:u1"), shard_of("home:u1", shards=1)
+(True, 'shard-000')
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from bytewax.operators import StatefulLogic
+from bytewax.operators import StatefulBatchLogic
 
-from flows.service.deadlines import worker_queue
-from flows.service.events import DeadLetter, Feedback, Request
+from flows.service.deadlines import DeadlineQueue, worker_queue
+from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
 from flows.service.metrics import observe_expired, observe_item, observe_restored
 from flows.service.registry import Experiment, LiveRegistry, Registry
+from flows.service.resting import Entry, entry_of, revive
+from flows.service.shard_store import ShardLog
 from flows.service.stream_clock import StreamClock
 
 log = logging.getLogger(__name__)
 
 Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experiment, event)
 
+#: Shards per flow. Fixed: an instance's shard must not change while its state is kept.
+#: More shards than workers spread them evenly; each holds 1/SHARDS of the instances.
+SHARDS = 256
+
+
+def shard_of(key: str, shards: int = SHARDS) -> str:
+    """The shard (Bytewax key) of an instance key: a stable hash, never the salted
+    built-in ``hash``."""
+    return f"shard-{zlib.crc32(key.encode()) % shards:03d}"
+
 
 @dataclass(frozen=True)
 class FlowContext:
-    """What every instance logic of one dataflow shares: the registry, the clock, whether
+    """What every shard of one dataflow shares: the registry, the clock, whether
     snapshots are built (recovery on), whether the flow runs on event time, and the stream
     clock (the Kafka service: an event's time is its Kafka timestamp and tickets expire on
     stream time, see ``flows.service.stream_clock``)."""
@@ -42,16 +62,20 @@ class FlowContext:
     event_time: bool = False
     stream: StreamClock | None = None
     wake_ups: bool = False  # wake-ups from the worker's queue instead of Bytewax timers
+    # with snapshots: the directory of the shards' logs (``flows.service.shard_store``);
+    # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
+    store: Path | None = None
 
 
-class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
-    """An ``Instance`` that is also the Bytewax logic of its key: one object per key.
-
-    A new key becomes an instance on its first event, which names the experiment.
+class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
+    """The instances of one shard, created on their first event (which names the
+    experiment), with one queue of their deadlines: the shard asks for one wake-up, its
+    earliest deadline.
 
     On event time (replays, the demo) ``now`` is the event's own ``ts`` (else the clock),
-    deadlines pass when an instance's next event or the end of the input passes them, and
-    Bytewax's wall-clock notifications are not used: the same input gives the same output.
+    an instance's deadlines pass when its next event or the end of the input passes them,
+    and Bytewax's wall-clock notifications are not used: the same input gives the same
+    output.
 
     The registry may change under an instance (a restart with an edited file, or a live
     reload): it follows its experiment's new definition on restore or on its next event
@@ -60,52 +84,112 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
     to life if the experiment returns.
     """
 
-    __slots__ = ("_archived", "context")
-
     def __init__(self, context: FlowContext, resume: dict[str, Any] | None = None) -> None:
         self.context = context
-        self.key = None  # not bound to an experiment yet
-        self._archived = None
+        self.shard: str | None = None  # known from the resume state, or the first event
+        self.instances: dict[str, Instance] = {}
+        self.resting: dict[str, Entry] = {}  # saved, not built yet: idle, or archived
+        self.deadlines = DeadlineQueue()  # instance keys, by their next deadline
+        self.touched: set[str] = set()  # instances changed since the last snapshot
+        self.log: ShardLog | None = None
+        self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
         if resume:
-            experiment = context.registry.current.get(resume["experiment"])
-            if experiment is None:
-                self._archived = resume
-                log.warning("instance %r archived: its experiment left the registry", resume["key"])
-            else:
-                self.restore(experiment, resume)
-                observe_restored(self)
-                self._wish()
+            self._start(resume["shard"], resume)
 
-    @property
-    def instance(self) -> Instance | None:
-        """The instance this logic holds (None until its first event)."""
-        return None if self.key is None else self
+    def _start(self, shard: str, resume: dict[str, Any] | None) -> None:
+        """Become shard ``shard``, with its saved entries: in the resume state itself, in
+        the shard's log up to the resume state's marker, or (no resume state) its seed."""
+        self.shard = shard
+        if resume is not None and "entries" in resume:
+            entries = {entry.key: entry for entry in resume["entries"]}
+        elif self.context.store is not None and self.context.snapshots:
+            self.log = ShardLog(self.context.store, shard)
+            entries, problem = self.log.resume(None if resume is None else resume["store"])
+            if problem is not None:
+                self._lost(f"the shard's log is damaged, {len(entries)} instances read: {problem}")
+        else:
+            entries = {}
+        for entry in entries.values():
+            self._resume(entry)
+        self._wish()
 
-    def on_item(self, value: Routed) -> tuple[Iterable[Output], bool]:
-        key, experiment, event = value
-        if isinstance(event, str):  # WAKE_UP: the only event that is not parsed
-            return self.on_notify()
-        started, now, new = time.perf_counter(), None, self.key is None
+    def _lost(self, detail: str) -> None:
+        log.error("%s: %s", self.shard, detail)
+        letter = DeadLetter("state_lost", detail, b"", Origin("recovery"), self.shard)
+        self.problems.append(letter)
+
+    def _resume(self, entry: Entry) -> None:
+        experiment = self.context.registry.current.get(entry.experiment)
+        if experiment is None:
+            log.warning("instance %r archived: its experiment left the registry", entry.key)
+        if experiment is None or entry.kind == "packed":  # built on its next event
+            self.resting[entry.key] = entry
+            observe_restored(entry.experiment)
+            return
         try:
-            if new:
-                self._bind(experiment, key)
-            elif experiment is not self.experiment:
-                self.follow(experiment)  # the registry was reloaded
-            before: list[Output] = self.take_notices() if self._notices else []
+            instance = revive(entry, experiment)
+        except Exception as exc:  # kept as it is: its events get internal_error letters
+            self.resting[entry.key] = entry
+            self._lost(f"instance {entry.key!r} cannot be restored ({exc}); its state is kept")
+            return
+        self.instances[instance.key] = instance
+        observe_restored(entry.experiment, instance)
+        self.deadlines.want(instance.key, self._due(instance))
+
+    def on_batch(self, values: list[Routed]) -> tuple[Iterable[Output], bool]:
+        out: list[Output] = []
+        if self.problems:
+            out, self.problems = self.problems, []
+        for key, experiment, event in values:
+            if type(event) is str:  # WAKE_UP, the only event that is not parsed
+                out += self._wake()
+            else:
+                out += self._on_event(key, experiment, event)
+        self._wish()
+        return out, StatefulBatchLogic.RETAIN
+
+    def _on_event(self, key: str, experiment: Experiment, event: Request | Feedback) -> list:
+        started, now, new = time.perf_counter(), None, False
+        instance = self.instances.get(key)
+        try:
+            if instance is None:
+                instance, new = self._bind(experiment, key)
+            elif experiment is not instance.experiment:
+                instance.follow(experiment)  # the registry was reloaded
+            before: list[Output] = instance.take_notices() if instance._notices else []
             now = self._time_of(event)
             if self.context.event_time:
-                before += self.expire(now)
-                observe_expired(self, before)  # never raises
+                expired = instance.expire(now)
+                observe_expired(instance, expired)  # never raises
+                before += expired
             if isinstance(event, Request):
-                out = self.on_request(event, now)
+                out = instance.on_request(event, now)
             else:
-                out = self.on_feedback(event, now)
+                out = instance.on_feedback(event, now)
         except Exception as exc:
             detail = f"{type(exc).__name__}: {exc}"
             out, before = [DeadLetter("internal_error", detail, event.raw, event.origin, key)], []
         observe_item(experiment.name, event, out, new, started, now)  # never raises
-        self._wish()
-        return (before + out if before else out), StatefulLogic.RETAIN
+        if key in self.instances:
+            self.touched.add(key)
+            self.deadlines.want(key, self._due(self.instances[key]))
+        return before + out if before else out
+
+    def _bind(self, experiment: Experiment, key: str) -> tuple[Instance, bool]:
+        """The first event of a key since the shard started: a saved instance built, or
+        a new one (True)."""
+        if self.shard is None:
+            self._start(shard_of(key), None)
+            if key in self.instances:  # from the seed
+                return self.instances[key], False
+        entry = self.resting.get(key)
+        if entry is None:
+            instance = Instance(experiment, key)
+        else:
+            instance = revive(entry, experiment)
+            del self.resting[key]
+        self.instances[key] = instance
+        return instance, entry is None
 
     def _time_of(self, event: Request | Feedback) -> float:
         """The time an event happened at: its own ``ts`` on event time, its Kafka timestamp
@@ -125,48 +209,55 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         stream = self.context.stream
         return self.context.clock() if stream is None else stream.now()
 
-    def _bind(self, experiment: Experiment, key: str) -> None:
-        """The first event of a key: a new instance, or an archived one coming back."""
-        archived, self._archived = self._archived, None
-        if archived is None:
-            Instance.__init__(self, experiment, key)
-        else:
-            self.restore(experiment, archived)
-
-    def on_notify(self) -> tuple[Iterable[Output], bool]:
-        if self.key is None:
-            return [], StatefulLogic.RETAIN
-        out = self.take_notices() + self.expire(self._now())
-        observe_expired(self, out)  # never raises
-        self._wish()
-        return out, StatefulLogic.RETAIN
-
-    def _due(self) -> float | None:
-        """When this instance wants to be woken: now for dead letters waiting to be handed
+    def _due(self, instance: Instance) -> float | None:
+        """When an instance wants to be woken: now for dead letters waiting to be handed
         out, else its next deadline."""
-        return self._now() if self._notices else self.next_deadline()
+        return self._now() if instance._notices else instance.next_deadline()
+
+    def _wake(self) -> list[Output]:
+        """Expire what is due in the instances whose deadline has come."""
+        out: list[Output] = []
+        for key in self.deadlines.due(self._now()):
+            instance = self.instances.get(key)
+            if instance is None:
+                continue
+            done = instance.take_notices() + instance.expire(self._now())
+            observe_expired(instance, done)  # never raises
+            out += done
+            self.touched.add(key)
+            self.deadlines.want(key, self._due(instance))
+        return out
 
     def _wish(self) -> None:
-        """With wake-ups from the worker's queue, queue this instance's next one."""
-        if self.context.wake_ups and not self.context.event_time and self.key is not None:
-            worker_queue().want(self.key, self._due())
+        """With wake-ups from the worker's queue, queue this shard's next one (now, for
+        problems to hand out)."""
+        if self.context.wake_ups and not self.context.event_time and self.shard is not None:
+            due = self._now() if self.problems else self.deadlines.next()
+            worker_queue().want(self.shard, due)
+
+    def on_notify(self) -> tuple[Iterable[Output], bool]:
+        out, self.problems = self.problems + self._wake(), []
+        return out, StatefulBatchLogic.RETAIN
 
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         """On event time, the end of the input is the last moment: expire what is due."""
-        if self.key is None:
-            return [], StatefulLogic.RETAIN
-        out = self.take_notices()
-        if self.context.event_time:
-            out += self.expire(self.context.clock())
-        observe_expired(self, out)  # never raises
-        return out, StatefulLogic.RETAIN
+        out, self.problems = self.problems, []
+        for key in sorted(self.instances):
+            instance = self.instances[key]
+            done = instance.take_notices()
+            if self.context.event_time:
+                done += instance.expire(self.context.clock())
+            observe_expired(instance, done)  # never raises
+            out += done
+        return out, StatefulBatchLogic.RETAIN
 
     def notify_at(self) -> datetime | None:
-        """A wall-clock wake-up at the next deadline; on stream time a deadline the stream
-        has not reached yet (the service is catching up) is looked at again in a second."""
-        if self.key is None or self.context.event_time or self.context.wake_ups:
+        """A wall-clock wake-up at the shard's next deadline; on stream time a deadline the
+        stream has not reached yet (the service is catching up) is looked at again in a
+        second."""
+        if self.context.event_time or self.context.wake_ups:
             return None
-        due = self.context.clock() if self._notices else self.next_deadline()
+        due = self.context.clock() if self.problems else self.deadlines.next()
         if due is None:
             return None
         if self.context.stream is not None:  # a past deadline: expire() decides, every second
@@ -174,15 +265,30 @@ class InstanceLogic(Instance, StatefulLogic[Routed, Output, dict[str, Any]]):
         return datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
-        """The instance's state for recovery. Bytewax asks for it at every epoch close, for
-        every key touched, recovery or not: without recovery nothing is built. It is also
-        the moment to pack the bandit (``Instance.rest``): busy keys stay live within an
-        epoch, the many idle ones stay small. An archived instance keeps its state."""
-        if self.key is None:
-            return self._archived
-        state = self.to_dict() if self.context.snapshots else None
-        self.rest()
-        return state
+        """The shard's state for recovery: the instances the epoch touched, appended to the
+        shard's log (``context.store``; the snapshot is the log's marker), else the whole
+        shard. Bytewax asks for it at every epoch close, for every shard touched, recovery
+        or not: without recovery nothing is built. It is also the moment to pack the
+        bandits the epoch touched (``Instance.rest``): busy instances stay live within an
+        epoch, the many idle ones stay small."""
+        touched = [self.instances[key] for key in self.touched]
+        self.touched.clear()
+        if not self.context.snapshots or self.shard is None:
+            for instance in touched:
+                instance.rest()
+            return None
+        if self.log is None:
+            return {"shard": self.shard, "entries": self._all_entries()}
+        if self.log.wants_compaction:
+            marker = self.log.compact(self._all_entries())
+        elif touched:
+            marker = self.log.append([entry_of(instance) for instance in touched])
+        else:
+            marker = self.log.marker
+        return {"shard": self.shard, "store": marker}
+
+    def _all_entries(self) -> list[Entry]:
+        return [entry_of(i) for i in self.instances.values()] + list(self.resting.values())
 
 
 def logic_builder(
@@ -192,13 +298,15 @@ def logic_builder(
     event_time: bool = False,
     stream: StreamClock | None = None,
     wake_ups: bool = False,
-) -> Callable[[dict[str, Any] | None], InstanceLogic]:
-    """The builder ``op.stateful`` calls for each new key (with its resume state).
+    store: Path | None = None,
+) -> Callable[[dict[str, Any] | None], ShardLogic]:
+    """The builder ``op.stateful_batch`` calls for each new shard (with its resume state).
 
     ``snapshots=False`` (no recovery configured) skips building snapshots;
     ``event_time=True`` runs on the events' own time, ``stream`` on stream time, and
-    ``wake_ups`` wakes instances from the worker's queue (see ``FlowContext``).
+    ``wake_ups`` wakes shards from the worker's queue, ``store`` keeps the shards' logs
+    (see ``FlowContext``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
-    context = FlowContext(live, clock, snapshots, event_time, stream, wake_ups)
-    return lambda resume: InstanceLogic(context, resume)
+    context = FlowContext(live, clock, snapshots, event_time, stream, wake_ups, store)
+    return lambda resume: ShardLogic(context, resume)

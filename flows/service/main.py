@@ -14,19 +14,23 @@ from flows.service.process import Service, start_process
 from flows.service.settings import Settings
 
 
-def _recovery_requested() -> bool:
-    """Whether ``bytewax.run`` was started with a recovery directory (-r or its env var)."""
+def _recovery_dir() -> str | bool:
+    """The recovery directory ``bytewax.run`` was started with (-r or its env var), or
+    False."""
     args = sys.argv[1:]
-    flags = ("-r", "--recovery-directory")
-    given = any(a in flags or a.startswith("--recovery-directory=") for a in args)
-    return given or bool(os.environ.get("BYTEWAX_RECOVERY_DIRECTORY"))
+    for i, arg in enumerate(args):
+        if arg in ("-r", "--recovery-directory") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--recovery-directory="):
+            return arg.partition("=")[2]
+    return os.environ.get("BYTEWAX_RECOVERY_DIRECTORY") or False
 
 
 def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
         service = Service.from_settings(settings)
-        flow = service.flow(tail=not settings.stop_at_end, recovery=_recovery_requested())
+        flow = service.flow(tail=not settings.stop_at_end, recovery=_recovery_dir())
         try:
             start_process(settings.metrics_port, settings.ready_after(1.0), service.reload_registry)
         except MetricsPortError as exc:

@@ -262,13 +262,15 @@ def observe_expired(instance: Any, out: list) -> None:
         _failed("observe_expired")
 
 
-def observe_restored(instance: Any) -> None:
-    """Account for an instance restored from a snapshot, with its open tickets and buffer."""
+def observe_restored(experiment: str, instance: Any = None) -> None:
+    """Account for an instance restored from a snapshot, with the open tickets and waiting
+    feedback of ``instance`` (None: an idle instance, not built yet)."""
     try:
-        c = _mine().experiment(instance.experiment.name)
+        c = _mine().experiment(experiment)
         c[INSTANCES] += 1
-        c[PENDING] += len(instance.entries(Open))
-        c[EARLY] += len(instance.entries(Early))
+        if instance is not None:
+            c[PENDING] += len(instance.entries(Open))
+            c[EARLY] += len(instance.entries(Early))
     except Exception:
         _failed("observe_restored")
 

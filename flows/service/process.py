@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, build_flow
 from flows.service.metrics import note_epoch_completed, serve_metrics
+from flows.service.recovery import shard_store
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.settings import DEFAULT_GROUP, Settings, client_config
 from flows.service.stream_clock import STREAM_CLOCK
@@ -50,11 +51,14 @@ class Service:
         if not isinstance(self.registry, LiveRegistry):
             object.__setattr__(self, "registry", LiveRegistry(self.registry))
 
-    def flow(self, tail: bool = True, recovery: bool = True, fresh: bool = False) -> Dataflow:
-        """The Kafka dataflow. A new recovery store reads the topics from their start, or
-        with ``fresh`` (an accepted reset) from the consumer group's committed offsets;
-        ``recovery=False`` skips the per-key snapshots and starts from the group's offsets
-        (the end where it has none)."""
+    def flow(
+        self, tail: bool = True, recovery: bool | str | Path = True, fresh: bool = False
+    ) -> Dataflow:
+        """The Kafka dataflow. ``recovery``: the recovery directory (the shards keep their
+        logs in it), True for snapshots of whole shards, or False: no snapshots, and the
+        flow starts from the group's offsets (the end where it has none). A new recovery
+        store reads the topics from their start, or with ``fresh`` (an accepted reset) from
+        the consumer group's committed offsets."""
         consumer = dict(self.consumer_config)
         start = OFFSET_STORED if fresh or not recovery else OFFSET_BEGINNING
         if not recovery:
@@ -69,8 +73,14 @@ class Service:
             starting_offset=start,
             on_epoch=self._epoch_closed,
         )
+        store = None if isinstance(recovery, bool) else shard_store(recovery)
         return build_flow(
-            self.registry, wiring, snapshots=recovery, guards=self.guards, stream=STREAM_CLOCK
+            self.registry,
+            wiring,
+            snapshots=bool(recovery),
+            guards=self.guards,
+            stream=STREAM_CLOCK,
+            store=store,
         )
 
     def _epoch_closed(self) -> None:

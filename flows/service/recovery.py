@@ -1,11 +1,12 @@
 """The recovery directory: is it fit to serve from (``check_recovery_dir``), and what does it
 hold (``read_states``: the per-instance state the dataflow snapshotted).
 
-Bytewax keeps one SQLite file per recovery partition; the stateful step's rows hold the
-pickled ``Instance.to_dict()`` of each key at each epoch. The state of record is the
-latest snapshot at or before the partition's committed epoch: what a restart resumes
-from (the commit lags the newest snapshot by the backup interval). Only read recovery
-directories you trust: snapshots are pickles.
+Bytewax keeps one SQLite file per recovery partition; the stateful step's rows hold each
+shard's marker into its log (``shards/`` beside the partitions, see
+``flows.service.shard_store``) at each epoch. The state of record is the latest marker at
+or before the partition's committed epoch: what a restart resumes from (the commit lags
+the newest snapshot by the backup interval). Only read recovery directories you trust:
+snapshots and logs are pickles.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
+from flows.service.shard_store import ShardLog, read_records
 
-STATE_STEP = "bandit.stateful_batch"
+STATE_STEP = "shards"
+SHARD_STORE = "shards"  # the folder of the shards' logs in a recovery directory
 
 
 def _committed_snapshots(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, Any]]:
@@ -45,15 +49,34 @@ def _committed_snapshots(recovery_dir: str | Path, step_pattern: str) -> Iterato
             yield key, None if blob is None else pickle.loads(blob)
 
 
+def shard_store(recovery_dir: str | Path) -> Path:
+    """Where the shards of a recovery directory keep their logs."""
+    return Path(recovery_dir) / SHARD_STORE
+
+
 def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
-    """{instance key: latest committed snapshot} over all partitions of the directory."""
-    states: dict[str, dict[str, Any]] = {}
-    for key, state in _committed_snapshots(recovery_dir, f"{flow_id}.{STATE_STEP}"):
-        if state is None:
-            states.pop(key, None)
+    """{instance key: its ``Instance.to_dict()``} as of the latest committed snapshot of
+    each shard (its log up to the committed marker), over all partitions of the directory.
+    Shards never snapshotted yet show their seed (``tsi_state import``, an upgrade)."""
+    entries: dict[str, Entry] = {}
+    marked = set()
+    for shard_key, shard in _committed_snapshots(recovery_dir, f"{flow_id}.{STATE_STEP}"):
+        if not shard:
+            continue
+        marked.add(shard_key)
+        if "entries" in shard:
+            entries.update((entry.key, entry) for entry in shard["entries"])
         else:
-            states[key] = state
-    return states
+            log = ShardLog(shard_store(recovery_dir), shard_key)
+            path = log.path(shard["store"]["gen"])
+            found, _, problem = read_records(path, shard["store"]["end"])
+            if problem is not None:
+                raise ValueError(f"shard {shard_key}: {problem}")
+            entries.update(found)
+    for seed in sorted(shard_store(recovery_dir).glob("*.seed")):
+        if seed.stem not in marked:
+            entries.update(read_records(seed, None)[0])
+    return {key: state_of(entry) for key, entry in entries.items()}
 
 
 def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[str, int], int]:
@@ -93,6 +116,8 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
         raise ConfigError(f"recovery directory {directory} is not writable by this user")
     parts: dict[int, Path] = {}
     for entry in sorted(directory.iterdir()):
+        if entry.name == SHARD_STORE and entry.is_dir():
+            continue
         match = PARTITION_FILE.fullmatch(entry.name)
         if match is None or not entry.is_file():
             raise ConfigError(

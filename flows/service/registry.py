@@ -121,6 +121,12 @@ class Experiment:
         return Bandit.unpack(blob, self._template, key, pending)
 
     @functools.cached_property
+    def packing(self) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """What ``Bandit.pack()`` bytes of this experiment mean: its arms and its bandit
+        configuration (one object per definition, which pickle writes once per record)."""
+        return self.arms, self._template.to_dict()
+
+    @functools.cached_property
     def _template(self) -> Bandit:
         return self.new_bandit(self.name)
 

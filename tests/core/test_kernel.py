@@ -142,9 +142,7 @@ def test_the_table_refuses_bad_rows_and_arguments_before_changing_anything():
         lambda: t.update(0, 0, 3, 0.5, 0.5, 1.0),
         lambda: t.update(0, 0, 0, 0.0, 0.5, 1.0),
         lambda: t.update(0, 0, 0, 0.5, 0.5, math.nan),
-        lambda: t.select_many(
-            np.array([0, 5]), np.zeros(2, np.int64), np.zeros(2), *_outputs(2)
-        ),
+        lambda: t.select_many(np.array([0, 5]), np.zeros(2, np.int64), np.zeros(2), *_outputs(2)),
     ):
         with pytest.raises(ValueError):
             call()

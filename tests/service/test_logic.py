@@ -1,7 +1,7 @@
-"""The Bytewax StatefulLogic around an instance: guarded events, timers, snapshots."""
+"""The Bytewax logic of a shard of instances: guarded events, timers, snapshots."""
 
 import orjson
-from bytewax.operators import StatefulLogic
+from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
 from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 from flows.service.instance import Instance
@@ -12,8 +12,9 @@ REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl 
 
 
 def item(logic, key, event):
-    """What the dataflow routes to a key's logic: the key, the event's experiment, the event."""
-    return key, logic.context.registry.current[event.experiment], event
+    """What the dataflow routes to a shard's logic: a batch of one (instance key, the
+    event's experiment, the event)."""
+    return [(key, logic.context.registry.current[event.experiment], event)]
 
 
 def request(rid):
@@ -22,14 +23,14 @@ def request(rid):
 
 def test_an_unexpected_error_becomes_a_dead_letter_and_the_logic_lives_on(monkeypatch):
     logic = logic_builder(REGISTRY, clock=lambda: 100.0)(None)
-    out, keep = logic.on_item(item(logic, "e", request("r1")))
+    out, keep = logic.on_batch(item(logic, "e", request("r1")))
     assert keep is StatefulLogic.RETAIN and isinstance(next(iter(out)), Selection)
 
     def explode(*_args):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(Instance, "on_request", explode)
-    out, keep = logic.on_item(item(logic, "e", request("r2")))
+    out, keep = logic.on_batch(item(logic, "e", request("r2")))
     [dead] = list(out)
     assert isinstance(dead, DeadLetter) and dead.reason == "internal_error"
     assert "disk on fire" in dead.detail and keep is StatefulLogic.RETAIN
@@ -39,7 +40,7 @@ def test_timer_is_timezone_aware_and_expiry_runs_on_notify():
     now = [100.0]
     logic = logic_builder(REGISTRY, clock=lambda: now[0])(None)
     assert logic.notify_at() is None
-    logic.on_item(item(logic, "e", request("r1")))
+    logic.on_batch(item(logic, "e", request("r1")))
     due = logic.notify_at()
     assert due.tzinfo is not None and due.timestamp() == 105.0
     now[0] = 106.0
@@ -49,20 +50,20 @@ def test_timer_is_timezone_aware_and_expiry_runs_on_notify():
 
 def test_snapshot_resumes_the_same_instance():
     logic = logic_builder(REGISTRY, clock=lambda: 0.0)(None)
-    logic.on_item(item(logic, "e", request("r1")))
+    logic.on_batch(item(logic, "e", request("r1")))
     fb = parse_feedback(
         orjson.dumps({"experiment": "e", "request_id": "r1", "loss": 2}), Origin("t", 0, 2)
     )
     resumed = logic_builder(REGISTRY, clock=lambda: 0.0)(logic.snapshot())
     assert resumed.snapshot() == logic.snapshot()
-    assert list(resumed.on_item(item(resumed, "e", fb))[0]) == []
-    assert resumed.instance.bandit.n_updates == 1
+    assert list(resumed.on_batch(item(resumed, "e", fb))[0]) == []
+    assert resumed.instances["e"].bandit.n_updates == 1
     # an experiment removed from the registry: its saved state is dropped, not a crash
     other = Registry.from_toml('[experiments.f]\narms = ["a"]\n')
-    assert logic_builder(other)(logic.snapshot()).instance is None
+    assert logic_builder(other)(logic.snapshot()).instances == {}
 
 
 def test_without_recovery_no_snapshot_is_built():
     logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False)(None)
-    logic.on_item(item(logic, "e", request("r1")))
+    logic.on_batch(item(logic, "e", request("r1")))
     assert logic.snapshot() is None

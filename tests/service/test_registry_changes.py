@@ -12,14 +12,16 @@ import pytest
 from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 from flows.service.logic import FlowContext, logic_builder
 from flows.service.registry import LiveRegistry, Registry
+from flows.service.resting import state_of
 from flows.tools.inspect import describe, render
 
 T0 = 1_767_225_600.0
 
 
 def item(logic, key, event):
-    """What the dataflow routes to a key's logic: the key, the event's experiment, the event."""
-    return key, logic.context.registry.current[event.experiment], event
+    """What the dataflow routes to a shard's logic: a batch of one (instance key, the
+    event's experiment, the event)."""
+    return [(key, logic.context.registry.current[event.experiment], event)]
 
 
 def registry(arms, extra=""):
@@ -41,21 +43,26 @@ def trained(reg, rounds=300, open_requests=()):
     """A logic that learned arm 'b' is best (loss 0 vs 10), then served ``open_requests``."""
     logic = logic_builder(reg, clock=lambda: T0)(None)
     for i in range(rounds):
-        [sel] = logic.on_item(item(logic, "e", request(f"r{i}")))[0]
-        logic.on_item(item(logic, "e", feedback(f"r{i}", 0.0 if sel.arm_name == "b" else 10.0)))
+        [sel] = logic.on_batch(item(logic, "e", request(f"r{i}")))[0]
+        logic.on_batch(item(logic, "e", feedback(f"r{i}", 0.0 if sel.arm_name == "b" else 10.0)))
     served = {
-        rid: next(iter(logic.on_item(item(logic, "e", request(rid)))[0])) for rid in open_requests
+        rid: next(iter(logic.on_batch(item(logic, "e", request(rid)))[0])) for rid in open_requests
     }
     return logic, served
 
 
+def one(logic):
+    """The instance of experiment ``e`` a shard's logic holds."""
+    return logic.instances["e"]
+
+
 def probabilities(logic):
-    return dict(zip(logic.experiment.arms, logic.bandit.probabilities(), strict=True))
+    return dict(zip(one(logic).experiment.arms, one(logic).bandit.probabilities(), strict=True))
 
 
 def learned(logic):
     """p = w/Σw, the learned part of q = (1 - ε)·p + ε/M."""
-    return dict(zip(logic.experiment.arms, logic.bandit.weight_shares(), strict=True))
+    return dict(zip(one(logic).experiment.arms, one(logic).bandit.weight_shares(), strict=True))
 
 
 def test_an_appended_arm_keeps_what_was_learned_and_is_explored():
@@ -63,14 +70,14 @@ def test_an_appended_arm_keeps_what_was_learned_and_is_explored():
     before = learned(logic)
     resumed = logic_builder(registry("abcde"), clock=lambda: T0)(logic.snapshot())
     after = learned(resumed)
-    assert resumed.bandit.n_updates == logic.bandit.n_updates == 300
+    assert one(resumed).bandit.n_updates == one(logic).bandit.n_updates == 300
     assert max(after, key=after.get) == "b"  # still the learned favourite
     # kept arms keep their cumulative losses; the default γ = sqrt(log M) grew with M, so
     # weight ratios w_a/w_b = exp(-c·(Φ_a - Φ_b)) take the power γ(5 arms)/γ(4 arms)
-    power = resumed.bandit.gamma / logic.bandit.gamma
+    power = one(resumed).bandit.gamma / one(logic).bandit.gamma
     ratios = [after[a] / after["b"] for a in "acd"]
     assert ratios == pytest.approx([(before[a] / before["b"]) ** power for a in "acd"], rel=1e-6)
-    assert resumed.bandit.probabilities()[4] > 0  # the new arm is explored (ε mixing)
+    assert one(resumed).bandit.probabilities()[4] > 0  # the new arm is explored (ε mixing)
     again = logic_builder(registry("abcde"), clock=lambda: T0)(resumed.snapshot())
     assert again.snapshot() == resumed.snapshot()  # packs and restores in its new shape
 
@@ -78,7 +85,7 @@ def test_an_appended_arm_keeps_what_was_learned_and_is_explored():
 def test_new_arm_share_sets_the_new_arms_weight():
     logic, _ = trained(registry("abcd"))
     resumed = logic_builder(registry("abcde", "new_arm_share = 0.25"))(logic.snapshot())
-    p = resumed.bandit.probabilities()
+    p = one(resumed).bandit.probabilities()
     eps_part = p.min()  # the ε/M floor; q = (1 - ε)·p + ε/M
     assert p[4] > 0.2 and p[4] > eps_part
 
@@ -96,11 +103,11 @@ def test_a_retired_arm_closes_its_open_tickets_with_a_dead_letter():
     assert {d.reason for d in letters} == {"arm_retired"} and not resumed.on_notify()[0]
     # a ticket on a kept arm is remapped by name: its retry and its feedback still work
     rid = on_b[0]
-    [again] = resumed.on_item(item(resumed, "e", request(rid)))[0]
+    [again] = resumed.on_batch(item(resumed, "e", request(rid)))[0]
     assert again.arm_name == "b" and again.arm == 1 and again.prob == served[rid].prob
-    assert list(resumed.on_item(item(resumed, "e", feedback(rid, 1.0, arm="b")))[0]) == []
-    assert resumed.bandit.n_updates == 301
-    assert 2 in resumed.bandit.probabilities().nonzero()[0]  # 'd' is index 2 now
+    assert list(resumed.on_batch(item(resumed, "e", feedback(rid, 1.0, arm="b")))[0]) == []
+    assert one(resumed).bandit.n_updates == 301
+    assert 2 in one(resumed).bandit.probabilities().nonzero()[0]  # 'd' is index 2 now
 
 
 def test_reordered_and_renamed_arms_are_matched_by_name():
@@ -111,23 +118,23 @@ def test_reordered_and_renamed_arms_are_matched_by_name():
     after = probabilities(resumed)
     for old, name in (("a", "a"), ("b", "lime"), ("c", "c"), ("d", "d")):
         assert after[name] == pytest.approx(before[old], rel=1e-9)
-    [again] = resumed.on_item(item(resumed, "e", request("x")))[0]
+    [again] = resumed.on_batch(item(resumed, "e", request("x")))[0]
     old_name = served["x"].arm_name
     assert again.arm_name == ("lime" if old_name == "b" else old_name)
 
 
 def test_a_changed_competition_keeps_the_arm_distribution():
     logic, _ = trained(registry("abcd"))
-    before = logic.bandit.probabilities()
+    before = one(logic).bandit.probabilities()
     switching = registry("abcd", 'competition = { kind = "switching", rate = 0.01 }')
     resumed = logic_builder(switching, clock=lambda: T0)(logic.snapshot())
-    np.testing.assert_allclose(resumed.bandit.probabilities(), before, rtol=1e-9)
-    assert resumed.bandit.competition.to_dict()["kind"] == "switching"
+    np.testing.assert_allclose(one(resumed).bandit.probabilities(), before, rtol=1e-9)
+    assert one(resumed).bandit.competition.to_dict()["kind"] == "switching"
     contextual = registry("abcd", 'competition = { kind = "contextual", n_contexts = 2 }')
     resumed = logic_builder(contextual, clock=lambda: T0)(logic.snapshot())
     for context in (0, 1):
-        np.testing.assert_allclose(resumed.bandit.probabilities(context), before, rtol=1e-9)
-    [sel] = resumed.on_item(item(resumed, "e", request("ctx", context=1)))[0]
+        np.testing.assert_allclose(one(resumed).bandit.probabilities(context), before, rtol=1e-9)
+    [sel] = resumed.on_batch(item(resumed, "e", request("ctx", context=1)))[0]
     assert isinstance(sel, Selection)
 
 
@@ -136,9 +143,9 @@ def test_a_removed_experiment_is_archived_and_comes_back():
     state = logic.snapshot()
     other = Registry.from_toml('[experiments.f]\narms = ["x"]')
     archived = logic_builder(other)(state)
-    assert archived.instance is None and archived.snapshot() == state  # kept, not dropped
+    assert not archived.instances and archived.snapshot() == state  # kept, not dropped
     back = logic_builder(registry("abcd"), clock=lambda: T0)(archived.snapshot())
-    assert back.bandit.n_updates == 300
+    assert one(back).bandit.n_updates == 300
 
 
 def test_a_live_reload_applies_on_the_next_event(tmp_path):
@@ -146,15 +153,15 @@ def test_a_live_reload_applies_on_the_next_event(tmp_path):
     path.write_text('[experiments.e]\narms = ["a", "b", "c", "d"]\nfeedback_ttl = 100\n')
     live = LiveRegistry(Registry.load(path), path)
     logic = logic_builder(live, clock=lambda: T0)(None)
-    [sel] = logic.on_item(item(logic, "e", request("r1")))[0]
+    [sel] = logic.on_batch(item(logic, "e", request("r1")))[0]
     path.write_text("[experiments.e]\narms = [")  # a broken edit: refused, nothing changes
     assert "refused" in live.reload() and not live.apply()
     path.write_text('[experiments.e]\narms = ["d", "c", "b", "a", "e"]\nfeedback_ttl = 100\n')
     assert "reloaded" in live.reload()
-    assert logic.experiment.arms == ("a", "b", "c", "d")  # not before the epoch closes
+    assert one(logic).experiment.arms == ("a", "b", "c", "d")  # not before the epoch closes
     assert live.apply()
-    [again] = logic.on_item(item(logic, "e", request("r1")))[0]
-    assert again.arm_name == sel.arm_name and logic.experiment.arms[-1] == "e"
+    [again] = logic.on_batch(item(logic, "e", request("r1")))[0]
+    assert again.arm_name == sel.arm_name and one(logic).experiment.arms[-1] == "e"
 
 
 def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
@@ -167,13 +174,13 @@ def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
 
     monkeypatch.setattr("flows.service.instance.migrate", broken)
     live.current = registry("abcde")
-    [dead] = logic.on_item(item(logic, "e", request("z")))[0]
+    [dead] = logic.on_batch(item(logic, "e", request("z")))[0]
     assert dead.reason == "internal_error" and "bad migration" in dead.detail
 
 
 def test_inspect_reads_old_snapshots_with_old_and_new_registries():
     logic, _ = trained(registry("abcd"))
-    state = logic.snapshot()
+    [state] = [state_of(entry) for entry in logic.snapshot()["entries"]]
     for reg in (None, registry("abcd"), registry("abcde"), registry("ab")):
         view = describe("e", state, reg)
         assert view.arms == list("abcd") and len(view.q[0]) == 4

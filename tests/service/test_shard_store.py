@@ -1,0 +1,175 @@
+"""Shards and their logs: a snapshot appends what its epoch touched, a restart reads up to
+the committed marker, compaction keeps the generation a lagging commit names, damage is
+a dead letter and never a crash or a silent reset."""
+
+import orjson
+import pytest
+
+from flows.service.events import Origin, parse_feedback, parse_request
+from flows.service.logic import logic_builder, shard_of
+from flows.service.registry import Registry
+from flows.service.resting import Entry, revive
+from flows.service.shard_store import read_records, write_seed
+
+REGISTRY = Registry.from_toml(
+    '[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = 50\n'
+)
+SHARD = shard_of("e:u0", shards=1)  # every key of these tests, built with one shard
+NOW = [1_000.0]  # the tests' clock
+
+
+def event(kind, unit, rid, **extra):
+    body = {"experiment": "e", "unit": unit, "request_id": rid, **extra}
+    parse = parse_request if kind == "request" else parse_feedback
+    return f"e:{unit}", REGISTRY["e"], parse(orjson.dumps(body), Origin("t", 0, 1))
+
+
+def served(logic, unit, rid, loss=None):
+    """Request (and, with ``loss``, its feedback) for one unit: the selections."""
+    out, _ = logic.on_batch([event("request", unit, rid)])
+    if loss is not None:
+        logic.on_batch([event("feedback", unit, rid, loss=loss)])
+    return [(s.request_id, s.arm, s.prob) for s in out]
+
+
+@pytest.fixture(autouse=True)
+def one_shard(monkeypatch):
+    monkeypatch.setattr("flows.service.logic.SHARDS", 1)
+    monkeypatch.setattr(
+        "flows.service.logic.shard_of", lambda key, shards=1: shard_of(key, shards=1)
+    )
+
+
+def build(store, resume=None, registry=REGISTRY):
+    return logic_builder(registry, clock=lambda: NOW[0], store=store)(resume)
+
+
+def later(logic, seconds=60.0):
+    """Time passes beyond the retry window: kept answers go, the instances become idle."""
+    NOW[0] += seconds
+    logic.on_notify()
+
+
+def test_a_snapshot_appends_only_what_its_epoch_touched(tmp_path):
+    logic = build(tmp_path)
+    for unit in range(2000):
+        served(logic, f"u{unit}", "r0", loss=float(unit % 7))
+    first = logic.snapshot()["store"]  # the first snapshot is a whole base
+    served(logic, "u5", "r1", loss=1.0)
+    second = logic.snapshot()["store"]
+    per_instance = first["end"] / 2000
+    assert second["gen"] == first["gen"] and second["end"] - first["end"] < 3 * per_instance
+    assert logic.snapshot()["store"] == second  # an untouched epoch appends nothing
+
+
+def test_a_restart_resumes_at_the_marker_and_drops_uncommitted_epochs(tmp_path):
+    logic = build(tmp_path)
+    for unit in range(50):
+        served(logic, f"u{unit}", "r0", loss=float(unit % 5))
+    later(logic)
+    served(logic, "open", "r0")  # a ticket still waiting at the marker
+    committed = logic.snapshot()
+    answers = [served(logic, f"u{unit}", "r1", loss=2.0) for unit in range(10)]
+    logic.snapshot()  # an epoch Bytewax never committed: cut off on resume
+    resumed = build(tmp_path, committed)
+    assert "e:u3" in resumed.resting and "e:u3" not in resumed.instances  # idle: on demand
+    again = [served(resumed, f"u{unit}", "r1", loss=2.0) for unit in range(10)]
+    assert again == answers  # the same state: the same answers
+    size = (tmp_path / f"{SHARD}.{committed['store']['gen']}.log").stat().st_size
+    assert size == committed["store"]["end"]
+    assert resumed.instances["e:open"].open  # busy instances are built at once
+
+
+def test_restored_instances_answer_as_if_never_interrupted(tmp_path):
+    straight, interrupted = build(None), build(tmp_path)
+    marker = None
+    for step in range(30):
+        units = [f"u{(step * 7 + k) % 23}" for k in range(5)]
+        a = [
+            served(straight, u, f"r{step}", loss=float((step + k) % 4)) for k, u in enumerate(units)
+        ]
+        b = [
+            served(interrupted, u, f"r{step}", loss=float((step + k) % 4))
+            for k, u in enumerate(units)
+        ]
+        assert a == b
+        marker = interrupted.snapshot()
+        if step % 4 == 3:
+            interrupted = build(tmp_path, marker)
+        if step % 5 == 4:
+            later(straight, 20.0)
+            later(interrupted, 0.0)
+
+
+def test_compaction_keeps_the_generation_a_lagging_commit_names(tmp_path, monkeypatch):
+    monkeypatch.setattr("flows.service.shard_store.MIN_COMPACT_BYTES", 0)
+    logic = build(tmp_path)
+    markers = []
+    for epoch in range(40):
+        served(logic, "u0", f"x{epoch}", loss=1.0)
+        later(logic)
+        markers.append(logic.snapshot()["store"])
+    gens = [m["gen"] for m in markers]
+    assert gens[-1] >= 3  # compacted more than once
+    last_of_previous = [m for m in markers if m["gen"] == gens[-1] - 1][-1]
+    files = sorted(p.name for p in tmp_path.glob("*.log"))
+    assert files == [f"{SHARD}.{gens[-1] - 1}.log", f"{SHARD}.{gens[-1]}.log"]
+    # a commit that lags behind the compaction still resumes
+    resumed = build(tmp_path, {"shard": SHARD, "store": last_of_previous})
+    assert not resumed.problems and "e:u0" in resumed.resting
+    assert sorted(p.name for p in tmp_path.glob("*.log")) == [f"{SHARD}.{gens[-1] - 1}.log"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut", "missing"])
+def test_a_damaged_log_is_a_dead_letter_not_a_crash_or_a_silent_reset(tmp_path, damage):
+    logic = build(tmp_path)
+    for unit in range(20):
+        served(logic, f"u{unit}", "r0", loss=1.0)
+    base = logic.snapshot()
+    served(logic, "u1", "r1", loss=3.0)
+    marker = logic.snapshot()
+    path = tmp_path / f"{SHARD}.{marker['store']['gen']}.log"
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[base["store"]["end"] + 20] ^= 0xFF  # inside the second record
+        path.write_bytes(bytes(data))
+    elif damage == "cut":
+        path.write_bytes(bytes(data[: marker["store"]["end"] - 5]))
+    else:
+        path.unlink()
+    resumed = build(tmp_path, marker)
+    out, _ = resumed.on_batch([])
+    [letter] = out
+    assert letter.reason == "state_lost" and letter.instance == SHARD
+    held = set(resumed.resting) | set(resumed.instances)
+    assert held == (set() if damage == "missing" else {f"e:u{u}" for u in range(20)})
+    assert resumed.on_batch([])[0] == []  # handed out once
+    fresh = resumed.snapshot()["store"]
+    assert fresh["gen"] == marker["store"]["gen"] + 1  # a clean generation, the old one kept
+    assert read_records(tmp_path / f"{SHARD}.{fresh['gen']}.log", None)[2] is None
+
+
+def test_a_shard_without_a_marker_starts_from_its_seed(tmp_path):
+    logic = build(None)
+    served(logic, "u1", "r0", loss=2.0)
+    write_seed(tmp_path, SHARD, logic.snapshot()["entries"])
+    (tmp_path / f"{SHARD}.1.log").write_bytes(b"an epoch never committed")
+    started = build(tmp_path)
+    assert served(started, "u1", "r1") == served(logic, "u1", "r1")
+    assert "e:u1" in started.instances and not list(tmp_path.glob("*.log"))
+
+
+def test_a_packed_entry_follows_a_changed_definition():
+    logic = build(None)
+    for i in range(200):
+        [(_, arm, _)] = served(logic, "u1", f"r{i}")
+        logic.on_batch([event("feedback", "u1", f"r{i}", loss=0.0 if arm == 1 else 5.0)])
+    later(logic)
+    [entry] = [e for e in logic.snapshot()["entries"] if e.key == "e:u1"]
+    assert isinstance(entry, Entry) and entry.kind == "packed"
+    grown = Registry.from_toml(
+        '[experiments.e]\narms = ["a", "b", "c", "d"]\nper_unit = true\nfeedback_ttl = 50\n'
+    )["e"]
+    instance = revive(entry, grown)
+    shares = instance.bandit.weight_shares()
+    assert instance.bandit.n_updates == 200 and len(shares) == 4 and shares.argmax() == 1
