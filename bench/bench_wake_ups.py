@@ -119,8 +119,10 @@ def main() -> None:
             rows[(n, mode)] = statistics.median(runs)
             print(f"  N={n:>9,} {mode:<8} {rows[(n, mode)]:9.1f} us/event", file=sys.stderr)
     print("## Per-event cost while N instances wait for feedback\n")
-    print(f"- {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} cores; median of {REPEATS} runs of {PROBES} probe events\n")
+    print(
+        f"- {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores; median of {REPEATS} runs of {PROBES} probe events\n"
+    )
     print("| N waiting | per-key timers (us/event) | x at 10^3 | wake-ups (us/event) | x at 10^3 |")
     print("|---:|---:|---:|---:|---:|")
     for n in sizes:

@@ -291,8 +291,9 @@ class Bandit(BanditCore):
         counters_ok = 0 <= n_updates <= MAX_COUNT and 0 <= n_rounds <= MAX_COUNT
         problem = template.structure.state_problem(weights)
         if not counters_ok or problem is not None:
-            raise ValueError(f"packed counters or weights invalid: {n_updates}, {n_rounds}, "
-                             f"{problem}")
+            raise ValueError(
+                f"packed counters or weights invalid: {n_updates}, {n_rounds}, {problem}"
+            )
         b = cls.__new__(cls)
         b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma
         b.competition, b._seed, b.instance_id = template.competition, template._seed, instance_id
