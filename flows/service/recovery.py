@@ -20,11 +20,13 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from flows.service.logic import shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
-from flows.service.shard_store import ShardLog, read_records
+from flows.service.shard_store import ShardLog, read_records, write_seed
 
 STATE_STEP = "shards"
+PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
 SHARD_STORE = "shards"  # the folder of the shards' logs in a recovery directory
 
 
@@ -77,6 +79,32 @@ def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dic
         if seed.stem not in marked:
             entries.update(read_records(seed, None)[0])
     return {key: state_of(entry) for key, entry in entries.items()}
+
+
+def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "tsi") -> int:
+    """Upgrade a recovery directory written before shards (one Bytewax key per instance,
+    step ``bandit``): its instances become the seeds of their shards, which start from
+    them. Done once, when the directory holds such snapshots and no shard state yet;
+    returns the number of instances seeded. Input offsets are kept by Bytewax as they are
+    (their steps did not change), so the upgrade loses and repeats nothing."""
+    store = shard_store(recovery_dir)
+    if store.exists() and any(store.iterdir()):
+        return 0
+    if any(True for _ in _committed_snapshots(recovery_dir, f"{flow_id}.{STATE_STEP}")):
+        return 0
+    states: dict[str, dict[str, Any]] = {}
+    for key, state in _committed_snapshots(recovery_dir, f"{flow_id}.{PER_INSTANCE_STEP}"):
+        if state is None:
+            states.pop(key, None)
+        else:
+            states[key] = state
+    by_shard: dict[str, list[Entry]] = {}
+    for key, state in states.items():
+        entry = Entry(key, state["experiment"], "state", state)
+        by_shard.setdefault(shard_of(key), []).append(entry)
+    for shard, entries in by_shard.items():
+        write_seed(store, shard, entries)
+    return len(states)
 
 
 def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[str, int], int]:

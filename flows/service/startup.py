@@ -31,7 +31,11 @@ from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
 from flows.service.metrics import note_broker_contact
 from flows.service.process import Service
-from flows.service.recovery import check_recovery_dir, store_offsets
+from flows.service.recovery import (
+    check_recovery_dir,
+    seed_from_per_instance_snapshots,
+    store_offsets,
+)
 from flows.service.registry import LiveRegistry, Registry, RegistryError
 from flows.service.settings import ConfigError, Settings, client_config, dead_letter_bound
 
@@ -64,6 +68,10 @@ def prepare(options: Settings) -> Service:
         )
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
+        if parts:
+            seeded = seed_from_per_instance_snapshots(options.recovery_dir)
+            if seeded:
+                log.warning("upgraded: %d instances moved into their shards' seeds", seeded)
         bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
         guards = dataclasses.replace(guards, dead_letter_raw=bound)
     except (ConfigError, RegistryError, BrokerUnavailableError, TopicError) as exc:

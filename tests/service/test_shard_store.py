@@ -7,21 +7,25 @@ import pytest
 
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.logic import logic_builder, shard_of
-from flows.service.registry import Registry
+from flows.service.registry import Registry, instance_key
 from flows.service.resting import Entry, revive
 from flows.service.shard_store import read_records, write_seed
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = 50\n'
 )
-SHARD = shard_of("e:u0", shards=1)  # every key of these tests, built with one shard
+SHARD = shard_of(instance_key("e", "u0"), shards=1)  # these tests' logics: one shard
 NOW = [1_000.0]  # the tests' clock
+
+
+def key(unit):
+    return instance_key("e", unit)
 
 
 def event(kind, unit, rid, **extra):
     body = {"experiment": "e", "unit": unit, "request_id": rid, **extra}
     parse = parse_request if kind == "request" else parse_feedback
-    return f"e:{unit}", REGISTRY["e"], parse(orjson.dumps(body), Origin("t", 0, 1))
+    return instance_key("e", unit), REGISTRY["e"], parse(orjson.dumps(body), Origin("t", 0, 1))
 
 
 def served(logic, unit, rid, loss=None):
@@ -72,12 +76,12 @@ def test_a_restart_resumes_at_the_marker_and_drops_uncommitted_epochs(tmp_path):
     answers = [served(logic, f"u{unit}", "r1", loss=2.0) for unit in range(10)]
     logic.snapshot()  # an epoch Bytewax never committed: cut off on resume
     resumed = build(tmp_path, committed)
-    assert "e:u3" in resumed.resting and "e:u3" not in resumed.instances  # idle: on demand
+    assert key("u3") in resumed.resting and key("u3") not in resumed.instances  # idle: on demand
     again = [served(resumed, f"u{unit}", "r1", loss=2.0) for unit in range(10)]
     assert again == answers  # the same state: the same answers
     size = (tmp_path / f"{SHARD}.{committed['store']['gen']}.log").stat().st_size
     assert size == committed["store"]["end"]
-    assert resumed.instances["e:open"].open  # busy instances are built at once
+    assert resumed.instances[key("open")].open  # busy instances are built at once
 
 
 def test_restored_instances_answer_as_if_never_interrupted(tmp_path):
@@ -116,7 +120,7 @@ def test_compaction_keeps_the_generation_a_lagging_commit_names(tmp_path, monkey
     assert files == [f"{SHARD}.{gens[-1] - 1}.log", f"{SHARD}.{gens[-1]}.log"]
     # a commit that lags behind the compaction still resumes
     resumed = build(tmp_path, {"shard": SHARD, "store": last_of_previous})
-    assert not resumed.problems and "e:u0" in resumed.resting
+    assert not resumed.problems and key("u0") in resumed.resting
     assert sorted(p.name for p in tmp_path.glob("*.log")) == [f"{SHARD}.{gens[-1] - 1}.log"]
 
 
@@ -142,7 +146,7 @@ def test_a_damaged_log_is_a_dead_letter_not_a_crash_or_a_silent_reset(tmp_path, 
     [letter] = out
     assert letter.reason == "state_lost" and letter.instance == SHARD
     held = set(resumed.resting) | set(resumed.instances)
-    assert held == (set() if damage == "missing" else {f"e:u{u}" for u in range(20)})
+    assert held == (set() if damage == "missing" else {key(f"u{u}") for u in range(20)})
     assert resumed.on_batch([])[0] == []  # handed out once
     fresh = resumed.snapshot()["store"]
     assert fresh["gen"] == marker["store"]["gen"] + 1  # a clean generation, the old one kept
@@ -156,7 +160,7 @@ def test_a_shard_without_a_marker_starts_from_its_seed(tmp_path):
     (tmp_path / f"{SHARD}.1.log").write_bytes(b"an epoch never committed")
     started = build(tmp_path)
     assert served(started, "u1", "r1") == served(logic, "u1", "r1")
-    assert "e:u1" in started.instances and not list(tmp_path.glob("*.log"))
+    assert key("u1") in started.instances and not list(tmp_path.glob("*.log"))
 
 
 def test_a_packed_entry_follows_a_changed_definition():
@@ -165,7 +169,7 @@ def test_a_packed_entry_follows_a_changed_definition():
         [(_, arm, _)] = served(logic, "u1", f"r{i}")
         logic.on_batch([event("feedback", "u1", f"r{i}", loss=0.0 if arm == 1 else 5.0)])
     later(logic)
-    [entry] = [e for e in logic.snapshot()["entries"] if e.key == "e:u1"]
+    [entry] = [e for e in logic.snapshot()["entries"] if e.key == key("u1")]
     assert isinstance(entry, Entry) and entry.kind == "packed"
     grown = Registry.from_toml(
         '[experiments.e]\narms = ["a", "b", "c", "d"]\nper_unit = true\nfeedback_ttl = 50\n'
