@@ -34,7 +34,7 @@ from bytewax.inputs import DynamicSource, StatelessSourcePartition
 from bytewax.testing import run_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flows.service.connectors.memory import memory_wiring
+from flows.service.connectors.memory import memory_wiring, one_per_batch
 from flows.service.dataflow import Wiring, build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
@@ -84,14 +84,12 @@ def _request(i: int) -> tuple[bytes, Origin]:
 
 def per_event_us(n: int, wake_ups: bool) -> float:
     """Microseconds per probe event with n instances waiting."""
-    import bytewax.operators as op
-
     answered, dead, marks = [], [], []
     memory = memory_wiring([], [], answered, dead)
     finished = [False]
 
     def requests(flow, step):
-        return op.input(step, flow, _LoadSource(n, answered, marks)), None
+        return one_per_batch(flow, step, _LoadSource(n, answered, marks)), None
 
     wiring = Wiring(
         {"requests": requests},

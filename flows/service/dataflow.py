@@ -1,13 +1,16 @@
 """The one dataflow builder: Kafka, files and tests differ only in sources and sinks.
 
 ```
-requests ─ parse ─ route ─┐                     ┌─ selections ─ serialise ─ sink
-feedback ─ parse ─ route ─┼─ merge ─ stateful ──┤
- (events ─ parse ─ route)─┘      (per shard)    └─ dead letters (+ every refusal upstream)
+requests ─ parse+route ─┐                           ┌─ selections ─ serialise ─ sink
+feedback ─ parse+route ─┼─ merge ─ by shard ─ stateful ─┤
+ (events ─ parse+route)─┘                 (per shard)   └─ dead letters (+ every refusal)
 ```
 
-Events are routed by instance to a fixed number of shards (``flows.service.logic``); a
-shard is one Bytewax key and holds many instances.
+Items are batches: a source emits what one read brought (one ``consume`` of a Kafka
+partition), every step handles a list, and a shard receives its part of a batch in one
+item. Bytewax's cost per item is then paid per batch, not per event. Events are routed by
+instance to a fixed number of shards (``flows.service.logic``); a shard is one Bytewax key
+and holds many instances.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
+from flows.service.instance import Output
 from flows.service.logic import Routed, logic_builder, shard_of
 from flows.service.metrics import count_dead_letter
 from flows.service.registry import LiveRegistry, Registry
@@ -41,18 +45,19 @@ from flows.service.stream_clock import StreamClock
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
+Batch = list  # what one item of a stream holds: a list of messages, events or outputs
 
 
-OpenSource = Callable[[Dataflow, str], tuple[Stream[Message], Stream[DeadLetter] | None]]
+OpenSource = Callable[[Dataflow, str], tuple[Stream[Batch], Stream[Batch] | None]]
 PARSERS = {"requests": parse_request, "events": parse_event, "feedback": parse_feedback}
 
 
 @dataclass(frozen=True)
 class Repartition:
     """An instance-keyed internal topic between the inputs and the stateful step (the
-    Kafka Streams repartition pattern): ``sink`` writes the routed copies, ``source``
-    reads them back in the log's fixed order (dropping second copies a crash made), as
-    (bytes, the input message's own Origin)."""
+    Kafka Streams repartition pattern): ``sink`` writes batches of routed copies,
+    ``source`` reads them back in the log's fixed order (dropping second copies a crash
+    made), as batches of (bytes, the input message's own Origin)."""
 
     sink: Callable[[str, Stream[Any]], None]
     source: OpenSource
@@ -64,10 +69,10 @@ class Wiring:
     """Where messages come from and go to.
 
     ``inputs`` maps a kind (``requests``, ``feedback``, or ``events`` for a combined stream)
-    to a function that adds its source to the flow and returns a stream of raw messages
-    with their origin, plus a stream of dead letters for messages the source itself could
-    not deliver (e.g. Kafka errors) or None. ``selections`` and ``dead_letters`` consume
-    (key, JSON bytes) streams.
+    to a function that adds its source to the flow and returns a stream of batches of raw
+    messages with their origin, plus a stream of batches of dead letters for messages the
+    source itself could not deliver (e.g. Kafka errors) or None. ``selections`` and
+    ``dead_letters`` consume streams of batches of (key, JSON bytes).
     """
 
     inputs: dict[str, OpenSource]
@@ -123,17 +128,6 @@ def parse_skips(specs: list[str]) -> frozenset[tuple[str, int, int]]:
     return frozenset(out)
 
 
-def _parse_guarded(
-    parse: Callable[..., object], guards: Guards, message: Message
-) -> Request | Feedback | DeadLetter:
-    raw, origin = message
-    if guards.skip:
-        skipped = guards.skipped(raw, origin)
-        if skipped is not None:
-            return skipped
-    return parse(raw, origin, ts_window=guards.ts_window)
-
-
 def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] | DeadLetter:
     """(shard, (instance key, experiment, event)), or a dead letter for an unknown
     experiment or a missing unit. The experiment is looked up here, once per event."""
@@ -152,37 +146,54 @@ def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] |
     return shard_of(key), (key, experiment, event)
 
 
+def parse_and_route(
+    parse: Callable[..., object], guards: Guards, live: LiveRegistry, batch: Batch
+) -> tuple[list[tuple[str, Routed]], list[DeadLetter]]:
+    """A batch of messages as routed events and dead letters (each message one or the
+    other, in order)."""
+    routed, dead = [], []
+    registry, skip, window = live.current, guards.skip, guards.ts_window
+    for raw, origin in batch:
+        event = guards.skipped(raw, origin) if skip else None
+        if event is None:
+            event = parse(raw, origin, ts_window=window)
+        if not isinstance(event, DeadLetter):
+            event = route(registry, event)
+        (dead if isinstance(event, DeadLetter) else routed).append(event)
+    return routed, dead
+
+
 def _parse_and_route(
     name: str,
-    messages: Stream[Message],
+    messages: Stream[Batch],
     parse: Callable[..., object],
     guards: Guards,
     live: LiveRegistry,
-    dead: list[Stream[DeadLetter]],
-) -> Stream[tuple[str, Routed]]:
-    """Parse, then route to an instance; refusals join ``dead``."""
-    parsed = op.map(f"parse_{name}", messages, functools.partial(_parse_guarded, parse, guards))
-    keyed = op.map(
-        f"route_{name}",
-        parsed,
-        lambda e: e if isinstance(e, DeadLetter) else route(live.current, e),
+    dead: list[Stream[Batch]],
+) -> Stream[Batch]:
+    """Parse and route each batch; refusals join ``dead``."""
+    both = op.map(
+        f"parse_{name}", messages, functools.partial(parse_and_route, parse, guards, live)
     )
-    split = op.branch(f"split_{name}", keyed, lambda e: isinstance(e, DeadLetter))
-    dead.append(split.trues)
-    return split.falses
+    dead.append(op.flat_map(f"refused_{name}", both, lambda b: [b[1]] if b[1] else []))
+    return op.flat_map(f"routed_{name}", both, lambda b: [b[0]] if b[0] else [])
 
 
 def _through_internal_topic(
     flow: Dataflow,
     wiring: Wiring,
-    routed: list[Stream[tuple[str, Routed]]],
+    routed: list[Stream[Batch]],
     guards: Guards,
     live: LiveRegistry,
-    dead: list[Stream[DeadLetter]],
-) -> Stream[tuple[str, Routed]]:
+    dead: list[Stream[Batch]],
+) -> Stream[Batch]:
     """Stage 1 writes each routed event to the internal topic, keyed by instance; stage 2
     reads that one log, so every run sees an instance's events in the same order."""
-    copies = op.map("internal_copy", op.merge("to_internal", *routed), _internal_copy)
+    copies = op.map(
+        "internal_copy",
+        op.merge("to_internal", *routed),
+        lambda batch: [(key, event.raw, event.origin) for _, (key, _, event) in batch],
+    )
     wiring.repartition.sink("internal_out", copies)
     messages, errors = wiring.repartition.source(flow, "internal_in")
     if errors is not None:
@@ -191,18 +202,35 @@ def _through_internal_topic(
     return _parse_and_route("internal", messages, parse, guards, live, dead)
 
 
-def _internal_copy(item: tuple[str, Routed]) -> tuple[str, bytes, Origin]:
-    """(instance key, original bytes, original origin): what the internal topic carries."""
-    _, (key, _, event) = item
-    return key, event.raw, event.origin
+def by_shard(batch: Batch) -> list[tuple[str, list[Routed]]]:
+    """A batch of routed events as one item per shard, each shard's events in order."""
+    shards: dict[str, list[Routed]] = {}
+    for shard, routed in batch:
+        events = shards.get(shard)
+        if events is None:
+            shards[shard] = [routed]
+        else:
+            events.append(routed)
+    return list(shards.items())
 
 
 def _wake_ups(
     flow: Dataflow, ending: Callable[[], bool], now: Callable[[], float]
-) -> Stream[tuple[str, Routed]]:
-    """Each worker's due wake-ups, as events of their keys (no experiment attached)."""
+) -> Stream[tuple[str, list[Routed]]]:
+    """Each worker's due wake-ups, as events of their shards (no experiment attached)."""
     due = op.input("wake_ups", flow, WakeUps(ending, now))
-    return op.map("wake_up_events", due, lambda kv: (kv[0], (kv[0], None, kv[1])))
+    return op.map("wake_up_events", due, lambda kv: (kv[0], [(kv[0], None, kv[1])]))
+
+
+def split_outputs(outputs: list[Output]) -> tuple[list[KeyedBytes], list[DeadLetter]]:
+    """A shard's outputs as selections, serialised and keyed by instance, and dead letters."""
+    selections, dead = [], []
+    for out in outputs:
+        if type(out) is DeadLetter:
+            dead.append(out)
+        else:
+            selections.append((out.instance, out.to_json()))
+    return selections, dead
 
 
 def build_flow(
@@ -220,7 +248,7 @@ def build_flow(
 
     ``snapshots=False`` when the flow runs without recovery: per-key snapshots are then
     never built (Bytewax asks for them at every epoch close regardless). ``event_time``
-    for replays: the events' ``ts`` is the time (see ``flows.service.logic.InstanceLogic``).
+    for replays: the events' ``ts`` is the time (see ``flows.service.logic.ShardLogic``).
     ``guards``: the ts window, the dead letters' size bound, offsets to skip. A
     ``LiveRegistry`` lets the service swap the registry while the flow runs; ``stream``
     runs the time to live on stream time (the Kafka service). ``store``: where the
@@ -229,8 +257,8 @@ def build_flow(
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     flow = Dataflow(flow_id)
-    dead: list[Stream[DeadLetter]] = []
-    routed: list[Stream[tuple[str, Routed]]] = []
+    dead: list[Stream[Batch]] = []
+    routed: list[Stream[Batch]] = []
     # Requests first: when both topics have a backlog, the source built first is read
     # first, and feedback read before its request would crowd the early-feedback buffer.
     for name in (n for n in PARSERS if n in wiring.inputs):
@@ -241,27 +269,27 @@ def build_flow(
         routed.append(_parse_and_route(name, messages, parse, guards, live, dead))
     if wiring.repartition is not None:
         routed = [_through_internal_topic(flow, wiring, routed, guards, live, dead)]
+    shards = [op.flat_map("by_shard", op.merge("routed", *routed), by_shard)]
     if wiring.wake_ups is not None:
-        routed.append(_wake_ups(flow, wiring.wake_ups, clock if stream is None else stream.now))
-    events = op.merge("events", *routed)
+        shards.append(_wake_ups(flow, wiring.wake_ups, clock if stream is None else stream.now))
     outputs = op.stateful_batch(
         "shards",
-        events,
+        op.merge("events", *shards),
         logic_builder(
             live, clock, snapshots, event_time, stream, wiring.wake_ups is not None, store
         ),
     )
-    answers = op.branch("split_outputs", outputs, lambda kv: isinstance(kv[1], DeadLetter))
-    dead.append(op.map("unkey_dead", answers.trues, lambda kv: kv[1]))
-    selections = op.map(
-        "selection_json", answers.falses, lambda kv: (kv[1].instance, kv[1].to_json())
+    both = op.map("split_outputs", outputs, lambda kv: split_outputs(kv[1]))
+    dead.append(op.flat_map("answer_dead", both, lambda b: [b[1]] if b[1] else []))
+    wiring.selections(
+        "selections_out", op.flat_map("selections", both, lambda b: [b[0]] if b[0] else [])
     )
-    wiring.selections("selections_out", selections)
+    raw = guards.dead_letter_raw
     letters = op.map(
         "dead_letter_json",
         op.merge("dead_letters", *dead),
         # all of them pass here
-        lambda d: (d.instance or "", count_dead_letter(d).to_json(guards.dead_letter_raw)),
+        lambda batch: [(d.instance or "", count_dead_letter(d).to_json(raw)) for d in batch],
     )
     wiring.dead_letters("dead_letters_out", letters)
     return flow

@@ -136,17 +136,23 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         observe_restored(entry.experiment, instance)
         self.deadlines.want(instance.key, self._due(instance))
 
-    def on_batch(self, values: list[Routed]) -> tuple[Iterable[Output], bool]:
+    def on_batch(self, values: list[list[Routed]]) -> tuple[Iterable[list[Output]], bool]:
+        """Bytewax's call: the batches routed to this shard; one item out, all outputs."""
+        out = self.handle([event for batch in values for event in batch])
+        return ([out] if out else []), StatefulBatchLogic.RETAIN
+
+    def handle(self, events: list[Routed]) -> list[Output]:
+        """Handle events in order; their outputs (and problems found restoring) in order."""
         out: list[Output] = []
         if self.problems:
             out, self.problems = self.problems, []
-        for key, experiment, event in values:
+        for key, experiment, event in events:
             if type(event) is str:  # WAKE_UP, the only event that is not parsed
                 out += self._wake()
             else:
                 out += self._on_event(key, experiment, event)
         self._wish()
-        return out, StatefulBatchLogic.RETAIN
+        return out
 
     def _on_event(self, key: str, experiment: Experiment, event: Request | Feedback) -> list:
         started, now, new = time.perf_counter(), None, False
@@ -235,11 +241,20 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             due = self._now() if self.problems else self.deadlines.next()
             worker_queue().want(self.shard, due)
 
-    def on_notify(self) -> tuple[Iterable[Output], bool]:
-        out, self.problems = self.problems + self._wake(), []
-        return out, StatefulBatchLogic.RETAIN
+    def on_notify(self) -> tuple[Iterable[list[Output]], bool]:
+        out = self.wake()
+        return ([out] if out else []), StatefulBatchLogic.RETAIN
 
-    def on_eof(self) -> tuple[Iterable[Output], bool]:
+    def wake(self) -> list[Output]:
+        """A timer's call: what is due, and problems found restoring."""
+        out, self.problems = self.problems + self._wake(), []
+        return out
+
+    def on_eof(self) -> tuple[Iterable[list[Output]], bool]:
+        out = self.finish()
+        return ([out] if out else []), StatefulBatchLogic.RETAIN
+
+    def finish(self) -> list[Output]:
         """On event time, the end of the input is the last moment: expire what is due."""
         out, self.problems = self.problems, []
         for key in sorted(self.instances):
@@ -249,7 +264,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
                 done += instance.expire(self.context.clock())
             observe_expired(instance, done)  # never raises
             out += done
-        return out, StatefulBatchLogic.RETAIN
+        return out
 
     def notify_at(self) -> datetime | None:
         """A wall-clock wake-up at the shard's next deadline; on stream time a deadline the

@@ -20,13 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import bytewax.operators as op
 import orjson
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from bytewax.testing import run_main
 
+from flows.service.connectors.memory import one_per_batch, unbatched
 from flows.service.dataflow import Wiring, build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
@@ -146,12 +146,12 @@ def loop_wiring(loop: Loop) -> Wiring:
     """The one dataflow's wiring for the closed loop: one combined input, callback sinks."""
 
     def source(flow: Dataflow, step: str) -> tuple[Stream, None]:
-        return op.input(step, flow, _LoopSource(loop)), None
+        return one_per_batch(flow, step, _LoopSource(loop)), None
 
     return Wiring(
         inputs={"events": source},
-        selections=lambda step, up: op.output(step, up, _CallbackSink(loop.on_selection)),
-        dead_letters=lambda step, up: op.output(step, up, _CallbackSink(loop.on_dead_letter)),
+        selections=lambda step, up: unbatched(step, up, _CallbackSink(loop.on_selection)),
+        dead_letters=lambda step, up: unbatched(step, up, _CallbackSink(loop.on_dead_letter)),
     )
 
 

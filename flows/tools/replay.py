@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bytewax.operators as op
 import orjson
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.testing import TestingSink, run_main
 
 from flows.service.connectors.files import read_lines as read_jsonl
+from flows.service.connectors.memory import one_per_batch, unbatched
 from flows.service.dataflow import Message, Wiring, build_flow
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request
 from flows.service.registry import Registry
@@ -186,12 +186,12 @@ def replay(
     letters: list[tuple[str, bytes]] = []
 
     def source(flow: Dataflow, step: str) -> tuple[Stream, None]:
-        return op.input(step, flow, _ListSource(messages, result, progress or _ignore)), None
+        return one_per_batch(flow, step, _ListSource(messages, result, progress or _ignore)), None
 
     wiring = Wiring(
         inputs={"events": source},
-        selections=lambda step, up: op.output(step, up, TestingSink(selections)),
-        dead_letters=lambda step, up: op.output(step, up, TestingSink(letters)),
+        selections=lambda step, up: unbatched(step, up, TestingSink(selections)),
+        dead_letters=lambda step, up: unbatched(step, up, TestingSink(letters)),
         parsers={"events": parse},
     )
     flow = build_flow(

@@ -5,7 +5,7 @@ import orjson
 from bytewax.testing import TestingSink, TestingSource, run_main
 
 from flows.service.connectors.files import file_wiring
-from flows.service.connectors.memory import memory_wiring
+from flows.service.connectors.memory import memory_wiring, unbatched
 from flows.service.dataflow import Wiring, build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
@@ -157,12 +157,12 @@ def test_a_backlog_of_both_topics_does_not_overflow_the_early_feedback_buffer():
     selections, dead = [], []
 
     def backlog(items):  # a consumer catching up reads big batches from each topic
-        return lambda flow, step: (op.input(step, flow, TestingSource(items, 1000)), None)
+        return lambda flow, step: (op.input(step, flow, TestingSource([items])), None)
 
     wiring = Wiring(
         {"requests": backlog(requests), "feedback": backlog(feedback)},
-        lambda step, up: op.output(step, up, TestingSink(selections)),
-        lambda step, up: op.output(step, up, TestingSink(dead)),
+        lambda step, up: unbatched(step, up, TestingSink(selections)),
+        lambda step, up: unbatched(step, up, TestingSink(dead)),
     )
     run_main(build_flow(registry, wiring))
     assert len(selections) == 200

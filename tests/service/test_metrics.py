@@ -201,13 +201,13 @@ def test_expired_tickets_and_unknown_feedback_are_counted_and_lower_the_gauges()
     logic = logic_builder(EXPERIMENTS, clock=lambda: now[0])(None)
     delta = Delta()
     for rid in ("a", "b", "c"):
-        logic.on_batch(item(logic, "m", request(rid)))
-    logic.on_batch(item(logic, "m", feedback("c")))
-    logic.on_batch(item(logic, "m", feedback("lost")))  # never requested
+        logic.handle(item(logic, "m", request(rid)))
+    logic.handle(item(logic, "m", feedback("c")))
+    logic.handle(item(logic, "m", feedback("lost")))  # never requested
     assert delta("tsi_pending_tickets", experiment="m") == 2
     assert delta("tsi_early_feedback", experiment="m") == 1
     now[0] = 200.0
-    out, _ = logic.on_notify()
+    out = logic.wake()
     assert sorted(d.reason for d in out) == ["ticket_expired", "ticket_expired", "unknown_ticket"]
     assert delta("tsi_pending_tickets", experiment="m") == 0
     assert delta("tsi_early_feedback", experiment="m") == 0
@@ -221,10 +221,10 @@ def test_expired_tickets_and_unknown_feedback_are_counted_and_lower_the_gauges()
 
 def test_a_restored_instance_brings_its_open_tickets_and_waiting_feedback():
     logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
-    logic.on_batch(item(logic, "m", request("r1")))
-    logic.on_batch(item(logic, "m", request("r2")))
-    logic.on_batch(item(logic, "m", feedback("r2")))
-    logic.on_batch(item(logic, "m", feedback("early")))
+    logic.handle(item(logic, "m", request("r1")))
+    logic.handle(item(logic, "m", request("r2")))
+    logic.handle(item(logic, "m", feedback("r2")))
+    logic.handle(item(logic, "m", feedback("early")))
     delta = Delta()
     resumed = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(logic.snapshot())
     assert "m" in resumed.instances
@@ -238,8 +238,8 @@ def test_processing_time_and_event_age_histograms():
     logic = logic_builder(EXPERIMENTS, clock=lambda: now)(None)
     delta = Delta()
     for rid in ("h1", "h2", "h3"):
-        logic.on_batch(item(logic, "m", request(rid, ts=now - 2.0)))
-    logic.on_batch(item(logic, "m", feedback("h1")))  # no ts: no age
+        logic.handle(item(logic, "m", request(rid, ts=now - 2.0)))
+    logic.handle(item(logic, "m", feedback("h1")))  # no ts: no age
     assert delta("tsi_processing_seconds_count", kind="request") == 3
     assert delta("tsi_processing_seconds_count", kind="feedback") == 1
     assert 0 < delta("tsi_processing_seconds_sum", kind="request") < 1.0
@@ -255,8 +255,8 @@ def test_the_last_event_gauges_take_the_wall_clock_and_the_ts_of_the_event(monke
     now = float(int(time.time()))
     logic = logic_builder(EXPERIMENTS, clock=lambda: now - 3600.0)(None)  # a clock far off
     before = time.time()
-    logic.on_batch(item(logic, "m", request("g1", ts=now - 5.0)))
-    logic.on_batch(item(logic, "m", feedback("g1")))  # no ts: the last ts stays
+    logic.handle(item(logic, "m", request("g1", ts=now - 5.0)))
+    logic.handle(item(logic, "m", feedback("g1")))  # no ts: the last ts stays
     after = time.time()
     mine = metrics._tallies[threading.get_ident()]
     assert before <= mine.last_event <= after  # the wall clock, not the flow's
@@ -281,7 +281,7 @@ def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
     monkeypatch.setattr(metrics, "_by_reason", BrokenDict())
     logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
     with caplog.at_level(logging.WARNING, logger="flows.service.metrics"):
-        out, _ = logic.on_batch(item(logic, "m", request("r1")))
+        out = logic.handle(item(logic, "m", request("r1")))
         [selection] = out
         assert isinstance(selection, Selection)
         bad = msg("ev", 0, type="request", experiment="nope", request_id="z")
@@ -294,7 +294,7 @@ def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
 
 def test_metrics_are_served_over_http():
     logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
-    logic.on_batch(item(logic, "m", request("served")))
+    logic.handle(item(logic, "m", request("served")))
     server, _ = metrics.serve_metrics(0, "127.0.0.1")
     try:
         port = server.server_port

@@ -43,10 +43,10 @@ def trained(reg, rounds=300, open_requests=()):
     """A logic that learned arm 'b' is best (loss 0 vs 10), then served ``open_requests``."""
     logic = logic_builder(reg, clock=lambda: T0)(None)
     for i in range(rounds):
-        [sel] = logic.on_batch(item(logic, "e", request(f"r{i}")))[0]
-        logic.on_batch(item(logic, "e", feedback(f"r{i}", 0.0 if sel.arm_name == "b" else 10.0)))
+        [sel] = logic.handle(item(logic, "e", request(f"r{i}")))
+        logic.handle(item(logic, "e", feedback(f"r{i}", 0.0 if sel.arm_name == "b" else 10.0)))
     served = {
-        rid: next(iter(logic.on_batch(item(logic, "e", request(rid)))[0])) for rid in open_requests
+        rid: next(iter(logic.handle(item(logic, "e", request(rid))))) for rid in open_requests
     }
     return logic, served
 
@@ -97,15 +97,15 @@ def test_a_retired_arm_closes_its_open_tickets_with_a_dead_letter():
     assert on_c and on_b
     resumed = logic_builder(registry("abd"), clock=lambda: T0)(logic.snapshot())
     assert resumed.notify_at() is not None  # asks to be woken to hand out its dead letters
-    out, _ = resumed.on_notify()
+    out = resumed.wake()
     letters = [d for d in out if isinstance(d, DeadLetter)]
     assert sorted(orjson.loads(d.raw)["request_id"] for d in letters) == sorted(on_c)
-    assert {d.reason for d in letters} == {"arm_retired"} and not resumed.on_notify()[0]
+    assert {d.reason for d in letters} == {"arm_retired"} and not resumed.wake()
     # a ticket on a kept arm is remapped by name: its retry and its feedback still work
     rid = on_b[0]
-    [again] = resumed.on_batch(item(resumed, "e", request(rid)))[0]
+    [again] = resumed.handle(item(resumed, "e", request(rid)))
     assert again.arm_name == "b" and again.arm == 1 and again.prob == served[rid].prob
-    assert list(resumed.on_batch(item(resumed, "e", feedback(rid, 1.0, arm="b")))[0]) == []
+    assert list(resumed.handle(item(resumed, "e", feedback(rid, 1.0, arm="b")))) == []
     assert one(resumed).bandit.n_updates == 301
     assert 2 in one(resumed).bandit.probabilities().nonzero()[0]  # 'd' is index 2 now
 
@@ -118,7 +118,7 @@ def test_reordered_and_renamed_arms_are_matched_by_name():
     after = probabilities(resumed)
     for old, name in (("a", "a"), ("b", "lime"), ("c", "c"), ("d", "d")):
         assert after[name] == pytest.approx(before[old], rel=1e-9)
-    [again] = resumed.on_batch(item(resumed, "e", request("x")))[0]
+    [again] = resumed.handle(item(resumed, "e", request("x")))
     old_name = served["x"].arm_name
     assert again.arm_name == ("lime" if old_name == "b" else old_name)
 
@@ -134,7 +134,7 @@ def test_a_changed_competition_keeps_the_arm_distribution():
     resumed = logic_builder(contextual, clock=lambda: T0)(logic.snapshot())
     for context in (0, 1):
         np.testing.assert_allclose(one(resumed).bandit.probabilities(context), before, rtol=1e-9)
-    [sel] = resumed.on_batch(item(resumed, "e", request("ctx", context=1)))[0]
+    [sel] = resumed.handle(item(resumed, "e", request("ctx", context=1)))
     assert isinstance(sel, Selection)
 
 
@@ -153,14 +153,14 @@ def test_a_live_reload_applies_on_the_next_event(tmp_path):
     path.write_text('[experiments.e]\narms = ["a", "b", "c", "d"]\nfeedback_ttl = 100\n')
     live = LiveRegistry(Registry.load(path), path)
     logic = logic_builder(live, clock=lambda: T0)(None)
-    [sel] = logic.on_batch(item(logic, "e", request("r1")))[0]
+    [sel] = logic.handle(item(logic, "e", request("r1")))
     path.write_text("[experiments.e]\narms = [")  # a broken edit: refused, nothing changes
     assert "refused" in live.reload() and not live.apply()
     path.write_text('[experiments.e]\narms = ["d", "c", "b", "a", "e"]\nfeedback_ttl = 100\n')
     assert "reloaded" in live.reload()
     assert one(logic).experiment.arms == ("a", "b", "c", "d")  # not before the epoch closes
     assert live.apply()
-    [again] = logic.on_batch(item(logic, "e", request("r1")))[0]
+    [again] = logic.handle(item(logic, "e", request("r1")))
     assert again.arm_name == sel.arm_name and one(logic).experiment.arms[-1] == "e"
 
 
@@ -174,7 +174,7 @@ def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
 
     monkeypatch.setattr("flows.service.instance.migrate", broken)
     live.current = registry("abcde")
-    [dead] = logic.on_batch(item(logic, "e", request("z")))[0]
+    [dead] = logic.handle(item(logic, "e", request("z")))
     assert dead.reason == "internal_error" and "bad migration" in dead.detail
 
 

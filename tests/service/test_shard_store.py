@@ -30,9 +30,9 @@ def event(kind, unit, rid, **extra):
 
 def served(logic, unit, rid, loss=None):
     """Request (and, with ``loss``, its feedback) for one unit: the selections."""
-    out, _ = logic.on_batch([event("request", unit, rid)])
+    out = logic.handle([event("request", unit, rid)])
     if loss is not None:
-        logic.on_batch([event("feedback", unit, rid, loss=loss)])
+        logic.handle([event("feedback", unit, rid, loss=loss)])
     return [(s.request_id, s.arm, s.prob) for s in out]
 
 
@@ -51,7 +51,7 @@ def build(store, resume=None, registry=REGISTRY):
 def later(logic, seconds=60.0):
     """Time passes beyond the retry window: kept answers go, the instances become idle."""
     NOW[0] += seconds
-    logic.on_notify()
+    logic.wake()
 
 
 def test_a_snapshot_appends_only_what_its_epoch_touched(tmp_path):
@@ -142,12 +142,12 @@ def test_a_damaged_log_is_a_dead_letter_not_a_crash_or_a_silent_reset(tmp_path, 
     else:
         path.unlink()
     resumed = build(tmp_path, marker)
-    out, _ = resumed.on_batch([])
+    out = resumed.handle([])
     [letter] = out
     assert letter.reason == "state_lost" and letter.instance == SHARD
     held = set(resumed.resting) | set(resumed.instances)
     assert held == (set() if damage == "missing" else {key(f"u{u}") for u in range(20)})
-    assert resumed.on_batch([])[0] == []  # handed out once
+    assert resumed.handle([]) == []  # handed out once
     fresh = resumed.snapshot()["store"]
     assert fresh["gen"] == marker["store"]["gen"] + 1  # a clean generation, the old one kept
     assert read_records(tmp_path / f"{SHARD}.{fresh['gen']}.log", None)[2] is None
@@ -167,7 +167,7 @@ def test_a_packed_entry_follows_a_changed_definition():
     logic = build(None)
     for i in range(200):
         [(_, arm, _)] = served(logic, "u1", f"r{i}")
-        logic.on_batch([event("feedback", "u1", f"r{i}", loss=0.0 if arm == 1 else 5.0)])
+        logic.handle([event("feedback", "u1", f"r{i}", loss=0.0 if arm == 1 else 5.0)])
     later(logic)
     [entry] = [e for e in logic.snapshot()["entries"] if e.key == key("u1")]
     assert isinstance(entry, Entry) and entry.kind == "packed"

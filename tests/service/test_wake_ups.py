@@ -58,12 +58,12 @@ def test_a_logic_on_wake_ups_asks_the_queue_not_bytewax_and_expires_on_its_wake_
     now = [100.0]
     logic = logic_builder(REGISTRY, clock=lambda: now[0], wake_ups=True)(None)
     experiment = logic.context.registry.current["e"]
-    logic.on_batch([("e", experiment, request("r1"))])
+    logic.handle([("e", experiment, request("r1"))])
     assert logic.notify_at() is None  # no per-key timer for Bytewax to scan
     assert worker_queue().next() == 105.0
     now[0] = 106.0
     assert worker_queue().due(now[0]) == [shard_of("e")]  # one wake-up for the shard
-    out, _ = logic.on_batch([(shard_of("e"), None, WAKE_UP)])
+    out = logic.handle([(shard_of("e"), None, WAKE_UP)])
     assert [d.reason for d in out] == ["ticket_expired"]
     window = experiment.retry_window  # the expired answer is kept this long for retries
     assert window > 0 and worker_queue().next() == now[0] + window
@@ -71,7 +71,7 @@ def test_a_logic_on_wake_ups_asks_the_queue_not_bytewax_and_expires_on_its_wake_
 
 def test_a_restored_instance_queues_its_deadline_on_the_worker_that_builds_it():
     logic = logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(None)
-    logic.on_batch([("e", logic.context.registry.current["e"], request("r1"))])
+    logic.handle([("e", logic.context.registry.current["e"], request("r1"))])
     snapshot = logic.snapshot()
     worker_queue().due(1e9)  # empty it
     logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(snapshot)

@@ -31,20 +31,20 @@ def read_lines(path: Path, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[Me
                 yield (body, Origin(str(path), None, number)), offset
 
 
-class _LinesPartition(StatefulSourcePartition[Message, tuple[int, int]]):
+class _LinesPartition(StatefulSourcePartition[list[Message], tuple[int, int]]):
     def __init__(self, path: Path, batch_size: int, resume: tuple[int, int] | None) -> None:
         self._position = resume if resume is not None else (0, 0)
         self._lines = read_lines(path, self._position)
         self._batch_size = batch_size
 
-    def next_batch(self) -> list[Message]:
+    def next_batch(self) -> list[list[Message]]:
         batch: list[Message] = []
         for message, offset in itertools.islice(self._lines, self._batch_size):
             batch.append(message)
             self._position = (offset, message[1].offset)
         if not batch:
             raise StopIteration
-        return batch
+        return [batch]
 
     def snapshot(self) -> tuple[int, int]:
         return self._position
@@ -53,8 +53,9 @@ class _LinesPartition(StatefulSourcePartition[Message, tuple[int, int]]):
         self._lines.close()
 
 
-class JsonLinesSource(FixedPartitionedSource[Message, tuple[int, int]]):
-    """Read a JSONL file; every non-empty line is one raw message with its origin."""
+class JsonLinesSource(FixedPartitionedSource[list[Message], tuple[int, int]]):
+    """Read a JSONL file; every non-empty line is one raw message with its origin, in
+    batches of up to ``batch_size`` (one item each)."""
 
     def __init__(self, path: str | Path, batch_size: int = 1000) -> None:
         self.path = Path(path)
@@ -75,7 +76,9 @@ def file_wiring(
     """Read JSON-lines files; write one JSON object per line (the key is in the object)."""
 
     def lines(step: str, up: Stream, path: str | Path) -> None:
-        text = op.map(f"{step}_text", up, lambda kv: (kv[0], kv[1].decode("utf-8")))
+        text = op.flat_map(
+            f"{step}_text", up, lambda batch: [(k, v.decode("utf-8")) for k, v in batch]
+        )
         op.output(step, text, FileSink(Path(path)))
 
     return Wiring(

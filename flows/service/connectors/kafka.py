@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import bytewax.operators as op
-from bytewax.connectors.kafka import KafkaSinkMessage
+from bytewax.connectors.kafka import KafkaError, KafkaSinkMessage
 from bytewax.dataflow import Dataflow, Stream
 from confluent_kafka import OFFSET_BEGINNING
 
@@ -19,7 +19,7 @@ from flows.service.connectors.kafka_source import (
     internal_messages,
     kafka_messages,
 )
-from flows.service.dataflow import OpenSource, Repartition, Wiring
+from flows.service.dataflow import Message, OpenSource, Repartition, Wiring
 from flows.service.events import (
     DeadLetter,
     Origin,
@@ -74,7 +74,9 @@ def kafka_wiring(
         return _topic_source(brokers, topic, consumer_config, tail, options)
 
     def sink(topic: str, replace: Replacement | None = None) -> Callable[[str, Stream], None]:
-        checked = DeliveryCheckedKafkaSink(brokers, topic, producer_config, replace=replace)
+        checked = DeliveryCheckedKafkaSink(
+            brokers, topic, producer_config, replace=replace, batched=True
+        )
         return lambda step, up: op.output(step, up, checked)
 
     inputs = (
@@ -102,11 +104,11 @@ def _topic_source(
     tail: bool,
     options: dict[str, Any],
 ) -> OpenSource:
-    """One input topic as (bytes, Origin) messages and its Kafka errors as dead letters;
-    ``options``: the starting offset, group and epoch hook."""
+    """One input topic as batches of (bytes, Origin) messages and batches of its Kafka
+    errors as dead letters; ``options``: the starting offset, group and epoch hook."""
 
     def open_source(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
-        read = kafka_messages(
+        batches = kafka_messages(
             step,
             flow,
             brokers,
@@ -116,17 +118,34 @@ def _topic_source(
             tail=tail,
             group_id=options["group_id"],
             on_epoch=options["on_epoch"],
+            batched=True,
         )
-        messages = op.map(
-            f"{step}_messages",
-            read.oks,
-            # the topic's one str object, not a copy per message: open tickets keep it
-            lambda m: (m.value, Origin(topic, m.partition, m.offset, _stamped(m))),
-        )
-        errors = op.map(f"{step}_errors", read.errs, _kafka_dead_letter)
-        return messages, errors
+        return _split_batches(step, batches, topic)
 
     return open_source
+
+
+def _split_batches(step: str, batches: Stream, topic: str | None) -> tuple[Stream, Stream]:
+    """(batches of messages, batches of dead letters), none of them empty."""
+    split = op.map(f"{step}_split", batches, lambda batch: _split_batch(batch, topic))
+    messages = op.flat_map(f"{step}_messages", split, lambda both: [both[0]] if both[0] else [])
+    errors = op.flat_map(f"{step}_errors", split, lambda both: [both[1]] if both[1] else [])
+    return messages, errors
+
+
+def _split_batch(batch: list[Any], topic: str | None) -> tuple[list[Message], list[DeadLetter]]:
+    """A consumed batch as messages (bytes, Origin) and dead letters for Kafka's errors.
+    Items already (bytes, Origin) (the internal topic's) are kept as they are."""
+    messages, errors = [], []
+    for item in batch:
+        if type(item) is tuple:
+            messages.append(item)
+        elif isinstance(item, KafkaError):
+            errors.append(_kafka_dead_letter(item))
+        else:  # the topic's one str object, not a copy per message: open tickets keep it
+            origin = Origin(topic, item.partition, item.offset, _stamped(item))
+            messages.append((item.value, origin))
+    return messages, errors
 
 
 def _repartition(
@@ -143,13 +162,15 @@ def _repartition(
     inputs_by_tag = {tag: topic for topic, tag in tags.items()}
 
     def open_internal(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
-        messages, errors = internal_messages(
+        batches = internal_messages(
             step, flow, brokers, topics.internal, inputs_by_tag, consumer_config, **options
         )
-        return messages, op.map(f"{step}_errors", errors, _kafka_dead_letter)
+        return _split_batches(step, batches, topics.internal)
 
     def copy(step: str, up: Stream) -> None:
-        messages = op.map(f"{step}_message", up, lambda kro: _copy_message(kro, tags))
+        messages = op.map(
+            f"{step}_message", up, lambda batch: [_copy_message(kro, tags) for kro in batch]
+        )
         sink(topics.internal)(step, messages)
 
     def parse(raw: bytes, origin: Origin, **parse_options: Any) -> Any:

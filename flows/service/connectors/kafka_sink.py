@@ -89,7 +89,9 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
         topic: str | None,
         client_errors: list[str],
         replace: Replacement | None = None,
+        batched: bool = False,
     ) -> None:
+        self._batched = batched
         self._producer = producer
         self._topic = topic
         self._client_errors = client_errors  # filled by the producer's error_cb
@@ -124,6 +126,8 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
         stand-in ``replace`` builds for it instead; a stand-in refused too is logged with
         its bytes at ERROR level, the last resort (the flow must not loop on it).
         """
+        if self._batched:
+            items = [item for batch in items for item in batch]
         if not items:
             return
         batch = [self._produce_args(item) for item in items]  # bad items fail before producing
@@ -241,7 +245,8 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
     (batching inside a write; the flush at its end sends immediately, so no latency is
     added) and `message.timeout.ms`: 0 (infinite) by default, so a broker outage of any
     length is waited out (readiness reports it; nothing is lost or reordered), or
-    `timeout_s` when given, after which a write fails.
+    `timeout_s` when given, after which a write fails. With ``batched``, every item is a
+    list of such items (a dataflow that carries batches).
     """
 
     def __init__(
@@ -251,6 +256,7 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         add_config: dict[str, Any] | None = None,
         timeout_s: float | None = None,
         replace: Replacement | None = None,
+        batched: bool = False,
     ) -> None:
         if timeout_s is not None and not timeout_s > 0:
             msg = f"timeout_s must be positive, got {timeout_s!r}"
@@ -260,6 +266,7 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
         self._add_config = dict(add_config or {})
         self._timeout_s = timeout_s
         self._replace = replace
+        self._batched = batched
 
     def producer_config(self, step_id: str = "sink", worker_index: int = 0) -> dict[str, Any]:
         """The librdkafka configuration a worker's producer is built with."""
@@ -289,4 +296,6 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
                 user_cb(err)
 
         config["error_cb"] = on_error
-        return _CheckedPartition(Producer(config), self._topic, client_errors, self._replace)
+        return _CheckedPartition(
+            Producer(config), self._topic, client_errors, self._replace, self._batched
+        )

@@ -17,7 +17,6 @@ import bytewax.operators as op
 from bytewax.connectors.kafka import (
     KafkaError,
     KafkaSource,
-    KafkaSourceMessage,
     _KafkaSourcePartition,
 )
 from bytewax.connectors.kafka import operators as kop
@@ -73,6 +72,7 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def __init__(self, *args: Any, source: ObservedKafkaSource) -> None:
         super().__init__(*args)
+        self._batched = source.batched
         self._built_with = source.partition_counts.get(self._topic)
         self._backlog_end: int | None = None  # the partition's end when first seen
         on_epoch, commit = source._on_epoch, source._group_id is not None
@@ -81,8 +81,13 @@ class _ObservedPartition(_KafkaSourcePartition):
         self._done: int | None = None  # the offset of the previous snapshot
 
     def next_batch(self) -> list[Any]:
+        """What one ``consume`` read: its items, or (batched) one item holding them."""
         if PartitionsChanged.detail is not None:
             raise StopIteration
+        items = self._read()
+        return [items] if self._batched and items else items
+
+    def _read(self) -> list[Any]:
         return super().next_batch()
 
     def _process_stats(self, json_stats: str) -> None:
@@ -148,11 +153,13 @@ class ObservedKafkaSource(KafkaSource):
         *args: Any,
         group_id: str | None = None,
         on_epoch: Callable[[], None] | None = None,
+        batched: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
         self._group_id = group_id
         self._on_epoch = on_epoch
+        self.batched = batched  # one item per consume: the list of what it read
         self.partition_counts: dict[str, int] = {}
 
     def list_parts(self) -> list[str]:
@@ -215,10 +222,10 @@ class _InternalPartition(_ObservedPartition):
         self._inputs = source.inputs
         self._seen = seen
 
-    def next_batch(self) -> list[Any]:
+    def _read(self) -> list[Any]:
         out: list[Any] = []
         seen = self._seen
-        for message in super().next_batch():
+        for message in super()._read():
             if isinstance(message, KafkaError):
                 out.append(message)
                 continue
@@ -266,9 +273,9 @@ def internal_messages(
     tail: bool = True,
     group_id: str | None = None,
     on_epoch: Callable[[], None] | None = None,
-) -> tuple[Stream[Any], Stream[Any]]:
-    """(messages as (bytes, input Origin), Kafka errors) of the internal topic, from its
-    start by default (it only holds what this service copied)."""
+) -> Stream[list[Any]]:
+    """Batches of the internal topic, from its start by default (it only holds what this
+    service copied): each a list of messages as (bytes, input Origin) and Kafka errors."""
     source = InternalKafkaSource(
         names_of("brokers", brokers),
         [topic],
@@ -279,10 +286,9 @@ def internal_messages(
         group_id=group_id,
         on_epoch=on_epoch,
         inputs=inputs,
+        batched=True,
     )
-    read = op.input(step_id, flow, source)
-    split = op.branch(f"{step_id}_split", read, lambda item: isinstance(item, KafkaError))
-    return split.falses, split.trues
+    return op.input(step_id, flow, source)
 
 
 def _noting_errors(
@@ -310,9 +316,8 @@ def kafka_messages(
     batch_size: int = 1000,
     group_id: str | None = None,
     on_epoch: Callable[[], None] | None = None,
-) -> kop.KafkaOpOut[
-    KafkaSourceMessage[bytes | None, bytes | None], KafkaError[bytes | None, bytes | None]
-]:
+    batched: bool = False,
+) -> Any:
     """Read `topics` from `starting_offset`; returns `.oks` and `.errs` streams.
 
     `.oks` carries `KafkaSourceMessage` (key, value, topic, partition, offset, timestamp,
@@ -324,7 +329,8 @@ def kafka_messages(
     `group_id`'s committed offsets). `tail=False` ends the input at the end of every
     partition (tests, backfills). With `group_id`, each epoch's offsets are committed to
     that consumer group; `on_epoch` is called at each epoch close (see
-    `ObservedKafkaSource`).
+    `ObservedKafkaSource`). ``batched=True`` returns one stream instead, whose items are
+    lists: what one ``consume`` read, messages and errors in their order.
 
     Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
     `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
@@ -348,7 +354,10 @@ def kafka_messages(
         raise_on_errors=False,
         group_id=group_id,
         on_epoch=on_epoch,
+        batched=batched,
     )
+    if batched:
+        return _batch_input(step_id, flow, source=source)
     return _source_input(step_id, flow, source=source)
 
 
@@ -357,3 +366,10 @@ def _source_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> kop.K
     """``bytewax.connectors.kafka.operators.input`` with a source of our choosing; the
     same inner step ids, so recovery stores written before stay readable."""
     return op.input("kafka_input", flow, source).then(kop._kafka_error_split, "split_err")
+
+
+@operator
+def _batch_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> Stream[list[Any]]:
+    """The batched source, with the inner step id of ``_source_input``: the same recovery
+    state (the next offset of each partition)."""
+    return op.input("kafka_input", flow, source)
