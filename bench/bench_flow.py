@@ -476,6 +476,40 @@ def run_reference(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
     return {"seconds": seconds, "events_per_s": inp.events / seconds}
 
 
+def run_passthrough(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
+    """The stack's ceiling: raw confluent-kafka in Python, batched ``consume`` of the same
+    input topics, every event produced to an output topic (``produce`` + ``poll(0)``),
+    timed from the first message to the last delivery (``flush``)."""
+    out = new_topics(bk.bootstrap, ("sel",))["sel"]
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bk.bootstrap,
+            "group.id": f"passthrough-{uuid.uuid4().hex[:12]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    producer = Producer({"bootstrap.servers": bk.bootstrap})
+    consumer.subscribe(list(inp.topics.values()))
+    seen, t0 = 0, None
+    try:
+        while seen < inp.events:
+            for message in consumer.consume(num_messages=1000, timeout=1.0):
+                if message.error() is not None:
+                    continue
+                t0 = t0 or time.perf_counter()
+                producer.produce(out, message.value(), message.key())
+                producer.poll(0)
+                seen += 1
+        producer.flush()
+    finally:
+        consumer.close()
+    seconds = time.perf_counter() - t0
+    if counter.count(out) != inp.events:
+        log(f"  WARNING: passthrough wrote {counter.count(out)} of {inp.events}")
+    return {"seconds": seconds, "events_per_s": inp.events / seconds}
+
+
 def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for mode in ("separate", "events"):
@@ -485,19 +519,25 @@ def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> 
         fixed_s = statistics.median(r["seconds"] for r in fixed)
         log(f"throughput, {mode} topics: {plan.requests:,} requests + feedback")
         inp = prepare_input(bk, mode, plan.requests, plan.units)
-        runs, references = [], []
-        for k in range(plan.repeats):  # reference and service alternate: same conditions
+        runs, references, passes = [], [], []
+        for k in range(plan.repeats):  # references and service alternate: same conditions
             ref = run_reference(bk, inp, counter)
+            ceiling = run_passthrough(bk, inp, counter)
             r = run_once(bk, registry, inp, counter)
             r["steady_events_per_s"] = (inp.events - tiny.events) / (r["seconds"] - fixed_s)
             r["reference_events_per_s"] = ref["events_per_s"]
             r["ratio_to_reference"] = r["events_per_s"] / ref["events_per_s"]
+            r["passthrough_events_per_s"] = ceiling["events_per_s"]
+            r["ratio_to_passthrough"] = r["steady_events_per_s"] / ceiling["events_per_s"]
             log(
                 f"  repeat {k + 1}: {r['seconds']:.2f} s, {r['events_per_s']:,.0f} events/s raw; "
-                f"reference {ref['events_per_s']:,.0f} (ratio {r['ratio_to_reference']:.2f})"
+                f"reference {ref['events_per_s']:,.0f} (ratio {r['ratio_to_reference']:.2f}); "
+                f"passthrough {ceiling['events_per_s']:,.0f} "
+                f"(steady ratio {r['ratio_to_passthrough']:.2f})"
             )
             runs.append(r)
             references.append(ref)
+            passes.append(ceiling)
         results[mode] = {
             "fixed_cost_runs": fixed,
             "fixed_cost_s": fixed_s,
@@ -507,6 +547,8 @@ def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> 
             "seconds": statistics.median(r["seconds"] for r in runs),
             "reference_events_per_s": statistics.median(r["events_per_s"] for r in references),
             "ratio_to_reference": statistics.median(r["ratio_to_reference"] for r in runs),
+            "passthrough_events_per_s": statistics.median(p["events_per_s"] for p in passes),
+            "ratio_to_passthrough": statistics.median(r["ratio_to_passthrough"] for r in runs),
             "input": inp,
         }
         if mode == "separate" and plan.short_epoch_ms is not None:
@@ -1192,6 +1234,12 @@ def throughput_notes(tp: dict[str, Any]) -> list[str]:
         for mode, label in REFERENCE_MODES
         if tp.get(mode) and "ratio_to_reference" in tp[mode]
     )
+    ceiling = "; ".join(
+        f"{label}: passthrough {tp[mode]['passthrough_events_per_s']:,.0f} events/s, service "
+        f"steady / passthrough {tp[mode]['ratio_to_passthrough']:.2f} (median of ratios)"
+        for mode, label in REFERENCE_MODES
+        if tp.get(mode) and "ratio_to_passthrough" in tp[mode]
+    )
     all_runs = [(mode, r) for mode in ("separate", "events") for r in tp[mode]["runs"]]
     clean = all(r["dead_letters"] == 0 and 2 * r["selections"] == r["events"] for _, r in all_runs)
     return [
@@ -1199,6 +1247,10 @@ def throughput_notes(tp: dict[str, Any]) -> list[str]:
         "Same-run reference (`reference_flow`: the same Kafka sources, parsing and "
         "delivery-checked sink, every request echoed, no routing, no bandit), alternating "
         "with the service: " + reference + ".",
+        "",
+        "The stack's ceiling (`run_passthrough`: raw confluent-kafka in Python, batched "
+        "consume of the same topics, every event produced again with poll(0), from the first "
+        "message to the last delivery), alternating too: " + ceiling + ". Target: >= 0.8.",
         "",
         "Repeats (raw events/s): "
         + "; ".join(f"{mode} {r['events_per_s']:,.0f}" for mode, r in all_runs)
@@ -1216,7 +1268,7 @@ def report_latency(lat: list[dict[str, Any]], plan: dict[str, Any]) -> list[str]
         "",
         "Produce (request) to consume (selection), in ms; service in a background process, "
         "no recovery. Rows marked diagnostic are not the product: `flow_helpers.py serve` "
-        "with `InstanceLogic.snapshot` stubbed (Bytewax calls it for every key touched in "
+        "with `ShardLogic.snapshot` stubbed (Bytewax calls it for every shard touched in "
         "an epoch when the epoch closes, recovery or not) and/or the cyclic GC disabled, "
         "to show what the tail is made of.",
         "",
@@ -1352,7 +1404,7 @@ def profile_notes(prof: dict[str, Any]) -> list[str]:
     lines = [""]
     if snap:
         lines.append(
-            f"`InstanceLogic.snapshot` was called {snap['calls']:,} times "
+            f"`ShardLogic.snapshot` was called {snap['calls']:,} times "
             f"({snap['cumtime_s']:.2f} s cumulative; `Instance.to_dict` "
             f"{(to_dict or {}).get('calls', 0):,} times) in a run without recovery."
         )

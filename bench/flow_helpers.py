@@ -7,8 +7,8 @@
     no recovery, with an epoch interval
     in milliseconds (``bytewax.run -s`` only takes whole seconds). Every full (generation 2)
     garbage collection is logged to stderr as ``GC2 <ms> ms``. Diagnostics only, to find
-    what delays answers: ``--no-snapshot`` replaces ``InstanceLogic.snapshot`` (which Bytewax
-    calls for every key touched in an epoch, at the epoch's close, even without recovery)
+    what delays answers: ``--no-snapshot`` replaces ``ShardLogic.snapshot`` (which Bytewax
+    calls for every shard touched in an epoch, at the epoch's close, even without recovery)
     by one returning None; ``--no-gc`` disables the cyclic garbage collector.
 
 ``python bench/flow_helpers.py floor N``
@@ -46,7 +46,7 @@ def serve(epoch_ms: float, options: list[str]) -> None:
     if unknown:
         sys.exit(f"unknown options {sorted(unknown)}")
     if "--no-snapshot" in options:
-        flows.service.logic.InstanceLogic.snapshot = lambda self: None  # type: ignore[method-assign]
+        flows.service.logic.ShardLogic.snapshot = lambda self: None  # type: ignore[method-assign]
     if "--no-gc" in options:
         gc.disable()
     started: list[float] = []
