@@ -448,20 +448,27 @@ def run_once(
 def reference_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
     """The same-run reference: the service's Kafka I/O and parsing, no bandit.
 
-    The same sources, parsers and delivery-checked sink as the service; every request is
-    written back as it came (one output per request, as the service answers), feedback is
-    parsed and dropped. What the service does beyond it is routing and the bandit.
+    The same batched sources, parsers and delivery-checked sink as the service; every
+    request is written back as it came (one output per request, as the service answers),
+    feedback is parsed and dropped. What the service does beyond it is routing and the
+    bandit.
     """
     wiring = kafka_wiring([bk.bootstrap], inp.service_topics(out), tail=False)
     flow = Dataflow("reference")
     outputs = []
     for name, source in wiring.inputs.items():
-        messages, _errors = source(flow, f"{name}_in")
-        parsed = op.map(f"parse_{name}", messages, lambda m, p=PARSERS[name]: p(m[0], m[1]))
-        requests = op.filter(f"requests_{name}", parsed, lambda e: isinstance(e, Request))
-        outputs.append(op.map(f"echo_{name}", requests, lambda e: (e.request_id, e.raw)))
+        batches, _errors = source(flow, f"{name}_in")
+        outputs.append(
+            op.map(f"echo_{name}", batches, lambda batch, p=PARSERS[name]: _echo(batch, p))
+        )
     wiring.selections("out", op.merge("all", *outputs))
     return flow
+
+
+def _echo(batch: list[tuple[bytes, Origin]], parse: Callable[..., Any]) -> list[tuple]:
+    """The requests of a batch, parsed, as (request_id, raw bytes)."""
+    parsed = (parse(raw, origin) for raw, origin in batch)
+    return [(e.request_id, e.raw) for e in parsed if isinstance(e, Request)]
 
 
 def run_reference(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
