@@ -24,6 +24,7 @@ from flows.service.connectors.kafka_source import PartitionsChanged
 from flows.service.metrics import MetricsPortError
 from flows.service.process import run as run_flow
 from flows.service.settings import DEFAULT_GROUP, Settings
+from flows.service.shard_store import MIN_EPOCHS
 from flows.service.startup import ServiceLog, StartupError, describe_start, prepare
 
 REGISTRY_OPTION = typer.Option(
@@ -42,6 +43,7 @@ NO_RECOVERY_OPTION = typer.Option(
 SNAPSHOT_EVERY_OPTION = typer.Option(
     10.0, min=0.01, envvar="TSI_SNAPSHOT_EVERY", help="Seconds between snapshots."
 )
+KEPT_EPOCHS = MIN_EPOCHS - 2  # a commit may lag this many snapshots behind the newest
 BACKUP_EVERY_OPTION = typer.Option(
     0.0,
     min=0.0,
@@ -150,6 +152,13 @@ def run_service(
     """
     if (process_id is None) != (addresses is None):
         fail("run", "--process-id and --addresses go together")
+    if backup_every > KEPT_EPOCHS * snapshot_every:
+        fail(
+            "run",
+            f"--backup-every must stay within {KEPT_EPOCHS} snapshots ({KEPT_EPOCHS} x "
+            f"--snapshot-every = {KEPT_EPOCHS * snapshot_every:g} s): the shards' logs keep "
+            "the generation before the newest only that long",
+        )
     cluster = None if addresses is None else addresses.split(";")
     settings = Settings(
         registry,

@@ -40,13 +40,14 @@ from flows.service.resting import Entry
 HEADER = struct.Struct("<II")
 MIN_COMPACT_BYTES = 1 << 20  # below this a log is never rewritten
 GROWTH = 3  # rewrite when what was appended exceeds GROWTH times the live state
+MIN_EPOCHS = 16  # snapshots between two compactions (the older generation lives that long)
 LOG_FILE = re.compile(r"(?P<shard>.+)\.(?P<gen>\d+)\.log")
 
 
 class ShardLog:
     """The log of one shard: where it resumes from, what it appends, when it compacts."""
 
-    def __init__(self, directory: Path, shard: str, min_epochs: int = 16) -> None:
+    def __init__(self, directory: Path, shard: str, min_epochs: int = MIN_EPOCHS) -> None:
         self.directory = Path(directory)
         self.shard = shard
         self.min_epochs = min_epochs

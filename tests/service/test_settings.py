@@ -101,6 +101,18 @@ def test_invalid_registry_is_refused_naming_the_problem(text, message):
             "cannot read Kafka config",
         ),
         (["--registry", "{reg}", "--process-id", "0"], "go together"),
+        (
+            [
+                "--registry",
+                "{reg}",
+                "--no-recovery",
+                "--snapshot-every",
+                "1",
+                "--backup-every",
+                "15",
+            ],
+            "--backup-every must stay within 14 snapshots",
+        ),
         (["--registry", "{reg}"], "give --recovery-dir DIR"),  # running without it is a choice
         (["--registry", "{reg}", "--recovery-dir", "{reg}", "--no-recovery"], "or --no-recovery"),
         (["--registry", "{reg}", "--recovery-dir", "{reg}"], "not a directory"),
