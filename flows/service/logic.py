@@ -46,7 +46,11 @@ SHARDS = 256
 def shard_of(key: str, shards: int = SHARDS) -> str:
     """The shard (Bytewax key) of an instance key: a stable hash, never the salted
     built-in ``hash``."""
-    return f"shard-{zlib.crc32(key.encode()) % shards:03d}"
+    index = zlib.crc32(key.encode()) % shards
+    return SHARD_NAMES[index] if shards == SHARDS else f"shard-{index:03d}"
+
+
+SHARD_NAMES = tuple(f"shard-{index:03d}" for index in range(SHARDS))
 
 
 @dataclass(frozen=True)
