@@ -103,6 +103,8 @@ class CumulativeLoss(Structure):
         return {"kind": "cumulative", "n_contexts": self.n_contexts}
 
     def state_problem(self, state: Any) -> str | None:
+        if type(state) is tuple and all(map(math.isfinite, state)):  # unpacked bytes: fast
+            return None
         if not np.isfinite(np.asarray(state, dtype=float)).all():
             return "cumulative losses Φ/D must be finite"
         return None

@@ -14,6 +14,7 @@ and the dataflow keeps running.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import zlib
@@ -102,7 +103,19 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
 
     def _start(self, shard: str, resume: dict[str, Any] | None) -> None:
         """Become shard ``shard``, with its saved entries: in the resume state itself, in
-        the shard's log up to the resume state's marker, or (no resume state) its seed."""
+        the shard's log up to the resume state's marker, or (no resume state) its seed.
+        The cyclic GC is held while the entries load: they are many young objects, and
+        its full collections were most of a restart's time (7.0 s for 10^6 instances,
+        2.5 s without)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._load(shard, resume)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _load(self, shard: str, resume: dict[str, Any] | None) -> None:
         self.shard = shard
         if resume is not None and "entries" in resume:
             entries = {entry.key: entry for entry in resume["entries"]}

@@ -35,6 +35,11 @@ class Entry:
     kind: str
     data: Any
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, Any]]:
+        # a frozen slots dataclass unpickles through dataclasses' __setstate__, which looks
+        # up its fields for every entry: a restart of 10^6 entries pays it 10^6 times
+        return Entry, (self.key, self.experiment, self.kind, self.data)
+
 
 def entry_of(instance: Instance) -> Entry:
     """The entry of an instance, which is put to rest first (``Instance.rest``)."""
