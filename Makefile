@@ -33,9 +33,10 @@ test: $(LAB)  ## the whole test suite, lint included
 bench: $(LAB)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py
 
-bench-flow: $(LAB)  ## the streaming service on a real broker, then the cost of waiting tickets (~12 min)
+bench-flow: $(LAB)  ## the service on a real broker, waiting tickets, the shards' logs at 10^6 (~25 min)
 	$(PY) bench/bench_flow.py
 	$(PY) bench/bench_wake_ups.py
+	$(PY) bench/bench_shards.py
 
 bench-arena: $(LAB)  ## tsi beside baselines and peer libraries: regret tables, plots, speed (~20 min)
 	$(PY) bench/bench_arena.py
