@@ -4,7 +4,7 @@
 ['demo', 'evaluate', 'inspect_command']
 """
 
-from flows.cli import demo, evaluate, inspect, replay, run, simulate, topics  # noqa: F401
+from flows.cli import demo, evaluate, inspect, replay, run, simulate, state, topics  # noqa: F401
 from flows.cli.base import app
 
 __all__ = ["app"]

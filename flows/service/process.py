@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, build_flow
 from flows.service.metrics import note_epoch_completed, serve_metrics
-from flows.service.recovery import shard_store
+from flows.service.recovery import seeded_inputs, shard_store
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.settings import DEFAULT_GROUP, Settings, client_config
 from flows.service.stream_clock import STREAM_CLOCK
@@ -72,6 +72,7 @@ class Service:
             group_id=self.group_id,
             starting_offset=start,
             on_epoch=self._epoch_closed,
+            seeded=None if isinstance(recovery, bool) else seeded_inputs(recovery),
         )
         store = None if isinstance(recovery, bool) else shard_store(recovery)
         return build_flow(

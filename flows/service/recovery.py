@@ -23,16 +23,23 @@ from typing import Any
 from flows.service.logic import shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
-from flows.service.shard_store import ShardLog, read_records, write_seed
+from flows.service.shard_store import ShardLog, read_payloads, read_records, write_seed
 
 STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
 SHARD_STORE = "shards"  # the folder of the shards' logs in a recovery directory
+INPUTS_SEED = "inputs.positions"  # in it: where an imported store's inputs start
 
 
 def _committed_snapshots(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, Any]]:
     """(state key, snapshot or None if deleted) of every step matching ``step_pattern`` (SQL
     LIKE), as of each partition's committed epoch: what a restart resumes from."""
+    for _, key, state in _committed_steps(recovery_dir, step_pattern):
+        yield key, state
+
+
+def _committed_steps(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, str, Any]]:
+    """(step id, state key, snapshot or None) as ``_committed_snapshots``."""
     files = sorted(Path(recovery_dir).glob("part-*.sqlite3"))
     if not files:
         raise FileNotFoundError(f"no recovery partitions (part-*.sqlite3) in {recovery_dir}")
@@ -42,13 +49,13 @@ def _committed_snapshots(recovery_dir: str | Path, step_pattern: str) -> Iterato
             if committed is None:
                 continue
             rows = db.execute(
-                "SELECT state_key, ser_change FROM snaps AS s WHERE step_id LIKE ? AND"
+                "SELECT step_id, state_key, ser_change FROM snaps AS s WHERE step_id LIKE ? AND"
                 " snap_epoch = (SELECT MAX(snap_epoch) FROM snaps WHERE step_id = s.step_id"
                 " AND state_key = s.state_key AND snap_epoch <= ?)",
                 (step_pattern, committed),
             ).fetchall()
-        for key, blob in rows:
-            yield key, None if blob is None else pickle.loads(blob)
+        for step, key, blob in rows:
+            yield step, key, None if blob is None else pickle.loads(blob)
 
 
 def shard_store(recovery_dir: str | Path) -> Path:
@@ -59,7 +66,13 @@ def shard_store(recovery_dir: str | Path) -> Path:
 def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
     """{instance key: its ``Instance.to_dict()``} as of the latest committed snapshot of
     each shard (its log up to the committed marker), over all partitions of the directory.
-    Shards never snapshotted yet show their seed (``tsi_state import``, an upgrade)."""
+    Shards never snapshotted yet show their seed (an upgrade, ``tsi state import``)."""
+    entries = committed_entries(recovery_dir, flow_id)
+    return {key: state_of(entry) for key, entry in entries.items()}
+
+
+def committed_entries(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, Entry]:
+    """{instance key: its saved ``Entry``} as a restart would resume them (``read_states``)."""
     entries: dict[str, Entry] = {}
     marked = set()
     for shard_key, shard in _committed_snapshots(recovery_dir, f"{flow_id}.{STATE_STEP}"):
@@ -69,8 +82,7 @@ def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dic
         if "entries" in shard:
             entries.update((entry.key, entry) for entry in shard["entries"])
         else:
-            log = ShardLog(shard_store(recovery_dir), shard_key)
-            path = log.path(shard["store"]["gen"])
+            path = ShardLog(shard_store(recovery_dir), shard_key).path(shard["store"]["gen"])
             found, _, problem = read_records(path, shard["store"]["end"])
             if problem is not None:
                 raise ValueError(f"shard {shard_key}: {problem}")
@@ -78,7 +90,7 @@ def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dic
     for seed in sorted(shard_store(recovery_dir).glob("*.seed")):
         if seed.stem not in marked:
             entries.update(read_records(seed, None)[0])
-    return {key: state_of(entry) for key, entry in entries.items()}
+    return entries
 
 
 def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "tsi") -> int:
@@ -107,15 +119,45 @@ def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "t
     return len(states)
 
 
+def committed_inputs(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, Any]:
+    """{"step id/partition": state} of the Kafka inputs (their next offsets; the internal
+    topic's also the source offsets it has seen), as of the committed epoch."""
+    steps = (f"{flow_id}.%_in.kafka_input", f"{flow_id}.internal_in")
+    return {
+        f"{step}/{key}": state
+        for pattern in steps
+        for step, key, state in _committed_steps(recovery_dir, pattern)
+        if state is not None
+    }
+
+
 def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[str, int], int]:
     """{(topic, partition): next offset} of the Kafka inputs, as of the committed epoch:
     where a restart resumes reading."""
+    return input_offsets(committed_inputs(recovery_dir, flow_id))
+
+
+def input_offsets(inputs: dict[str, Any]) -> dict[tuple[str, int], int]:
+    """{(topic, partition): next offset} of the input topics among ``committed_inputs``."""
     offsets: dict[tuple[str, int], int] = {}
-    for key, offset in _committed_snapshots(recovery_dir, f"{flow_id}.%_in.kafka_input"):
+    for where, offset in inputs.items():
+        step, _, key = where.rpartition("/")
         partition, _, topic = key.partition("-")
-        if isinstance(offset, int) and offset >= 0:
+        if step.endswith(".kafka_input") and isinstance(offset, int) and offset >= 0:
             offsets[(topic, int(partition))] = offset
     return offsets
+
+
+def seeded_inputs(recovery_dir: str | Path) -> dict[str, Any]:
+    """The input positions ``tsi state import`` left for a new store to start from
+    (``committed_inputs`` of the store exported), or {}."""
+    path = shard_store(recovery_dir) / INPUTS_SEED
+    if not path.exists():
+        return {}
+    payloads, _, problem = read_payloads(path)
+    if problem is not None or len(payloads) != 1:
+        raise ConfigError(f"{path} is damaged ({problem}): import the state again")
+    return payloads[0][0]
 
 
 #: Bytewax 0.21.1's recovery partitions (``python -m bytewax.recovery DIR N``) and the

@@ -34,6 +34,7 @@ import re
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 from flows.service.resting import Entry
 
@@ -150,8 +151,9 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
-def encode(entries: list[Entry]) -> bytes:
-    payload = pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+def encode(items: list[Any]) -> bytes:
+    """One record: ``items`` (entries, or anything pickle writes), with its length and CRC."""
+    payload = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -160,23 +162,33 @@ def read_records(path: Path, end: int | None) -> tuple[dict[str, Entry], int, st
     replacing earlier ones of the same key; the bytes read; the problem that stopped the
     reading early, if any."""
     entries: dict[str, Entry] = {}
+    payloads, at, problem = read_payloads(path, end)
+    for payload in payloads:
+        for entry in payload:
+            entries[entry.key] = entry
+    return entries, at, problem
+
+
+def read_payloads(path: Path, end: int | None = None) -> tuple[list[Any], int, str | None]:
+    """What ``encode`` wrote in ``path``, record by record, up to byte ``end`` (None: all);
+    the bytes read; the problem that stopped the reading early, if any."""
+    out: list[Any] = []
     data = path.read_bytes() if end is None else _read_head(path, end)
     limit = len(data) if end is None else end
     at = 0
     while at < limit:
         if at + HEADER.size > len(data):
-            return entries, at, f"{path.name} ends at byte {len(data)}, inside a record at {at}"
+            return out, at, f"{path.name} ends at byte {len(data)}, inside a record at {at}"
         size, crc = HEADER.unpack_from(data, at)
         payload = data[at + HEADER.size : at + HEADER.size + size]
         if len(payload) < size or zlib.crc32(payload) != crc:
-            return entries, at, f"{path.name}: the record at byte {at} is damaged"
+            return out, at, f"{path.name}: the record at byte {at} is damaged"
         try:
-            for entry in pickle.loads(payload):
-                entries[entry.key] = entry
+            out.append(pickle.loads(payload))
         except Exception as exc:  # a record that passed its CRC but does not load
-            return entries, at, f"{path.name}: the record at byte {at} does not load ({exc})"
+            return out, at, f"{path.name}: the record at byte {at} does not load ({exc})"
         at += HEADER.size + size
-    return entries, at, None
+    return out, at, None
 
 
 def _read_head(path: Path, end: int) -> bytes:

@@ -33,7 +33,9 @@ from flows.service.metrics import note_broker_contact
 from flows.service.process import Service
 from flows.service.recovery import (
     check_recovery_dir,
+    input_offsets,
     seed_from_per_instance_snapshots,
+    seeded_inputs,
     store_offsets,
 )
 from flows.service.registry import LiveRegistry, Registry, RegistryError
@@ -62,6 +64,7 @@ def prepare(options: Settings) -> Service:
         parts = None
         if options.recovery_dir is not None:
             parts = check_recovery_dir(options.recovery_dir, options.processes)
+            seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
         inputs, outputs = service_topics(options.topics)
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
@@ -103,14 +106,16 @@ def check_no_silent_reset(
 ) -> None:
     """Refuse a recovery store that would silently start over: empty (or missing) while
     the consumer group committed progress, or behind the group's commits (its latest
-    snapshots are lost). ``--fresh`` accepts an empty store (state starts empty; the input
-    resumes from the group's offsets)."""
+    snapshots are lost; for a store just imported, ``tsi state import``, the positions it
+    was given). ``--fresh`` accepts an empty store (state starts empty; the input resumes
+    from the group's offsets)."""
     group = options.group_id
     committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
     if not committed:
         return
     where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(committed.items())[:4])
-    if not parts:
+    imported = input_offsets(seeded_inputs(options.recovery_dir))
+    if not parts and not imported:
         if options.fresh:
             log.warning("starting afresh (--fresh): consumer group %r was at %s", group, where)
             return
@@ -120,7 +125,7 @@ def check_no_silent_reset(
             "accept a reset with --fresh (state starts empty, the input resumes from the "
             "group's offsets)"
         )
-    stored = store_offsets(options.recovery_dir)
+    stored = store_offsets(options.recovery_dir) if parts else imported
     behind = [(tp, o, stored.get(tp, 0)) for tp, o in committed.items() if stored.get(tp, 0) < o]
     if behind:
         (topic, partition), group_at, store_at = sorted(behind)[0]

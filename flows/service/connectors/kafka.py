@@ -57,6 +57,7 @@ def kafka_wiring(
     group_id: str | None = None,
     starting_offset: int = OFFSET_BEGINNING,
     on_epoch: Callable[[], None] | None = None,
+    seeded: dict[str, Any] | None = None,
 ) -> Wiring:
     """Read and write Kafka; the message key of every output is the instance id.
 
@@ -65,10 +66,16 @@ def kafka_wiring(
     sources commit each epoch's offsets to that group (monitoring; ``OFFSET_STORED`` as
     ``starting_offset`` starts from them) and call ``on_epoch`` when an epoch closes. A
     dead letter the broker refuses for good (too large) is written as its
-    ``minimal_dead_letter`` instead.
+    ``minimal_dead_letter`` instead. ``seeded``: where input partitions without resume
+    state start (an imported store, ``flows.service.recovery.seeded_inputs``).
     """
 
-    options = {"starting_offset": starting_offset, "group_id": group_id, "on_epoch": on_epoch}
+    options = {
+        "starting_offset": starting_offset,
+        "group_id": group_id,
+        "on_epoch": on_epoch,
+        "seeded": seeded,
+    }
 
     def source(topic: str) -> OpenSource:
         return _topic_source(brokers, topic, consumer_config, tail, options)
@@ -119,6 +126,7 @@ def _topic_source(
             group_id=options["group_id"],
             on_epoch=options["on_epoch"],
             batched=True,
+            seeded=options["seeded"],
         )
         return _split_batches(step, batches, topic)
 

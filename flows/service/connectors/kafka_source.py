@@ -154,12 +154,16 @@ class ObservedKafkaSource(KafkaSource):
         group_id: str | None = None,
         on_epoch: Callable[[], None] | None = None,
         batched: bool = False,
+        seeded: dict[str, Any] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
         self._group_id = group_id
         self._on_epoch = on_epoch
         self.batched = batched  # one item per consume: the list of what it read
+        # "step id/partition": the state a partition starts from when Bytewax has none
+        # (an imported store, ``flows.tools.state``)
+        self.seeded = seeded or {}
         self.partition_counts: dict[str, int] = {}
 
     def list_parts(self) -> list[str]:
@@ -172,6 +176,8 @@ class ObservedKafkaSource(KafkaSource):
 
     def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
         """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
+        if resume_state is None:
+            resume_state = self.seeded.get(f"{step_id}/{for_part}")
         index, topic = for_part.split("-", 1)
         args = self._partition_args(step_id, topic, index, resume_state)
         return _ObservedPartition(*args, source=self)
@@ -254,6 +260,8 @@ class InternalKafkaSource(ObservedKafkaSource):
         self.inputs = inputs
 
     def build_part(self, step_id: str, for_part: str, resume_state: Any) -> Any:
+        if resume_state is None:
+            resume_state = self.seeded.get(f"{step_id}/{for_part}")
         index, topic = for_part.split("-", 1)
         offset = resume_state["offset"] if resume_state else None
         args = self._partition_args(step_id, topic, index, offset)
@@ -273,6 +281,7 @@ def internal_messages(
     tail: bool = True,
     group_id: str | None = None,
     on_epoch: Callable[[], None] | None = None,
+    seeded: dict[str, Any] | None = None,
 ) -> Stream[list[Any]]:
     """Batches of the internal topic, from its start by default (it only holds what this
     service copied): each a list of messages as (bytes, input Origin) and Kafka errors."""
@@ -287,6 +296,7 @@ def internal_messages(
         on_epoch=on_epoch,
         inputs=inputs,
         batched=True,
+        seeded=seeded,
     )
     return op.input(step_id, flow, source)
 
@@ -317,6 +327,7 @@ def kafka_messages(
     group_id: str | None = None,
     on_epoch: Callable[[], None] | None = None,
     batched: bool = False,
+    seeded: dict[str, Any] | None = None,
 ) -> Any:
     """Read `topics` from `starting_offset`; returns `.oks` and `.errs` streams.
 
@@ -330,7 +341,8 @@ def kafka_messages(
     partition (tests, backfills). With `group_id`, each epoch's offsets are committed to
     that consumer group; `on_epoch` is called at each epoch close (see
     `ObservedKafkaSource`). ``batched=True`` returns one stream instead, whose items are
-    lists: what one ``consume`` read, messages and errors in their order.
+    lists: what one ``consume`` read, messages and errors in their order. ``seeded``:
+    where partitions without resume state start (``"step id/partition": offset``).
 
     Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
     `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
@@ -355,6 +367,7 @@ def kafka_messages(
         group_id=group_id,
         on_epoch=on_epoch,
         batched=batched,
+        seeded=seeded,
     )
     if batched:
         return _batch_input(step_id, flow, source=source)
