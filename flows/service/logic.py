@@ -31,7 +31,7 @@ from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
 from flows.service.metrics import observe_expired, observe_item, observe_restored
 from flows.service.registry import Experiment, LiveRegistry, Registry
-from flows.service.resting import Entry, entry_of, revive
+from flows.service.resting import Entry, Resting, entry_of, revive
 from flows.service.shard_store import ShardLog
 from flows.service.stream_clock import StreamClock
 
@@ -93,7 +93,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self.context = context
         self.shard: str | None = None  # known from the resume state, or the first event
         self.instances: dict[str, Instance] = {}
-        self.resting: dict[str, Entry] = {}  # saved, not built yet: idle, or archived
+        self.resting = Resting()  # saved, not built: idle, or of an experiment not in force
         self.deadlines = DeadlineQueue()  # instance keys, by their next deadline
         self.touched: set[str] = set()  # instances changed since the last snapshot
         self.log: ShardLog | None = None
@@ -140,13 +140,13 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         if experiment is None:
             log.warning("instance %r archived: its experiment left the registry", entry.key)
         if experiment is None or entry.kind == "packed":  # built on its next event
-            self.resting[entry.key] = entry
+            self.resting.put(entry, experiment)
             observe_restored(entry.experiment)
             return
         try:
             instance = revive(entry, experiment)
         except Exception as exc:  # kept as it is: its events get internal_error letters
-            self.resting[entry.key] = entry
+            self.resting.put(entry, None)
             self._lost(f"instance {entry.key!r} cannot be restored ({exc}); its state is kept")
             return
         self.instances[instance.key] = instance
@@ -205,12 +205,15 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             self._start(shard_of(key), None)
             if key in self.instances:  # from the seed
                 return self.instances[key], False
-        entry = self.resting.get(key)
+        entry = self.resting.pop(key)
         if entry is None:
             instance = Instance(experiment, key)
         else:
-            instance = revive(entry, experiment)
-            del self.resting[key]
+            try:
+                instance = revive(entry, experiment)
+            except Exception:
+                self.resting.put(entry, None)  # kept as it was
+                raise
         self.instances[key] = instance
         return instance, entry is None
 
@@ -305,9 +308,15 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         epoch, the many idle ones stay small."""
         touched = [self.instances[key] for key in self.touched]
         self.touched.clear()
+        state = self._saved(touched)
+        for instance in touched:  # idle ones rest as their packed bytes alone
+            instance.rest()
+            if self.resting.put_instance(instance):
+                del self.instances[instance.key]
+        return state
+
+    def _saved(self, touched: list[Instance]) -> dict[str, Any] | None:
         if not self.context.snapshots or self.shard is None:
-            for instance in touched:
-                instance.rest()
             return None
         if self.log is None:
             return {"shard": self.shard, "entries": self._all_entries()}
@@ -320,7 +329,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         return {"shard": self.shard, "store": marker}
 
     def _all_entries(self) -> list[Entry]:
-        return [entry_of(i) for i in self.instances.values()] + list(self.resting.values())
+        return [entry_of(i) for i in self.instances.values()] + self.resting.entries()
 
 
 def logic_builder(

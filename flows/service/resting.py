@@ -17,11 +17,12 @@ shard of many idle users costs little more than reading its bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from flows.service.instance import Instance
-from flows.service.registry import Experiment
+from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit
 
 
@@ -85,3 +86,78 @@ def state_of(entry: Entry) -> dict[str, Any]:
         "expired": [],
         "early": [],
     }
+
+
+class Resting:
+    """The saved instances a shard holds without building them: an idle one as its packed
+    bytes alone (its experiment's packing is kept once per experiment), any other (one
+    whose experiment left the registry, one that could not be built) as its ``Entry``.
+
+    An idle per-user instance then costs its packed bandit (~160 B for 10 arms), its key
+    and a dict slot, instead of an ``Instance`` around them.
+
+    >>> from flows.service.registry import Registry
+    >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
+    >>> resting = Resting()
+    >>> inst = Instance(exp, "e"); inst.rest(); _ = entry_of(inst)
+    >>> resting.put_instance(inst), "e" in resting, resting.pop("e").kind
+    (True, True, 'packed')
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, Entry | bytes] = {}
+        self._packings: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._held
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def put(self, entry: Entry, experiment: Experiment | None) -> None:
+        """Hold an entry, as bytes if it is packed under ``experiment``'s definition."""
+        if experiment is not None and entry.kind == "packed":
+            arms, template, packed = entry.data
+            if (arms, template) == experiment.packing:
+                self._put_bytes(entry.key, experiment, packed)
+                return
+        self._held[entry.key] = entry
+
+    def put_instance(self, instance: Instance) -> bool:
+        """Hold an idle instance at rest (no entries, nothing to hand out, packed) as its
+        bytes; False (nothing done) for any other."""
+        idle = instance._entries is None and not instance._notices and instance._bandit is None
+        if not idle or instance._packed is None:
+            return False
+        self._put_bytes(instance.key, instance.experiment, instance._packed)
+        return True
+
+    def pop(self, key: str) -> Entry | None:
+        """The entry of ``key`` (no longer held), or None."""
+        held = self._held.pop(key, None)
+        return None if held is None else self._entry(key, held)
+
+    def entries(self) -> list[Entry]:
+        return [self._entry(key, held) for key, held in self._held.items()]
+
+    def _put_bytes(self, key: str, experiment: Experiment, packed: bytes) -> None:
+        name, packing = experiment.name, experiment.packing
+        known = self._packings.get(name)
+        if known is not None and known is not packing and known != packing:
+            self._freeze(name)  # bytes packed under the old definition become entries
+        self._packings[name] = packing
+        self._held[key] = packed
+
+    def _freeze(self, name: str) -> None:
+        for key, held in list(self._held.items()):
+            if type(held) is bytes and split_key(key)[0] == name:
+                self._held[key] = self._entry(key, held)
+
+    def _entry(self, key: str, held: Entry | bytes) -> Entry:
+        if type(held) is not bytes:
+            return held
+        name = split_key(key)[0]
+        return Entry(key, name, "packed", (*self._packings[name], held))

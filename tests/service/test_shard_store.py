@@ -7,7 +7,7 @@ import pytest
 
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.logic import logic_builder, shard_of
-from flows.service.registry import Registry, instance_key
+from flows.service.registry import LiveRegistry, Registry, instance_key
 from flows.service.resting import Entry, revive
 from flows.service.shard_store import read_records, write_seed
 
@@ -177,3 +177,29 @@ def test_a_packed_entry_follows_a_changed_definition():
     instance = revive(entry, grown)
     shares = instance.bandit.weight_shares()
     assert instance.bandit.n_updates == 200 and len(shares) == 4 and shares.argmax() == 1
+
+
+def test_idle_instances_rest_as_bytes_and_follow_a_registry_change():
+    live = LiveRegistry(REGISTRY)
+    logic = logic_builder(live, clock=lambda: NOW[0])(None)
+    served(logic, "u1", "r0", loss=1.0)
+    later(logic)
+    logic.snapshot()
+    assert key("u1") in logic.resting and key("u1") not in logic.instances  # bytes alone
+    live.current = Registry.from_toml(
+        '[experiments.e]\narms = ["a", "b", "c", "d"]\nper_unit = true\nfeedback_ttl = 50\n'
+    )
+    grown = live.current["e"]
+
+    def routed(kind, unit, rid, **extra):  # as the flow routes it: the experiment in force
+        return (*event(kind, unit, rid, **extra)[:1], grown, event(kind, unit, rid, **extra)[2])
+
+    logic.handle([routed("request", "u2", "r0"), routed("feedback", "u2", "r0", loss=1.0)])
+    later(logic)
+    logic.snapshot()  # u2 rests under the new definition: u1's bytes are kept apart
+    entries = {entry.key: entry for entry in logic.resting.entries()}
+    assert entries[key("u1")].data[0] == ("a", "b", "c") and len(entries[key("u2")].data[0]) == 4
+    [selection] = logic.handle([routed("request", "u1", "r1")])
+    instance = logic.instances[key("u1")]
+    assert instance.bandit.n_arms == 4 and instance.bandit.n_updates == 1
+    assert selection.round == 2  # it went on from its first round

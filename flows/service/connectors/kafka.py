@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import bytewax.operators as op
-from bytewax.connectors.kafka import KafkaError, KafkaSinkMessage
+from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.dataflow import Dataflow, Stream
 from confluent_kafka import OFFSET_BEGINNING
 
@@ -128,31 +128,27 @@ def _topic_source(
             batched=True,
             seeded=options["seeded"],
         )
-        return _split_batches(step, batches, topic)
+        return _split_batches(step, batches)
 
     return open_source
 
 
-def _split_batches(step: str, batches: Stream, topic: str | None) -> tuple[Stream, Stream]:
+def _split_batches(step: str, batches: Stream) -> tuple[Stream, Stream]:
     """(batches of messages, batches of dead letters), none of them empty."""
-    split = op.map(f"{step}_split", batches, lambda batch: _split_batch(batch, topic))
+    split = op.map(f"{step}_split", batches, _split_batch)
     messages = op.flat_map(f"{step}_messages", split, lambda both: [both[0]] if both[0] else [])
     errors = op.flat_map(f"{step}_errors", split, lambda both: [both[1]] if both[1] else [])
     return messages, errors
 
 
-def _split_batch(batch: list[Any], topic: str | None) -> tuple[list[Message], list[DeadLetter]]:
-    """A consumed batch as messages (bytes, Origin) and dead letters for Kafka's errors.
-    Items already (bytes, Origin) (the internal topic's) are kept as they are."""
+def _split_batch(batch: list[Any]) -> tuple[list[Message], list[DeadLetter]]:
+    """A consumed batch as messages (bytes, Origin) and dead letters for Kafka's errors."""
     messages, errors = [], []
     for item in batch:
         if type(item) is tuple:
             messages.append(item)
-        elif isinstance(item, KafkaError):
+        else:
             errors.append(_kafka_dead_letter(item))
-        else:  # the topic's one str object, not a copy per message: open tickets keep it
-            origin = Origin(topic, item.partition, item.offset, _stamped(item))
-            messages.append((item.value, origin))
     return messages, errors
 
 
@@ -173,7 +169,7 @@ def _repartition(
         batches = internal_messages(
             step, flow, brokers, topics.internal, inputs_by_tag, consumer_config, **options
         )
-        return _split_batches(step, batches, topics.internal)
+        return _split_batches(step, batches)
 
     def copy(step: str, up: Stream) -> None:
         messages = op.map(
@@ -197,12 +193,6 @@ def _copy_message(item: tuple[str, bytes, Origin], tags: dict[str, bytes]) -> Ka
     if origin.time is not None:
         headers.append((TIME_HEADER, b"%d" % round(origin.time * 1000)))
     return KafkaSinkMessage(key.encode(), raw, headers=headers)
-
-
-def _stamped(message: Any) -> float | None:
-    """The time Kafka stamped a message with, in Unix seconds (None if it has none)."""
-    _kind, ms = message.timestamp
-    return ms / 1000.0 if ms > 0 else None
 
 
 def _kafka_dead_letter(error: Any) -> DeadLetter:
