@@ -94,7 +94,7 @@ from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import PARSERS
 from flows.service.events import Origin, Request, parse_feedback, parse_request
 from flows.service.instance import Instance
-from flows.service.process import Service
+from flows.service.process import Service, settle_heap
 from flows.service.registry import Registry
 from flows.testing import kafka_broker
 
@@ -518,6 +518,7 @@ def run_passthrough(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
 
 
 def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> dict[str, Any]:
+    settle_heap()  # the GC settings every service process runs with (and the references)
     results: dict[str, Any] = {}
     for mode in ("separate", "events"):
         log(f"throughput, {mode} topics: fixed cost on {TINY} + {TINY} events")
