@@ -9,6 +9,7 @@ import orjson
 
 from flows.service.events import Origin, Request, parse_event
 from flows.service.instance import Instance
+from flows.testing.kafka_broker import consume_all
 
 REGISTRY_TOML = """
 [experiments.shop]
@@ -93,3 +94,16 @@ def start_service(env, recovery, *args):
         *args,
     ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def assert_served_once_each(bootstrap, selections, dead_letters):
+    """Every request answered, every re-emitted answer identical, and no dead letter but
+    the stream's one malformed message: no feedback was lost, refused or applied twice."""
+    answers = {}
+    for part in consume_all(bootstrap, selections).values():
+        for _key, value, _ in part:
+            answers.setdefault(orjson.loads(value)["request_id"], set()).add(value)
+    assert len(answers) == REQUESTS
+    assert all(len(v) == 1 for v in answers.values())  # re-emitted selections are identical
+    dead = [orjson.loads(v)["reason"] for _, v, _ in consume_all(bootstrap, dead_letters)[0]]
+    assert set(dead) == {"malformed_json"}

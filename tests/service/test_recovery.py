@@ -20,7 +20,7 @@ from flows.service.registry import Registry
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.streams import (
     REGISTRY_TOML,
-    REQUESTS,
+    assert_served_once_each,
     comparable,
     event_stream,
     reference_states,
@@ -94,15 +94,7 @@ def test_kill_9_at_random_points_then_restart_equals_an_uninterrupted_run(
     assert set(states) == set(expected)
     for key, state in expected.items():  # weights, ψ, V, D, counters, tickets: all equal
         assert comparable(states[key]) == comparable(state), key
-    answers = {}
-    for part in consume_all(kafka_bootstrap, sel_topic).values():
-        for _key, value, _ in part:
-            sel = orjson.loads(value)
-            answers.setdefault(sel["request_id"], set()).add(value)
-    assert len(answers) == REQUESTS
-    assert all(len(v) == 1 for v in answers.values())  # re-emitted selections are identical
-    dead = [orjson.loads(v)["reason"] for _, v, _ in consume_all(kafka_bootstrap, dlq_topic)[0]]
-    assert set(dead) == {"malformed_json"}  # no feedback was lost, refused or applied twice
+    assert_served_once_each(kafka_bootstrap, sel_topic, dlq_topic)
     assert kills >= 3
 
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import orjson
 import pytest
 from confluent_kafka import Producer
 from typer.testing import CliRunner
@@ -21,11 +20,11 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.service.recovery import input_offsets, read_states, seeded_inputs, store_offsets
 from flows.service.registry import Registry
-from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
+from flows.testing.kafka_broker import create_topic, unique_topic
 from flows.tools.state import StateFileError, import_state, read_state_file
 from tests.service.streams import (
     REGISTRY_TOML,
-    REQUESTS,
+    assert_served_once_each,
     comparable,
     event_stream,
     reference_states,
@@ -96,13 +95,7 @@ def test_the_state_moves_to_a_new_store_and_the_service_goes_on_exactly(kafka_bo
     produce(kafka_bootstrap, topic, events[half:])
     serve_until(env, new, reference_states(registry, events))  # exactly once, all of it
 
-    answers = {}
-    for part in consume_all(kafka_bootstrap, sel_topic).values():
-        for _key, value, _ in part:
-            answers.setdefault(orjson.loads(value)["request_id"], set()).add(value)
-    assert len(answers) == REQUESTS and all(len(v) == 1 for v in answers.values())
-    dead = [orjson.loads(v)["reason"] for _, v, _ in consume_all(kafka_bootstrap, dlq_topic)[0]]
-    assert set(dead) == {"malformed_json"}  # nothing refused, lost or applied twice
+    assert_served_once_each(kafka_bootstrap, sel_topic, dlq_topic)
 
 
 def test_import_refuses_a_store_in_use_and_a_file_cut_short(tmp_path):
