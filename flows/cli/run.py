@@ -150,15 +150,7 @@ def run_service(
     Everything is checked first (registry, Kafka settings, brokers, every topic read or
     written, the recovery directory); a problem is one line and exit status 2.
     """
-    if (process_id is None) != (addresses is None):
-        fail("run", "--process-id and --addresses go together")
-    if backup_every > KEPT_EPOCHS * snapshot_every:
-        fail(
-            "run",
-            f"--backup-every must stay within {KEPT_EPOCHS} snapshots ({KEPT_EPOCHS} x "
-            f"--snapshot-every = {KEPT_EPOCHS * snapshot_every:g} s): the shards' logs keep "
-            "the generation before the newest only that long",
-        )
+    _check_options(process_id, addresses, snapshot_every, backup_every)
     cluster = None if addresses is None else addresses.split(";")
     settings = Settings(
         registry,
@@ -185,6 +177,21 @@ def run_service(
         fresh,
     )
     serve(settings, Cluster(workers, process_id, cluster), snapshot_every, backup_every, log_file)
+
+
+def _check_options(
+    process_id: int | None, addresses: str | None, snapshot_every: float, backup_every: float
+) -> None:
+    """Refuse options that contradict each other (one line, exit status 2)."""
+    if (process_id is None) != (addresses is None):
+        fail("run", "--process-id and --addresses go together")
+    if backup_every > KEPT_EPOCHS * snapshot_every:
+        fail(
+            "run",
+            f"--backup-every must stay within {KEPT_EPOCHS} snapshots ({KEPT_EPOCHS} x "
+            f"--snapshot-every = {KEPT_EPOCHS * snapshot_every:g} s): the shards' logs keep "
+            "the generation before the newest only that long",
+        )
 
 
 @dataclass(frozen=True)

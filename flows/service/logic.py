@@ -243,11 +243,12 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
     def _wake(self) -> list[Output]:
         """Expire what is due in the instances whose deadline has come."""
         out: list[Output] = []
-        for key in self.deadlines.due(self._now()):
+        now = self._now()
+        for key in self.deadlines.due(now):
             instance = self.instances.get(key)
             if instance is None:
                 continue
-            done = instance.take_notices() + instance.expire(self._now())
+            done = instance.take_notices() + instance.expire(now)
             observe_expired(instance, done)  # never raises
             out += done
             self.touched.add(key)

@@ -31,15 +31,10 @@ SHARD_STORE = "shards"  # the folder of the shards' logs in a recovery directory
 INPUTS_SEED = "inputs.positions"  # in it: where an imported store's inputs start
 
 
-def _committed_snapshots(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, Any]]:
-    """(state key, snapshot or None if deleted) of every step matching ``step_pattern`` (SQL
-    LIKE), as of each partition's committed epoch: what a restart resumes from."""
-    for _, key, state in _committed_steps(recovery_dir, step_pattern):
-        yield key, state
-
-
 def _committed_steps(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, str, Any]]:
-    """(step id, state key, snapshot or None) as ``_committed_snapshots``."""
+    """(step id, state key, snapshot or None if deleted) of every step matching
+    ``step_pattern`` (SQL LIKE), as of each partition's committed epoch: what a restart
+    resumes from."""
     files = sorted(Path(recovery_dir).glob("part-*.sqlite3"))
     if not files:
         raise FileNotFoundError(f"no recovery partitions (part-*.sqlite3) in {recovery_dir}")
@@ -75,7 +70,7 @@ def committed_entries(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[st
     """{instance key: its saved ``Entry``} as a restart would resume them (``read_states``)."""
     entries: dict[str, Entry] = {}
     marked = set()
-    for shard_key, shard in _committed_snapshots(recovery_dir, f"{flow_id}.{STATE_STEP}"):
+    for _, shard_key, shard in _committed_steps(recovery_dir, f"{flow_id}.{STATE_STEP}"):
         if not shard:
             continue
         marked.add(shard_key)
@@ -102,10 +97,10 @@ def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "t
     store = shard_store(recovery_dir)
     if store.exists() and any(store.iterdir()):
         return 0
-    if any(True for _ in _committed_snapshots(recovery_dir, f"{flow_id}.{STATE_STEP}")):
+    if any(True for _ in _committed_steps(recovery_dir, f"{flow_id}.{STATE_STEP}")):
         return 0
     states: dict[str, dict[str, Any]] = {}
-    for key, state in _committed_snapshots(recovery_dir, f"{flow_id}.{PER_INSTANCE_STEP}"):
+    for _, key, state in _committed_steps(recovery_dir, f"{flow_id}.{PER_INSTANCE_STEP}"):
         if state is None:
             states.pop(key, None)
         else:
