@@ -11,8 +11,10 @@ from tsi_core.batch import BatchBandit, TicketBatch
 from tsi_core.competition import Contextual, Fixed, Markov, Switching, competition_from_dict
 from tsi_core.migrate import Migration, migrate, remap_ticket
 from tsi_core.ticket import Ticket
+from tsi_core.variant import VARIANTS, Variant
 
 __all__ = [
+    "VARIANTS",
     "Bandit",
     "BatchBandit",
     "Contextual",
@@ -23,6 +25,7 @@ __all__ = [
     "Ticket",
     "TicketBatch",
     "TicketError",
+    "Variant",
     "competition_from_dict",
     "migrate",
     "remap_ticket",

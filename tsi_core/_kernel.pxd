@@ -23,7 +23,7 @@ cdef struct Step:
     double vn
     double d_mant
     double d_exp
-    double x       # φ / D_new, in [0, 1]
+    double x       # φ / D_new, in [-1, 1] (>= 0 with the running-minimum baseline)
     double ratio   # D_old / D_new (1 while D does not grow, 0 when D was 0)
     double r       # η_new / η_old (0 when η_old was +inf)
     bint active    # D_new > 0: η is finite and the loss term applies
@@ -36,6 +36,10 @@ cdef class Kernel:
     cdef readonly int width
     cdef readonly double gamma
     cdef readonly str kind_name
+    cdef readonly bint mean_baseline  # losses centred on their running mean, not minimum
+    cdef readonly bint adaptive       # γ_t = γ·((V + D²)/V)^¼
+    cdef readonly double step_cap     # |η·φ| <= step_cap per update (+inf: no cap)
+    cdef readonly int growth          # D grows by at most 2^growth per update (-1: no bound)
     cdef int kind
     cdef double rate
     cdef int n_classes
@@ -47,6 +51,7 @@ cdef class Kernel:
     cdef double[::1] scratch
     cdef double[::1] initial
 
+    cdef double eta_d(self, double vn) noexcept nogil
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil
     cdef double mixing(self, const double* row) noexcept nogil

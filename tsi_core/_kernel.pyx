@@ -26,7 +26,7 @@ needed, and a selection needs no exp), normalised log-weights per class (Markov)
 
 import numpy as np
 
-from libc.math cimport INFINITY, frexp, isfinite, isinf, ldexp, sqrt
+from libc.math cimport INFINITY, copysign, fabs, frexp, isfinite, isinf, ldexp, sqrt
 from libc.stdint cimport int64_t
 
 from tsi_core._kernel cimport (
@@ -70,33 +70,44 @@ def log_array(values) -> np.ndarray:
     return np.asarray(v).reshape(np.shape(values))
 
 
-cdef inline void observe(const double* row, double loss, double q, double p,
-                         Step* s) noexcept nogil:
-    """Fold one loss (drawn with probability q, weight share p) into ψ, V/D², D."""
+cdef inline void observe(const double* row, double loss, double q, double p, bint mean,
+                         int growth, Step* s) noexcept nogil:
+    """Fold one loss (drawn with probability q, weight share p) into the baseline, V/D², D.
+
+    The baseline (the ψ column) is the running minimum of the losses, or (``mean``) the
+    running mean of the losses before this one. ``growth`` >= 0 bounds |φ| to 2^growth·D
+    (D grows at most that much); the mean then takes the loss as cut."""
     cdef double psi = row[C_PSI]
     cdef double vn = row[C_VN]
     cdef double d_mant = row[C_D_MANT]
     cdef int d_exp = <int>row[C_D_EXP]
-    cdef double gap, g_mant, phi_mant, new_vn
+    cdef double gap, g_mant, phi_mant, a_mant, new_vn
+    cdef double n = row[C_N_UPDATES]
     cdef int g_exp, phi_exp
-    s.psi = loss if loss < psi else psi
+    if mean and n == 0.0:  # the first loss is the mean; φ = 0
+        psi = loss
+    s.psi = psi if mean else (loss if loss < psi else psi)
     gap = loss - s.psi
-    if isinf(gap):  # loss - ψ beyond float64: halve both operands first
+    if isinf(gap):  # loss - baseline beyond float64: halve both operands first
         g_mant = frexp(loss * 0.5 - s.psi * 0.5, &g_exp)
         g_exp += 1
     else:
         g_mant = frexp(gap, &g_exp)
-    if g_mant == 0.0:  # φ = 0: nothing but ψ changes
+    if g_mant == 0.0:  # φ = 0: nothing but the baseline changes
         s.vn, s.d_mant, s.d_exp = vn, d_mant, d_exp
         s.x, s.ratio, s.r, s.active = 0.0, 1.0, 1.0, d_mant != 0.0
         return
     phi_mant = frexp(g_mant / q, &phi_exp)
     phi_exp += g_exp
-    if d_mant == 0.0 or phi_exp > d_exp or (phi_exp == d_exp and phi_mant > d_mant):
-        s.ratio = 0.0 if d_mant == 0.0 else ldexp(d_mant / phi_mant, d_exp - phi_exp)
+    a_mant = fabs(phi_mant)
+    if growth >= 0 and d_mant != 0.0 and (
+            phi_exp > d_exp + growth or (phi_exp == d_exp + growth and a_mant > d_mant)):
+        phi_mant, a_mant, phi_exp = copysign(d_mant, phi_mant), d_mant, d_exp + growth
+    if d_mant == 0.0 or phi_exp > d_exp or (phi_exp == d_exp and a_mant > d_mant):
+        s.ratio = 0.0 if d_mant == 0.0 else ldexp(d_mant / a_mant, d_exp - phi_exp)
         new_vn = vn * s.ratio * s.ratio + p
-        s.x = 1.0
-        s.d_mant, s.d_exp = phi_mant, phi_exp
+        s.x = copysign(1.0, phi_mant)
+        s.d_mant, s.d_exp = a_mant, phi_exp
     else:
         s.ratio = 1.0
         s.x = ldexp(phi_mant / d_mant, phi_exp - d_exp)
@@ -105,6 +116,8 @@ cdef inline void observe(const double* row, double loss, double q, double p,
     s.vn = new_vn
     s.r = s.ratio * sqrt((vn + 1.0) / (new_vn + 1.0))
     s.active = True
+    if mean:  # mean' = mean + (l - mean)/(n + 1), l as cut (l - mean = φ·q)
+        s.psi = psi + ldexp(phi_mant * q / (n + 1.0), phi_exp)
 
 
 cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
@@ -161,13 +174,23 @@ cdef class Kernel:
 
     def __init__(self, str kind, int n_arms, int n_contexts=1, double gamma=1.0,
                  rate=None, arm_of=None, src=None, dst=None, log_t=None,
-                 log_initial=None):
+                 log_initial=None, str baseline="min", bint adaptive=False,
+                 step_cap=None, growth=None):
         if kind not in KINDS:
             raise ValueError(f"kernel kind must be one of {sorted(KINDS)}, got {kind!r}")
         if n_arms < 1 or n_contexts < 1 or not (gamma > 0.0 and isfinite(gamma)):
             raise ValueError(f"bad kernel configuration: {n_arms=}, {n_contexts=}, {gamma=}")
+        if baseline not in ("min", "mean"):
+            raise ValueError(f"baseline must be 'min' or 'mean', got {baseline!r}")
+        if step_cap is not None and not (step_cap > 0.0):
+            raise ValueError(f"step_cap must be > 0 or None, got {step_cap!r}")
+        if growth is not None and not (1 <= growth <= 64):
+            raise ValueError(f"growth must be in [1, 64] or None, got {growth!r}")
         self.kind_name = kind
         self.kind = KINDS[kind]
+        self.mean_baseline, self.adaptive = baseline == "mean", adaptive
+        self.step_cap = INFINITY if step_cap is None else step_cap
+        self.growth = -1 if growth is None else growth
         self.n_arms, self.n_contexts, self.gamma = n_arms, n_contexts, gamma
         self.rate = -1.0 if rate is None else float(rate)
         self.n_classes = 0
@@ -204,13 +227,25 @@ cdef class Kernel:
         self.starts = np.append(starts, len(d)).astype(np.int64)
 
     def initial_rows(self, Py_ssize_t n) -> np.ndarray:
-        """n fresh instances: ψ = +inf, V = D = 0, no rounds, the class's initial state."""
+        """n fresh instances: ψ = +inf (the mean baseline: 0, unused), V = D = 0, no rounds, the class's initial state."""
         rows = np.zeros((n, self.width))
-        rows[:, C_PSI] = INFINITY
+        rows[:, C_PSI] = 0.0 if self.mean_baseline else INFINITY  # the mean: set by a loss
         rows[:, C_HEAD:] = np.asarray(self.initial)
         return rows
 
+    def scale(self, double vn) -> float:
+        """η·D for a V/D² of ``vn`` (see ``eta_d``)."""
+        return self.eta_d(vn)
+
     # ------------------------------------------------------------ the round
+    cdef double eta_d(self, double vn) noexcept nogil:
+        """η·D, the weights' scale: γ/sqrt(V/D² + 1); with the adaptive γ
+        γ·((V + D²)/V)^¼ / sqrt(V + D²)·D = γ / ((V/D²)·(V/D² + 1))^¼ (γ/sqrt(V/D² + 1)
+        while V = 0)."""
+        if self.adaptive and vn > 0.0:
+            return self.gamma / sqrt(sqrt(vn) * sqrt(vn + 1.0))
+        return self.gamma / sqrt(vn + 1.0)
+
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil:
         """Unnormalised arm weights w (the largest 1) into ``w``; returns Σw (``fixed_sum``)."""
@@ -248,8 +283,7 @@ cdef class Kernel:
                        double* spread) noexcept nogil:
         """Arm weights w into ``w``; q_i = w_i·scale + spread (scale = (1-ε)/Σw,
         spread = ε/M). Returns Σw."""
-        cdef double total = self.arm_weights(row + C_HEAD, ctx,
-                                             self.gamma / sqrt(row[C_VN] + 1.0), w)
+        cdef double total = self.arm_weights(row + C_HEAD, ctx, self.eta_d(row[C_VN]), w)
         cdef double eps = self.mixing(row)
         spread[0] = eps / self.n_arms
         scale[0] = (1.0 - eps) / total
@@ -295,9 +329,13 @@ cdef class Kernel:
         cdef Step s
         cdef double n = row[C_N_UPDATES] + 1.0
         cdef double c
-        observe(row, loss, q, p, &s)
+        observe(row, loss, q, p, self.mean_baseline, self.growth, &s)
         if self.n_arms > 1:
-            c = self.gamma / sqrt(s.vn + 1.0)
+            c = self.eta_d(s.vn)
+            if self.adaptive and s.ratio != 0.0:  # η_t/η_{t-1} with γ moving too
+                s.r = s.ratio * (c / self.eta_d(row[C_VN]))
+            if c * fabs(s.x) > self.step_cap:  # the step η·φ, bounded
+                s.x = copysign(self.step_cap / c, s.x)
             if self.kind == CUMULATIVE:
                 self.cumulative_update(row + C_HEAD, ctx, arm, &s)
             elif self.kind == SWITCHING:
@@ -453,7 +491,7 @@ cdef class Table:
         cdef Py_ssize_t a
         self.check_context(context)
         total = self.kernel.arm_weights(row + C_HEAD, <int>context,
-                                        self.kernel.gamma / sqrt(row[C_VN] + 1.0), &view[0])
+                                        self.kernel.eta_d(row[C_VN]), &view[0])
         for a in range(self.kernel.n_arms):
             view[a] = view[a] / total
         return out

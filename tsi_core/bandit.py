@@ -26,6 +26,7 @@ from tsi_core.competition import Fixed, competition_from_dict
 from tsi_core.structures import Structure, SwitchingWeights
 from tsi_core.ticket import Ticket, TicketError
 from tsi_core.validate import check_int, check_loss, check_real, context_problem
+from tsi_core.variant import Variant, variant_of
 
 FORMAT = "tsi.bandit"
 VERSION = 2  # 2: Switching keeps its weights, not their logs (version 1 is read too)
@@ -60,17 +61,23 @@ def _bound(competition: Any, n_arms: int) -> Structure:
     return competition.bind(n_arms)
 
 
-def configure(n_arms: Any, competition: Any, gamma: Any, seed: Any) -> tuple[int, Any, Any, float]:
-    """Validate a bandit's configuration: (M, competition class, its structure, γ)."""
+def configure(
+    n_arms: Any, competition: Any, gamma: Any, seed: Any, variant: Any = None
+) -> tuple[int, Any, Any, float, Variant]:
+    """Validate a bandit's configuration: (M, competition class, its structure, γ, variant)."""
     n_arms = check_int("n_arms", n_arms, 1)
     competition = Fixed() if competition is None else competition
     if not hasattr(competition, "bind"):
         raise ValueError(f"competition must be a competition class, got {competition!r}")
     structure = _bound(competition, n_arms)
-    gamma = default_gamma(competition, n_arms) if gamma is None else check_gamma(gamma)
+    variant = variant_of(variant)
+    if gamma is None:
+        gamma = default_gamma(competition, n_arms) * variant.gamma_scale
+    else:
+        gamma = check_gamma(gamma)
     if seed is not None:
         check_int("seed", seed, 0)
-    return n_arms, competition, structure, gamma
+    return n_arms, competition, structure, gamma, variant
 
 
 def check_context(structure: Structure, context: Any) -> int:
@@ -103,14 +110,16 @@ class Bandit(BanditCore):
     """A bandit instance: ``select`` an arm, later ``update`` its ticket with the loss.
 
     Parameters: ``n_arms`` M >= 1; ``competition`` the class of arm sequences to compete
-    with (``Fixed()`` by default); ``gamma`` the learning-rate scale (default sqrt(W));
+    with (``Fixed()`` by default); ``gamma`` the learning-rate scale (default sqrt(W),
+    times the variant's ``gamma_scale``);
     ``seed`` for the instance's own draws; ``instance_id`` names the instance on its
-    tickets (random when not given). ``select``, ``update`` and ``discard`` are compiled
-    (``tsi_core._bandit``); the round itself is the kernel's (``tsi_core._kernel``), which
-    ``BatchBandit`` and the service share.
+    tickets (random when not given); ``variant`` the algorithm (``tsi_core.variant``: a
+    preset's name, "paper" for the paper's Algorithm 1, or a ``Variant``). ``select``,
+    ``update`` and ``discard`` are compiled (``tsi_core._bandit``); the round itself is
+    the kernel's (``tsi_core._kernel``), which ``BatchBandit`` and the service share.
     """
 
-    __slots__ = ("competition", "gamma", "n_arms", "structure")
+    __slots__ = ("competition", "gamma", "n_arms", "structure", "variant")
 
     def __init__(
         self,
@@ -119,19 +128,20 @@ class Bandit(BanditCore):
         gamma: float | None = None,
         seed: int | None = None,
         instance_id: str | None = None,
+        variant: str | Variant | None = None,
     ) -> None:
-        self.n_arms, self.competition, self.structure, self.gamma = configure(
-            n_arms, competition, gamma, seed
+        self.n_arms, self.competition, self.structure, self.gamma, self.variant = configure(
+            n_arms, competition, gamma, seed, variant
         )
         if instance_id is not None and not isinstance(instance_id, str):
             raise ValueError(f"instance_id must be a string, got {instance_id!r}")
         self.instance_id = instance_id if instance_id is not None else os.urandom(8).hex()
         self._seed = seed
-        kernel = self.structure.kernel(self.gamma)
+        kernel = self.structure.kernel(self.gamma, self.variant)
         self._attach(Table(kernel, kernel.initial_rows(1)))
 
     # ------------------------------------------------ state (one row of the kernel's table)
-    psi = _Column(PSI, float, "ψ, the smallest loss seen (+inf before any)")
+    psi = _Column(PSI, float, "ψ, the smallest loss seen (+inf before any), or the mean")
     n_updates = _Column(N_UPDATES, int, "losses applied")
     n_rounds = _Column(N_ROUNDS, int, "selections made")
     _vn = _Column(VN, float, "V / D²")
@@ -163,11 +173,18 @@ class Bandit(BanditCore):
         return self._vn * d * d if d else 0.0
 
     @property
+    def baseline(self) -> float:
+        """What the losses are centred on: ψ, or the mean of the losses so far (the
+        variant's baseline); +inf before any loss."""
+        return self.psi if self.n_updates or self.variant.baseline == "min" else math.inf
+
+    @property
     def eta(self) -> float:
-        """The current learning rate γ / sqrt(V + D²) (+inf until a positive φ is seen)."""
+        """The current learning rate γ / sqrt(V + D²), or the variant's (+inf until a
+        non-zero φ is seen)."""
         if not self._d_mant:
             return math.inf
-        return self.gamma / (self.D * math.sqrt(self._vn + 1.0))
+        return self._table.kernel.scale(self._vn) / self.D
 
     # ------------------------------------------------------------------ decisions
     def probabilities(self, context: int | None = None) -> np.ndarray:
@@ -188,6 +205,7 @@ class Bandit(BanditCore):
             "n_arms": self.n_arms,
             "competition": self.competition.to_dict(),
             "gamma": self.gamma,
+            "variant": self.variant.to_dict(),
             "psi": None if math.isinf(self.psi) else self.psi,
             "vn": self._vn,
             "d_mant": self._d_mant,
@@ -213,6 +231,7 @@ class Bandit(BanditCore):
                 competition_from_dict(data["competition"]),
                 data["gamma"],
                 instance_id=data["instance_id"],
+                variant=Variant.from_dict(data.get("variant", "paper")),  # before: the paper's
             )
             weights = np.array(
                 [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
@@ -277,7 +296,7 @@ class Bandit(BanditCore):
         cls, blob: bytes, template: Bandit, instance_id: str, pending: Iterable[Ticket] = ()
     ) -> Bandit:
         """Rebuild an instance from ``pack()``; ``template`` is any instance of the same
-        configuration (arms, competition, γ, seed), whose own state is not used, and
+        configuration (arms, competition, γ, variant, seed), whose own state is not used, and
         ``pending`` the tickets that were pending when it was packed."""
         kernel = template._table.kernel
         size = _PACKED.size + 8 * (kernel.width - HEAD)
@@ -297,6 +316,7 @@ class Bandit(BanditCore):
         b = cls.__new__(cls)
         b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma
         b.competition, b._seed, b.instance_id = template.competition, template._seed, instance_id
+        b.variant = template.variant
         rows = np.empty((1, kernel.width))
         rows[0, :HEAD] = (psi, vn, d_mant, d_exp, n_updates, n_rounds)
         rows[0, HEAD:] = weights

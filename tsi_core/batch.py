@@ -23,6 +23,7 @@ import numpy as np
 from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
 from tsi_core.bandit import TicketError, configure
 from tsi_core.validate import check_draws, check_int, check_int_vector, is_real
+from tsi_core.variant import Variant
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,7 +78,8 @@ class BatchBandit:
     ``select`` draws for all (or the chosen) instances at once and returns a
     ``TicketBatch``; ``update`` applies losses for a ticket batch, or for the entries
     chosen by ``where`` (feedback may arrive in parts and late). Instance i is row i of
-    ``rows`` (the kernel's layout: statistics, then the class's state).
+    ``rows`` (the kernel's layout: statistics, then the class's state). ``variant`` as
+    for ``Bandit``.
     """
 
     def __init__(
@@ -87,14 +89,15 @@ class BatchBandit:
         competition: Any = None,
         gamma: float | None = None,
         seed: int | None = None,
+        variant: str | Variant | None = None,
     ) -> None:
         self.n_instances = check_int("n_instances", n_instances, 1)
-        self.n_arms, self.competition, self.structure, self.gamma = configure(
-            n_arms, competition, gamma, seed
+        self.n_arms, self.competition, self.structure, self.gamma, self.variant = configure(
+            n_arms, competition, gamma, seed, variant
         )
         self._rng = np.random.default_rng(seed)
         self.token = os.urandom(8).hex()
-        kernel = self.structure.kernel(self.gamma)
+        kernel = self.structure.kernel(self.gamma, self.variant)
         self._table = Table(kernel, kernel.initial_rows(self.n_instances))
         self._every = np.arange(self.n_instances, dtype=np.int64)
         self._no_context = np.zeros(self.n_instances, dtype=np.int64)

@@ -5,7 +5,9 @@ one is left unchanged. ``arm_map`` has one entry per NEW arm: the OLD arm index 
 continues, or None for a new arm; old arms not named are retired.
 
 * The statistics ψ, V, D, ``n_updates`` and ``n_rounds`` carry over unchanged: they belong
-  to the loss stream, not to the class.
+  to the loss stream, not to the class. A new ``variant`` with another baseline converts
+  it: the running minimum becomes the mean so far and the other way round (the loss
+  history itself is not kept, so this is the one value it can carry).
 * Same state layout (Fixed/Contextual with the same number of contexts, Switching with any
   rate, the same Markov class with an identity map), whatever γ: each kept arm keeps its
   state exactly, bit for bit (for CumulativeLoss a changed γ therefore changes p: the loss
@@ -124,11 +126,12 @@ def migrate(
     gamma: float | None = None,
     new_arm_share: float | None = None,
     instance_id: str | None = None,
+    variant: Any = None,
 ) -> Migration:
     """A new bandit continuing ``bandit`` under a changed configuration (see the module).
 
-    ``competition`` and ``gamma`` default to the old ones; ``gamma`` None with a changed
-    competition is the new class's default sqrt(W). ``n_arms``, if given, must equal
+    ``competition``, ``gamma`` and ``variant`` default to the old ones; ``gamma`` None
+    with a changed competition is the new class's default sqrt(W). ``n_arms``, if given, must equal
     ``len(arm_map)``; ``instance_id`` defaults to the old one (remapped tickets carry the
     new one). The seed and generator state are copied. Invalid arguments raise
     ``ValueError`` naming the bad value.
@@ -145,11 +148,16 @@ def migrate(
     if gamma is None and same_class:
         gamma = bandit.gamma
     competition = bandit.competition if competition is None else competition
-    m, competition, new_s, gamma = configure(len(sources), competition, gamma, None)
+    variant = bandit.variant if variant is None else variant
+    m, competition, new_s, gamma, variant = configure(
+        len(sources), competition, gamma, None, variant
+    )
     new_id = bandit.instance_id if instance_id is None else instance_id
-    new = Bandit(m, competition, gamma, instance_id=new_id)
-    new._state = _new_state(bandit, new_s, gamma, sources, share, same_class)
+    new = Bandit(m, competition, gamma, instance_id=new_id, variant=variant)
+    c_new = new._table.kernel.scale(bandit._vn)  # η·D of the new bandit
+    new._state = _new_state(bandit, new_s, c_new, sources, share, same_class)
     new._row[:HEAD] = bandit._row[:HEAD]  # ψ, V/D², D, the counters: the loss stream's
+    new.psi = _baseline_state(bandit, variant.baseline)
     new._seed = bandit._seed
     rng = bandit._rng_obj.bit_generator.state if bandit._rng_obj is not None else bandit._rng_state
     new._rng_state = copy.deepcopy(rng)
@@ -161,17 +169,25 @@ def migrate(
     return Migration(new, tickets, arms, bandit.instance_id)
 
 
+def _baseline_state(bandit: Bandit, baseline: str) -> float:
+    """The ψ column for ``baseline``: the running minimum and the running mean stand for
+    each other (before any loss: +inf for the minimum, 0 for the mean, which is unused)."""
+    if bandit.n_updates or baseline == bandit.variant.baseline:
+        return bandit.psi
+    return math.inf if baseline == "min" else 0.0
+
+
 def _new_state(
     bandit: Bandit,
     new_s: Structure,
-    gamma: float,
+    c_new: float,
     sources: list[int | None],
     share: float | None,
     same_class: bool,
 ) -> np.ndarray:
-    """The new class's state continuing ``bandit``'s (the rules: see the module)."""
-    old_s, root = bandit.structure, math.sqrt(bandit._vn + 1.0)
-    c_new = gamma / root  # η·D of the new bandit (the old one's is bandit.gamma / root)
+    """The new class's state continuing ``bandit``'s (the rules: see the module); ``c_new``
+    is the new bandit's η·D."""
+    old_s = bandit.structure
     logs = new_s.per_arm_log(c_new)  # None: no per-arm state
     per_arm = type(old_s) is type(new_s) and old_s.n_contexts == new_s.n_contexts
     if all(s is None for s in sources) or (
@@ -183,7 +199,8 @@ def _new_state(
         return state if np.isfinite(logs[0](state)).any() else new_s.initial_state()
     if same_class and sources == list(range(bandit.n_arms)):
         return bandit._state.copy()
-    old_log_p = _log_normalise(old_s.log_weights_one(bandit._state, bandit.gamma / root))
+    c_old = bandit._table.kernel.scale(bandit._vn)
+    old_log_p = _log_normalise(old_s.log_weights_one(bandit._state, c_old))
     log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
     return new_s.state_from_log_p(_log_normalise(log_p), c_new)
 

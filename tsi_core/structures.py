@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tsi_core._kernel import HEAD, Kernel, log_array
+from tsi_core.variant import VARIANTS, Variant
 
 Transform = Callable[[np.ndarray], np.ndarray]
 
@@ -37,9 +38,10 @@ class Structure:
     n_contexts: int
     state_shape: tuple[int, ...]
 
-    def kernel(self, gamma: float) -> Kernel:
-        """The compiled round of this class with learning-rate scale ``gamma``."""
-        return _kernel(self, gamma)
+    def kernel(self, gamma: float, variant: Variant | None = None) -> Kernel:
+        """The compiled round of this class with learning-rate scale ``gamma`` (and the
+        paper's Algorithm 1, or ``variant``)."""
+        return _kernel(self, gamma, VARIANTS["paper"] if variant is None else variant)
 
     def kernel_options(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -73,9 +75,10 @@ class Structure:
 
 
 @functools.lru_cache(maxsize=1024)
-def _kernel(structure: Structure, gamma: float) -> Kernel:
+def _kernel(structure: Structure, gamma: float, variant: Variant) -> Kernel:
     """Kernels hold configuration only: instances of one configuration share one."""
-    return Kernel(n_arms=structure.n_arms, gamma=gamma, **structure.kernel_options())
+    options = structure.kernel_options() | variant.kernel_options()
+    return Kernel(n_arms=structure.n_arms, gamma=gamma, **options)
 
 
 def log_normalise(logw: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tsi_core import Bandit, Contextual, Fixed, Markov, Switching, Ticket, TicketError
+from tsi_core import VARIANTS, Bandit, Contextual, Fixed, Markov, Switching, Ticket, TicketError
 
 
 def state_of(b: Bandit) -> str:
@@ -191,8 +191,14 @@ def test_single_arm_always_selects_arm_zero():
 
 
 def test_gamma_defaults_to_sqrt_of_class_complexity():
-    assert Bandit(10).gamma == pytest.approx(math.sqrt(math.log(10)))
-    assert Bandit(10, Contextual(4)).gamma == pytest.approx(math.sqrt(4 * math.log(10)))
+    assert Bandit(10, variant="paper").gamma == pytest.approx(math.sqrt(math.log(10)))
+    assert Bandit(10, Contextual(4), variant="paper").gamma == pytest.approx(
+        math.sqrt(4 * math.log(10))
+    )
+    robust = VARIANTS["robust"]
+    assert Bandit(10, variant=robust).gamma == pytest.approx(
+        robust.gamma_scale * math.sqrt(math.log(10))
+    )
     assert Bandit(10, gamma=3.0).gamma == 3.0
     assert Bandit(4, Fixed()).competition.complexity(4) == pytest.approx(math.log(4))
 

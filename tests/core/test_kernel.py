@@ -115,7 +115,9 @@ def run_digest(name: str) -> str:
     """Inputs from Python's Mersenne Twister (its random() sequence is stable across Python
     versions) and exact float operations only: heavy-tailed losses as ratios of uniforms."""
     rng = random.Random(2026)
-    b = Bandit(6, CLASSES[name], instance_id="golden")  # 6 arms: Σw's four lanes differ
+    b = Bandit(
+        6, CLASSES[name], instance_id="golden", variant="paper"
+    )  # 6 arms: Σw's four lanes differ
     digest = hashlib.sha256()
     for _ in range(10_000):
         ctx = int(rng.random() * 3) if name == "contextual" else None

@@ -30,6 +30,7 @@ import pytest
 
 from tests.core.paper_reference import PaperReference
 from tsi_core import (
+    VARIANTS,
     Bandit,
     BatchBandit,
     Contextual,
@@ -146,16 +147,20 @@ def first_difference(a: list[Any], b: list[Any]) -> str:
 # ---------------------------------------------------- 1. Bandit and BatchBandit are one
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("gamma", list(GAMMAS.values()), ids=[f"gamma={g}" for g in GAMMAS])
 @pytest.mark.parametrize("name", list(CLASSES))
-def test_batch_and_separate_bandits_agree_bit_for_bit_over_10000_rounds(name, gamma):
+def test_batch_and_separate_bandits_agree_bit_for_bit_over_10000_rounds(name, gamma, variant):
     """N=3 BatchBandit instances against 3 Bandits with the same draws and the same late,
     out-of-order, partial feedback: the same arm, q and p (exact float equality) at every
     round, and the same statistics and probabilities at the end."""
     competition = CLASSES[name]()
     s = stream(n_contexts(name))
-    batch = BatchBandit(N_INSTANCES, N_ARMS, competition, gamma=gamma, seed=0)
-    singles = [Bandit(N_ARMS, competition, gamma=gamma, seed=0) for _ in range(N_INSTANCES)]
+    batch = BatchBandit(N_INSTANCES, N_ARMS, competition, gamma=gamma, seed=0, variant=variant)
+    singles = [
+        Bandit(N_ARMS, competition, gamma=gamma, seed=0, variant=variant)
+        for _ in range(N_INSTANCES)
+    ]
     issued: list[tuple[TicketBatch, list[Ticket], np.ndarray]] = []
     idx = np.arange(N_INSTANCES)
     for t in range(ROUNDS):
@@ -199,11 +204,13 @@ def test_batch_and_separate_bandits_agree_bit_for_bit_over_10000_rounds(name, ga
 # ----------------------------------------------------------- 2. exact under 2**k scaling
 
 
-def play(name: str, transform: Callable[[float], float]) -> tuple[list, list, list, np.ndarray]:
+def play(
+    name: str, transform: Callable[[float], float], variant: str = "paper"
+) -> tuple[list, list, list, np.ndarray]:
     """One Bandit on instance 0 of the stream (late, out-of-order feedback) fed
     transform(loss): per round the arm, q and p of its ticket and the full q it drew from."""
     s = stream(n_contexts(name))
-    b = Bandit(N_ARMS, CLASSES[name](), seed=0, instance_id="x")
+    b = Bandit(N_ARMS, CLASSES[name](), seed=0, instance_id="x", variant=variant)
     arms, probs, shares, qs = [], [], [], np.empty((ROUNDS, N_ARMS))
     issued = []
     for t in range(ROUNDS):
@@ -222,13 +229,14 @@ def play(name: str, transform: Callable[[float], float]) -> tuple[list, list, li
 
 
 @functools.cache
-def unscaled(name: str) -> tuple[list, list, list, np.ndarray]:
-    return play(name, float)
+def unscaled(name: str, variant: str) -> tuple[list, list, list, np.ndarray]:
+    return play(name, float, variant)
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("k", [-60, -1, 7, 300], ids=lambda k: f"x2^{k}")
 @pytest.mark.parametrize("name", list(CLASSES))
-def test_power_of_two_scaling_gives_identical_bits_over_10000_rounds(name, k):
+def test_power_of_two_scaling_gives_identical_bits_over_10000_rounds(name, k, variant):
     """Heavy-tailed losses times 2**k choose the same arms with the same q (all arms) and
     the same q and p on the ticket, bit for bit, at every round."""
     scale = 2.0**k
@@ -236,8 +244,8 @@ def test_power_of_two_scaling_gives_identical_bits_over_10000_rounds(name, k):
     # the scaling itself is exact: no loss leaves float64's normal range
     assert np.array_equal(losses * scale / scale, losses)
     assert np.abs(losses * scale).min() > 2.0**-1000 and np.isfinite(losses * scale).all()
-    base = unscaled(name)
-    scaled = play(name, lambda x: x * scale)
+    base = unscaled(name, variant)
+    scaled = play(name, lambda x: x * scale, variant)
     labels = ("arm", "q of the arm", "p of the arm", "q")
     differ = [np.asarray(got) != np.asarray(want) for got, want in zip(scaled, base, strict=True)]
     differ[3] = differ[3].any(axis=1)
@@ -249,6 +257,19 @@ def test_power_of_two_scaling_gives_identical_bits_over_10000_rounds(name, k):
             f"round {t + 1}: {labels[j]} {np.asarray(scaled[j])[t].tolist()!r} != "
             f"{np.asarray(base[j])[t].tolist()!r} unscaled"
         )
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if VARIANTS[v].baseline == "mean"])
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_mean_baseline_chooses_the_same_arms_under_an_affine_map_over_10000_rounds(name, variant):
+    """Under l -> 1000·l + 10^6 (not exact in floating point) the mean baseline keeps every
+    selection over 10,000 heavy-tailed rounds, Switching and Markov included, and q to
+    1e-6: the rounding of the map does not grow into other decisions."""
+    base = unscaled(name, variant)
+    mapped = play(name, lambda x: 1000.0 * x + 1e6, variant)
+    differ = np.flatnonzero(np.asarray(mapped[0]) != np.asarray(base[0]))
+    assert not len(differ), f"{len(differ)} selections differ, the first at round {differ[0] + 1}"
+    np.testing.assert_allclose(mapped[3], base[3], rtol=1e-6, atol=0)
 
 
 # ------------------------------------------------ 3. the paper's transcription, to 1e-9
@@ -344,7 +365,7 @@ def test_probabilities_match_paper_transcription_with_late_feedback(name, gamma)
     1e-9 before every selection, and the ticket records the transcription's q and p."""
     case = paper_case(name)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
-    bandit = Bandit(case.n_arms, case.competition, gamma=gamma, seed=0)
+    bandit = Bandit(case.n_arms, case.competition, gamma=gamma, seed=0, variant="paper")
     reference = PaperReference(case.n_arms, case.arm_of, case.kernel, case.initial, bandit.gamma)
     means = rng.normal(size=(case.n_contexts, case.n_arms)) * 2
     waiting: list[tuple[int, Ticket, float]] = []

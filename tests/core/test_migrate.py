@@ -207,7 +207,8 @@ def test_a_change_of_class_keeps_p_in_every_context(old, new, arm_map, share):
     moved = migrate(b, arm_map, competition=new, new_arm_share=share).bandit
     assert json.dumps(b.to_dict()) == before
     assert stats(moved) == stats(b)
-    assert moved.competition is new and moved.gamma == default_gamma(new, 4)
+    assert moved.competition is new
+    assert moved.gamma == default_gamma(new, 4) * b.variant.gamma_scale
     want = expected_policy(b, arm_map, moved.structure.n_contexts, share)
     got = np.array([policy(moved, ctx) for ctx in contexts_of(moved)])
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)
@@ -225,7 +226,7 @@ def test_parameters_with_the_same_layout_keep_the_state_as_it_is():
     s = played(Switching(rate=0.02))
     faster = migrate(s, [0, 1, 2, 3], competition=Switching(rate=0.2)).bandit
     assert np.array_equal(faster._state, s._state)
-    assert faster.gamma == default_gamma(Switching(rate=0.2), 4) != s.gamma
+    assert faster.gamma == default_gamma(Switching(rate=0.2), 4) * s.variant.gamma_scale != s.gamma
     f = played(Fixed())
     hotter = migrate(f, [0, 1, 2, 3], gamma=3 * f.gamma).bandit
     assert np.array_equal(hotter._state, f._state) and hotter.gamma == 3 * f.gamma
@@ -292,6 +293,7 @@ def test_tickets_take_the_new_instance_and_a_context_the_new_class_has():
 
 
 # ---------------------------------------------------------------------- invariance
+@pytest.mark.parametrize("variant", ["paper", "robust"])
 @pytest.mark.parametrize(
     ("old", "new"),
     [
@@ -301,14 +303,16 @@ def test_tickets_take_the_new_instance_and_a_context_the_new_class_has():
         (Contextual(2), Contextual(3)),
     ],
 )
-def test_migration_keeps_translation_and_scale_invariance(old, new):
+def test_migration_keeps_translation_and_scale_invariance(old, new, variant):
+    """Bits under 2^k·(l + shift) for the paper (minimum baseline), under 2^k·l for the
+    mean baseline (a shift there agrees to rounding: the arms stay the same)."""
     rng = np.random.default_rng(11)
     table = rng.integers(-50, 50, size=(3000, 4)).astype(float)
     table[1000:, 1] -= 20  # after the migration arm 1 is the new arm, and the best
     draws, contexts = rng.random(3000), rng.integers(0, 6, 3000)
 
     def run(transform):
-        b = Bandit(3, old, instance_id="x")
+        b = Bandit(3, old, instance_id="x", variant=variant)
         arms = []
         for t in range(3000):
             if t == 1000:
@@ -321,11 +325,15 @@ def test_migration_keeps_translation_and_scale_invariance(old, new):
         return arms, b
 
     arms, b = run(float)
+    exact_shift = b.variant.baseline == "min"
     for k, shift in [(7, -300), (-20, 12345)]:
-        other_arms, other = run(lambda x, k=k, shift=shift: float(np.ldexp(x + shift, k)))
+        moved = shift if exact_shift else 0
+        other_arms, other = run(lambda x, k=k, moved=moved: float(np.ldexp(x + moved, k)))
         assert other_arms == arms
         assert np.array_equal(other._state, b._state)
         assert other._vn == b._vn and other._d_mant == b._d_mant and other._d_exp == b._d_exp + k
+        if not exact_shift:
+            assert run(lambda x, shift=shift: x + shift)[0] == arms
     assert arms[1000:].count(1) > 500  # and the new arm (index 1) was learned
 
 

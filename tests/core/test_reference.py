@@ -66,7 +66,7 @@ def test_probabilities_match_paper_transcription(name, seed):
     rng = np.random.default_rng(seed)
     m = 3
     competition, make_reference, n_ctx = pair(name, rng, m)
-    bandit = Bandit(m, competition, seed=seed)
+    bandit = Bandit(m, competition, seed=seed, variant="paper")
     reference = make_reference(bandit.gamma)
     means = rng.normal(size=(n_ctx, m)) * 3
     for _ in range(150):
@@ -86,7 +86,7 @@ def test_probabilities_match_paper_transcription(name, seed):
 def test_reference_harness_detects_a_wrong_learning_rate():
     """The comparison above is sharp: γ off by 1% already breaks agreement."""
     rng = np.random.default_rng(5)
-    bandit = Bandit(3, Fixed(), seed=0)
+    bandit = Bandit(3, Fixed(), seed=0, variant="paper")
     reference = PaperReference(
         3, lambda lam, c: lam, lambda k: np.eye(3), np.full(3, 1 / 3), bandit.gamma * 1.01
     )
