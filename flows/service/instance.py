@@ -167,6 +167,7 @@ class Instance:
             experiment.arm_map(old_arms),
             competition=experiment.competition,
             gamma=experiment._template.gamma,
+            variant=experiment._template.variant,
             new_arm_share=experiment.new_arm_share,
         )
         notices: list[Output] = []

@@ -5,6 +5,7 @@
 arms = ["control", "green", "blue"]
 competition = { kind = "switching", rate = 0.001 }   # fixed | switching | contextual | markov
 gamma = 1.5              # optional, default sqrt(W) of the class
+variant = "paper"        # optional: the algorithm, a preset of tsi_core.variant (default "paper")
 feedback_ttl = 3600      # seconds a selection waits for its feedback
 retry_window = 3600      # seconds an answer is kept for retries after its feedback or expiry
 per_unit = true          # one bandit per unit (user), or one shared by the experiment
@@ -34,6 +35,7 @@ from typing import Any
 from tsi_core import Bandit, Ticket
 from tsi_core.bandit import configure
 from tsi_core.competition import competition_from_spec
+from tsi_core.variant import DEFAULT_VARIANT
 
 DEFAULT_TTL = 3600.0
 UNIT_SEPARATOR = "\x1f"  # cannot appear in a valid experiment name
@@ -76,6 +78,7 @@ class Experiment:
     new_arm_share: float | None = None
     renamed_arms: tuple[tuple[str, str], ...] = ()  # (old name, new name)
     retry_after: float | None = None  # the ``retry_window`` setting; None: feedback_ttl
+    variant: str = DEFAULT_VARIANT  # a preset of ``tsi_core.variant``
 
     @property
     def retry_window(self) -> float:
@@ -100,6 +103,7 @@ class Experiment:
         return (
             old_arms == self.arms
             and bandit.gamma == template.gamma
+            and bandit.variant == template.variant
             and bandit.competition.to_dict() == template.competition.to_dict()
         )
 
@@ -114,7 +118,9 @@ class Experiment:
         return instance_key(self.name, unit)
 
     def new_bandit(self, key: str) -> Bandit:
-        return Bandit(len(self.arms), self.competition, self.gamma, instance_id=key)
+        return Bandit(
+            len(self.arms), self.competition, self.gamma, instance_id=key, variant=self.variant
+        )
 
     def unpack_bandit(self, blob: bytes, key: str, pending: tuple[Ticket, ...] = ()) -> Bandit:
         """The live bandit of an instance kept as ``Bandit.pack()`` bytes."""
@@ -154,6 +160,7 @@ KNOWN_SETTINGS = frozenset(
         "new_arm_share",
         "renamed_arms",
         "retry_window",
+        "variant",
     }
 )
 
@@ -171,8 +178,11 @@ def _experiment(name: str, table: Any) -> Experiment:
     arms = _arms(table.get("arms"), where)
     competition = _competition(table.get("competition"), where)
     gamma, seed = table.get("gamma"), table.get("seed", 0)
+    variant = table.get("variant", DEFAULT_VARIANT)
     try:
-        configure(len(arms), competition, gamma, seed)
+        configure(len(arms), competition, gamma, seed, variant)
+        if not isinstance(variant, str):
+            raise ValueError(f"variant must be the name of a preset, got {variant!r}")
     except ValueError as exc:
         raise RegistryError(f"{where}: {exc}") from None
     return Experiment(
@@ -187,6 +197,7 @@ def _experiment(name: str, table: Any) -> Experiment:
         _share(table.get("new_arm_share"), where),
         _renamed(table.get("renamed_arms", {}), arms, where),
         _retry_window(table.get("retry_window"), where),
+        variant,
     )
 
 

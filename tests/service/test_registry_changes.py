@@ -11,7 +11,7 @@ import pytest
 
 from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 from flows.service.logic import FlowContext, logic_builder
-from flows.service.registry import LiveRegistry, Registry
+from flows.service.registry import LiveRegistry, Registry, RegistryError
 from flows.service.resting import state_of
 from flows.tools.inspect import describe, render
 
@@ -189,3 +189,24 @@ def test_inspect_reads_old_snapshots_with_old_and_new_registries():
     assert gone.archived and "archived" in render([gone])
     old_format = {k: v for k, v in state.items() if k != "arms"}  # before names were kept
     assert describe("e", old_format, registry("abcde")).arms == ["#0", "#1", "#2", "#3"]
+
+
+def test_a_changed_variant_keeps_what_was_learned_and_runs_the_new_algorithm():
+    logic, _ = trained(registry("abcd", 'variant = "paper"'))
+    learned_paper = one(logic).bandit
+    robust = registry("abcd", 'variant = "robust"')
+    resumed = logic_builder(robust, clock=lambda: T0)(logic.snapshot())
+    bandit = one(resumed).bandit
+    assert bandit.variant.name == "robust" and learned_paper.variant.name == "paper"
+    assert bandit.n_updates == learned_paper.n_updates
+    assert max(learned(resumed), key=learned(resumed).get) == "b"
+    [sel] = resumed.handle(item(resumed, "e", request("after")))
+    assert isinstance(sel, Selection)
+    resumed.handle(item(resumed, "e", feedback("after", 3.0)))
+    assert one(resumed).bandit.n_updates == learned_paper.n_updates + 1
+
+
+@pytest.mark.parametrize(("value", "shown"), [('"fast"', "'fast'"), ("3", "3")])
+def test_an_unknown_variant_is_refused_naming_it(value, shown):
+    with pytest.raises(RegistryError, match=shown):
+        registry("ab", f"variant = {value}")
