@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 
 from arena.peers import Failure
-from arena.runner import Outcome, Speed
+from arena.runner import TSI_CLASSES, Outcome, Speed, tsi_name
+
+#: a variant is worse (better) than the paper on a table when its mean normalised regret
+#: exceeds (falls short of) the paper's by more than this fraction of |paper's|
+MARGIN = 0.05
 
 
 def _pyplot() -> Any:
@@ -37,6 +41,22 @@ def _contenders(outcomes: Sequence[Outcome]) -> list[str]:
 
 def _environments(outcomes: Sequence[Outcome]) -> list[str]:
     return list(dict.fromkeys(o.environment for o in outcomes))
+
+
+def _small(x: float) -> bool:
+    """Too small for 3 decimals: the outlier table, whose range D includes its spike, has
+    normalised regrets near 1e-4."""
+    return x != 0.0 and abs(x) < 0.01
+
+
+def _num(x: float) -> str:
+    """3 decimals, or 3 significant digits for a small figure."""
+    return f"{x:.2e}" if _small(x) else f"{x:.3f}"
+
+
+def _pair(mean: float, spread: float) -> str:
+    """mean ± spread, the spread in the mean's style."""
+    return f"{_num(mean)} ± {spread:.1e}" if _small(mean) else f"{mean:.3f} ± {spread:.3f}"
 
 
 def regret_table(outcomes: Sequence[Outcome], transform: str) -> str:
@@ -60,7 +80,7 @@ def regret_table(outcomes: Sequence[Outcome], transform: str) -> str:
             if o is None:
                 text.append("")
                 continue
-            cell = f"{o.mean:.3f} ± {o.spread:.3f}"
+            cell = _pair(o.mean, o.spread)
             if o.mean == best:
                 cell = f"**{cell}**"
             cell += " †" if o.failures else ""
@@ -68,6 +88,126 @@ def regret_table(outcomes: Sequence[Outcome], transform: str) -> str:
             text.append(cell)
         lines.append(f"| {env} | " + " | ".join(text) + " |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ variants
+def worse(value: float, paper: float, margin: float = MARGIN) -> bool:
+    """True when ``value`` exceeds ``paper`` by more than ``margin``·|paper|: value >
+    1.05·paper when paper > 0; for a negative paper regret the margin is 5% of its size;
+    paper = 0 makes any larger value worse. No absolute floor: near-zero figures (the
+    outlier table's are ~1e-4) are compared relatively too.
+
+    >>> worse(1.06, 1.0), worse(1.04, 1.0), worse(-0.94, -1.0), worse(-0.96, -1.0)
+    (True, False, True, False)
+    """
+    return value - paper > margin * abs(paper)
+
+
+def better(value: float, paper: float, margin: float = MARGIN) -> bool:
+    """True when ``value`` falls short of ``paper`` by more than ``margin``·|paper|."""
+    return paper - value > margin * abs(paper)
+
+
+def _variant_means(
+    outcomes: Sequence[Outcome], variants: Sequence[str]
+) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(environment, transform, class) -> {variant: mean normalised regret}, for the
+    tables where the paper's contender ran."""
+    by_name = {(o.environment, o.transform, o.contender): o.mean for o in outcomes}
+    tables = dict.fromkeys((o.environment, o.transform) for o in outcomes)
+    out: dict[tuple[str, str, str], dict[str, float]] = {}
+    for env, transform in tables:
+        for kind in TSI_CLASSES:
+            means = {
+                v: by_name[(env, transform, tsi_name(v, kind))]
+                for v in variants
+                if (env, transform, tsi_name(v, kind)) in by_name
+            }
+            if "paper" in means:
+                out[(env, transform, kind)] = means
+    return out
+
+
+def _versus(value: float, paper: float) -> str:
+    """A variant's cell: its mean, its ratio to the paper's (the difference when the
+    paper's is not positive), ▲ worse / ▼ better by more than the margin."""
+    rel = f"×{value / paper:.2f}" if paper > 0 else f"Δ {value - paper:+.2g}"
+    mark = " ▲" if worse(value, paper) else " ▼" if better(value, paper) else ""
+    return f"{_num(value)} ({rel}){mark}"
+
+
+def variant_table(outcomes: Sequence[Outcome], variants: Sequence[str], kind: str) -> str:
+    """Environment × transform rows; per variant its mean normalised regret with the
+    class ``kind`` ("fixed" or "matched class") and its ratio to the paper's; the best.
+
+    >>> from arena.runner import Outcome
+    >>> def o(name, mean):
+    ...     return Outcome(name, "tsi", "env", np.ones(1), np.array([mean]),
+    ...                    np.zeros((1, 1)), np.array([1]), True)
+    >>> rows = [o("tsi (fixed)", 0.5), o("tsi robust (fixed)", 0.4)]
+    >>> print(variant_table(rows, ["paper", "robust"], "fixed").splitlines()[2])
+    | env | identity | 0.500 | 0.400 (×0.80) ▼ | robust |
+    """
+    means = _variant_means(outcomes, variants)
+    shown = [v for v in variants if any(v in m for m in means.values())]
+    lines = [
+        "| Environment | Losses | " + " | ".join(shown) + " | best |",
+        "|---|---|" + "---:|" * len(shown) + "---|",
+    ]
+    for (env, transform, k), row in means.items():
+        if k != kind:
+            continue
+        paper = row["paper"]
+        cells = [
+            "" if v not in row else _num(paper) if v == "paper" else _versus(row[v], paper)
+            for v in shown
+        ]
+        lines.append(f"| {env} | {transform} | " + " | ".join(cells) + f" | {_best(row)} |")
+    return "\n".join(lines)
+
+
+def _best(row: dict[str, float]) -> str:
+    """The variant with the least mean regret (ties: the first, so the paper's)."""
+    return min(row, key=row.__getitem__)
+
+
+def variant_summary(outcomes: Sequence[Outcome], variants: Sequence[str]) -> list[str]:
+    """One line per variant: on how many tables (environment × transform) it is worse /
+    better than the paper by more than the margin, per class (the worse ones named with
+    their ratio), and in how many (table, class) cells it is the best variant.
+
+    >>> from arena.runner import Outcome
+    >>> def o(name, env, mean):
+    ...     return Outcome(name, "tsi", env, np.ones(1), np.array([mean]),
+    ...                    np.zeros((1, 1)), np.array([1]), True)
+    >>> rows = [o("tsi (fixed)", "a", 0.5), o("tsi robust (fixed)", "a", 0.6),
+    ...         o("tsi (fixed)", "b", 0.5), o("tsi robust (fixed)", "b", 0.3)]
+    >>> print(variant_summary(rows, ["paper", "robust"])[1])  # doctest: +NORMALIZE_WHITESPACE
+    - **robust**: best variant on 1/2 (table, class) cells; fixed: worse on 1/2, better
+    on 1/2. Worse on: a identity (fixed, 0.600 (×1.20) ▲)
+    """
+    means = _variant_means(outcomes, variants)
+    lines = []
+    for v in variants:
+        rows = {key: row for key, row in means.items() if v in row}
+        if not rows:
+            continue
+        wins = sum(_best(row) == v for row in rows.values())
+        line = f"- **{v}**: best variant on {wins}/{len(rows)} (table, class) cells"
+        named = []
+        for kind in TSI_CLASSES if v != "paper" else ():
+            mine = {key: row for key, row in rows.items() if key[2] == kind}
+            if not mine:
+                continue
+            bad = [key for key, row in mine.items() if worse(row[v], row["paper"])]
+            good = sum(better(row[v], row["paper"]) for row in mine.values())
+            line += f"; {kind}: worse on {len(bad)}/{len(mine)}, better on {good}/{len(mine)}"
+            for key in bad:
+                named.append(
+                    f"{key[0]} {key[1]} ({kind}, {_versus(mine[key][v], mine[key]['paper'])})"
+                )
+        lines.append(line + (". Worse on: " + ", ".join(named) if named else ""))
+    return lines
 
 
 def findings(outcomes: Sequence[Outcome]) -> list[str]:

@@ -21,14 +21,15 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from arena.lab.baselines import AHB, Exp3, Exp3IX, Exp3S, TsallisInf
+from arena.lab.baselines import AHB, EpsilonGreedy, Exp3, Exp3IX, Exp3S, TsallisInf
 from arena.peers import INSTALL_HINT, PEERS, Failure, available_peers, missing_peers
 from flows.tools.loss_table import LossTable
-from tsi_core import Bandit, BatchBandit, Contextual, Fixed, Switching
+from tsi_core import VARIANTS, Bandit, BatchBandit, Contextual, Fixed, Switching
 
 Build = Callable[[LossTable, int, int], Any]  # (environment, instances, seed) -> policy
 
@@ -45,7 +46,8 @@ class Contender:
 
     ``build(env, n, seed)`` returns a policy with the ``BatchBandit`` calling convention;
     ``knows_range`` marks oracles given the true loss range, ``contextual`` policies
-    take the round's context (the others are run as one copy per context).
+    take the round's context (the others are run as one copy per context); ``variant``
+    names tsi's preset.
     """
 
     name: str
@@ -53,28 +55,67 @@ class Contender:
     build: Build
     knows_range: bool = False
     contextual: bool = False
+    variant: str | None = None  # tsi's preset (``tsi_core.VARIANTS``)
 
 
-def _tsi_matched(env: LossTable, n: int, seed: int) -> BatchBandit:
+#: the two competition classes every tsi variant is run with
+TSI_CLASSES = ("fixed", "matched class")
+
+
+def tsi_name(variant: str, kind: str) -> str:
+    """A tsi contender's name: "tsi (fixed)" for the paper's Algorithm 1, "tsi robust
+    (matched class)" for a variant.
+
+    >>> tsi_name("paper", "fixed"), tsi_name("robust", "matched class")
+    ('tsi (fixed)', 'tsi robust (matched class)')
+    """
+    return f"tsi ({kind})" if variant == "paper" else f"tsi {variant} ({kind})"
+
+
+def _tsi_fixed(env: LossTable, n: int, seed: int, variant: str = "paper") -> BatchBandit:
+    """tsi competing with fixed arms (no knowledge at all)."""
+    return BatchBandit(n, env.shape[1], seed=seed, variant=variant)
+
+
+def _tsi_matched(env: LossTable, n: int, seed: int, variant: str = "paper") -> BatchBandit:
     """tsi with the competition class the environment is built for."""
     t, m = env.shape
     if env.kind == "contextual":
-        return BatchBandit(n, m, Contextual(env.n_contexts), seed=seed)
-    if env.kind == "switching":
-        return BatchBandit(
-            n, m, Switching(rate=None, switches=env.n_switches, horizon=t), seed=seed
+        competition: Any = Contextual(env.n_contexts)
+    elif env.kind == "switching":
+        competition = Switching(rate=None, switches=env.n_switches, horizon=t)
+    else:
+        competition = Fixed()
+    return BatchBandit(n, m, competition, seed=seed, variant=variant)
+
+
+def tsi_contenders(variants: Sequence[str] | None = None) -> list[Contender]:
+    """For every preset of ``VARIANTS`` (the paper's first), tsi competing with fixed arms
+    and tsi with the matched class: ``[paper fixed, paper matched, v fixed, v matched, …]``.
+
+    >>> [c.name for c in tsi_contenders(["paper", "robust"])]
+    ['tsi (fixed)', 'tsi (matched class)', 'tsi robust (fixed)', 'tsi robust (matched class)']
+    """
+    chosen = list(VARIANTS) if variants is None else list(variants)
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    ordered = sorted(dict.fromkeys(chosen), key=lambda v: v != "paper")  # stable: paper first
+    out = []
+    for v in ordered:
+        out.append(
+            Contender(tsi_name(v, "fixed"), "tsi", partial(_tsi_fixed, variant=v), variant=v)
         )
-    return BatchBandit(n, m, Fixed(), seed=seed)
-
-
-def tsi_contenders() -> list[Contender]:
-    """tsi competing with fixed arms (no knowledge at all), and with the matched class."""
-    return [
-        Contender(
-            "tsi (fixed)", "tsi", lambda env, n, seed: BatchBandit(n, env.shape[1], seed=seed)
-        ),
-        Contender("tsi (matched class)", "tsi", _tsi_matched, contextual=True),
-    ]
+        out.append(
+            Contender(
+                tsi_name(v, "matched class"),
+                "tsi",
+                partial(_tsi_matched, variant=v),
+                contextual=True,
+                variant=v,
+            )
+        )
+    return out
 
 
 def _true_range(env: LossTable) -> tuple[float, float]:
@@ -122,6 +163,11 @@ def baseline_contenders() -> list[Contender]:
             "Tsallis-INF", "baseline", lambda env, n, seed: TsallisInf(n, env.shape[1], seed)
         ),
         Contender("AHB", "baseline", lambda env, n, seed: AHB(n, env.shape[1], seed)),
+        Contender(
+            "ε-greedy (range-free)",
+            "baseline",
+            lambda env, n, seed: EpsilonGreedy(n, env.shape[1], seed),
+        ),
     ]
 
 
@@ -328,8 +374,8 @@ def single_instance_speed(
 ) -> Speed:
     """Rounds per second of one instance (select + update), median over ``repeats``.
 
-    tsi's single-instance object (``Bandit``) stands for tsi; every other contender runs
-    its policy with one instance.
+    tsi's single-instance object (``Bandit``, with the contender's variant) stands for
+    tsi; every other contender runs its policy with one instance.
     """
     rng = np.random.default_rng(seed)
     losses = rng.random((rounds, n_arms))
@@ -337,7 +383,7 @@ def single_instance_speed(
     rates = []
     for r in range(repeats):
         if contender.family == "tsi":
-            bandit = Bandit(n_arms, seed=seed + r)
+            bandit = Bandit(n_arms, seed=seed + r, variant=contender.variant)
             start = time.perf_counter()
             for t in range(rounds):
                 ticket = bandit.select()

@@ -1,11 +1,14 @@
-"""The arena: tsi beside baselines and peer libraries on the same loss tables.
+"""The arena: tsi's variants beside baselines and peer libraries on the same loss tables.
 
-    .venv/bin/python bench/bench_arena.py              # full run: 3000 rounds, 20 seeds
+    .venv/bin/python bench/bench_arena.py              # full run: 10,000 rounds, 20 seeds
+    .venv/bin/python bench/bench_arena.py --tsi-and-baselines   # the same without peers
     .venv/bin/python bench/bench_arena.py --quick      # smoke run: 500 rounds, 5 seeds
 
-Writes ``bench/arena/REPORT.md``, PNG plots and raw figures (``arena.json``) to
-``--out-dir`` (default ``bench/arena``), and replaces the arena section of
-``bench/RESULTS.md`` (between its markers) with the latest tables.
+Writes ``REPORT.md``, PNG plots and raw figures (``arena.json``) to ``--out-dir``
+(default ``bench/arena``; for ``--quick`` a directory under the system's temporary
+directory, so a smoke run leaves the committed figures alone). A full run (not
+``--quick``) also replaces the arena section of ``bench/RESULTS.md`` (between its
+markers) with the latest tables.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,11 +27,23 @@ from typing import Any
 import numpy as np
 from bench_core import machine_info
 
-from arena.lab.environments import suite, supervised
-from arena.report import findings, plot_curves, plot_regret, plot_speed, regret_table, speed_table
+from arena.lab.datasets import diabetes, digits, wine
+from arena.lab.environments import suite
+from arena.report import (
+    MARGIN,
+    findings,
+    plot_curves,
+    plot_regret,
+    plot_speed,
+    regret_table,
+    speed_table,
+    variant_summary,
+    variant_table,
+)
 from arena.runner import (
     DEFAULT_PEERS,
     TRANSFORMS,
+    TSI_CLASSES,
     baseline_contenders,
     peer_contenders,
     run_arena,
@@ -34,6 +51,7 @@ from arena.runner import (
     tsi_contenders,
 )
 from flows.tools.loss_table import LossTable
+from tsi_core import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- arena:begin -->", "<!-- arena:end -->"
@@ -43,20 +61,10 @@ def log(message: str) -> None:
     print(f"[arena {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def digits(n_rounds: int, seed: int, n_contexts: int = 8) -> LossTable:
-    """scikit-learn's bundled handwritten digits as a 10-arm bandit: arm = guessed digit,
-    loss 1 for a wrong guess; the context is one of ``n_contexts`` k-means clusters of the
-    pixels (computed once, seeded), so the competitor is the best cluster -> digit map."""
-    from sklearn.cluster import KMeans
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    clusters = KMeans(n_clusters=n_contexts, n_init=4, random_state=seed).fit_predict(data.data)
-    return supervised(data.target, n_rounds, seed, contexts=clusters, name="digits (k-means ctx)")
-
-
 def environments(n_rounds: int, seed: int) -> list[LossTable]:
-    return [*suite(n_rounds, seed), digits(n_rounds, seed)]
+    """The standard suite, then the real data sets (``arena.lab.datasets``)."""
+    real = [digits(n_rounds, seed), wine(n_rounds, seed), diabetes(n_rounds, seed)]
+    return [*suite(n_rounds, seed), *real]
 
 
 def replace_section(path: Path, body: str) -> None:
@@ -74,10 +82,11 @@ def replace_section(path: Path, body: str) -> None:
 def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Path]) -> str:
     m, plan = results["machine"], results["plan"]
     lines = [
-        "## Arena: tsi beside baselines and peers (issue #4)",
+        "## Arena: tsi's variants beside baselines and peers (issue #4; outlier, "
+        "heavy-tailed, diabetes and wine tables; range-free ε-greedy)",
         "",
         f"Reproduce: `{results['command']}` ({results['wall_seconds']:.0f} s on the machine "
-        "below; `--quick` for a smoke run). Raw figures: `bench/arena/arena.json`.",
+        f"below; `--quick` for a smoke run). Raw figures: `{results['out_dir']}/arena.json`.",
         "",
         f"- CPU: {m['cpu_model']} ({m['usable_cpus']} usable); Python {m['python']}, "
         f"numpy {m['numpy']}; {m['platform']}",
@@ -89,10 +98,24 @@ def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Pa
         "context → arm map for the contextual ones). Regret uses the expected loss q·l where "
         "an algorithm exposes q. Bold: best in the row. † failure, ~ silent degradation "
         "(see findings). Baselines without contexts play one copy per context.",
+        "- Environments: the suite of `arena.lab.environments` (Bernoulli, Gaussian, "
+        "heavy-tailed Student-t with df 2.5, piecewise stationary, FTL-breaker, contextual, "
+        "and `outlier`: a Bernoulli table whose round T/10 is max + 10^4·range for every "
+        "arm, regret-neutral but a trap for a running range estimate; its D includes the "
+        "spike, so its figures are ~1e-4: compare by ratios), and real data bundled with "
+        "scikit-learn (`arena.lab.datasets`): digits and wine (arm = guessed class, k-means "
+        "contexts), diabetes (10 fixed forecasting rules, loss = absolute error in the "
+        "target's units, about 0 to 250).",
+        "- tsi runs every preset of `tsi_core.VARIANTS` ("
+        + ", ".join(f"`{v}`" for v in plan["variants"])
+        + "; `tsi (…)` is the paper's Algorithm 1), each with fixed arms and with the "
+        "matched competition class.",
         "- Only `EXP3 (oracle)` is told the true loss range and horizon; `EXP3 (raw)`, "
         "EXP3-IX, EXP3.S and Tsallis-INF are tuned for losses in [0, 1] and get the raw "
         "losses, as a practitioner would; `EXP3 (running min/max)` rescales with the range "
-        "seen so far; AHB adapts to the range by design. Peers (river, SMPyBandits, Vowpal "
+        "seen so far; AHB adapts to the range by design; `ε-greedy (range-free)` plays the "
+        "least empirical mean loss with probability 1 − ε_t, ε_t = min(1, 5M/t) (invariant: "
+        "it compares means and never looks at the range). Peers (river, SMPyBandits, Vowpal "
         "Wabbit, MABWiser; versions and quirks in `arena/PEERS.md`) get reward = −loss (VW: "
         "cost = loss), their defaults, and the first two transforms only (they loop in "
         "Python per instance).",
@@ -100,6 +123,7 @@ def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Pa
     ]
     for label, _, _ in TRANSFORMS:
         lines += [f"### Losses {label}", "", regret_table(outcomes, label), ""]
+    lines += variant_section(outcomes, plan["variants"])
     found = findings(outcomes)
     lines += ["### Findings (failures and degradation)", ""]
     lines += found or ["- none recorded"]
@@ -116,15 +140,54 @@ def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Pa
     return "\n".join(lines)
 
 
+def variant_section(outcomes: list, variants: list[str]) -> list[str]:
+    """The report's "Variants against the paper's Algorithm 1" section."""
+    pct = f"{100 * MARGIN:.0f}%"
+    lines = [
+        "### Variants against the paper's Algorithm 1",
+        "",
+        "Mean normalised regret per table (environment × transform) and, in brackets, the "
+        "ratio to the paper's with the same competition class (the difference Δ where the "
+        f"paper's regret is not positive). ▲ worse, ▼ better than the paper by more than {pct}: "
+        f"value − paper > {MARGIN}·|paper| (value > {1 + MARGIN}·paper when paper > 0; a "
+        "negative paper regret gets a margin of 5% of its size; no absolute floor, so "
+        "the outlier table's ~1e-4 figures are compared relatively). best: the variant "
+        "with the least mean (ties to the paper). The cells are means over seeds: a "
+        "difference within a few percent may be noise (the spreads are in the tables above).",
+        "",
+    ]
+    titles = {
+        "fixed": "tsi competing with fixed arms",
+        "matched class": "tsi with the matched class",
+    }
+    for kind in TSI_CLASSES:
+        lines += [f"#### {titles.get(kind, kind)}", "", variant_table(outcomes, variants, kind), ""]
+    lines += [*variant_summary(outcomes, variants), ""]
+    return lines
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per run")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds per run (10,000; 500 with --quick)"
+    )
     parser.add_argument("--seeds", type=int, default=None, help="instances (seeds) per cell")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-peers", action="store_true", help="skip peer libraries")
+    parser.add_argument(
+        "--no-peers",
+        "--tsi-and-baselines",
+        dest="no_peers",
+        action="store_true",
+        help="skip peer libraries (tsi's variants and the baselines only)",
+    )
     parser.add_argument("--all-peers", action="store_true", help="every peer adapter")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "arena")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="report, plots and raw figures (bench/arena; a temporary directory with --quick)",
+    )
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     return parser.parse_args()
 
@@ -141,7 +204,7 @@ def measure_speeds(players: list, quick: bool) -> list:
 
 def make_plots(outcomes: list, speeds: list, out_dir: Path) -> list[Path]:
     plots = [plot_regret(outcomes, out_dir / "regret.png")]
-    for name in ("bernoulli", "piecewise_stationary", "contextual"):
+    for name in ("bernoulli", "piecewise_stationary", "contextual", "outlier"):
         plots.append(plot_curves(outcomes, name, out_dir / f"curves_{name}.png"))
     plots.append(plot_speed(speeds, out_dir / "speed.png"))
     return plots
@@ -167,9 +230,12 @@ def outcome_record(o: Any) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
-    rounds = args.rounds or (500 if args.quick else 3000)
+    rounds = args.rounds or (500 if args.quick else 10_000)
     seeds = args.seeds or (5 if args.quick else 20)
-    command = "python bench/bench_arena.py" + (" --quick" if args.quick else "")
+    command = shlex.join(["python", "bench/bench_arena.py", *sys.argv[1:]])
+    if args.out_dir is None:
+        quick_dir = Path(tempfile.gettempdir()) / "tsi-arena-quick"
+        args.out_dir = quick_dir if args.quick else ROOT / "bench" / "arena"
     t0 = time.perf_counter()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     envs = environments(rounds, args.seed)
@@ -182,9 +248,17 @@ def main() -> None:
     outcomes += run_arena(envs, peers, seeds, args.seed, TRANSFORMS[:2], progress=log)
     speeds = measure_speeds(players, args.quick)
     plots = make_plots(outcomes, speeds, args.out_dir)
+    out_dir = args.out_dir.resolve()
     results: dict[str, Any] = {
         "command": command,
-        "plan": {"rounds": rounds, "seeds": seeds, "seed": args.seed},
+        "out_dir": str(out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir),
+        "plan": {
+            "rounds": rounds,
+            "seeds": seeds,
+            "seed": args.seed,
+            "variants": list(VARIANTS),
+            "presets": {name: v.to_dict() for name, v in VARIANTS.items()},
+        },
         "machine": machine_info(),
         "load_average": os.getloadavg(),
         "wall_seconds": time.perf_counter() - t0,

@@ -43,7 +43,7 @@ from tsi_core.bandit import TicketError
 from tsi_core.batch import TicketBatch, checked_losses
 from tsi_core.validate import check_draws, check_int, check_real
 
-__all__ = ["AHB", "Baseline", "Exp3", "Exp3IX", "Exp3S", "TsallisInf"]
+__all__ = ["AHB", "Baseline", "EpsilonGreedy", "Exp3", "Exp3IX", "Exp3S", "TsallisInf"]
 
 _BIG = 1e300  # bound on single estimates and cumulative sums: every later sum stays finite
 
@@ -605,3 +605,87 @@ class AHB(Baseline):
         self.gap = np.minimum(self.gap + np.where(robin, 0.0, delta), _BIG)
         self.cum_losses[arms, idx] += est
         _shift_min(self.cum_losses)
+
+
+# --------------------------------------------------------------------------- ε-greedy
+class EpsilonGreedy(Baseline):
+    """ε-greedy on empirical mean losses with ε_t = min(1, c·M/t): range-free, invariant.
+
+    Source: Auer, Cesa-Bianchi & Fischer (2002), "Finite-time analysis of the multiarmed
+    bandit problem", Machine Learning 47, ε_n-GREEDY with ε_n = min(1, cK/(d²n)) and their
+    Theorem 3 (c > 5, d a lower bound on the gaps of rewards in [0, 1]).
+
+    Update implemented, per instance, with t = 1, 2, … the round about to be played:
+        ε_t = min(1, c·M/t),   p_t = (1 − ε_t)·1[i = g] + ε_t / M,   A ~ p_t,
+        L_A += l − r,   n_A += 1,
+    with r the instance's first loss (sums of centred losses keep the rounding small
+    against the range, whatever the shift) and g the greedy arm: the lowest index among
+    the arms whose mean L_i / n_i is within ``tie``·(range seen) of the least mean, an
+    arm never played counting as −∞ (so the first rounds go to unplayed arms in index
+    order). The tolerance (1e-9 of the range) makes rounding of the sums, which differs
+    after l -> a·l + b, unable to break exact ties one way or the other.
+
+    Default c = 5: Auer et al.'s constant with d = 1, the largest gap losses of range 1
+    can have, i.e. the least exploration their schedule admits. It is chosen without
+    looking at the losses: ε_t never sees a loss, and the greedy arm is defined by
+    means and the range, which l -> a·l + b (a > 0) moves together. So selections are
+    the same under any such map; bit for bit for integer losses and a power-of-two a.
+    Sums are clipped to ±1e300 (no overflow, no NaN).
+
+    >>> alg = EpsilonGreedy(4, 3, seed=1)
+    >>> for _ in range(300):
+    ...     tickets = alg.select()
+    ...     alg.update(tickets, losses=7.0 + 2.0 * (tickets.arms != 2))  # arm 2 is best
+    >>> bool((alg.epsilon == 5 * 3 / 301).all())  # c·M/t at t = 301
+    True
+    >>> bool((alg.probabilities()[:, 2] > 0.95).all())
+    True
+    """
+
+    name = "ε-greedy (range-free)"
+    tie = 1e-9
+
+    def __init__(
+        self, n_instances: int, n_arms: int, seed: int | None = None, *, c: float = 5.0
+    ) -> None:
+        super().__init__(n_instances, n_arms, seed)
+        self.c = _check_positive("c", c)
+        shape, n = (self.n_arms, self.n_instances), self.n_instances
+        self.sums = np.zeros(shape)  # Σ (l − r) per arm, clipped to ±1e300
+        self.counts = np.zeros(shape, dtype=np.int64)
+        self.ref = np.zeros(n)  # r: the first loss
+        self.low = np.zeros(n)  # min and max of l − r so far
+        self.high = np.zeros(n)
+
+    @property
+    def epsilon(self) -> np.ndarray:
+        """ε_t = min(1, c·M/t) of the next round t = updates + 1, per instance."""
+        return np.minimum(1.0, self.c * self.n_arms / (self.n_updates + 1.0))
+
+    def greedy(self) -> np.ndarray:
+        """Per instance, the greedy arm: unplayed arms first, then the least mean up to
+        ``tie``·range, ties to the lowest index."""
+        played = self.counts > 0
+        means = np.full(self.sums.shape, -math.inf)
+        means[played] = self.sums[played] / self.counts[played]
+        with np.errstate(over="ignore", invalid="ignore"):
+            slack = _clip(self.tie * (self.high - self.low))
+            near = means <= means.min(axis=0) + slack
+        return np.argmax(near, axis=0)  # the first True
+
+    def _distribution(self) -> tuple[np.ndarray, Any]:
+        eps = self.epsilon
+        p = np.repeat((eps / self.n_arms)[None, :], self.n_arms, axis=0)
+        p[self.greedy(), np.arange(self.n_instances)] += 1.0 - eps
+        return p, None
+
+    def _learn(self, arms: np.ndarray, probs: np.ndarray, losses: np.ndarray, memo: Any) -> None:
+        idx = np.arange(self.n_instances)
+        first = self.n_updates == 0
+        self.ref[first] = losses[first]
+        with np.errstate(over="ignore"):
+            centred = _clip(losses - self.ref)
+            self.sums[arms, idx] = _clip(self.sums[arms, idx] + centred)
+        np.minimum(self.low, centred, out=self.low)
+        np.maximum(self.high, centred, out=self.high)
+        self.counts[arms, idx] += 1

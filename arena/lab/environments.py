@@ -15,7 +15,7 @@ True
 True
 >>> [e.name for e in suite(500, seed=1)]  # doctest: +NORMALIZE_WHITESPACE
 ['bernoulli', 'gaussian', 'heavy_tailed', 'piecewise_stationary', 'ftl_breaker',
- 'contextual']
+ 'contextual', 'outlier']
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ __all__ = [
     "ftl_breaker",
     "gaussian",
     "heavy_tailed",
+    "outlier",
     "piecewise_stationary",
     "suite",
     "supervised",
@@ -127,6 +128,35 @@ def heavy_tailed(
     mu = _default_means(rng, n_arms) if means is None else _means(means, n_arms, -1e300, 1e300)
     noise = rng.standard_t(df, size=(n_rounds, n_arms))
     return LossTable("heavy_tailed", mu + noise_scale * noise)
+
+
+def outlier(
+    n_rounds: int, n_arms: int = 10, seed: int = 0, factor: float = 1e4, at: int | None = None
+) -> LossTable:
+    """A ``bernoulli`` table with one outlier round: every arm loses max + factor·range.
+
+    Round ``at`` (default n_rounds // 10) is overwritten with hi + factor·(hi − lo) for
+    every arm, hi and lo the table's max and min (range 1 if the table is constant). The
+    round is the same for every arm, so it changes no regret, but a range estimator that
+    keeps the largest loss seen (D, the running min/max) grows ``factor``-fold there and
+    keeps that scale for the rest of the run. Competitor: best fixed arm. Note that the
+    arena's normaliser D·sqrt(MT) includes the spike: compare contenders by their ratios.
+
+    >>> env = outlier(1000, 3, seed=0)
+    >>> env.shape, env.name, float(env.losses[100, 0]), env.range
+    ((1000, 3), 'outlier', 10001.0, 10001.0)
+    >>> bool((env.losses[np.arange(1000) != 100] <= 1.0).all())
+    True
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    factor = check_real("factor", factor, 0.0, math.inf)
+    if factor <= 0.0 or not math.isfinite(factor):
+        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    at = n_rounds // 10 if at is None else check_int("at", at, 0, n_rounds - 1)
+    losses = np.array(bernoulli(n_rounds, n_arms, seed).losses)
+    hi, lo = float(losses.max()), float(losses.min())
+    losses[at] = hi + factor * (hi - lo if hi > lo else 1.0)
+    return LossTable("outlier", losses)
 
 
 def piecewise_stationary(
@@ -261,12 +291,13 @@ def suite(n_rounds: int, seed: int = 0) -> list[LossTable]:
     """The arena's standard environments (all but ``supervised``, which needs data).
 
     M = 10 arms except ``ftl_breaker`` (2); ``piecewise_stationary`` switches
-    min(4, T − 1) times; ``contextual`` has 4 contexts. Each environment gets its own
-    seed derived from ``seed``.
+    min(4, T − 1) times; ``contextual`` has 4 contexts; ``outlier`` has its spike at
+    round T // 10, 10^4 ranges above the rest. Each environment gets its own seed derived
+    from ``seed``.
     """
     n_rounds = check_int("n_rounds", n_rounds, 1)
     seed = check_int("seed", seed, 0)
-    seeds = [int(np.random.SeedSequence([seed, k]).generate_state(1)[0]) for k in range(6)]
+    seeds = [int(np.random.SeedSequence([seed, k]).generate_state(1)[0]) for k in range(7)]
     return [
         bernoulli(n_rounds, 10, seeds[0]),
         gaussian(n_rounds, 10, seeds[1]),
@@ -274,4 +305,5 @@ def suite(n_rounds: int, seed: int = 0) -> list[LossTable]:
         piecewise_stationary(n_rounds, 10, min(4, n_rounds - 1), seeds[3]),
         ftl_breaker(n_rounds, 2, seeds[4]),
         contextual(n_rounds, 10, 4, seeds[5]),
+        outlier(n_rounds, 10, seeds[6]),
     ]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from arena.lab.baselines import AHB, Exp3, Exp3IX, Exp3S, TsallisInf
+from arena.lab.baselines import AHB, EpsilonGreedy, Exp3, Exp3IX, Exp3S, TsallisInf
 from tsi_core import TicketBatch, TicketError
 
 M, N = 4, 6
@@ -20,6 +20,7 @@ FACTORIES = {
     "exp3s": lambda seed=None: Exp3S(N, M, seed, horizon=500, switches=2),
     "tsallis": lambda seed=None: TsallisInf(N, M, seed),
     "ahb": lambda seed=None: AHB(N, M, seed),
+    "eps-greedy": lambda seed=None: EpsilonGreedy(N, M, seed),
 }
 ALL = pytest.mark.parametrize("make", FACTORIES.values(), ids=FACTORIES.keys())
 
@@ -196,6 +197,9 @@ def test_extreme_losses_never_give_nan(make):
         (lambda: TsallisInf(2, 3, loss_range=(2.0, 2.0)), "lo < hi"),
         (lambda: AHB(2, 3, explore=-1.0), "explore"),
         (lambda: AHB(2, 3, explore=math.inf), "explore"),
+        (lambda: EpsilonGreedy(2, 3, c=0.0), "c"),
+        (lambda: EpsilonGreedy(2, 3, c=-1.0), "c"),
+        (lambda: EpsilonGreedy(2, 3, c=math.inf), "c"),
     ],
 )
 def test_constructors_name_the_bad_value(make, match):
@@ -210,6 +214,7 @@ def test_single_arm_is_always_arm_zero():
         lambda: Exp3S(3, 1, horizon=50, switches=1),
         lambda: TsallisInf(3, 1),
         lambda: AHB(3, 1),
+        lambda: EpsilonGreedy(3, 1),
     ):
         alg = make()
         assert (play(alg, 20) == 0).all()
@@ -448,3 +453,51 @@ def test_ahb_learns_on_a_table_of_unknown_range():
     regret = pseudo_regret(AHB(n, m, seed=0), lambda _: mu, t, np.random.default_rng(1), 1e6, 1e9)
     assert regret.mean() < 0.5 * t * (mu.mean() - mu.min())
     assert regret.mean() < math.sqrt(2 * t * m * math.log(m))
+
+
+# --------------------------------------------------------------------------- ε-greedy
+def test_epsilon_greedy_concentrates_on_the_best_arm_of_an_easy_bernoulli_table():
+    means = np.array([0.7, 0.2, 0.8, 0.6])  # arm 1 best by 0.4
+    alg = EpsilonGreedy(20, 4, seed=0)
+    rng = np.random.default_rng(100)  # not the policy's seed: its draws would pick the losses
+    regret = pseudo_regret(alg, lambda t: means, 3000, rng)
+    q = alg.probabilities()
+    assert (q.argmax(axis=1) == 1).all()
+    # ε_t = 5·4/3001 at the end: the greedy arm has 1 − ε + ε/4 of the mass
+    np.testing.assert_allclose(q[:, 1], 1.0 - 0.75 * 20 / 3001, rtol=1e-12)
+    # exploration costs about Σ_t ε_t·(mean gap) ≈ 20·(1 + ln(3000/20))·0.35 ≈ 42
+    assert regret.mean() < 80.0
+
+
+def test_epsilon_greedy_selections_are_identical_under_an_affine_map_of_integer_losses():
+    rng = np.random.default_rng(4)
+    table = rng.poisson([3.0, 2.0, 4.0, 2.5], size=(1500, M)).astype(float)
+    runs = []
+    for scale, shift in ((1.0, 0.0), (4.0, 3.0), (0.25, -1e6)):
+        alg = EpsilonGreedy(N, M, seed=9)
+        arms = play(alg, 1500, loss=lambda a, t, s=scale, b=shift: s * table[t, a] + b)
+        runs.append((arms, alg.probabilities()))
+    for arms, q in runs[1:]:
+        np.testing.assert_array_equal(arms, runs[0][0])
+        np.testing.assert_array_equal(q, runs[0][1])
+    assert len(np.unique(runs[0][0][-500:])) > 1  # it still explores: not a trivial match
+
+
+def test_epsilon_greedy_explores_uniformly_first_then_breaks_ties_by_index():
+    alg = EpsilonGreedy(2, 3, seed=0, c=1.0)
+    for _ in range(3):  # ε = min(1, 3/t) = 1: uniform
+        np.testing.assert_allclose(alg.probabilities(), 1 / 3)
+        alg.update(alg.select(), np.zeros(2))
+    alg.sums[:] = 0.0
+    alg.counts[:] = 1  # every mean 0: a tie, the greedy arm is arm 0
+    assert alg.greedy().tolist() == [0, 0]
+    q = alg.probabilities()  # ε_4 = 3/4
+    np.testing.assert_allclose(q[:, 0], 0.25 + 0.75 / 3)
+    alg.counts[2, 1] = 0  # an unplayed arm comes first
+    assert alg.greedy().tolist() == [0, 2]
+    # means within 1e-9 of the range seen count as tied (rounding cannot break a tie)
+    alg.counts[:] = 1
+    alg.low[:], alg.high[:] = -5.0, 5.0
+    alg.sums[:, 0] = [1.0, 1.0 - 5e-9, 3.0]  # inside the tolerance of 1e-8
+    alg.sums[:, 1] = [1.0, 1.0 - 2e-8, 3.0]  # outside
+    assert alg.greedy().tolist() == [0, 1]

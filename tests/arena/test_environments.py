@@ -12,6 +12,7 @@ from arena.lab.environments import (
     ftl_breaker,
     gaussian,
     heavy_tailed,
+    outlier,
     piecewise_stationary,
     suite,
     supervised,
@@ -26,6 +27,7 @@ CONSTRUCTORS = {
     "piecewise_stationary": lambda seed: piecewise_stationary(T, 5, 3, seed),
     "ftl_breaker": lambda seed: ftl_breaker(T, 4, seed),
     "contextual": lambda seed: contextual(T, 5, 3, seed),
+    "outlier": lambda seed: outlier(T, 5, seed),
     "supervised": lambda seed: supervised(np.arange(T) % 7, seed=seed),
 }
 
@@ -76,9 +78,9 @@ def test_shapes_dtypes_and_read_only_arrays(kind):
 def test_suite_has_distinct_names_and_ten_arms_where_sensible():
     envs = suite(300, seed=5)
     names = [e.name for e in envs]
-    assert len(set(names)) == len(names) == 6
+    assert len(set(names)) == len(names) == 7
     assert all(e.shape[0] == 300 for e in envs)
-    assert [e.shape[1] for e in envs if e.name != "ftl_breaker"] == [10] * 5
+    assert [e.shape[1] for e in envs if e.name != "ftl_breaker"] == [10] * 6
     assert {e.kind for e in envs} == {"fixed", "switching", "contextual"}
     other = suite(300, seed=6)  # (ftl_breaker on 2 arms has only two variants)
     pairs = [(a, b) for a, b in zip(envs, other, strict=True) if a.name != "ftl_breaker"]
@@ -265,6 +267,23 @@ def test_heavy_tailed_is_finite_and_heavier_than_gaussian():
     assert heavy.range > 5 * light.range
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_outlier_has_one_spike_row_factor_ranges_above_an_unchanged_bernoulli_table(seed):
+    env = outlier(2000, 6, seed)
+    base = bernoulli(2000, 6, seed)
+    assert env.shape == (2000, 6) and env.kind == "fixed" and env.name == "outlier"
+    spikes = np.argwhere(env.losses > 1.0)
+    assert sorted({int(t) for t, _ in spikes}) == [200] and len(spikes) == 6  # round T // 10
+    assert (env.losses[200] == 1.0 + 1e4).all()  # max + 10^4 · range, every arm
+    rest = np.arange(2000) != 200
+    assert np.array_equal(env.losses[rest], base.losses[rest])
+    assert env.range == pytest.approx(1e4 * base.range + base.range)
+    # the same row for every arm: the competitor pays it too, so no regret changes
+    assert env.best_fixed_loss() == base.losses[rest].sum(axis=0).min() + 1e4 + 1.0
+    moved = outlier(50, 3, seed, factor=7.5, at=0)
+    assert (moved.losses[0] == 1.0 + 7.5).all() and (moved.losses[1:] <= 1.0).all()
+
+
 def test_supervised_loss_is_zero_exactly_at_the_label():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 6, size=50)
@@ -328,6 +347,10 @@ def test_supervised_with_cluster_contexts_and_extra_classes():
         (lambda: LossTable("x", np.zeros((2, 2)), np.array([0, 1]), 2, 1), "n_switches"),
         (lambda: LossTable("x", np.zeros((2, 2))).best_switching_loss(-1), "n_switches"),
         (lambda: suite(0), "n_rounds"),
+        (lambda: outlier(10, factor=0.0), "factor"),
+        (lambda: outlier(10, factor=float("nan")), "factor"),
+        (lambda: outlier(10, at=10), "at"),
+        (lambda: outlier(10, at=-1), "at"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_value(call, word):
