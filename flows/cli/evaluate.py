@@ -1,4 +1,4 @@
-"""``tsi evaluate``: counterfactual evaluation of a registry configuration on logs."""
+"""``tsi evaluate``: counterfactual evaluation of registry configurations on logs."""
 
 from __future__ import annotations
 
@@ -13,34 +13,69 @@ from flows.service.registry import Registry, RegistryError
 
 @app.command()
 def evaluate(
-    log: Path = typer.Argument(..., help="JSONL log: full-information or bandit with 'prob'."),
-    registry: Path = typer.Option(..., help="The configuration to evaluate (registry TOML)."),
+    log: Path | None = typer.Argument(
+        None,
+        help="A JSONL log (full information, or bandit records with 'prob'), or the "
+        "directory tsi demo wrote (its selections joined with its events).",
+    ),
+    selections: Path | None = typer.Option(None, help="Selections the service wrote (JSONL)."),
+    events: Path | None = typer.Option(None, help="Requests and feedback (field 'type')."),
+    feedback: Path | None = typer.Option(None, help="Feedback sent to the service (JSONL)."),
+    requests: Path | None = typer.Option(None, help="Requests (their contexts), with --feedback."),
+    brokers: str | None = typer.Option(
+        None, envvar="KAFKA_BOOTSTRAP_SERVERS", help="Kafka brokers, to read the topics below."
+    ),
+    selections_topic: str | None = typer.Option(None, help="The service's selections topic."),
+    events_topic: str | None = typer.Option(None, help="Combined requests and feedback topic."),
+    feedback_topic: str | None = typer.Option(None, help="Feedback topic."),
+    requests_topic: str | None = typer.Option(None, help="Requests topic (their contexts)."),
+    registry: list[Path] = typer.Option(
+        [], help="A configuration to evaluate (registry TOML); repeat to compare several."
+    ),
+    variant: list[str] = typer.Option(
+        [], help="Also evaluate each registry with this variant in every experiment; repeat."
+    ),
     experiment: str | None = typer.Option(None, help="Only this experiment of the log."),
     switches: int | None = typer.Option(None, min=0, help="Switches of the competitor."),
     level: float = typer.Option(0.95, min=0.5, max=0.999, help="Confidence level."),
     seed: int = typer.Option(0, min=0, help="Evaluation seed (the policy's draws)."),
     out: Path | None = typer.Option(None, help="Also write REPORT.md, a plot and JSON here."),
 ) -> None:
-    """Counterfactual evaluation of a registry configuration on logged data."""
-    from flows.tools.evaluation import EvaluationError, load_log
-    from flows.tools.evaluation import evaluate as run_evaluation
+    """Counterfactual evaluation of registry configurations on logged data.
 
+    Reads a log written for evaluation, or what the service, tsi demo or tsi replay wrote
+    (selections joined with feedback inside the command): files, a demo directory, or
+    the Kafka topics.
+    """
+    from flows.tools.evaluation import EvaluationError
+    from flows.tools.evaluation.compare import compare, configurations
+    from flows.tools.evaluation.inputs import Inputs, read_inputs
+
+    given = Inputs(
+        log, selections, events, feedback, requests, brokers,
+        selections_topic, events_topic, feedback_topic, requests_topic,
+    )  # fmt: skip
     try:
-        reg = Registry.load(registry)
-        result = run_evaluation(load_log(log), reg, experiment, switches, level, seed)
+        data, paths = read_inputs(given, registry)
+        chosen = configurations([(str(p), Registry.load(p)) for p in paths], variant)
+        result = compare(data.log, chosen, experiment, switches, level, seed, data.served)
     except (RegistryError, EvaluationError) as exc:
         fail("evaluate", str(exc))
     text = result.to_markdown()
     typer.echo(text)
     if out is not None:
-        from flows.tools.report import plot_evaluation
+        _write(result, out, text)
 
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            plot = plot_evaluation(result, out / "evaluation.png")
-            (out / "REPORT.md").write_text(text + f"\n![evaluation]({plot.name})\n")
-            (out / "evaluation.json").write_bytes(
-                orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2)
-            )
-        except OSError as exc:
-            fail("evaluate", f"cannot write to {out}: {exc.strerror}")
+
+def _write(result: object, out: Path, text: str) -> None:
+    from flows.tools.report import plot_evaluation
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        plot = plot_evaluation(result.evaluations[0][1], out / "evaluation.png")
+        (out / "REPORT.md").write_text(text + f"\n![evaluation]({plot.name})\n")
+        (out / "evaluation.json").write_bytes(
+            orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2)
+        )
+    except OSError as exc:
+        fail("evaluate", f"cannot write to {out}: {exc.strerror}")

@@ -14,10 +14,13 @@ A log is JSON Lines, one object per line, of one of two kinds (all lines the sam
 
 Other fields (``request_id``, ``ts``, …) are ignored; blank lines are skipped; line numbers
 are the file's, from 1. Every malformed line raises ``EvaluationError`` naming
-``source:line`` and the bad value.
+``source:line`` and the bad value. What the service itself writes (selections, and the
+feedback and requests it was sent) is joined into a bandit log by ``served``.
 
-Modules: ``logs`` (reading and checking logs), ``estimators`` (IPS and friends), ``policy``
-(replaying the configuration), ``results`` (what comes back, as JSON figures and Markdown).
+Modules: ``logs`` (reading and checking logs), ``served`` (joining the service's logs),
+``inputs`` (which sources and registries a command names), ``estimators`` (IPS and
+friends), ``policy`` (replaying the configuration), ``results`` (what comes back, as JSON
+figures and Markdown), ``compare`` (several configurations on one log).
 
 >>> import json
 >>> from flows.service.registry import Registry

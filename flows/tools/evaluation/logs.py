@@ -123,12 +123,28 @@ def _kind_of(data: dict[str, Any], source: str, number: int) -> str:
             f"{source}:{number}: both 'losses' (full information) and {bandit} "
             "(bandit feedback): a record is one or the other"
         )
+    served = _served_hint(data)
+    if served is not None and not full:
+        raise EvaluationError(f"{source}:{number}: {served}")
     if not full and not bandit:
         raise EvaluationError(
             f"{source}:{number}: neither 'losses' (full information) nor 'arm', 'prob', "
             f"'loss' (bandit feedback) in {_clip(data)}"
         )
     return FULL_INFORMATION if full else BANDIT
+
+
+def _served_hint(data: dict[str, Any]) -> str | None:
+    """What to do with a line of the service's own output or input, else None."""
+    how = (
+        "tsi evaluate joins it with the rest: give the directory tsi demo wrote, or "
+        "--selections FILE with --events FILE (or --feedback FILE)"
+    )
+    if "arm_name" in data and "loss" not in data:
+        return f"a selection written by the service, without its loss: {how}"
+    if data.get("type") in ("request", "feedback"):
+        return f"a {data['type']} sent to the service, without the arm it was served: {how}"
+    return None
 
 
 def _record(data: dict[str, Any], kind: str, where: str, number: int) -> Any:
