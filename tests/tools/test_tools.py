@@ -223,7 +223,7 @@ def test_evaluate_gives_the_regret_of_a_configuration_on_a_full_information_log(
     result = cli("evaluate", log, "--registry", registry, "--out", tmp_path / "ev")
     assert result.exit_code == 0, result.output
     data = orjson.loads((tmp_path / "ev" / "evaluation.json").read_bytes())
-    figures = data["experiments"]["a"]
+    figures = data["configurations"][str(registry)]["experiments"]["a"]
     assert figures["best_fixed_loss"] == pytest.approx(env.best_fixed_loss())
     assert 0 < figures["regret_fixed"] < (env.losses.mean(axis=1).sum() - env.best_fixed_loss())
     assert (tmp_path / "ev" / "evaluation.png").stat().st_size > 10_000
