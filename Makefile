@@ -1,12 +1,14 @@
 # Everything a fresh machine needs is installed by these targets (Python 3.11+, make).
 # `make demo` installs the runtime and the demo's plotting only; `make test` and the
-# benchmarks add the test tools and the lab (peer libraries, scikit-learn).
+# benchmarks add the test tools and the lab (peer libraries, scikit-learn); `make test`
+# also installs Chromium (Debian package `chromium`), the browser the HTML report's test
+# renders REPORT.html in.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.runtime-installed
 LAB := $(VENV)/.lab-installed
 
-.PHONY: demo test bench bench-flow bench-arena
+.PHONY: demo test chromium bench bench-flow bench-arena
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -26,7 +28,13 @@ $(LAB): pyproject.toml $(KERNEL) $(RUNTIME)
 demo: $(RUNTIME)  ## the main job on its embedded default
 	$(VENV)/bin/tsi demo --out tsi-demo
 
-test: $(LAB)  ## the whole test suite, lint included
+# headless Chromium for tests/tools/test_report.py; apt-get through sudo when not root
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium; }
+
+test: $(LAB) chromium  ## the whole test suite, lint included
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 

@@ -18,46 +18,46 @@ def demo(
     """Generated traffic through the real dataflow (no Kafka), and a report with plots.
 
     Three experiments, delayed, lost and duplicated feedback, a change of the best arm,
-    a few broken messages.
+    a few broken messages. The report (REPORT.md with PNGs, and REPORT.html, one file)
+    says what ran and sets the dead letters beside the faults injected.
     """
-    from flows.service.events import Origin
-    from flows.tools.demo import generate, run_demo
-    from flows.tools.report import ServedLog, log_events, write_report
+    from flows.service.registry import Registry
+    from flows.tools.demo import generate, injected, run_demo, served_log
+    from flows.tools.report import write_report
     from flows.tools.traffic import SCENARIOS, registry_toml
 
+    toml = registry_toml(SCENARIOS, seed)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "registry.toml").write_text(registry_toml(SCENARIOS, seed))
+        (out / "registry.toml").write_text(toml)
     except OSError as exc:
         fail("demo", f"cannot write to {out}: {exc.strerror}")
+    registry = Registry.from_toml(toml)
     traffic = generate(requests, seed)
     with progress_bar("serving") as bar:
         task = bar.add_task("serving", total=len(traffic.events))
-        loop = run_demo(traffic, progress=lambda n: bar.advance(task, n))
+        loop = run_demo(traffic, registry, progress=lambda n: bar.advance(task, n))
+    stream = served_log(loop)
     (out / "events.jsonl").write_bytes(b"".join(raw + b"\n" for raw in loop.sent))
     write_jsonl(out / "selections.jsonl", loop.selections)
     write_jsonl(out / "dead_letters.jsonl", loop.dead_letters)
-    request_ts, feedback_sent = log_events((raw, Origin("demo")) for raw in loop.sent)
-    write_jsonl(out / "feedback.jsonl", feedback_sent)
-    stream = ServedLog(
-        loop.selections,
-        feedback_sent,
-        loop.dead_letters,
-        request_ts,
-        {rid: truth[2] for rid, truth in traffic.truth.items()},
-    )
+    write_jsonl(out / "feedback.jsonl", stream.feedback)
     notes = [
         f"{requests:,} requests over {traffic.span / 3600:g} h of simulated time, seed {seed}; "
         "registry in `registry.toml`; the stream as served in `events.jsonl` (`tsi replay "
         "--events` reproduces the selections from it); outputs in `selections.jsonl`, "
-        "`feedback.jsonl`, `dead_letters.jsonl`.",
-        "checkout: shared bandit, revenue as reward, best arm changes at 60% of the stream "
-        "(competes with switching sequences); homepage: one bandit per user, loss = seconds "
-        "to first click; push: contextual (3 parts of the day, a different best arm each).",
-        "Regret uses each arm's true expected loss at the time of the request.",
+        "`feedback.jsonl`, `dead_letters.jsonl`. The same page with its plots inline: "
+        "`REPORT.html`.",
+        "The traffic: `checkout` pays in dollars (revenue as the reward) and its best arm "
+        "changes at 60% of the stream; `homepage` measures seconds to the first click, and "
+        "each user has a favourite layout; `push` is ignored or not, and each part of the "
+        "day (3 contexts) has its own best message. Regret uses each arm's true expected "
+        "loss at the time of the request.",
     ]
-    report = write_report(stream, out, "tsi demo report", notes)
+    report = write_report(
+        stream, out, "tsi demo report", notes, registry=registry, injected=injected(loop)
+    )
     typer.echo(
-        f"{len(loop.selections):,} selections, {len(feedback_sent):,} feedback events, "
-        f"{len(loop.dead_letters):,} dead letters; report: {report}"
+        f"{len(loop.selections):,} selections, {len(stream.feedback):,} feedback events, "
+        f"{len(loop.dead_letters):,} dead letters; report: {report} (and REPORT.html)"
     )

@@ -7,15 +7,21 @@ answered, so feedback is always queued before anything that comes after it in ti
 run is exactly what a live service would have seen, only faster. Time is the events' own
 ``ts`` (the flow runs on event time), so a run is reproducible.
 
+The loop counts what it puts in on purpose (``injected``): broken messages, lost,
+duplicated and late feedback, so the report can set the dead letters beside them.
+
 >>> run = run_demo(generate(n_requests=300, seed=2))
 >>> len(run.selections) >= 300 - 10, {d["reason"] for d in run.dead_letters} >= {"malformed_json"}
 (True, True)
+>>> {f.what: f.count for f in injected(run).faults}["broken message: not valid JSON"]
+2
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +36,7 @@ from flows.service.connectors.memory import one_per_batch, unbatched
 from flows.service.dataflow import Wiring, build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
+from flows.tools.report_data import Fault, Injected, ServedLog, log_events, request_contexts
 from flows.tools.traffic import Demo, _ts, generate, registry_toml
 
 SOURCE = "demo"
@@ -41,12 +48,17 @@ class Loop:
 
     demo: Demo
     progress: Callable[[int], None] | None = None
+    ttl: dict[str, float] = field(default_factory=dict)  # feedback_ttl of each experiment
     waiting: list[tuple[float, int, bytes]] = field(default_factory=list)  # heap by time
     unanswered: set[int] = field(default_factory=set)  # offsets of requests in flight
     selections: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     sent: list[bytes] = field(default_factory=list)  # every message, in the order served
     now: float = 0.0
+    lost: Counter[str] = field(default_factory=Counter)  # requests never answered
+    duplicated: Counter[str] = field(default_factory=Counter)  # feedback sent twice
+    late: Counter[str] = field(default_factory=Counter)  # feedback after the TTL
+    delayed: Counter[str] = field(default_factory=Counter)  # feedback sent (all delayed)
     _next: int = 0
     _offsets: itertools.count = field(default_factory=itertools.count)
     _request_of: dict[str, int] = field(default_factory=dict)
@@ -85,8 +97,17 @@ class Loop:
     def on_selection(self, selection: dict[str, Any]) -> None:
         self.selections.append(selection)
         self.unanswered.discard(self._request_of.get(selection["request_id"], -1))
-        for raw in self.demo.respond(selection):
+        answers = self.demo.respond(selection)
+        experiment, requested, _ = self.demo.truth[selection["request_id"]]
+        if not answers:
+            self.lost[experiment] += 1
+        elif len(answers) > 1:
+            self.duplicated[experiment] += len(answers) - 1
+        for raw in answers:
+            self.delayed[experiment] += 1
             heapq.heappush(self.waiting, (_ts(raw), next(self._offsets), raw))
+        if answers and _ts(answers[0]) - requested > self.ttl.get(experiment, float("inf")):
+            self.late[experiment] += 1
 
     def on_dead_letter(self, letter: dict[str, Any]) -> None:
         self.dead_letters.append(letter)
@@ -160,7 +181,8 @@ def run_demo(
 ) -> Loop:
     """Run the serving dataflow on the demo's traffic; returns everything that went by."""
     registry = registry or Registry.from_toml(registry_toml(demo.scenarios, demo.seed))
-    loop = Loop(demo, progress)
+    ttl = {name: e.feedback_ttl for name, e in registry.experiments.items()}
+    loop = Loop(demo, progress, ttl)
     flow = build_flow(
         registry, loop_wiring(loop), clock=lambda: loop.now, flow_id="tsi-demo", event_time=True
     )
@@ -168,4 +190,52 @@ def run_demo(
     return loop
 
 
-__all__ = ["Loop", "generate", "loop_wiring", "run_demo"]
+def _broken_kind(raw: bytes, demo: Demo) -> tuple[str, str]:
+    """(what is wrong with a message the demo broke on purpose, the dead letter it gives)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "broken message: not valid JSON", "malformed_json"
+    scenario = {s.name: s for s in demo.scenarios}.get(data.get("experiment"))
+    if scenario is None:
+        return "broken message: an experiment that does not exist", "unknown_experiment"
+    if scenario.units and "unit" not in data:
+        return "broken message: a per-user request without its unit", "missing_field"
+    return "broken message: other", "?"
+
+
+def injected(loop: Loop) -> Injected:
+    """What the demo put into the stream on purpose, counted as it went (for the report).
+
+    Broken messages are the events that are not one of the demo's requests.
+    """
+    demo = loop.demo
+    broken = Counter(
+        _broken_kind(raw, demo) for raw in demo.events if _request_id(raw) not in demo.truth
+    )
+    faults = [Fault(what, n, (reason,)) for (what, reason), n in sorted(broken.items())]
+    faults += [
+        Fault("feedback sent twice", sum(loop.duplicated.values()), ("duplicate_feedback",)),
+        Fault("feedback never sent (lost)", sum(loop.lost.values()), ("ticket_expired",)),
+        Fault(
+            "feedback later than its experiment's TTL",
+            sum(loop.late.values()),
+            ("ticket_expired", "late_feedback"),
+        ),
+        Fault("feedback delayed (all of it; see the delay plot)", sum(loop.delayed.values())),
+    ]
+    feedback = {s.name: (s.delay_mean, s.missing) for s in demo.scenarios}
+    return Injected(tuple(faults), feedback)
+
+
+def served_log(loop: Loop) -> ServedLog:
+    """The stream as the report reads it: what was served, the feedback sent, the truth."""
+    messages = [(raw, Origin(SOURCE)) for raw in loop.sent]
+    request_ts, feedback = log_events(messages)
+    truth = {rid: means for rid, (_, _, means) in loop.demo.truth.items()}
+    return ServedLog(
+        loop.selections, feedback, loop.dead_letters, request_ts, truth, request_contexts(messages)
+    )
+
+
+__all__ = ["Loop", "generate", "injected", "loop_wiring", "run_demo", "served_log"]
