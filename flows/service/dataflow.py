@@ -24,6 +24,7 @@ from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
+from bytewax.operators import StatefulBatchLogic
 
 from flows.service.deadlines import WakeUps
 from flows.service.events import (
@@ -38,7 +39,7 @@ from flows.service.events import (
     parse_request,
 )
 from flows.service.instance import Output
-from flows.service.logic import Routed, logic_builder, shard_of
+from flows.service.logic import Routed, ShardLogic, logic_builder, shard_of
 from flows.service.metrics import count_dead_letter
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.stream_clock import StreamClock
@@ -85,6 +86,11 @@ class Wiring:
     # from Bytewax's per-key timers, whose scan grows with every key waiting for a deadline;
     # the function says when the inputs are ending (the wake-ups end too)
     wake_ups: Callable[[], bool] | None = None
+    # replays: each output is keyed by ``trace(what caused it)`` instead of its instance:
+    # the event that made it, or the message itself when it was refused before reaching an
+    # instance; None for what a wake-up or the end of the input closed (see ``Traced``).
+    # ``trace`` is called once per input message.
+    trace: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.inputs) - set(PARSERS)
@@ -233,6 +239,62 @@ def split_outputs(outputs: list[Output]) -> tuple[list[KeyedBytes], list[DeadLet
     return selections, dead
 
 
+class Traced(StatefulBatchLogic[Routed, list, Any]):
+    """A shard that says which input caused each output: it handles its events one at a
+    time and pairs every output with ``trace(event)``; outputs of a wake-up or of the end
+    of the input are paired with None. Everything else is the shard's own (``ShardLogic``).
+    """
+
+    def __init__(self, logic: ShardLogic, trace: Callable[[Any], Any]) -> None:
+        self.logic, self.trace = logic, trace
+
+    def on_batch(self, values: list[list[Routed]]) -> tuple[list[list], bool]:
+        out: list[tuple[Any, Any]] = []
+        handle, trace = self.logic.handle, self.trace
+        for batch in values:
+            for routed in batch:
+                tag = None if type(routed[2]) is str else trace(routed[2])
+                out += [(tag, output) for output in handle([routed])]
+        return ([out] if out else []), StatefulBatchLogic.RETAIN
+
+    def on_notify(self) -> tuple[list[list], bool]:
+        out = [(None, output) for output in self.logic.wake()]
+        return ([out] if out else []), StatefulBatchLogic.RETAIN
+
+    def on_eof(self) -> tuple[list[list], bool]:
+        out = [(None, output) for output in self.logic.finish()]
+        return ([out] if out else []), StatefulBatchLogic.RETAIN
+
+    def notify_at(self) -> Any:
+        return self.logic.notify_at()
+
+    def snapshot(self) -> Any:
+        return self.logic.snapshot()
+
+
+def split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[KeyedBytes], list[Any]]:
+    """``split_outputs`` of a ``Traced`` shard: selections and dead letters keep their tag."""
+    selections, dead = [], []
+    for tag, out in outputs:
+        if type(out) is DeadLetter:
+            dead.append((tag, out))
+        else:
+            selections.append((tag, out.to_json()))
+    return selections, dead
+
+
+def _letters_json(raw: int, trace: Callable[[Any], Any] | None, batch: Batch) -> list[KeyedBytes]:
+    """Dead letters as (key, JSON bytes), each counted once (all of them pass here): keyed by
+    instance, or with ``trace`` by their tag (a refusal's own: ``trace(letter)``)."""
+    if trace is None:
+        return [(d.instance or "", count_dead_letter(d).to_json(raw)) for d in batch]
+    out = []
+    for item in batch:
+        tag, letter = item if type(item) is tuple else (trace(item), item)
+        out.append((tag, count_dead_letter(letter).to_json(raw)))
+    return out
+
+
 def build_flow(
     registry: Registry | LiveRegistry,
     wiring: Wiring,
@@ -272,24 +334,22 @@ def build_flow(
     shards = [op.flat_map("by_shard", op.merge("routed", *routed), by_shard)]
     if wiring.wake_ups is not None:
         shards.append(_wake_ups(flow, wiring.wake_ups, clock if stream is None else stream.now))
-    outputs = op.stateful_batch(
-        "shards",
-        op.merge("events", *shards),
-        logic_builder(
-            live, clock, snapshots, event_time, stream, wiring.wake_ups is not None, store
-        ),
+    builder = logic_builder(
+        live, clock, snapshots, event_time, stream, wiring.wake_ups is not None, store
     )
-    both = op.map("split_outputs", outputs, lambda kv: split_outputs(kv[1]))
+    trace, split, shard = wiring.trace, split_outputs, builder
+    if trace is not None:
+        builder, split = (lambda resume: Traced(shard(resume), trace)), split_traced
+    outputs = op.stateful_batch("shards", op.merge("events", *shards), builder)
+    both = op.map("split_outputs", outputs, lambda kv: split(kv[1]))
     dead.append(op.flat_map("answer_dead", both, lambda b: [b[1]] if b[1] else []))
     wiring.selections(
         "selections_out", op.flat_map("selections", both, lambda b: [b[0]] if b[0] else [])
     )
-    raw = guards.dead_letter_raw
     letters = op.map(
         "dead_letter_json",
         op.merge("dead_letters", *dead),
-        # all of them pass here
-        lambda batch: [(d.instance or "", count_dead_letter(d).to_json(raw)) for d in batch],
+        functools.partial(_letters_json, guards.dead_letter_raw, trace),
     )
     wiring.dead_letters("dead_letters_out", letters)
     return flow

@@ -1,38 +1,103 @@
-"""``tsi replay``: a logged stream through the same dataflow, deterministically.
+"""``tsi replay``: a logged stream through the serving dataflow, on event time, in order.
 
-The log is read whole, put in one order — the combined events file as it is, or requests
-and feedback merged by their ``ts`` (ties: file order, requests first) — and run through
-``build_flow`` on event time: the clock is the events' own ``ts``, expiries happen when an
-instance's next event (or the end of the log) passes a deadline. The same log, registry
-and seed give the same selections, byte for byte.
+**Input, read lazily.** The combined events file as it is; or requests and feedback merged
+by ``ts`` (``merge_by_time``, a heap merge: each file keeps its own order, a line without a
+valid ``ts`` keeps the time of the line before it in its file, ties go to the requests);
+or a Kafka topic range merged across partitions by Kafka timestamp (``kafka_range``, a
+k-way merge). Nothing holds the whole log: memory is one epoch of outputs plus the
+instances' own state.
+
+**Time.** Every line is handled at its event time (``flows.service.logic.ShardLogic``
+expires an instance's deadlines when its next event passes them):
+
+* its own ``ts`` when it is valid: a finite number of Unix seconds within
+  [``TS_MIN``, ``TS_MAX``] = [0, 1e11], 1970 to about the year 5100. The service's window
+  around the wall clock does not apply here: a log may be older than ten years;
+* no ``ts``: the time of the previous event (the last line that reached an instance; 0
+  before any), never a later line's;
+* a numeric ``ts`` out of range (``1e308``, ``-1``): the dead letter ``ts_out_of_range``;
+  a ``ts`` that is not a number (``"NaN"``, ``true``): ``wrong_type``, the service's own.
+  Like every dead letter these change nothing: no instance sees them and the clock does
+  not move. Neither does a line refused for any other reason (bad JSON, unknown
+  experiment, ...).
+
+**The end of the log** is the end of time: what is still pending there -- open tickets
+whose feedback never came, feedback whose request never came -- is closed with the
+service's own reasons, ``ticket_expired`` and ``unknown_ticket``, each detail ending with
+``AT_END``, and kept apart (``Replayed.at_end``, ``pending_at_end.jsonl``): the dead letters
+are what the lines themselves caused, as the service wrote them.
+
+**Accounting.** Every line ends as a selection (a request served, or a retry answered
+again), an applied feedback, or a dead letter about it: ``Replayed.unaccounted`` is 0. A
+``ticket_expired`` letter is a second outcome of a served request, not a line of its own.
+
+**Order.** Outputs follow the lines that caused them: each is tagged with the position of
+its cause (``Wiring.trace``), and each sink sorts what an epoch brought when Bytewax closes
+that epoch (everything of it has arrived then, nothing later has) and writes it. Within one
+line, the service's order: an expiry the event caused comes before its own answer. The
+letters at the end come last, in the order of the lines they are about (file and line;
+partition and offset). So a replay of a served log writes its selections byte for byte in
+order: the demo's ``selections.jsonl`` from its ``events.jsonl``.
 
 >>> from flows.service.registry import Registry
 >>> reg = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> raw = b'{"type":"request","experiment":"home","request_id":"r1","ts":1767225600}'
->>> log = [(raw, Origin("f", None, 1))]
->>> out = replay(log, reg)
->>> [s["arm_name"] in ("a", "b") for s in out.selections]
-[True]
+>>> out = replay([(raw, Origin("f", None, 1)), (b"{", Origin("f", None, 2))], reg)
+>>> [s["arm_name"] in ("a", "b") for s in out.selections], [d["reason"] for d in out.dead_letters]
+([True], ['malformed_json'])
+>>> [d["reason"] for d in out.at_end], out.unaccounted
+(['ticket_expired'], 0)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
+import math
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import bytewax.operators as op
 import orjson
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
-from bytewax.testing import TestingSink, run_main
+from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
+from bytewax.testing import run_main
 
 from flows.service.connectors.files import read_lines as read_jsonl
-from flows.service.connectors.memory import one_per_batch, unbatched
-from flows.service.dataflow import Message, Wiring, build_flow
-from flows.service.events import Origin, parse_event, parse_feedback, parse_request
+from flows.service.dataflow import Message, Wiring, build_flow, route
+from flows.service.events import (
+    DeadLetter,
+    Feedback,
+    Origin,
+    Request,
+    parse_event,
+    parse_feedback,
+    parse_request,
+)
 from flows.service.registry import Registry
+
+#: the valid ``ts`` range, Unix seconds: not before 1970, not after about the year 5100
+TS_MIN, TS_MAX = 0.0, 1e11
+#: lines per item of the dataflow's input
+BATCH = 500
+#: how often Bytewax closes an epoch: the outputs held before they are sorted and written
+EPOCH = timedelta(milliseconds=100)
+#: appended to the detail of what the end of the log closed
+AT_END = " (still pending at the end of the log)"
+#: dead letters about a feedback line (the others are about a request or any line)
+FEEDBACK_REASONS = frozenset(
+    {"duplicate_feedback", "late_feedback", "early_buffer_full", "arm_mismatch", "unknown_ticket"}
+)
+#: dead letters that are a second outcome of a served request, not the outcome of a line
+SECOND_OUTCOMES = frozenset({"ticket_expired", "arm_retired", "context_retired"})
+
+Lines = Callable[[list[bytes]], None]
 
 
 class ReplayError(ValueError):
@@ -40,43 +105,111 @@ class ReplayError(ValueError):
 
 
 @dataclass
+class Outputs:
+    """Where a replay writes, each a function given JSON lines (no newline) in order; None
+    keeps them in the ``Replayed``. ``events`` sees every event that reached its instance,
+    at its event time (``ts`` filled in)."""
+
+    selections: Lines | None = None
+    dead_letters: Lines | None = None
+    at_end: Lines | None = None
+    events: Callable[[Request | Feedback], None] | None = None
+
+
+@dataclass
 class Replayed:
+    """What a replay produced (the lists only for outputs it was not given a writer for)
+    and what became of every line."""
+
     selections: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    at_end: list[dict[str, Any]] = field(default_factory=list)  # closed by the end of the log
     selection_lines: list[bytes] = field(default_factory=list)  # as the service writes them
-    events: int = 0
-    last_ts: float = 0.0
+    events: int = 0  # lines read
+    last_ts: float = 0.0  # the event time the log ended at
+    served: int = 0  # selections written (a retry answered again counts)
+    requests: int = 0  # requests that reached their instance
+    feedback: int = 0  # feedback that reached its instance
+    reasons: Counter[str] = field(default_factory=Counter)  # dead letters by reason
+    at_end_reasons: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def applied_feedback(self) -> int:
+        """Feedback that updated its bandit: it reached its instance, and no dead letter
+        (duplicate, late, arm mismatch, never matched, ...) is about it."""
+        refused = sum(self.reasons[r] + self.at_end_reasons[r] for r in FEEDBACK_REASONS)
+        return self.feedback - refused
+
+    @property
+    def unaccounted(self) -> int:
+        """Lines that are neither a selection, nor an applied feedback, nor the subject of
+        a dead letter: 0 when every line is accounted for."""
+        letters = sum(
+            n
+            for counts in (self.reasons, self.at_end_reasons)
+            for reason, n in counts.items()
+            if reason not in SECOND_OUTCOMES
+        )
+        return self.events - self.served - letters - self.applied_feedback
 
 
-def _ts_or(raw: bytes, default: float) -> float:
+def valid_ts(value: Any) -> float | None:
+    """A usable ``ts``: a finite number of Unix seconds in [TS_MIN, TS_MAX], else None.
+
+    >>> valid_ts(1767225600), valid_ts(1e308), valid_ts(-1), valid_ts("1"), valid_ts(True)
+    (1767225600.0, None, None, None, None)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
     try:
-        value = orjson.loads(raw).get("ts")
-    except (orjson.JSONDecodeError, AttributeError):
-        return default
-    return (
-        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
-    )
+        ts = float(value)
+    except OverflowError:
+        return None
+    return ts if TS_MIN <= ts <= TS_MAX else None  # NaN fails both
+
+
+def line_ts(raw: bytes) -> float | None:
+    """The valid ``ts`` of a raw line, None if it has none (or is no JSON object).
+
+    >>> line_ts(b'{"ts": 5}'), line_ts(b'{"ts": "5"}'), line_ts(b"[5]"), line_ts(b"\\xff")
+    (5.0, None, None, None)
+    """
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return valid_ts(data.get("ts")) if isinstance(data, dict) else None
 
 
 def read_lines(path: Path) -> Iterator[Message]:
-    """Non-empty lines of a JSONL file with their origin (file, line number)."""
+    """Non-empty lines of a JSONL file with their origin (file, line number), lazily."""
     try:
         for message, _ in read_jsonl(path):
             yield message
     except OSError as exc:
-        raise ReplayError(f"cannot read {path}: {exc.strerror}") from None
+        raise ReplayError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def merge_by_time(*streams: Iterable[Message]) -> list[Message]:
-    """One order for several logs: by ``ts``; a line without a readable ``ts`` keeps the
-    time of the line before it in its own log; ties keep log order (first log first)."""
-    keyed = []
-    for rank, stream in enumerate(streams):
-        last = float("-inf")
-        for index, (raw, origin) in enumerate(stream):
-            last = _ts_or(raw, last)
-            keyed.append(((last, rank, index), (raw, origin)))
-    return [message for _, message in sorted(keyed, key=lambda kv: kv[0])]
+def merge_by_time(*streams: Iterable[Message]) -> Iterator[Message]:
+    """One order for several logs, streamed: by ``ts``, each log in its own order; a line
+    without a valid ``ts`` keeps the time of the line before it in its log (-inf before
+    any); ties keep log order (first log first).
+
+    >>> a = [(b'{"ts": 1}', "a1"), (b'{"ts": 5}', "a2")]
+    >>> b = [(b'{"ts": 2}', "b1"), (b"{", "b2"), (b'{"ts": 9}', "b3")]
+    >>> [origin for _, origin in merge_by_time(a, b)]
+    ['a1', 'b1', 'b2', 'a2', 'b3']
+    """
+
+    def timed(stream: Iterable[Message], rank: int) -> Iterator[tuple[tuple, Message]]:
+        last = -math.inf
+        for index, message in enumerate(stream):
+            ts = line_ts(message[0])
+            last = last if ts is None else ts
+            yield (last, rank, index), message
+
+    keyed = [timed(stream, rank) for rank, stream in enumerate(streams)]
+    return (message for _, message in heapq.merge(*keyed, key=lambda kv: kv[0]))
 
 
 def kafka_range(
@@ -86,121 +219,363 @@ def kafka_range(
     end: int | None = None,
     config: dict[str, Any] | None = None,
     timeout: float = 10.0,
-) -> list[Message]:
+) -> Iterator[Message]:
     """Messages of every partition of ``topic`` with ``start <= offset < end`` (default:
-    all that are there now), partition by partition."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    all that are there now), streamed in Kafka timestamp order across partitions
+    (``_Merge``); each message's origin carries its timestamp (``Origin.time``)."""
+    from confluent_kafka import Consumer, KafkaException
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": brokers,
-            "group.id": "tsi-replay",
-            "enable.auto.commit": False,
-            **(config or {}),
-        }
-    )
+    consumer = None
     try:
-        meta = consumer.list_topics(topic, timeout=timeout)
-        info = meta.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            raise ReplayError(f"topic {topic!r} not found on {brokers}")
-        out: list[Message] = []
-        for p in sorted(info.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            first, stop = max(low, start or 0), high if end is None else min(high, end)
-            if first >= stop:
-                continue
-            consumer.assign([TopicPartition(topic, p, first)])
-            while True:
-                msg = consumer.poll(timeout)
-                if msg is None:
-                    raise ReplayError(f"{topic}[{p}]: no message within {timeout:g} s")
-                if msg.error():
-                    raise ReplayError(f"{topic}[{p}]: {msg.error()}")
-                if msg.offset() >= stop:
-                    break
-                out.append((msg.value() or b"", Origin(topic, p, msg.offset())))
-                if msg.offset() + 1 >= stop:
-                    break
-        return out
+        settings = {"group.id": "tsi-replay", "enable.auto.commit": False, "fetch.wait.max.ms": 50}
+        settings |= config or {}
+        consumer = Consumer({"bootstrap.servers": brokers, **settings})
+        ranges = _ranges(consumer, brokers, topic, start, end, timeout)
+        yield from _Merge(consumer, topic, ranges, timeout)
     except KafkaException as exc:
         raise ReplayError(f"cannot read {topic} from {brokers}: {exc}") from None
     finally:
-        consumer.close()
+        if consumer is not None:
+            consumer.close()
 
 
-class _ListPartition(StatefulSourcePartition[Message, None]):
-    def __init__(self, messages: list[Message], clock: Replayed, tick: Callable[[int], None]):
-        self.messages, self.at, self.clock, self.tick = messages, 0, clock, tick
+def _ranges(
+    consumer: Any, brokers: str, topic: str, start: int | None, end: int | None, timeout: float
+) -> dict[int, tuple[int, int]]:
+    """(first offset, stop offset) of each partition with something to read."""
+    from confluent_kafka import TopicPartition
 
-    def next_batch(self) -> list[Message]:
-        if self.at >= len(self.messages):
+    info = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise ReplayError(f"topic {topic!r} not found on {brokers}")
+    out = {}
+    for p in sorted(info.partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+        first, stop = max(low, start or 0), high if end is None else min(high, end)
+        if first < stop:
+            out[p] = (first, stop)
+    return out
+
+
+class _Merge:
+    """A streaming k-way merge of the partitions one consumer reads: by Kafka timestamp
+    (within a partition its running maximum, so a partition keeps its offset order), ties
+    by partition. A partition holds at most ``LIMIT`` messages read ahead (it is paused)."""
+
+    LIMIT = 1000
+
+    def __init__(
+        self, consumer: Any, topic: str, ranges: dict[int, tuple[int, int]], timeout: float
+    ) -> None:
+        from confluent_kafka import TopicPartition
+
+        self.consumer, self.topic, self.timeout = consumer, topic, timeout
+        self.stop = {p: stop for p, (_, stop) in ranges.items()}
+        self.parts = {p: TopicPartition(topic, p) for p in ranges}
+        self.held: dict[int, deque] = {p: deque() for p in ranges}
+        self.time = dict.fromkeys(ranges, -math.inf)
+        self.waiting = set(ranges)  # partitions with no head in the heap, not finished
+        self.paused: set[int] = set()
+        if ranges:
+            consumer.assign([TopicPartition(topic, p, first) for p, (first, _) in ranges.items()])
+
+    def __iter__(self) -> Iterator[Message]:
+        heap: list[tuple[float, int, int, Message]] = []
+        while True:
+            while self.waiting:
+                self._read()
+                for p in [p for p in self.waiting if self.held[p]]:
+                    heapq.heappush(heap, self.held[p].popleft())
+                    self.waiting.discard(p)
+            if not heap:
+                return
+            _, p, offset, message = heapq.heappop(heap)
+            yield message
+            if offset + 1 >= self.stop[p]:
+                self._pause(p)  # done
+            elif self.held[p]:
+                heapq.heappush(heap, self.held[p].popleft())
+            else:
+                self.waiting.add(p)
+            if (
+                p in self.paused
+                and offset + 1 < self.stop[p]
+                and len(self.held[p]) < self.LIMIT // 2
+            ):
+                self.consumer.resume([self.parts[p]])
+                self.paused.discard(p)
+
+    def _read(self) -> None:
+        """Read what the consumer has (or fail after ``timeout`` without any)."""
+        first = self.consumer.poll(self.timeout)  # consume() would wait for a full batch
+        if first is None:
+            self._check_ends()
+            return
+        for msg in [first, *self.consumer.consume(499, 0)]:
+            if msg.error():
+                raise ReplayError(f"{self.topic}[{msg.partition()}]: {msg.error()}")
+            p, offset = msg.partition(), msg.offset()
+            if p not in self.stop or offset >= self.stop[p]:
+                continue
+            kind, ms = msg.timestamp()
+            at = ms / 1000.0 if kind and ms >= 0 else None
+            self.time[p] = key = max(self.time[p], -math.inf if at is None else at)
+            origin = Origin(self.topic, p, offset, at)
+            self.held[p].append((key, p, offset, (msg.value() or b"", origin)))
+            if len(self.held[p]) >= self.LIMIT:
+                self._pause(p)
+
+    def _check_ends(self) -> None:
+        """Nothing came: partitions read to their end (their last offsets were not
+        messages, e.g. transaction markers) are done; any other is an error."""
+        for p in list(self.waiting):
+            [position] = self.consumer.position([self.parts[p]])
+            if position.offset >= self.stop[p]:
+                self.waiting.discard(p)
+            else:
+                raise ReplayError(f"{self.topic}[{p}]: no message within {self.timeout:g} s")
+
+    def _pause(self, p: int) -> None:
+        if p not in self.paused:
+            self.consumer.pause([self.parts[p]])
+            self.paused.add(p)
+
+
+class _Run:
+    """What the source, the parser, the trace and the sinks of one replay share."""
+
+    def __init__(
+        self, registry: Registry, kinds: dict[str, str], outputs: Outputs, result: Replayed
+    ) -> None:
+        parsers = {"request": parse_request, "feedback": parse_feedback}
+        self.parsers = {source: parsers[kind] for source, kind in kinds.items()}
+        self.registry, self.result = registry, result
+        writers = (outputs.selections, outputs.dead_letters, outputs.at_end)
+        self.outputs = Outputs(
+            *(None if w is None else self._guarded(w) for w in writers), outputs.events
+        )
+        self.now = TS_MIN  # the time of the last event that reached an instance
+        self.ended = False  # the source has read everything
+        self.read = 0  # lines parsed: the position of the next one
+        self.positions: dict[Origin, int | deque] = {}  # of the lines parsed, until traced
+        self.error: ReplayError | None = None
+
+    def _guarded(self, write: Lines) -> Lines:
+        """``write``, whose failure to write (a full disk) stops the replay as an error."""
+
+        def guarded(lines: list[bytes]) -> None:
+            if self.error is None:
+                try:
+                    write(lines)
+                except OSError as exc:
+                    self.error = ReplayError(f"cannot write the outputs: {exc.strerror or exc}")
+
+        return guarded
+
+    def clock(self) -> float:
+        """The flow's clock: events carry their time, so it only counts at the end of the
+        input, which is the end of time (everything pending closes)."""
+        return math.inf if self.ended else self.now
+
+    def parse(self, raw: bytes, origin: Origin, **_: Any) -> Request | Feedback | DeadLetter:
+        """A line as the event the flow handles (its event time filled in), or its dead
+        letter; only an event that reaches its instance moves the clock."""
+        held = self.positions.get(origin)
+        if held is None:
+            self.positions[origin] = self.read
+        elif type(held) is deque:
+            held.append(self.read)
+        else:  # lines of the same origin (not from the readers here): first come, first traced
+            self.positions[origin] = deque((held, self.read))
+        self.read += 1
+        event = self.parsers.get(origin.source, parse_event)(raw, origin, ts_window=math.inf)
+        if type(event) is DeadLetter:
+            return event
+        if event.ts is None:
+            event = dataclasses.replace(event, ts=self.now)
+        elif valid_ts(event.ts) is None:
+            detail = f"ts {event.ts!r} is not within [{TS_MIN:g}, {TS_MAX:g}] (Unix seconds)"
+            return DeadLetter("ts_out_of_range", detail, event.raw, origin)
+        routed = route(self.registry, event)
+        if type(routed) is DeadLetter:
+            return routed
+        self.now = event.ts
+        if type(event) is Request:
+            self.result.requests += 1
+        else:
+            self.result.feedback += 1
+        if self.outputs.events is not None:
+            self.outputs.events(event)
+        return event
+
+    def trace(self, cause: Request | Feedback | DeadLetter) -> int | None:
+        """The position of the line that caused an output (once per line)."""
+        held = self.positions.pop(cause.origin, None)
+        if type(held) is not deque:
+            return held
+        if len(held) > 1:
+            self.positions[cause.origin] = held
+        return held.popleft()
+
+    def selections(self, held: list[tuple[Any, bytes]]) -> None:
+        lines = [raw for _, raw in held]
+        self.result.served += len(lines)
+        _write(lines, self.outputs.selections, self.result.selection_lines)
+        if self.outputs.selections is None:
+            self.result.selections += [orjson.loads(raw) for raw in lines]
+
+    def dead_letters(self, held: list[tuple[Any, bytes]]) -> None:
+        lines, closing = [], []
+        for tag, raw in held:
+            letter = orjson.loads(raw)
+            if tag is None:  # the end of the input closed it
+                letter["detail"] += AT_END
+                closing.append(letter)
+                self.result.at_end_reasons[letter["reason"]] += 1
+            else:
+                lines.append(raw)
+                self.result.reasons[letter["reason"]] += 1
+                if self.outputs.dead_letters is None:
+                    self.result.dead_letters.append(letter)
+        _write(lines, self.outputs.dead_letters, None)
+        closing.sort(key=_about)
+        _write([orjson.dumps(d) for d in closing], self.outputs.at_end, None)
+        if self.outputs.at_end is None:
+            self.result.at_end += closing
+
+
+def _about(letter: dict[str, Any]) -> tuple[str, int, int]:
+    """Where the line a dead letter is about comes from, as a sort key."""
+    partition, offset = letter["partition"], letter["offset"]
+    return letter["source"], -1 if partition is None else partition, offset or 0
+
+
+def _write(lines: list[bytes], to: Lines | None, keep: list[bytes] | None) -> None:
+    """``lines`` to their writer, or kept (if ``keep``) when there is none."""
+    if to is not None:
+        if lines:
+            to(lines)
+    elif keep is not None:
+        keep += lines
+
+
+class _Partition(StatefulSourcePartition[list[Message], None]):
+    def __init__(self, messages: Iterator[Message], run: _Run, tick: Callable[[int], None]):
+        self.messages, self.run, self.tick = messages, run, tick
+
+    def next_batch(self) -> list[list[Message]]:
+        batch: list[Message] = []
+        try:
+            if self.run.error is None:
+                batch = list(itertools.islice(self.messages, BATCH))
+        except ReplayError as exc:  # raised again once the flow has stopped
+            self.run.error = exc
+        if not batch:
+            self.run.ended = True
             raise StopIteration
-        batch = self.messages[self.at : self.at + 500]
-        self.at += len(batch)
-        for raw, _ in batch:
-            self.clock.last_ts = max(self.clock.last_ts, _ts_or(raw, self.clock.last_ts))
+        self.run.result.events += len(batch)
         self.tick(len(batch))
-        return batch
+        return [batch]
 
     def snapshot(self) -> None:
         return None
 
+    def close(self) -> None:
+        close = getattr(self.messages, "close", None)
+        if close is not None:
+            close()
 
-class _ListSource(FixedPartitionedSource[Message, None]):
-    def __init__(self, messages: list[Message], clock: Replayed, tick: Callable[[int], None]):
-        self.messages, self.clock, self.tick = messages, clock, tick
+
+class _Source(FixedPartitionedSource[list[Message], None]):
+    def __init__(self, messages: Iterator[Message], run: _Run, tick: Callable[[int], None]):
+        self.messages, self.run, self.tick = messages, run, tick
 
     def list_parts(self) -> list[str]:
         return ["log"]
 
-    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _ListPartition:
-        return _ListPartition(self.messages, self.clock, self.tick)
+    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _Partition:
+        return _Partition(self.messages, self.run, self.tick)
+
+
+class _InOrder(StatefulSinkPartition[tuple[Any, bytes], None]):
+    """Outputs tagged with the position of their cause, held until their epoch closes,
+    then written in that order (the end of the input's, tagged None, last)."""
+
+    def __init__(self, write: Callable[[list[tuple[Any, bytes]]], None]) -> None:
+        self.write, self.held = write, []
+
+    def write_batch(self, items: list[tuple[Any, bytes]]) -> None:
+        # compact copies: orjson's bytes keep a 4 KiB buffer each (25x a selection's size)
+        self.held += [(tag, bytes(memoryview(raw))) for tag, raw in items]
+
+    def snapshot(self) -> None:  # Bytewax's call when the epoch closes
+        self._flush()
+
+    def close(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.held:
+            held, self.held = self.held, []
+            held.sort(key=lambda item: (item[0] is None, item[0] or 0))  # stable
+            self.write(held)
+
+
+class _Sink(FixedPartitionedSink[tuple[Any, bytes], None]):
+    def __init__(self, write: Callable[[list[tuple[Any, bytes]]], None]) -> None:
+        self.write = write
+
+    def list_parts(self) -> list[str]:
+        return ["out"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _InOrder:
+        return _InOrder(self.write)
+
+
+def _in_order(step: str, up: Stream[list], write: Callable) -> None:
+    keyed = op.flat_map(f"{step}_items", up, lambda batch: [("out", item) for item in batch])
+    op.output(step, keyed, _Sink(write))
 
 
 def replay(
-    messages: list[Message],
+    messages: Iterable[Message],
     registry: Registry,
     kinds: dict[str, str] | None = None,
     seed: int | None = None,
     progress: Callable[[int], None] | None = None,
+    outputs: Outputs | None = None,
 ) -> Replayed:
-    """Run ``messages`` through the serving dataflow on event time.
+    """Run ``messages`` through the serving dataflow on event time (see the module).
 
     ``kinds`` maps a message's origin source to ``request`` or ``feedback`` (logs without
     a ``type`` field); other messages are read as the combined stream. ``seed`` replaces
-    every experiment's seed (the hashed draws).
+    every experiment's seed (the hashed draws). ``outputs`` writes the outputs as they
+    come instead of keeping them. Raises ``ReplayError`` if the log cannot be read.
+    Messages are ordered by their origins: lines sharing one may come out in another order.
     """
     if seed is not None:
         registry = Registry(
             {n: dataclasses.replace(e, seed=seed) for n, e in registry.experiments.items()}
         )
-    parsers = {"request": parse_request, "feedback": parse_feedback}
-    by_source = {source: parsers[kind] for source, kind in (kinds or {}).items()}
+    result = Replayed()
+    run = _Run(registry, kinds or {}, outputs or Outputs(), result)
+    source = _Source(iter(messages), run, progress or _ignore)
 
-    def parse(raw: bytes, origin: Origin, **options: Any) -> Any:
-        return by_source.get(origin.source, parse_event)(raw, origin, **options)
-
-    result = Replayed(events=len(messages))
-    selections: list[tuple[str, bytes]] = []
-    letters: list[tuple[str, bytes]] = []
-
-    def source(flow: Dataflow, step: str) -> tuple[Stream, None]:
-        return one_per_batch(flow, step, _ListSource(messages, result, progress or _ignore)), None
+    def events(flow: Dataflow, step: str) -> tuple[Stream, None]:
+        return op.input(step, flow, source), None
 
     wiring = Wiring(
-        inputs={"events": source},
-        selections=lambda step, up: unbatched(step, up, TestingSink(selections)),
-        dead_letters=lambda step, up: unbatched(step, up, TestingSink(letters)),
-        parsers={"events": parse},
+        inputs={"events": events},
+        selections=lambda step, up: _in_order(step, up, run.selections),
+        dead_letters=lambda step, up: _in_order(step, up, run.dead_letters),
+        parsers={"events": run.parse},
+        trace=run.trace,
     )
-    flow = build_flow(
-        registry, wiring, clock=lambda: result.last_ts, flow_id="tsi-replay", event_time=True
-    )
-    run_main(flow)
-    result.selection_lines = [raw for _, raw in selections]
-    result.selections = [orjson.loads(raw) for raw in result.selection_lines]
-    result.dead_letters = [orjson.loads(raw) for _, raw in letters]
+    flow = build_flow(registry, wiring, run.clock, "tsi-replay", snapshots=False, event_time=True)
+    run_main(flow, epoch_interval=EPOCH)
+    if run.error is not None:
+        raise run.error
+    result.last_ts = run.now
     return result
 
 
