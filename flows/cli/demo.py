@@ -24,6 +24,7 @@ def demo(
     from flows.service.registry import Registry
     from flows.tools.demo import generate, injected, run_demo, served_log
     from flows.tools.report import write_report
+    from flows.tools.report_context import CONTEXT_FILE, ReportContext, save_context
     from flows.tools.traffic import SCENARIOS, registry_toml
 
     toml = registry_toml(SCENARIOS, seed)
@@ -47,16 +48,21 @@ def demo(
         "registry in `registry.toml`; the stream as served in `events.jsonl` (`tsi replay "
         "--events` reproduces the selections from it); outputs in `selections.jsonl`, "
         "`feedback.jsonl`, `dead_letters.jsonl`. The same page with its plots inline: "
-        "`REPORT.html`.",
+        "`REPORT.html`; what it needs beyond the log (the truth, the faults), for a replay "
+        "to write it again: `report_context.json`.",
         "The traffic: `checkout` pays in dollars (revenue as the reward) and its best arm "
         "changes at 60% of the stream; `homepage` measures seconds to the first click, and "
         "each user has a favourite layout; `push` is ignored or not, and each part of the "
         "day (3 contexts) has its own best message. Regret uses each arm's true expected "
         "loss at the time of the request.",
     ]
-    report = write_report(
-        stream, out, "tsi demo report", notes, registry=registry, injected=injected(loop)
-    )
+    title, faults = "tsi demo report", injected(loop)
+    context = ReportContext(title, notes, faults, stream.truth)
+    try:
+        save_context(out / CONTEXT_FILE, context)
+    except OSError as exc:
+        fail("demo", f"cannot write to {out}: {exc.strerror}")
+    report = write_report(stream, out, title, notes, registry=registry, injected=faults)
     typer.echo(
         f"{len(loop.selections):,} selections, {len(stream.feedback):,} feedback events, "
         f"{len(loop.dead_letters):,} dead letters; report: {report} (and REPORT.html)"

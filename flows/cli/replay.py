@@ -1,13 +1,29 @@
-"""``tsi replay``: a logged stream through the same dataflow, deterministically."""
+"""``tsi replay``: a logged stream through the same dataflow, deterministically.
+
+Writes ``selections.jsonl`` and ``dead_letters.jsonl`` in the order of the lines that
+caused them, ``pending_at_end.jsonl`` (what the end of the log closed: open tickets,
+feedback still waiting for its request), and a report. The log is read as it goes; the
+report keeps what it plots in memory (``--no-report`` for logs too big for that).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
+import orjson
 import typer
 
-from flows.cli.base import app, fail, progress_bar, write_jsonl
+from flows.cli.base import app, fail, progress_bar
+from flows.service.events import Feedback
 from flows.service.registry import Registry, RegistryError
+
+if TYPE_CHECKING:
+    from flows.tools.replay import Replayed
 
 
 @app.command()
@@ -24,21 +40,24 @@ def replay(
     to_offset: int | None = typer.Option(None, min=0, help="Stop before this offset."),
     seed: int | None = typer.Option(None, min=0, help="Replace every experiment's seed."),
     out: Path = typer.Option(Path("tsi-replay"), help="Directory for outputs and the report."),
+    report: bool = typer.Option(True, help="Write REPORT.md (holds the outputs in memory)."),
 ) -> None:
     """A logged stream through the same dataflow, deterministically, and a report.
 
-    The same log and seed give the same selections, byte for byte.
+    The same log and seed give the same selections, byte for byte, in the order of the
+    log. Lines without 'ts' take the previous event's time; 'ts' outside 1970 to ~5100
+    is a dead letter (ts_out_of_range).
     """
     from flows.tools.replay import ReplayError
-    from flows.tools.replay import replay as run_replay
-    from flows.tools.report import ServedLog, log_events, write_report
 
     sources = [events is not None, requests is not None or feedback is not None, topic is not None]
     if sum(sources) != 1 or (sources[1] and (requests is None or feedback is None)):
         fail("replay", "give --events, or --requests with --feedback, or --topic")
+    if requests is not None and feedback is not None and requests.resolve() == feedback.resolve():
+        fail("replay", "--requests and --feedback must be two different files")
     try:
         reg = Registry.load(registry)
-        messages, kinds = _read_log(
+        messages, kinds = _open_log(
             events, requests, feedback, topic, brokers, from_offset, to_offset
         )
         out.mkdir(parents=True, exist_ok=True)
@@ -46,31 +65,71 @@ def replay(
         fail("replay", str(exc))
     except OSError as exc:
         fail("replay", f"cannot write to {out}: {exc.strerror}")
-    if not messages:
-        fail("replay", "the log is empty")
-    with progress_bar("replaying") as bar:
-        task = bar.add_task("replaying", total=len(messages))
-        result = run_replay(messages, reg, kinds, seed, lambda n: bar.advance(task, n))
-    (out / "selections.jsonl").write_bytes(
-        b"".join(line + b"\n" for line in result.selection_lines)
+    _write_inputs(out, registry, events, requests, feedback, topic, brokers)
+    kept = _Kept() if report else None
+    result = _run(messages, kinds, reg, seed, out, kept)
+    source = events or topic or f"{requests} and {feedback}"
+    summary = (
+        f"{result.events:,} lines from {source}: {result.served:,} selections, "
+        f"{result.applied_feedback:,} feedback applied, {sum(result.reasons.values()):,} dead "
+        f"letters, {sum(result.at_end_reasons.values()):,} pending at the end"
     )
-    write_jsonl(out / "dead_letters.jsonl", result.dead_letters)
-    feedback_logs = [source for source, kind in kinds.items() if kind == "feedback"]
-    request_ts, feedback_sent = log_events(messages, feedback_logs)
-    stream = ServedLog(result.selections, feedback_sent, result.dead_letters, request_ts)
-    report = write_report(
-        stream,
-        out,
-        "tsi replay report",
-        [f"{len(messages):,} messages replayed from {events or topic or requests}."],
-    )
-    typer.echo(
-        f"{len(result.selections):,} selections, {len(result.dead_letters):,} dead letters "
-        f"from {len(messages):,} messages; {out / 'selections.jsonl'}; report: {report}"
-    )
+    if kept is not None:
+        context = _context(events, seed)
+        summary += f"; report: {_report(kept, out, summary, reg, context)}"
+    typer.echo(summary)
 
 
-def _read_log(
+def _write_inputs(out: Path, registry: Path, *sources: Any) -> None:
+    """``inputs.json``: what was replayed (absolute paths), for ``tsi evaluate OUT``."""
+    names = ("events", "requests", "feedback", "topic", "brokers")
+    given = dict(zip(names, sources, strict=True))
+    if given["topic"] is None:
+        given["brokers"] = None
+    manifest = {
+        name: str(value.resolve()) if isinstance(value, Path) else value
+        for name, value in {"registry": registry, **given}.items()
+    }
+    try:
+        (out / "inputs.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    except OSError as exc:
+        fail("replay", f"cannot write to {out}: {exc.strerror}")
+
+
+def _run(
+    messages: Iterator[Any],
+    kinds: dict[str, str],
+    registry: Registry,
+    seed: int | None,
+    out: Path,
+    kept: _Kept | None,
+) -> Replayed:
+    """The replay, into the output files (and ``kept`` for the report); a one-line error
+    if the log cannot be read or the outputs written."""
+    from flows.tools.replay import Outputs, ReplayError
+    from flows.tools.replay import replay as run_replay
+
+    names = ("selections.jsonl", "dead_letters.jsonl", "pending_at_end.jsonl")
+    try:
+        with contextlib.ExitStack() as files, progress_bar("replaying") as bar:
+            task = bar.add_task("replaying", total=None)
+            sel, dead, end = (files.enter_context((out / name).open("wb")) for name in names)
+            outputs = Outputs(
+                _writer(sel, None if kept is None else kept.selections),
+                _writer(dead, None if kept is None else kept.dead_letters),
+                _writer(end, None if kept is None else kept.dead_letters),
+                None if kept is None else kept.event,
+            )
+            return run_replay(
+                messages, registry, kinds, seed, lambda n: bar.advance(task, n), outputs
+            )
+    except ReplayError as exc:
+        fail("replay", str(exc))
+    except OSError as exc:
+        fail("replay", f"cannot write to {out}: {exc.strerror}")
+
+
+def _open_log(
     events: Path | None,
     requests: Path | None,
     feedback: Path | None,
@@ -78,13 +137,119 @@ def _read_log(
     brokers: str,
     from_offset: int | None,
     to_offset: int | None,
-) -> tuple[list, dict[str, str]]:
-    """The messages to replay, and the kind of each source file (empty for one log)."""
-    from flows.tools.replay import kafka_range, merge_by_time, read_lines
+) -> tuple[Any, dict[str, str]]:
+    """The messages to replay, read as they are needed, and the kind of each source file
+    (empty for one log). Files are checked first: a missing one is an error now."""
+    from flows.tools.replay import ReplayError, kafka_range, merge_by_time, read_lines
 
+    for path in (events, requests, feedback):
+        if path is not None:
+            try:
+                path.open("rb").close()
+            except OSError as exc:
+                raise ReplayError(f"cannot read {path}: {exc.strerror}") from None
     if events is not None:
-        return list(read_lines(events)), {}
+        return _started(read_lines(events)), {}
     if topic is not None:
-        return kafka_range(brokers, topic, from_offset, to_offset), {}
+        return _started(kafka_range(brokers, topic, from_offset, to_offset)), {}
     kinds = {str(requests): "request", str(feedback): "feedback"}
-    return merge_by_time(read_lines(requests), read_lines(feedback)), kinds
+    return _started(merge_by_time(read_lines(requests), read_lines(feedback))), kinds
+
+
+def _started(messages: Iterator[Any]) -> Iterator[Any]:
+    """``messages`` with the first one read now: a source that cannot be read (a topic
+    that does not exist) fails before any output is written."""
+    first = next(messages, _NONE)
+
+    def rest() -> Iterator[Any]:
+        if first is not _NONE:
+            yield first
+            yield from messages
+
+    return rest()
+
+
+_NONE = object()
+
+
+def _writer(file: IO[bytes], keep: list | None) -> Any:
+    """Lines to ``file``, one a line; parsed into ``keep`` too (for the report)."""
+
+    def write(lines: list[bytes]) -> None:
+        file.write(b"".join(line + b"\n" for line in lines))
+        if keep is not None:
+            keep.extend(orjson.loads(line) for line in lines)
+
+    return write
+
+
+@dataclass
+class _Kept:
+    """What the report needs, from the events that reached their instance (their event
+    time filled in), so nothing unreadable reaches it."""
+
+    selections: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    feedback: list[dict[str, Any]] = field(default_factory=list)
+    request_ts: dict[tuple[str, str | None, str], float] = field(default_factory=dict)
+    contexts: dict[tuple[str, str | None, str], int] = field(default_factory=dict)
+
+    def event(self, event: Any) -> None:
+        if isinstance(event, Feedback):
+            self.feedback.append(
+                {
+                    "experiment": event.experiment,
+                    "unit": event.unit,
+                    "request_id": event.request_id,
+                    "loss": event.loss,
+                    "ts": event.ts,
+                }
+            )
+        else:
+            key = (event.experiment, event.unit, event.request_id)
+            self.request_ts.setdefault(key, event.ts)
+            if event.context is not None:
+                self.contexts.setdefault(key, event.context)
+
+
+def _context(events: Path | None, seed: int | None) -> Any:
+    """The report context ``tsi demo`` left beside the events replayed (see
+    ``flows.tools.report_context``); its title and notes only when the draws are the
+    demo's own (no ``--seed``)."""
+    from flows.tools.report_context import CONTEXT_FILE, load_context
+
+    context = None if events is None else load_context(events.parent / CONTEXT_FILE)
+    if context is not None and seed is not None:
+        context = dataclasses.replace(context, title="", notes=[])
+    return context
+
+
+def _report(kept: _Kept, out: Path, summary: str, registry: Registry, context: Any) -> Path:
+    """REPORT.md; if the report cannot be drawn, a short one that says why (the replay's
+    outputs are written whatever happens to the report). With a demo's ``context``, the
+    demo's title, notes, truth and faults: the same report from the same outputs."""
+    from flows.tools.report import ServedLog, write_report
+
+    truth = None if context is None else context.truth
+    stream = ServedLog(
+        kept.selections, kept.feedback, kept.dead_letters, kept.request_ts, truth, kept.contexts
+    )
+    title = "tsi replay report"
+    notes = [f"{summary}.", "What the end of the log closed is in `pending_at_end.jsonl`."]
+    if context is not None and context.title:
+        title, notes = context.title, context.notes
+    injected = None if context is None else context.injected
+    try:
+        return write_report(stream, out, title, notes, registry=registry, injected=injected)
+    except Exception as exc:  # a report's bug must not cost the replay
+        problem = f"{type(exc).__name__}: {exc}"
+        typer.echo(f"tsi replay: the full report failed ({problem}); wrote a short one", err=True)
+        path = out / "REPORT.md"
+        reasons: dict[str, int] = {}
+        for letter in kept.dead_letters:
+            reasons[letter["reason"]] = reasons.get(letter["reason"], 0) + 1
+        rows = [f"| {reason} | {n:,} |" for reason, n in sorted(reasons.items())]
+        lines = ["# tsi replay report", "", *notes, "", f"The full report failed: {problem}."]
+        lines += ["", "| Dead letter reason | Count |", "|---|---:|", *rows]
+        path.write_text("\n".join(lines) + "\n")
+        return path

@@ -11,6 +11,7 @@ on purpose (``Injected``), and the figures computed from them (``summarise``,
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -95,11 +96,20 @@ def log_events(
     request_ts: dict[Key, float] = {}
     feedback: list[dict[str, Any]] = []
     for event, origin in _readable(messages):
+        if not _number(event.get("ts")):
+            event.pop("ts", None)  # what the service would refuse is not a time
         if event.get("type") == "feedback" or origin.source in feedback_sources:
-            feedback.append(event)
+            loss, reward = event.get("loss"), event.get("reward")
+            if _number(loss) != _number(reward):  # exactly one: the service's rule
+                feedback.append(event)
         elif "ts" in event:
             request_ts[_key(event)] = event["ts"]
     return request_ts, feedback
+
+
+def _number(value: Any) -> bool:
+    """A finite real number (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int]:
@@ -123,7 +133,12 @@ def _readable(messages: Iterable[tuple[bytes, Any]]) -> Iterable[tuple[dict[str,
             event = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(event, dict) and "request_id" in event and "experiment" in event:
+        if (
+            isinstance(event, dict)
+            and isinstance(event.get("request_id"), str)
+            and isinstance(event.get("experiment"), str)
+            and isinstance(event.get("unit"), str | None)
+        ):  # ids of another JSON type are the service's dead letters, not events
             yield event, origin
 
 

@@ -233,3 +233,27 @@ def test_the_html_renders_in_headless_chromium(demo, tmp_path):
     sizes = [png_size((out / f"{name}.png").read_bytes()) for name in PLOTS]
     assert decoded == [f"{w}x{h}" for w, h in sizes]
     assert "<h1>tsi demo report</h1>" in dom and "ticket_expired" in dom
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"type":"request","experiment":"a","request_id":["x"],"ts":1}',
+        b'{"type":"request","experiment":"a","request_id":{"x":1},"ts":1}',
+        b'{"type":"request","experiment":"a","request_id":"r","unit":7,"ts":1}',
+        b'{"type":"request","experiment":"a","request_id":"r","ts":"soon"}',
+        b'{"type":"feedback","experiment":"a","request_id":"r","ts":"x","loss":"1"}',
+        b'{"type":"feedback","experiment":"a","request_id":"r","loss":1,"reward":2}',
+    ],
+)
+def test_lines_the_service_refuses_do_not_reach_the_report(line, tmp_path):
+    """Ids of another JSON type, a ts or a loss that is not a number: the service's dead
+    letters; the report reads around them and is written."""
+    from flows.service.events import Origin
+    from flows.tools.report_data import log_events
+
+    good = b'{"type":"request","experiment":"a","request_id":"ok","ts":1}'
+    request_ts, feedback = log_events([(line, Origin("f")), (good, Origin("f"))])
+    assert request_ts == {("a", None, "ok"): 1} and feedback == []
+    sel = [{"experiment": "a", "unit": None, "request_id": "ok", "arm": 0, "arm_name": "x"}]
+    assert write_report(ServedLog(sel, feedback, [], request_ts), tmp_path, "t", []).is_file()
