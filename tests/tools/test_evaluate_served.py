@@ -196,3 +196,18 @@ def test_contradicting_sources_get_one_clear_line(demo_dir, args, message):
     result = CliRunner(env={"KAFKA_BOOTSTRAP_SERVERS": ""}).invoke(app, ["evaluate", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_a_replay_directory_is_evaluated_from_the_logs_it_names(demo_dir, tmp_path):
+    """tsi replay writes inputs.json (what it replayed); tsi evaluate OUT joins the replay's
+    selections with those logs: the same figures as the demo directory it replayed."""
+    out = tmp_path / "replay"
+    args = ["replay", "--events", str(demo_dir / "events.jsonl"), "--out", str(out)]
+    done = CliRunner().invoke(app, [*args, "--registry", str(demo_dir / "registry.toml")])
+    assert done.exit_code == 0, done.output
+    replayed, served = served_directory(out), served_directory(demo_dir)
+    assert replayed.log.records == served.log.records
+    result = CliRunner().invoke(app, ["evaluate", str(out), "--out", str(tmp_path / "ev")])
+    assert result.exit_code == 0, result.output
+    figures = orjson.loads((tmp_path / "ev" / "evaluation.json").read_bytes())
+    assert list(figures["configurations"]) == [str((demo_dir / "registry.toml").resolve())]

@@ -20,6 +20,7 @@ from flows.tools.evaluation.served import (
     Served,
     join_served,
     read_file_lines,
+    replay_inputs,
     served_directory,
 )
 
@@ -70,7 +71,10 @@ def read_inputs(given: Inputs, registries: list[Path]) -> tuple[Data, list[Path]
         raise EvaluationError(problem)
     if given.log is not None and given.log.is_dir():
         served = served_directory(given.log)
+        replayed = replay_inputs(given.log)
         default = given.log / REGISTRY_FILE
+        if replayed is not None and replayed.get("registry"):
+            default = Path(replayed["registry"])
         return Data(served.log, served), registries or _existing(default)
     if given.log is not None:
         return Data(load_log(given.log)), _required(registries)

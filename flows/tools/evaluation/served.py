@@ -48,11 +48,12 @@ from flows.tools.evaluation.logs import BANDIT, BanditRecord, EvaluationError, L
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
 
 #: the files ``tsi demo`` and ``tsi replay`` write into their output directory
-SELECTIONS_FILE, FEEDBACK_FILE, EVENTS_FILE, REGISTRY_FILE = (
+SELECTIONS_FILE, FEEDBACK_FILE, EVENTS_FILE, REGISTRY_FILE, INPUTS_FILE = (
     "selections.jsonl",
     "feedback.jsonl",
     "events.jsonl",
     "registry.toml",
+    "inputs.json",
 )
 
 
@@ -201,12 +202,39 @@ def read_file_lines(path: Path) -> list[bytes]:
 def served_directory(directory: Path) -> Served:
     """The join of what ``tsi demo`` or ``tsi replay`` wrote into ``directory``: its
     ``selections.jsonl`` with ``events.jsonl`` (requests and feedback) or, without it,
-    ``feedback.jsonl``."""
+    ``feedback.jsonl``; for a replay, with the logs its ``inputs.json`` names."""
     selections = directory / SELECTIONS_FILE
-    events, feedback = directory / EVENTS_FILE, directory / FEEDBACK_FILE
     if not selections.is_file():
         raise EvaluationError(f"{directory}: no {SELECTIONS_FILE} (not a tsi demo/replay output)")
+    replayed = replay_inputs(directory)
+    if replayed is not None:
+        inputs = replayed.get("events") or replayed.get("feedback")
+        requests = replayed.get("requests")
+        if inputs is None:
+            raise EvaluationError(
+                f"{directory}: replayed from Kafka topic {replayed.get('topic')!r}: evaluate "
+                "with --selections and --brokers/--events-topic"
+            )
+        lines = read_file_lines(Path(inputs))
+        extra = None if requests is None else read_file_lines(Path(requests))
+        return join_served(read_file_lines(selections), lines, extra, str(directory))
+    events, feedback = directory / EVENTS_FILE, directory / FEEDBACK_FILE
     inputs = events if events.is_file() else feedback
     if not inputs.is_file():
         raise EvaluationError(f"{directory}: neither {EVENTS_FILE} nor {FEEDBACK_FILE}")
     return join_served(read_file_lines(selections), read_file_lines(inputs), None, str(directory))
+
+
+def replay_inputs(directory: Path) -> dict[str, Any] | None:
+    """What ``tsi replay`` says it replayed (``inputs.json``), or None for another
+    directory."""
+    path = directory / INPUTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise EvaluationError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise EvaluationError(f"{path}: not what tsi replay writes")
+    return data
