@@ -143,8 +143,8 @@ SELECTION = (
 @pytest.mark.parametrize(
     ("selections", "feedback", "message"),
     [
-        ([b"{not json"], [], "<served>:1: a selection line is not JSON"),
-        ([b"[1]"], [], "a selection must be a JSON object"),
+        ([b"{not json"], [], "<served>:1: not valid JSON"),
+        ([b"[1]"], [], "<served>:1: expected a JSON object, got"),
         ([SELECTION.replace(b'"prob":0.5', b'"prob":0')], [], "prob must be in (0, 1], got 0"),
         ([SELECTION.replace(b'"arm":1', b'"arm":-1')], [], "arm must be an integer >= 0, got -1"),
         ([SELECTION], [b'{"experiment":"e","request_id":"r2","loss":1}'], "no served request has"),

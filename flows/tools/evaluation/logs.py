@@ -90,7 +90,7 @@ def read_log(lines: Iterable[str | bytes], source: str = "<log>") -> Log:
         text = raw.strip()
         if not text:
             continue
-        data = _json_object(text, source, number)
+        data = json_object(text, source, number)
         this_kind = _kind_of(data, source, number)
         if kind is None:
             kind, first_line = this_kind, number
@@ -105,7 +105,7 @@ def read_log(lines: Iterable[str | bytes], source: str = "<log>") -> Log:
     return Log(source, kind, tuple(records))
 
 
-def _json_object(text: str | bytes, source: str, number: int) -> dict[str, Any]:
+def json_object(text: str | bytes, source: str, number: int) -> dict[str, Any]:
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:

@@ -43,7 +43,14 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.tools.evaluation.logs import BANDIT, BanditRecord, EvaluationError, Log, is_int
+from flows.tools.evaluation.logs import (
+    BANDIT,
+    BanditRecord,
+    EvaluationError,
+    Log,
+    is_int,
+    json_object,
+)
 
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
 
@@ -125,7 +132,7 @@ def _selections(
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        key, arm, prob = _selection(raw, f"{source}:{number}")
+        key, arm, prob = _selection(json_object(raw, source, number), f"{source}:{number}")
         if key in answered:
             retries += 1
             continue
@@ -134,13 +141,7 @@ def _selections(
     return answered, order, retries
 
 
-def _selection(raw: bytes, where: str) -> tuple[Key, int, float]:
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise EvaluationError(f"{where}: a selection line is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise EvaluationError(f"{where}: a selection must be a JSON object, got {data!r:.80}")
+def _selection(data: dict[str, Any], where: str) -> tuple[Key, int, float]:
     experiment, unit, rid = data.get("experiment"), data.get("unit"), data.get("request_id")
     arm, prob = data.get("arm"), data.get("prob")
     if not isinstance(experiment, str) or not isinstance(rid, str):
