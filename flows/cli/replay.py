@@ -48,7 +48,7 @@ def replay(
     log. Lines without 'ts' take the previous event's time; 'ts' outside 1970 to ~5100
     is a dead letter (ts_out_of_range).
     """
-    from flows.tools.replay import ReplayError
+    from flows.tools.replay_input import ReplayError
 
     sources = [events is not None, requests is not None or feedback is not None, topic is not None]
     if sum(sources) != 1 or (sources[1] and (requests is None or feedback is None)):
@@ -106,8 +106,9 @@ def _run(
 ) -> Replayed:
     """The replay, into the output files (and ``kept`` for the report); a one-line error
     if the log cannot be read or the outputs written."""
-    from flows.tools.replay import Outputs, ReplayError
+    from flows.tools.replay import Outputs
     from flows.tools.replay import replay as run_replay
+    from flows.tools.replay_input import ReplayError
 
     names = ("selections.jsonl", "dead_letters.jsonl", "pending_at_end.jsonl")
     try:
@@ -140,7 +141,7 @@ def _open_log(
 ) -> tuple[Any, dict[str, str]]:
     """The messages to replay, read as they are needed, and the kind of each source file
     (empty for one log). Files are checked first: a missing one is an error now."""
-    from flows.tools.replay import ReplayError, kafka_range, merge_by_time, read_lines
+    from flows.tools.replay_input import ReplayError, kafka_range, merge_by_time, read_lines
 
     for path in (events, requests, feedback):
         if path is not None:

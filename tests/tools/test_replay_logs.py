@@ -20,15 +20,8 @@ import flows.tools.replay as replay_module
 from flows.cli import app
 from flows.service.events import Origin
 from flows.service.registry import Registry
-from flows.tools.replay import (
-    AT_END,
-    BATCH,
-    Outputs,
-    Replayed,
-    kafka_range,
-    merge_by_time,
-    replay,
-)
+from flows.tools.replay import AT_END, BATCH, Outputs, Replayed, replay
+from flows.tools.replay_input import kafka_range, merge_by_time
 
 TOML = (
     '[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 10\n'
@@ -244,7 +237,8 @@ MEMORY_PROBE = """
 import itertools, resource, sys
 from pathlib import Path
 from flows.service.registry import Registry
-from flows.tools.replay import Outputs, read_lines, replay
+from flows.tools.replay import Outputs, replay
+from flows.tools.replay_input import read_lines
 
 path = Path(sys.argv[1])
 reg = Registry.from_toml('[experiments.u]\\narms = ["a", "b", "c"]\\nper_unit = true')

@@ -19,7 +19,8 @@ from flows.service.dataflow import build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
 from flows.tools.demo import run_demo
-from flows.tools.replay import merge_by_time, read_lines, replay
+from flows.tools.replay import replay
+from flows.tools.replay_input import merge_by_time, read_lines
 from flows.tools.traffic import generate, registry_toml
 
 RUNNER = CliRunner()

@@ -106,7 +106,7 @@ def _served_files(given: Inputs) -> Served:
 
 def _served_topics(given: Inputs) -> Served:
     """The join of the topics as they are now (every partition, from the start)."""
-    from flows.tools.replay import ReplayError, kafka_range
+    from flows.tools.replay_input import ReplayError, kafka_range
 
     def lines(topic: str | None) -> list[bytes] | None:
         if topic is None:
