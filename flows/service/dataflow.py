@@ -181,8 +181,20 @@ def _parse_and_route(
     both = op.map(
         f"parse_{name}", messages, functools.partial(parse_and_route, parse, guards, live)
     )
-    dead.append(op.flat_map(f"refused_{name}", both, lambda b: [b[1]] if b[1] else []))
-    return op.flat_map(f"routed_{name}", both, lambda b: [b[0]] if b[0] else [])
+    routed, refused = unzip_batches(both, f"routed_{name}", f"refused_{name}")
+    dead.append(refused)
+    return routed
+
+
+def unzip_batches(
+    pairs: Stream[tuple[list, list]], first: str, second: str
+) -> tuple[Stream, Stream]:
+    """A stream of (batch, batch) pairs as two streams of batches, steps ``first`` and
+    ``second``; empty batches are dropped."""
+    return (
+        op.flat_map(first, pairs, lambda b: [b[0]] if b[0] else []),
+        op.flat_map(second, pairs, lambda b: [b[1]] if b[1] else []),
+    )
 
 
 def _through_internal_topic(
@@ -342,10 +354,9 @@ def build_flow(
         builder, split = (lambda resume: Traced(shard(resume), trace)), split_traced
     outputs = op.stateful_batch("shards", op.merge("events", *shards), builder)
     both = op.map("split_outputs", outputs, lambda kv: split(kv[1]))
-    dead.append(op.flat_map("answer_dead", both, lambda b: [b[1]] if b[1] else []))
-    wiring.selections(
-        "selections_out", op.flat_map("selections", both, lambda b: [b[0]] if b[0] else [])
-    )
+    selections, answer_dead = unzip_batches(both, "selections", "answer_dead")
+    dead.append(answer_dead)
+    wiring.selections("selections_out", selections)
     letters = op.map(
         "dead_letter_json",
         op.merge("dead_letters", *dead),

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
+
+from flows.service.events import DeadLetter, Feedback, Request, parse_event
 
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
 
@@ -86,30 +88,19 @@ class ServedLog:
 
 
 def log_events(
-    messages: Iterable[tuple[bytes, Any]], feedback_sources: Collection[str] = ()
+    messages: Iterable[tuple[bytes, Any]],
 ) -> tuple[dict[Key, float], list[dict[str, Any]]]:
-    """(request times, feedback sent) of a served log of (raw bytes, origin) messages.
-
-    Feedback is what has ``"type": "feedback"`` or comes from one of ``feedback_sources``
-    (logs without a type field); unreadable lines are skipped.
-    """
+    """(request times, feedback sent) of a served log of (raw bytes, origin) messages with
+    ``"type"`` fields: what the service's parser accepts (any finite ``ts``), the feedback
+    as it was sent. A line the service refuses is its dead letter, not an event here."""
     request_ts: dict[Key, float] = {}
     feedback: list[dict[str, Any]] = []
-    for event, origin in _readable(messages):
-        if not _number(event.get("ts")):
-            event.pop("ts", None)  # what the service would refuse is not a time
-        if event.get("type") == "feedback" or origin.source in feedback_sources:
-            loss, reward = event.get("loss"), event.get("reward")
-            if _number(loss) != _number(reward):  # exactly one: the service's rule
-                feedback.append(event)
-        elif "ts" in event:
-            request_ts[_key(event)] = event["ts"]
+    for event in _events(messages):
+        if type(event) is Feedback:
+            feedback.append(orjson.loads(event.raw))
+        elif event.ts is not None:
+            request_ts[(event.experiment, event.unit, event.request_id)] = event.ts
     return request_ts, feedback
-
-
-def _number(value: Any) -> bool:
-    """A finite real number (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int]:
@@ -121,25 +112,18 @@ def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int]:
     {('p', None, 'r'): 2}
     """
     return {
-        _key(event): event["context"]
-        for event, _ in _readable(messages)
-        if event.get("type", "request") == "request" and isinstance(event.get("context"), int)
+        (e.experiment, e.unit, e.request_id): e.context
+        for e in _events(messages)
+        if type(e) is Request and e.context is not None
     }
 
 
-def _readable(messages: Iterable[tuple[bytes, Any]]) -> Iterable[tuple[dict[str, Any], Any]]:
+def _events(messages: Iterable[tuple[bytes, Any]]) -> Iterator[Request | Feedback]:
+    """The requests and feedback of a combined log, through the service's own parser."""
     for raw, origin in messages:
-        try:
-            event = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue
-        if (
-            isinstance(event, dict)
-            and isinstance(event.get("request_id"), str)
-            and isinstance(event.get("experiment"), str)
-            and isinstance(event.get("unit"), str | None)
-        ):  # ids of another JSON type are the service's dead letters, not events
-            yield event, origin
+        event = parse_event(raw, origin, ts_window=math.inf)
+        if type(event) is not DeadLetter:
+            yield event
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from flows.service.connectors.kafka_source import (
     internal_messages,
     kafka_messages,
 )
-from flows.service.dataflow import Message, OpenSource, Repartition, Wiring
+from flows.service.dataflow import Message, OpenSource, Repartition, Wiring, unzip_batches
 from flows.service.events import (
     DeadLetter,
     Origin,
@@ -136,9 +136,7 @@ def _topic_source(
 def _split_batches(step: str, batches: Stream) -> tuple[Stream, Stream]:
     """(batches of messages, batches of dead letters), none of them empty."""
     split = op.map(f"{step}_split", batches, _split_batch)
-    messages = op.flat_map(f"{step}_messages", split, lambda both: [both[0]] if both[0] else [])
-    errors = op.flat_map(f"{step}_errors", split, lambda both: [both[1]] if both[1] else [])
-    return messages, errors
+    return unzip_batches(split, f"{step}_messages", f"{step}_errors")
 
 
 def _split_batch(batch: list[Any]) -> tuple[list[Message], list[DeadLetter]]:

@@ -25,7 +25,7 @@ from flows.service.registry import Registry
 from flows.tools.evaluation.estimators import Estimate
 from flows.tools.evaluation.logs import EvaluationError, Log
 from flows.tools.evaluation.policy import evaluate
-from flows.tools.evaluation.results import BanditLogResult, Evaluation, _fmt, _table
+from flows.tools.evaluation.results import BanditLogResult, Evaluation, fmt_estimate, markdown_table
 from flows.tools.evaluation.served import Served
 from tsi_core.variant import variant_of
 
@@ -98,10 +98,14 @@ class Comparison:
                 (label, f"{r.regret_fixed:.6g}", f"{r.expected_loss:.6g}") for label, r in results
             ]
             head = ("configuration", "regret vs best fixed arm", "expected loss")
-            return f"## {experiment}: exact replay on full information\n\n" + _table(head, rows)
+            return f"## {experiment}: exact replay on full information\n\n" + markdown_table(
+                head, rows
+            )
         first = results[0][1]
         rows = [_bandit_row(label, r) for label, r in results]
-        rows.append(("served policy (what it got)", *_fmt(first.logged), str(first.rounds), "", ""))
+        rows.append(
+            ("served policy (what it got)", *fmt_estimate(first.logged), str(first.rounds), "", "")
+        )
         head = (
             "configuration",
             "per-round loss",
@@ -112,7 +116,7 @@ class Comparison:
         )
         return (
             f"## {experiment}: per-round loss, lower is better\n\n"
-            + _table(head, rows)
+            + markdown_table(head, rows)
             + "\n\nThe first column is the replay estimate of each configuration learning "
             "online on these events; IPS and SNIPS weight every event. The served policy's "
             "row is the mean loss the service got, with its interval."
@@ -120,12 +124,12 @@ class Comparison:
 
 
 def _bandit_row(label: str, r: BanditLogResult) -> tuple[str, ...]:
-    value, interval = _fmt(r.policy)
+    value, interval = fmt_estimate(r.policy)
     return (label, value, interval, str(r.policy.n), _short(r.ips), _short(r.snips))
 
 
 def _short(e: Estimate) -> str:
-    value, interval = _fmt(e)
+    value, interval = fmt_estimate(e)
     return f"{value} {interval}"
 
 

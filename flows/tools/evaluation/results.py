@@ -139,7 +139,7 @@ class FullInformationResult:
                 f"## {self.experiment}: full-information replay "
                 f"({self.rounds} rounds, {m} arms, {per})",
                 "",
-                _table(("quantity", "value"), rows),
+                markdown_table(("quantity", "value"), rows),
                 "",
                 "Exact: every arm's loss is in the log, the competitors are the best in "
                 "hindsight (per unit when the experiment keeps one bandit per unit), and "
@@ -243,20 +243,25 @@ class BanditLogResult:
         rows = [
             (
                 self.method,
-                _fmt(self.policy),
+                fmt_estimate(self.policy),
                 accepted,
                 "mean loss over the configuration's first n online rounds",
             ),
             (
                 "IPS",
-                _fmt(self.ips),
+                fmt_estimate(self.ips),
                 ess,
                 "unbiased; variance grows with max q/prob and the losses' offset",
             ),
-            ("self-normalised IPS", _fmt(self.snips), ess, "translation-invariant, O(1/T) bias"),
+            (
+                "self-normalised IPS",
+                fmt_estimate(self.snips),
+                ess,
+                "translation-invariant, O(1/T) bias",
+            ),
             (
                 "logged policy",
-                _fmt(self.logged),
+                fmt_estimate(self.logged),
                 f"{self.rounds}",
                 "the baseline: mean logged loss",
             ),
@@ -267,7 +272,7 @@ class BanditLogResult:
                 f"arms, {self.n_instances} instance{'s' if self.n_instances > 1 else ''}, "
                 f"logging {logging})",
                 "",
-                _table(
+                markdown_table(
                     ("estimate", "per-round loss", f"{level} CI", "n", "meaning"),
                     [(a, b[0], b[1], c, d) for a, b, c, d in rows],
                 ),
@@ -314,13 +319,13 @@ class Evaluation:
         return "\n\n".join([head, *(r.to_markdown() for r in self)]) + "\n"
 
 
-def _fmt(e: Estimate) -> tuple[str, str]:
+def fmt_estimate(e: Estimate) -> tuple[str, str]:
     if math.isnan(e.value):
         return "n/a", "n/a"
     return f"{e.value:.6g}", f"[{e.low:.6g}, {e.high:.6g}]"
 
 
-def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def markdown_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)

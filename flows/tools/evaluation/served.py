@@ -183,13 +183,9 @@ def _read_inputs(
 def _parsed(raw: bytes, number: int, only: Any) -> Any:
     """A line through the service's parser: the combined one when it names its ``type``."""
     origin = Origin("evaluate", None, number)
-    if only is not None:
-        return only(raw, origin)
-    try:
-        typed = b'"type"' in raw and isinstance(orjson.loads(raw), dict)
-    except orjson.JSONDecodeError:
-        typed = False
-    return parse_event(raw, origin) if typed else parse_feedback(raw, origin)
+    if only is None:  # a line that is no JSON object is refused by either parser
+        only = parse_event if b'"type"' in raw else parse_feedback
+    return only(raw, origin)
 
 
 def read_file_lines(path: Path) -> list[bytes]:
