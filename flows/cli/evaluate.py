@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import typer
 
 from flows.cli.base import app, fail
 from flows.service.registry import Registry, RegistryError
+
+if TYPE_CHECKING:
+    from flows.tools.evaluation.compare import Comparison
 
 
 @app.command()
@@ -67,7 +71,7 @@ def evaluate(
         _write(result, out, text)
 
 
-def _write(result: object, out: Path, text: str) -> None:
+def _write(result: Comparison, out: Path, text: str) -> None:
     from flows.tools.report import plot_evaluation
 
     try:

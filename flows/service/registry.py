@@ -180,9 +180,9 @@ def _experiment(name: str, table: Any) -> Experiment:
     gamma, seed = table.get("gamma"), table.get("seed", 0)
     variant = table.get("variant", DEFAULT_VARIANT)
     try:
-        configure(len(arms), competition, gamma, seed, variant)
-        if not isinstance(variant, str):
-            raise ValueError(f"variant must be the name of a preset, got {variant!r}")
+        configure(
+            len(arms), competition, gamma, seed, variant
+        )  # a preset's name: TOML has no other
     except ValueError as exc:
         raise RegistryError(f"{where}: {exc}") from None
     return Experiment(
