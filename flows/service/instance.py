@@ -21,13 +21,13 @@ its reason: nothing is dropped silently, and a refused event changes no state.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from flows.service import _draw
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit, Ticket
@@ -62,15 +62,14 @@ class Handled(list):
 
 
 def uniform_draw(seed: int, instance: str, request_id: str) -> float:
-    """u in [0, 1) from a stable hash (never the salted built-in ``hash``).
+    """u in [0, 1) from a stable hash (never the salted built-in ``hash``): the first 53
+    bits of the 8-byte BLAKE2b of ``f"{seed}\\x00{instance}\\x00{request_id}"``, computed
+    in C (``flows.service._draw``; the same bits as the hashlib formula it documents).
 
     >>> uniform_draw(1, "home", "r1") == uniform_draw(1, "home", "r1")
     True
     """
-    digest = hashlib.blake2b(
-        f"{seed}\x00{instance}\x00{request_id}".encode(), digest_size=8
-    ).digest()
-    return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)
+    return _draw.uniform_draw(seed, instance, request_id)
 
 
 @dataclass(slots=True)
