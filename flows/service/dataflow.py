@@ -26,6 +26,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import StatefulBatchLogic
 
+from flows.service import _parse
 from flows.service.deadlines import WakeUps
 from flows.service.events import (
     DEFAULT_DEAD_LETTER_RAW,
@@ -156,9 +157,13 @@ def parse_and_route(
     parse: Callable[..., object], guards: Guards, live: LiveRegistry, batch: Batch
 ) -> tuple[list[tuple[str, Routed]], list[DeadLetter]]:
     """A batch of messages as routed events and dead letters (each message one or the
-    other, in order)."""
-    routed, dead = [], []
+    other, in order). The standard parsers' batches take the compiled fast lane
+    (``flows.service._parse``), which hands every message it cannot decide exactly to
+    the Python parser and ``route``."""
     registry, skip, window = live.current, guards.skip, guards.ts_window
+    if not skip and parse in _parse.FAST_PARSERS:
+        return _parse.parse_and_route(parse, route, window, registry, batch)
+    routed, dead = [], []
     for raw, origin in batch:
         event = guards.skipped(raw, origin) if skip else None
         if event is None:
