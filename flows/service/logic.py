@@ -26,6 +26,7 @@ from typing import Any
 
 from bytewax.operators import StatefulBatchLogic
 
+from flows.service import _fast_lane as fast_lane
 from flows.service.deadlines import DeadlineQueue, worker_queue
 from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
@@ -70,6 +71,9 @@ class FlowContext:
     # with snapshots: the directory of the shards' logs (``flows.service.shard_store``);
     # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
     store: Path | None = None
+    # plain requests and feedback served by the compiled loop (``flows.service._fast_lane``);
+    # False runs every event through the Python path, the reference it is tested against
+    fast_lane: bool = True
 
 
 class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
@@ -163,11 +167,14 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         out: list[Output] = []
         if self.problems:
             out, self.problems = self.problems, []
-        for key, experiment, event in events:
-            if type(event) is str:  # WAKE_UP, the only event that is not parsed
-                out += self._wake()
-            else:
-                out += self._on_event(key, experiment, event)
+        if self.context.fast_lane:
+            out += fast_lane.handle(self, events)
+        else:
+            for key, experiment, event in events:
+                if type(event) is str:  # WAKE_UP, the only event that is not parsed
+                    out += self._wake()
+                else:
+                    out += self._on_event(key, experiment, event)
         self._wish()
         return out
 
@@ -190,13 +197,34 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             else:
                 out = instance.on_feedback(event, now)
         except Exception as exc:
-            detail = f"{type(exc).__name__}: {exc}"
-            out, before = [DeadLetter("internal_error", detail, event.raw, event.origin, key)], []
+            return self._failed(key, experiment, event, exc, new, started, now)
         observe_item(experiment.name, event, out, new, started, now)  # never raises
+        self._changed(key)
+        return before + out if before else out
+
+    def _failed(
+        self,
+        key: str,
+        experiment: Experiment,
+        event: Request | Feedback,
+        exc: Exception,
+        new: bool = False,
+        started: float | None = None,
+        now: float | None = None,
+    ) -> list[Output]:
+        """An unexpected error handling ``event``: its ``internal_error`` dead letter."""
+        detail = f"{type(exc).__name__}: {exc}"
+        out = [DeadLetter("internal_error", detail, event.raw, event.origin, key)]
+        started = time.perf_counter() if started is None else started
+        observe_item(experiment.name, event, out, new, started, now)  # never raises
+        self._changed(key)
+        return out
+
+    def _changed(self, key: str) -> None:
+        """An event reached instance ``key``: snapshot it, and wake it at its next deadline."""
         if key in self.instances:
             self.touched.add(key)
             self.deadlines.want(key, self._due(self.instances[key]))
-        return before + out if before else out
 
     def _bind(self, experiment: Experiment, key: str) -> tuple[Instance, bool]:
         """The first event of a key since the shard started: a saved instance built, or

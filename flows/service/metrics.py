@@ -146,7 +146,7 @@ FEEDBACK_REASONS = {
 DECISIONS, RETRIES, PENDING, EARLY, INSTANCES = range(5)
 FEEDBACK = {outcome: 5 + i for i, outcome in enumerate(OUTCOMES)}
 _SLOTS = 5 + len(OUTCOMES)
-_APPLIED, _EARLY_FB = FEEDBACK["applied"], FEEDBACK["early"]
+APPLIED, _EARLY_FB = FEEDBACK["applied"], FEEDBACK["early"]
 _BY_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
 # the gauge a dead letter of expiry (or of a registry change) lowers
 _EXPIRY = {
@@ -186,6 +186,12 @@ _tallies: dict[int, _Tally] = {}
 _tallies_lock = threading.Lock()
 
 
+def thread_tally() -> _Tally:
+    """The tally of the calling thread (the shard's compiled fast lane adds to it what
+    ``observe_item`` would, see ``flows.service._fast_lane``)."""
+    return _tallies.get(get_ident()) or _mine()
+
+
 def _mine() -> _Tally:
     tally = _tallies.get(get_ident())
     if tally is None:
@@ -212,7 +218,7 @@ def observe_item(
         c[INSTANCES] += new_instance
         c[PENDING] += getattr(handled, "pending", 0)
         c[EARLY] += getattr(handled, "early", 0)
-        c[_APPLIED] += getattr(handled, "applied", 0)
+        c[APPLIED] += getattr(handled, "applied", 0)
         c[_EARLY_FB] += getattr(handled, "early", 0) > 0
         retry = getattr(handled, "retry", False)
         for item in handled:

@@ -3,6 +3,7 @@
 import orjson
 from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
+from flows.service import _fast_lane
 from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.logic import logic_builder
@@ -31,7 +32,8 @@ def test_an_unexpected_error_becomes_a_dead_letter_and_the_logic_lives_on(monkey
     def explode(*_args):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(Instance, "on_request", explode)
+    monkeypatch.setattr(Instance, "on_request", explode)  # the Python path
+    monkeypatch.setattr(_fast_lane, "uniform_draw", explode)  # the compiled lane
     [[dead]], keep = logic.on_batch([item(logic, "e", request("r2"))])
     assert isinstance(dead, DeadLetter) and dead.reason == "internal_error"
     assert "disk on fire" in dead.detail and keep is StatefulLogic.RETAIN

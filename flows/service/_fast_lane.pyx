@@ -1,0 +1,245 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The shard's common events, compiled: the fast lane of ``ShardLogic.handle``.
+
+Most events a shard sees are a new request of a live instance and the feedback of its
+open ticket. This loop serves those two in C, on the same state objects
+(``flows.service.instance``: an ``Instance``, its ``Open`` and ``Settled`` entries,
+its bandit) and with the same metrics, and hands every other event to the Python path
+(``ShardLogic._on_event``, ``ShardLogic._wake``), which is the reference: a retry, a
+duplicate, early or late feedback, a context to check, a new or packed-away instance, a
+registry change, event time, anything unusual. The lane takes an event only when it can
+tell, before changing anything, that the reference would serve it the plain way; the
+tests run every kind of event through both and compare outputs, states and metrics.
+
+>>> from flows.service.logic import logic_builder
+>>> from flows.service.registry import Registry
+>>> from flows.service.events import Origin, parse_request
+>>> shard = logic_builder(Registry.from_toml('[experiments.home]\\narms = ["a", "b"]'))(None)
+>>> home = shard.context.registry.current["home"]
+>>> ask = lambda rid: ("home", home, parse_request(
+...     b'{"experiment":"home","request_id":"%s"}' % rid.encode(), Origin("t")))
+>>> [first] = shard.handle([ask("r1")])       # a new instance: the Python path builds it
+>>> [second] = handle(shard, [ask("r2")])     # a live one: served here
+>>> second.round, second.request_id
+(2, 'r2')
+"""
+
+from cpython.object cimport PyObject_GenericSetAttr
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from time import time
+
+from flows.service.events import Request, Selection
+from flows.service._draw import uniform_draw
+from flows.service.instance import Open, Settled
+from flows.service.metrics import (
+    AGE_BUCKETS,
+    APPLIED,
+    DECISIONS,
+    PENDING,
+    PROCESSING_BUCKETS,
+    thread_tally,
+)
+
+
+cdef inline double _monotonic() noexcept:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline void _bin(list hist, tuple buckets, double x):
+    """Count ``x`` in a tally histogram: counts per bucket (the last is +Inf), then the sum
+    (``metrics._observe_times`` does the same with bisect_left)."""
+    cdef Py_ssize_t i = 0, n = len(buckets)
+    while i < n and <double>buckets[i] < x:
+        i += 1
+    hist[i] += 1
+    hist[n + 1] += x
+
+
+cdef object _built(type cls, tuple names, tuple values):
+    """An instance of a slots dataclass (frozen or not) without its ``__init__``: each
+    field set through its slot, as ``object.__setattr__`` would."""
+    cdef object made = cls.__new__(cls)
+    cdef Py_ssize_t i
+    for i in range(len(names)):
+        PyObject_GenericSetAttr(made, names[i], values[i])
+    return made
+
+
+cdef tuple _SELECTION = (
+    "experiment", "unit", "request_id", "instance", "arm", "arm_name", "prob", "round"
+)
+cdef tuple _OPEN = ("rid", "ticket", "unit", "deadline", "origin")
+cdef tuple _SETTLED = ("rid", "ticket", "unit", "deadline")
+
+
+cdef class _Experiment:
+    """What the lane reads of an experiment, read once per batch."""
+
+    cdef object name, arms, seed
+    cdef double ttl, retry_window
+    cdef bint per_unit, contextual
+
+    def __init__(self, experiment):
+        self.name = experiment.name
+        self.arms = experiment.arms
+        self.seed = experiment.seed
+        self.ttl = experiment.feedback_ttl
+        self.retry_window = experiment.retry_window
+        self.per_unit = experiment.per_unit
+        self.contextual = experiment.n_contexts != 1
+
+
+cdef class _Lane:
+    """One batch of one shard: the shard's logic, its flow's context, what it counted."""
+
+    cdef object logic, instances, touched, deadlines, stream, clock, tally
+    cdef dict experiments
+    cdef bint stream_time, event_time
+    cdef double now
+
+    def __init__(self, logic):
+        self.logic = logic
+        self.instances = logic.instances
+        self.touched = logic.touched
+        self.deadlines = logic.deadlines
+        context = logic.context
+        self.stream = context.stream
+        self.stream_time = context.stream is not None
+        self.event_time = context.event_time  # replays: every event by the Python path
+        self.clock = context.clock
+        self.tally = thread_tally()
+        self.experiments = {}
+
+    cdef _Experiment _experiment(self, object experiment):
+        cdef _Experiment found = self.experiments.get(id(experiment))
+        if found is None:
+            found = _Experiment(experiment)
+            self.experiments[id(experiment)] = found
+        return found
+
+    cdef double _now(self, object event) except? -1.0:
+        """``ShardLogic._time_of`` off event time: the Kafka timestamp (noted as served)
+        on stream time, else the clock; kept as ``now`` for the metrics."""
+        origin = event.origin
+        if not self.stream_time or origin.time is None:
+            self.now = self.clock()
+        else:
+            self.stream.note_served(origin.source, origin.partition, origin.time)
+            self.now = origin.time
+        return self.now
+
+    cdef object request(self, str key, object instance, _Experiment exp, object event):
+        """The selection of a new request, or None when the Python path must decide."""
+        rid = event.request_id
+        held = instance._entries
+        if held is not None:
+            if type(held) is dict:
+                if rid in held:
+                    return None
+            elif held.rid == rid:
+                return None
+        context = event.context
+        if exp.contextual or context is not None:
+            return None  # contexts are checked by the Python path
+        bandit = instance.bandit
+        now = self._now(event)
+        ticket = bandit.select(None, uniform_draw(exp.seed, key, rid))
+        entry = _built(Open, _OPEN, (rid, ticket, None if exp.per_unit else event.unit,
+                                     now + exp.ttl, event.origin))
+        if held is None:
+            instance._entries = entry
+        else:
+            instance._put(entry)
+        arm = ticket.arm
+        return _built(Selection, _SELECTION, (
+            exp.name, event.unit, rid, key, arm, exp.arms[arm], ticket.prob, ticket.round
+        ))
+
+    cdef bint feedback(self, object instance, _Experiment exp, object event) except -1:
+        """Apply the feedback of an open ticket; False when the Python path must decide."""
+        rid = event.request_id
+        held = instance._entries
+        if held is None:
+            return False
+        entry = held.get(rid) if type(held) is dict else held if held.rid == rid else None
+        if type(entry) is not Open:
+            return False
+        ticket = entry.ticket
+        named = event.arm
+        if named is not None and named != ticket.arm and named != exp.arms[ticket.arm]:
+            return False  # the Python path writes the arm_mismatch dead letter
+        now = self._now(event)
+        instance.bandit.update(ticket, event.loss)
+        settled = _built(Settled, _SETTLED, (rid, ticket, entry.unit, now + exp.retry_window))
+        if held is entry:
+            instance._entries = settled
+        else:
+            instance._put(settled)
+        return True
+
+    cdef list serve(self, list events):
+        cdef list out = []
+        logic = self.logic
+        for key, experiment, event in events:
+            if type(event) is str:  # WAKE_UP
+                out += logic._wake()
+                continue
+            instance = self.instances.get(key)
+            if (self.event_time or instance is None or instance._notices is not None
+                    or experiment is not instance.experiment):
+                out += logic._on_event(key, experiment, event)
+                continue
+            served = self.serve_one(key, instance, experiment, event)
+            if served is None:
+                out += logic._on_event(key, experiment, event)
+            else:
+                out += served
+        return out
+
+    cdef object serve_one(self, str key, object instance, object experiment, object event):
+        """The outputs of a plain request or feedback, or None for the Python path."""
+        cdef double started = _monotonic()
+        cdef _Experiment exp = self._experiment(experiment)
+        cdef bint is_request = type(event) is Request
+        try:
+            if is_request:
+                answer = self.request(key, instance, exp, event)
+                if answer is None:
+                    return None
+                out = [answer]
+            elif self.feedback(instance, exp, event):
+                out = []
+            else:
+                return None
+        except Exception as exc:  # as ShardLogic._on_event: this event's dead letter
+            return self.logic._failed(key, experiment, event, exc)
+        self.touched.add(key)
+        self.deadlines.want(key, instance.next_deadline())
+        self.count(exp, is_request, event, _monotonic() - started)
+        return out
+
+    cdef void count(self, _Experiment exp, bint is_request, object event, double spent):
+        """What ``metrics.observe_item`` counts for a plain request or feedback."""
+        tally = self.tally
+        c = tally.experiments.get(exp.name) or tally.experiment(exp.name)
+        if is_request:
+            c[DECISIONS] += 1
+            c[PENDING] += 1
+        else:
+            c[PENDING] -= 1
+            c[APPLIED] += 1
+        _bin(tally.processing[is_request], PROCESSING_BUCKETS, spent)
+        tally.last_event = time()
+        ts = event.ts
+        if ts is not None:
+            tally.last_ts = ts
+            _bin(tally.age[is_request], AGE_BUCKETS, max(self.now - ts, 0.0))
+
+
+def handle(logic, list events) -> list:
+    """Serve ``events`` (routed: (instance key, experiment, event), or a wake-up) in order
+    for the shard ``logic``: the common ones here, the others by its Python path."""
+    return _Lane(logic).serve(events)

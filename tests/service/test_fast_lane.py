@@ -1,0 +1,167 @@
+"""The shard's compiled fast lane serves exactly as the Python path does.
+
+The same random streams of requests, feedback, retries, duplicates, early and late
+feedback, wrong arms, contexts, wake-ups and epoch closes go through two shards, one with
+the lane and one without: outputs, instance states and metrics must be the same.
+"""
+
+import copy
+import doctest
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flows.service import _fast_lane
+from flows.service.events import Origin, parse_feedback, parse_request
+from flows.service.logic import FlowContext, ShardLogic
+from flows.service.metrics import thread_tally
+from flows.service.registry import LiveRegistry, Registry
+from flows.service.stream_clock import StreamClock
+
+REGISTRY = Registry.from_toml(
+    """
+[experiments.user]
+arms = ["a", "b", "c"]
+per_unit = true
+feedback_ttl = 5
+retry_window = 3
+seed = 3
+
+[experiments.shared]
+arms = ["x", "y"]
+feedback_ttl = 4
+early_feedback_limit = 2
+
+[experiments.ctx]
+arms = ["p", "q"]
+competition = { kind = "contextual", n_contexts = 2 }
+feedback_ttl = 6
+"""
+)
+
+UNITS = ("u1", "u2")
+RIDS = ("r1", "r2", "r3", "r4")
+
+
+def message(kind, experiment, unit, rid, loss, arm, context, ts):
+    data = {"experiment": experiment, "request_id": rid}
+    if unit is not None:
+        data["unit"] = unit
+    if ts is not None:
+        data["ts"] = ts
+    if kind == "request":
+        if context is not None:
+            data["context"] = context
+        return data
+    data["loss"] = loss
+    if arm is not None:
+        data["arm"] = arm
+    return data
+
+
+events = st.tuples(
+    st.sampled_from(["request", "feedback"]),
+    st.sampled_from(["user", "shared", "ctx"]),
+    st.sampled_from(UNITS),
+    st.sampled_from(RIDS),
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.sampled_from([None, None, None, 0, 1, "a", "x", "q", "zz"]),
+    st.sampled_from([None, None, 0, 1, 5]),
+    st.sampled_from([None, None, 1_700_000_000.0]),
+)
+steps = st.lists(
+    st.one_of(
+        events.map(lambda e: ("event", e)),
+        st.tuples(st.just("wait"), st.sampled_from([0.5, 2.0, 7.0])),
+        st.tuples(st.just("epoch"), st.none()),
+    ),
+    max_size=60,
+)
+
+
+def run(script, fast: bool, stream_time: bool):
+    """Outputs, states and metrics of ``script`` through one shard."""
+    now = [1_700_000_100.0]
+    stream = StreamClock(wall=lambda: now[0]) if stream_time else None
+    if stream is not None:
+        stream.note_position("t", 0, caught_up=True)
+    live = LiveRegistry(REGISTRY)
+    context = FlowContext(live, lambda: now[0], stream=stream, fast_lane=fast)
+    shard = ShardLogic(context)
+    before = copy.deepcopy(thread_tally().experiments)
+    counts_before = {k: sum(v[:-1]) for k, v in thread_tally().processing.items()}
+    outputs = []
+    for offset, (kind, what) in enumerate(script):
+        if kind == "wait":
+            now[0] += what
+            outputs.append(shard.wake())
+        elif kind == "epoch":
+            shard.snapshot()
+        else:
+            data = message(*what)
+            raw = orjson.dumps(data)
+            origin = Origin("t", 0, offset, now[0] if stream_time else None)
+            parse = parse_request if what[0] == "request" else parse_feedback
+            event = parse(raw, origin)
+            if not hasattr(event, "request_id"):
+                continue  # refused by the parser: never reaches a shard
+            experiment = live.current[event.experiment]
+            key = experiment.instance_key(event.unit)
+            outputs.append(shard.handle([(key, experiment, event)]))
+    states = {key: instance.to_dict() for key, instance in sorted(shard.instances.items())}
+    resting = sorted(entry.key for entry in shard.resting.entries())
+    after = thread_tally().experiments
+    counted = {
+        name: [
+            a - b
+            for a, b in zip(after[name], before.get(name, [0] * len(after[name])), strict=True)
+        ]
+        for name in after
+    }
+    timed = {k: sum(v[:-1]) - counts_before[k] for k, v in thread_tally().processing.items()}
+    return outputs, states, resting, counted, timed
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps, st.booleans())
+def test_the_lane_serves_as_the_python_path(script, stream_time):
+    assert run(script, True, stream_time) == run(script, False, stream_time)
+
+
+def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
+    """Requests and feedback of a live instance do not reach the Python path."""
+    plain = [("event", ("request", "user", "u1", "r1", 0.0, None, None, None))]
+    plain += [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (2, 3)]
+    plain += [("event", ("feedback", "user", "u1", f"r{i}", 1.5, None, None, None)) for i in (2, 3)]
+    calls = []
+    original = ShardLogic._on_event
+
+    def counted(self, *args):
+        calls.append(args[2].request_id)
+        return original(self, *args)
+
+    monkeypatch.setattr(ShardLogic, "_on_event", counted)
+    outputs, states, *_ = run(plain, True, False)
+    assert calls == ["r1"]  # the first builds the instance
+    assert states["user\x1fu1"]["bandit"]["n_updates"] == 2
+    assert [len(out) for out in outputs] == [1, 1, 1, 0, 0]
+
+
+def test_an_error_in_the_lane_is_the_events_dead_letter(monkeypatch):
+    script = [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (1, 2)]
+    reference, *_ = run(script, True, False)
+
+    def explode(*_args):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(_fast_lane, "uniform_draw", explode)
+    [_, [dead]], states, *_ = run(script, True, False)
+    assert dead.reason == "internal_error" and "disk on fire" in dead.detail
+    assert len(states["user\x1fu1"]["open"]) == 1 and len(reference[1]) == 1
+
+
+def test_the_modules_example_holds():
+    """pytest's --doctest-modules does not read compiled modules: run the example here."""
+    result = doctest.testmod(_fast_lane)
+    assert result.attempted > 0 and result.failed == 0
