@@ -487,6 +487,24 @@ def run_passthrough(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
     """The stack's ceiling: raw confluent-kafka in Python, batched ``consume`` of the same
     input topics, every event produced to an output topic (``produce`` + ``poll(0)``),
     timed from the first message to the last delivery (``flush``)."""
+    return _pass_through(bk, list(inp.topics.values()), inp.events, counter)[0]
+
+
+def run_passthrough_two_hops(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
+    """The ceiling of the two-topic setup: its events cross Kafka twice (the inputs to the
+    internal topic, the internal topic to the answers), so the raw passthrough of both
+    hops, one after the other: events / (time of hop 1 + time of hop 2)."""
+    first, internal = _pass_through(bk, list(inp.topics.values()), inp.events, counter)
+    second, _ = _pass_through(bk, [internal], inp.events, counter)
+    seconds = first["seconds"] + second["seconds"]
+    return {"seconds": seconds, "events_per_s": inp.events / seconds}
+
+
+def _pass_through(
+    bk: Broker, topics: list[str], events: int, counter: Counter
+) -> tuple[dict[str, Any], str]:
+    """``events`` messages of ``topics`` consumed and produced again to a new topic (of as
+    many partitions as the inputs); the time and the new topic."""
     out = new_topics(bk.bootstrap, ("sel",))["sel"]
     consumer = Consumer(
         {
@@ -497,10 +515,10 @@ def run_passthrough(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
         }
     )
     producer = Producer({"bootstrap.servers": bk.bootstrap})
-    consumer.subscribe(list(inp.topics.values()))
+    consumer.subscribe(topics)
     seen, t0 = 0, None
     try:
-        while seen < inp.events:
+        while seen < events:
             for message in consumer.consume(num_messages=1000, timeout=1.0):
                 if message.error() is not None:
                     continue
@@ -512,9 +530,9 @@ def run_passthrough(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
     finally:
         consumer.close()
     seconds = time.perf_counter() - t0
-    if counter.count(out) != inp.events:
-        log(f"  WARNING: passthrough wrote {counter.count(out)} of {inp.events}")
-    return {"seconds": seconds, "events_per_s": inp.events / seconds}
+    if counter.count(out) != events:
+        log(f"  WARNING: passthrough wrote {counter.count(out)} of {events}")
+    return {"seconds": seconds, "events_per_s": events / seconds}, out
 
 
 def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> dict[str, Any]:
@@ -531,7 +549,13 @@ def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> 
         for k in range(plan.repeats):  # references and service alternate: same conditions
             ref = run_reference(bk, inp, counter)
             ceiling = run_passthrough(bk, inp, counter)
+            if mode == "separate":
+                hops = run_passthrough_two_hops(bk, inp, counter)
+                r_hops = hops["events_per_s"]
             r = run_once(bk, registry, inp, counter)
+            if mode == "separate":
+                r["two_hop_passthrough_events_per_s"] = r_hops
+                r["ratio_to_two_hop_passthrough"] = r["steady_events_per_s"] / r_hops
             r["steady_events_per_s"] = (inp.events - tiny.events) / (r["seconds"] - fixed_s)
             r["reference_events_per_s"] = ref["events_per_s"]
             r["ratio_to_reference"] = r["events_per_s"] / ref["events_per_s"]
@@ -559,6 +583,13 @@ def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> 
             "ratio_to_passthrough": statistics.median(r["ratio_to_passthrough"] for r in runs),
             "input": inp,
         }
+        if mode == "separate":
+            results[mode]["two_hop_passthrough_events_per_s"] = statistics.median(
+                r["two_hop_passthrough_events_per_s"] for r in runs
+            )
+            results[mode]["ratio_to_two_hop_passthrough"] = statistics.median(
+                r["ratio_to_two_hop_passthrough"] for r in runs
+            )
         if mode == "separate" and plan.short_epoch_ms is not None:
             log(f"throughput, separate topics, epoch {plan.short_epoch_ms:g} ms (1 run)")
             r = run_once(bk, registry, inp, counter, epoch_ms=plan.short_epoch_ms)
@@ -1234,6 +1265,23 @@ def report_throughput(tp: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     return lines + throughput_notes(tp)
 
 
+def two_hop_note(tp: dict[str, Any]) -> list[str]:
+    """The two-topic setup against the raw passthrough of its two Kafka hops."""
+    separate = tp.get("separate") or {}
+    if "two_hop_passthrough_events_per_s" not in separate:
+        return []
+    hops = separate["two_hop_passthrough_events_per_s"]
+    return [
+        "The two-topic setup's own ceiling (`run_passthrough_two_hops`: the same raw "
+        "passthrough, inputs -> an internal topic, then internal topic -> answers, the two "
+        f"times added): {hops:,.0f} events/s, "
+        f"{hops / separate['passthrough_events_per_s']:.2f} of the one-hop passthrough; "
+        f"service steady / two-hop passthrough {separate['ratio_to_two_hop_passthrough']:.2f} "
+        "(median of ratios).",
+        "",
+    ]
+
+
 def throughput_notes(tp: dict[str, Any]) -> list[str]:
     """The same-run reference and the raw figure of every repeat."""
     reference = "; ".join(
@@ -1260,6 +1308,7 @@ def throughput_notes(tp: dict[str, Any]) -> list[str]:
         "consume of the same topics, every event produced again with poll(0), from the first "
         "message to the last delivery), alternating too: " + ceiling + ". Target: >= 0.8.",
         "",
+        *two_hop_note(tp),
         "Repeats (raw events/s): "
         + "; ".join(f"{mode} {r['events_per_s']:,.0f}" for mode, r in all_runs)
         + ". Every run answered every request with no dead letter: "
