@@ -24,13 +24,14 @@ tests run every kind of event through both and compare outputs, states and metri
 (2, 'r2')
 """
 
-from cpython.object cimport PyObject_GenericSetAttr
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from heapq import heappush
 from time import time
 
 from flows.service.events import Request, Selection
 from flows.service._draw import uniform_draw
+from flows.service._records cimport Layout, kept
 from flows.service.instance import Open, Settled
 from flows.service.metrics import (
     AGE_BUCKETS,
@@ -58,21 +59,20 @@ cdef inline void _bin(list hist, tuple buckets, double x):
     hist[n + 1] += x
 
 
-cdef object _built(type cls, tuple names, tuple values):
-    """An instance of a slots dataclass (frozen or not) without its ``__init__``: each
-    field set through its slot, as ``object.__setattr__`` would."""
-    cdef object made = cls.__new__(cls)
-    cdef Py_ssize_t i
-    for i in range(len(names)):
-        PyObject_GenericSetAttr(made, names[i], values[i])
-    return made
+cdef inline object _next_deadline(object instance):
+    """``Instance.next_deadline``: the one entry's, or the head of the heap of two or
+    more."""
+    held = instance._entries
+    if held is None:
+        return None
+    return instance._deadlines[0][0] if type(held) is dict else held.deadline
 
 
-cdef tuple _SELECTION = (
+cdef Layout _SELECTION = Layout(Selection, (
     "experiment", "unit", "request_id", "instance", "arm", "arm_name", "prob", "round"
-)
-cdef tuple _OPEN = ("rid", "ticket", "unit", "deadline", "origin")
-cdef tuple _SETTLED = ("rid", "ticket", "unit", "deadline")
+))
+cdef Layout _OPEN = Layout(Open, ("rid", "ticket", "unit", "deadline", "origin"))
+cdef Layout _SETTLED = Layout(Settled, ("rid", "ticket", "unit", "deadline"))
 
 
 cdef class _Experiment:
@@ -80,7 +80,8 @@ cdef class _Experiment:
 
     cdef object name, arms, seed
     cdef double ttl, retry_window
-    cdef bint per_unit, contextual
+    cdef bint per_unit
+    cdef Py_ssize_t n_contexts
 
     def __init__(self, experiment):
         self.name = experiment.name
@@ -89,7 +90,7 @@ cdef class _Experiment:
         self.ttl = experiment.feedback_ttl
         self.retry_window = experiment.retry_window
         self.per_unit = experiment.per_unit
-        self.contextual = experiment.n_contexts != 1
+        self.n_contexts = experiment.n_contexts
 
 
 cdef class _Lane:
@@ -99,6 +100,8 @@ cdef class _Lane:
     cdef dict experiments
     cdef bint stream_time, event_time
     cdef double now
+    cdef object noted_source, noted_partition  # the input partition whose time waits
+    cdef double noted_time  # its newest time served, not yet told to the stream clock
 
     def __init__(self, logic):
         self.logic = logic
@@ -127,9 +130,30 @@ cdef class _Lane:
         if not self.stream_time or origin.time is None:
             self.now = self.clock()
         else:
-            self.stream.note_served(origin.source, origin.partition, origin.time)
             self.now = origin.time
+            self._note(origin.source, origin.partition, self.now)
         return self.now
+
+    cdef int _note(self, object source, object partition, double at) except -1:
+        """Note ``at`` as served from (source, partition), once per run of events of one
+        partition: ``StreamClock.note_served`` keeps the newest, so only the run's last
+        matters; ``told`` hands it over before anything reads the stream time."""
+        if self.noted_source is not None and (
+            source != self.noted_source or partition != self.noted_partition
+        ):
+            self.told()
+        if self.noted_source is None or at > self.noted_time:
+            self.noted_time = at
+        self.noted_source, self.noted_partition = source, partition
+        return 0
+
+    cdef int told(self) except -1:
+        """The stream clock told what was served: before the Python path runs, and at the
+        end of the batch."""
+        if self.noted_source is not None:
+            self.stream.note_served(self.noted_source, self.noted_partition, self.noted_time)
+            self.noted_source = None
+        return 0
 
     cdef object request(self, str key, object instance, _Experiment exp, object event):
         """The selection of a new request, or None when the Python path must decide."""
@@ -142,21 +166,38 @@ cdef class _Lane:
             elif held.rid == rid:
                 return None
         context = event.context
-        if exp.contextual or context is not None:
-            return None  # contexts are checked by the Python path
+        if not (context is None if exp.n_contexts == 1 else
+                type(context) is int and 0 <= context < exp.n_contexts):
+            return None  # the Python path writes the dead letter
         bandit = instance.bandit
         now = self._now(event)
-        ticket = bandit.select(None, uniform_draw(exp.seed, key, rid))
-        entry = _built(Open, _OPEN, (rid, ticket, None if exp.per_unit else event.unit,
-                                     now + exp.ttl, event.origin))
-        if held is None:
-            instance._entries = entry
-        else:
-            instance._put(entry)
+        ticket = bandit.select(context, uniform_draw(exp.seed, key, rid))
+        origin = event.origin
+        if type(origin.source) is str:
+            kept(origin)
+        if type(ticket.instance) is str:
+            kept(ticket)
+        entry = kept(_OPEN.built((
+            rid, ticket, None if exp.per_unit else event.unit, now + exp.ttl, origin
+        )))
+        self.put(instance, held, rid, entry, now + exp.ttl)
         arm = ticket.arm
-        return _built(Selection, _SELECTION, (
+        return _SELECTION.built((
             exp.name, event.unit, rid, key, arm, exp.arms[arm], ticket.prob, ticket.round
         ))
+
+    cdef int put(self, object instance, object held, str rid, object entry,
+                 double deadline) except -1:
+        """``Instance._put`` of an Open or a Settled entry (no early feedback involved):
+        the one entry, or into the table of two or more and its heap of deadlines."""
+        if held is None or (type(held) is not dict and held.rid == rid):
+            instance._entries = entry
+        elif type(held) is dict:
+            held[rid] = entry
+            heappush(instance._deadlines, (deadline, rid))
+        else:
+            instance._put(entry)  # a second entry: the table and heap are built there
+        return 0
 
     cdef bint feedback(self, object instance, _Experiment exp, object event) except -1:
         """Apply the feedback of an open ticket; False when the Python path must decide."""
@@ -173,30 +214,28 @@ cdef class _Lane:
             return False  # the Python path writes the arm_mismatch dead letter
         now = self._now(event)
         instance.bandit.update(ticket, event.loss)
-        settled = _built(Settled, _SETTLED, (rid, ticket, entry.unit, now + exp.retry_window))
-        if held is entry:
-            instance._entries = settled
-        else:
-            instance._put(settled)
+        settled = kept(_SETTLED.built((
+            rid, ticket, entry.unit, now + exp.retry_window
+        )))
+        self.put(instance, held, rid, settled, now + exp.retry_window)
         return True
 
     cdef list serve(self, list events):
         cdef list out = []
         logic = self.logic
         for key, experiment, event in events:
-            if type(event) is str:  # WAKE_UP
-                out += logic._wake()
-                continue
-            instance = self.instances.get(key)
-            if (self.event_time or instance is None or instance._notices is not None
-                    or experiment is not instance.experiment):
-                out += logic._on_event(key, experiment, event)
-                continue
-            served = self.serve_one(key, instance, experiment, event)
+            served = None
+            if type(event) is not str:  # not a WAKE_UP
+                instance = self.instances.get(key)
+                if not (self.event_time or instance is None or instance._notices is not None
+                        or experiment is not instance.experiment):
+                    served = self.serve_one(key, instance, experiment, event)
             if served is None:
-                out += logic._on_event(key, experiment, event)
-            else:
-                out += served
+                self.told()
+                served = logic._wake() if type(event) is str else \
+                    logic._on_event(key, experiment, event)
+            out += served
+        self.told()
         return out
 
     cdef object serve_one(self, str key, object instance, object experiment, object event):
@@ -204,6 +243,7 @@ cdef class _Lane:
         cdef double started = _monotonic()
         cdef _Experiment exp = self._experiment(experiment)
         cdef bint is_request = type(event) is Request
+        due = _next_deadline(instance)
         try:
             if is_request:
                 answer = self.request(key, instance, exp, event)
@@ -215,9 +255,11 @@ cdef class _Lane:
             else:
                 return None
         except Exception as exc:  # as ShardLogic._on_event: this event's dead letter
+            self.told()
             return self.logic._failed(key, experiment, event, exc)
         self.touched.add(key)
-        self.deadlines.want(key, instance.next_deadline())
+        if _next_deadline(instance) != due:  # else the shard's queue holds its wake-up
+            self.deadlines.want(key, _next_deadline(instance))
         self.count(exp, is_request, event, _monotonic() - started)
         return out
 

@@ -28,9 +28,6 @@ from libc.math cimport fabs, isfinite
 from libc.stdint cimport uint32_t
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
-import dataclasses
-from types import MemberDescriptorType
-
 import orjson
 
 from flows.service.events import (
@@ -44,6 +41,7 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
+from flows.service._records cimport Layout
 from flows.service.logic import SHARD_NAMES, SHARDS
 from flows.service.registry import UNIT_SEPARATOR, Experiment, Registry
 
@@ -68,66 +66,12 @@ cdef uint32_t _SHARDS = SHARDS
 cdef str _SEPARATOR = UNIT_SEPARATOR
 
 
-cdef extern from *:
-    """
-    static PyObject *tsi_allocated(PyTypeObject *cls) {
-        return cls->tp_alloc(cls, 0);
-    }
-    static int tsi_put(PyObject *slot, PyObject *made, PyObject *value) {
-        return Py_TYPE(slot)->tp_descr_set(slot, made, value);
-    }
-    """
-    object _allocated "tsi_allocated" (type cls)
-    int _put "tsi_put" (object slot, object made, object value) except -1
-
-
-def _slots(cls, expected):
-    """The slots (member descriptors) of the fields this module fills, checked against the
-    class: events.py is the reference, a field added there must be added here."""
-    names = tuple(field.name for field in dataclasses.fields(cls))
-    slots = tuple(cls.__dict__.get(name) for name in names)
-    plain = cls.__new__ is object.__new__ and not hasattr(cls, "__post_init__")
-    if names != expected or not plain or not all(type(s) is MemberDescriptorType for s in slots):
-        raise ImportError(f"_parse.pyx builds {cls.__name__}{expected}, events.py has {names}")
-    return slots
-
-
-cdef tuple _REQUEST = _slots(
+cdef Layout _REQUEST = Layout(
     Request, ("experiment", "unit", "request_id", "context", "ts", "raw", "origin")
 )
-cdef tuple _FEEDBACK = _slots(
+cdef Layout _FEEDBACK = Layout(
     Feedback, ("experiment", "unit", "request_id", "loss", "arm", "ts", "raw", "origin")
 )
-
-
-cdef object _new_request(experiment, unit, request_id, context, ts, raw, origin):
-    """``Request(...)`` without its ``__init__`` (a frozen dataclass's, which sets each
-    field with ``object.__setattr__``): each slot set through its member descriptor."""
-    cdef object made = _allocated(Request)
-    cdef tuple slot = _REQUEST
-    _put(slot[0], made, experiment)
-    _put(slot[1], made, unit)
-    _put(slot[2], made, request_id)
-    _put(slot[3], made, context)
-    _put(slot[4], made, ts)
-    _put(slot[5], made, raw)
-    _put(slot[6], made, origin)
-    return made
-
-
-cdef object _new_feedback(experiment, unit, request_id, loss, arm, ts, raw, origin):
-    """``Feedback(...)``, as ``_new_request``."""
-    cdef object made = _allocated(Feedback)
-    cdef tuple slot = _FEEDBACK
-    _put(slot[0], made, experiment)
-    _put(slot[1], made, unit)
-    _put(slot[2], made, request_id)
-    _put(slot[3], made, loss)
-    _put(slot[4], made, arm)
-    _put(slot[5], made, ts)
-    _put(slot[6], made, raw)
-    _put(slot[7], made, origin)
-    return made
 
 
 # -- the shard: logic.shard_of, zlib's CRC-32 of the key's UTF-8 ------------------------
@@ -251,9 +195,9 @@ cdef class _Lane:
         key = self._instance_key()
         if key is None:
             return None
-        event = _new_request(
+        event = _REQUEST.built((
             self.experiment_id, self.unit, self.request_id, context, self.ts, raw, origin
-        )
+        ))
         return _shard(key), (key, self.experiment, event)
 
     cdef object _feedback(self, dict data, Py_ssize_t known, object raw, object origin):
@@ -266,9 +210,9 @@ cdef class _Lane:
         key = self._instance_key()
         if key is None:
             return None
-        event = _new_feedback(
+        event = _FEEDBACK.built((
             self.experiment_id, self.unit, self.request_id, loss, arm, self.ts, raw, origin
-        )
+        ))
         return _shard(key), (key, self.experiment, event)
 
     cdef bint _common(self, dict data, Py_ssize_t* known) except -1:

@@ -25,6 +25,7 @@ from bytewax.dataflow import Dataflow, Stream, operator
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
+from flows.service._records import kafka_message
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.events import Origin
 from flows.service.metrics import note_broker_contact, observe_kafka_stats
@@ -116,10 +117,8 @@ class _ObservedPartition(_KafkaSourcePartition):
         return out
 
     def _convert(self, message: Any) -> Any:
-        """An input message as (bytes, Origin)."""
-        return message.value(), Origin(
-            self._topic, self._part_idx, message.offset(), _stamp(message)
-        )
+        """An input message as (bytes, Origin), built in C (``_records.kafka_message``)."""
+        return kafka_message(message, self._topic, self._part_idx)
 
     def _process_stats(self, json_stats: str) -> None:
         try:
@@ -403,12 +402,6 @@ def _source_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> kop.K
     """``bytewax.connectors.kafka.operators.input`` with a source of our choosing; the
     same inner step ids, so recovery stores written before stay readable."""
     return op.input("kafka_input", flow, source).then(kop._kafka_error_split, "split_err")
-
-
-def _stamp(message: Any) -> float | None:
-    """The time Kafka stamped a message with, in Unix seconds (None if it has none)."""
-    _kind, ms = message.timestamp()
-    return ms / 1000.0 if ms > 0 else None
 
 
 def _as_source_message(message: Any) -> KafkaSourceMessage:
