@@ -59,6 +59,12 @@ cdef inline void _bin(list hist, tuple buckets, double x):
     hist[n + 1] += x
 
 
+cdef inline object _bandit(object instance):
+    """``Instance.bandit``: the live bandit, without the property's call when it is live."""
+    bandit = instance._bandit
+    return instance.bandit if bandit is None else bandit
+
+
 cdef inline object _next_deadline(object instance):
     """``Instance.next_deadline``: the one entry's, or the head of the heap of two or
     more."""
@@ -169,7 +175,7 @@ cdef class _Lane:
         if not (context is None if exp.n_contexts == 1 else
                 type(context) is int and 0 <= context < exp.n_contexts):
             return None  # the Python path writes the dead letter
-        bandit = instance.bandit
+        bandit = _bandit(instance)
         now = self._now(event)
         ticket = bandit.select(context, uniform_draw(exp.seed, key, rid))
         origin = event.origin
@@ -213,7 +219,7 @@ cdef class _Lane:
         if named is not None and named != ticket.arm and named != exp.arms[ticket.arm]:
             return False  # the Python path writes the arm_mismatch dead letter
         now = self._now(event)
-        instance.bandit.update(ticket, event.loss)
+        _bandit(instance).update(ticket, event.loss)
         settled = kept(_SETTLED.built((
             rid, ticket, entry.unit, now + exp.retry_window
         )))

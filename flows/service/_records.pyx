@@ -13,7 +13,9 @@ as one the cyclic GC need not walk: these hold only strings, numbers and each ot
 they can be in no cycle, and with 10^5 tickets open the collector was walking them all,
 again and again (~20% of an event's time).
 
-``kafka_message`` is the first record of every input: a Kafka message as (bytes, Origin).
+At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin), and
+``split_outputs`` writes a shard's answers as JSON (``Selection.to_json`` is the
+reference), setting its dead letters apart.
 
 >>> made = Layout(Origin, ("source", "partition", "offset", "time")).new(("t", 0, 5, 1.5))
 >>> made == Origin("t", 0, 5, 1.5)
@@ -25,7 +27,9 @@ from types import MemberDescriptorType
 
 from cpython.object cimport PyObject
 
-from flows.service.events import Origin
+import orjson
+
+from flows.service.events import DeadLetter, Origin, Selection
 
 
 cdef extern from *:
@@ -89,3 +93,53 @@ def kafka_message(message, str topic, partition) -> tuple:
     _kind, ms = message.timestamp()
     at = ms / 1000.0 if ms > 0 else None
     return message.value(), _ORIGIN.built((topic, partition, message.offset(), at))
+
+
+def kafka_batch(list messages, str topic, partition, convert, on_error, int eof_code):
+    """What one ``consume`` returned, in order: (items, the last offset read or None,
+    whether the partition's end was reached). A message becomes ``convert(message)`` or,
+    with ``convert`` None, ``kafka_message``; a ``convert`` that returns None drops it (a
+    second copy); a message with an error becomes ``on_error(message, error)``; the end
+    of the partition (error code ``eof_code``) stops the batch."""
+    cdef list out = []
+    last, eof = None, False
+    for message in messages:
+        error = message.error()
+        if error is None:
+            item = kafka_message(message, topic, partition) if convert is None \
+                else convert(message)
+            if item is not None:
+                out.append(item)
+        elif error.code() == eof_code:
+            eof = True
+            break
+        else:
+            out.append(on_error(message, error))
+        last = message.offset()
+    return out, last, eof
+
+
+
+def split_outputs(list outputs) -> tuple:
+    """A shard's outputs as selections, serialised and keyed by instance, and dead letters
+    (``flows.service.dataflow.split_outputs``)."""
+    cdef list selections = [], dead = []
+    for out in outputs:
+        if type(out) is DeadLetter:
+            dead.append(out)
+        elif type(out) is Selection:
+            selections.append((out.instance, _dumps({
+                "experiment": out.experiment,
+                "unit": out.unit,
+                "request_id": out.request_id,
+                "arm": out.arm,
+                "arm_name": out.arm_name,
+                "prob": out.prob,
+                "round": out.round,
+            })))
+        else:
+            selections.append((out.instance, out.to_json()))
+    return selections, dead
+
+
+cdef object _dumps = orjson.dumps

@@ -26,7 +26,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import StatefulBatchLogic
 
-from flows.service import _parse
+from flows.service import _parse, _records
 from flows.service.deadlines import WakeUps
 from flows.service.events import (
     DEFAULT_DEAD_LETTER_RAW,
@@ -246,14 +246,9 @@ def _wake_ups(
 
 
 def split_outputs(outputs: list[Output]) -> tuple[list[KeyedBytes], list[DeadLetter]]:
-    """A shard's outputs as selections, serialised and keyed by instance, and dead letters."""
-    selections, dead = [], []
-    for out in outputs:
-        if type(out) is DeadLetter:
-            dead.append(out)
-        else:
-            selections.append((out.instance, out.to_json()))
-    return selections, dead
+    """A shard's outputs as selections, serialised and keyed by instance, and dead letters
+    (in C: ``flows.service._records.split_outputs``, the JSON of ``Selection.to_json``)."""
+    return _records.split_outputs(outputs)
 
 
 class Traced(StatefulBatchLogic[Routed, list, Any]):

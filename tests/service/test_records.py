@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flows.service import _records
-from flows.service.events import Origin, parse_request
+from flows.service.events import DeadLetter, Origin, Selection, parse_request
 from flows.service.logic import logic_builder
 from flows.service.registry import Registry
 
-Layout, kafka_message = _records.Layout, _records.kafka_message
+Layout, kafka_message, kafka_batch = _records.Layout, _records.kafka_message, _records.kafka_batch
 ORIGIN_FIELDS = ("source", "partition", "offset", "time")
 values = st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.text())
 
@@ -41,8 +41,12 @@ class Message:
     """What a confluent-kafka Message answers (a unit test of the conversion alone; the
     Kafka tests run it against the broker)."""
 
-    def __init__(self, value, offset, timestamp):
+    def __init__(self, value, offset, timestamp, error=None):
         self._value, self._offset, self._timestamp = value, offset, timestamp
+        self._error = error
+
+    def error(self):
+        return self._error
 
     def value(self):
         return self._value
@@ -60,6 +64,52 @@ class Message:
 def test_a_kafka_message_becomes_its_bytes_and_origin(timestamp, time):
     raw, origin = kafka_message(Message(b"{}", 17, timestamp), "tsi.requests", 2)
     assert raw == b"{}" and origin == Origin("tsi.requests", 2, 17, time)
+
+
+class Error:
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+
+def test_a_kafka_batch_keeps_order_turns_errors_into_items_and_stops_at_the_end():
+    stamp = (1, 2_000)
+    messages = [
+        Message(b"a", 4, stamp),
+        Message(None, 5, stamp, Error(7)),
+        Message(b"b", 6, stamp),
+        Message(None, 7, stamp, Error(-191)),  # the end of the partition
+        Message(b"c", 8, stamp),
+    ]
+    out, last, eof = kafka_batch(messages, "t", 1, None, lambda m, e: ("error", e.code()), -191)
+    assert out == [(b"a", Origin("t", 1, 4, 2.0)), ("error", 7), (b"b", Origin("t", 1, 6, 2.0))]
+    assert (last, eof) == (6, True)
+    dropped = kafka_batch(messages[:1], "t", 1, lambda m: None, None, -191)
+    assert dropped == ([], 4, False)  # a converter's None drops the message (second copies)
+
+
+@given(
+    st.lists(
+        st.builds(
+            Selection,
+            st.text(),
+            st.none() | st.text(),
+            st.text(),
+            st.text(),
+            st.integers(0, 9),
+            st.text(),
+            st.floats(0, 1),
+            st.integers(1, 2**40),
+        )
+        | st.builds(DeadLetter, st.text(), st.text(), st.binary(), st.just(Origin("t")))
+    )
+)
+def test_split_outputs_writes_what_selection_to_json_writes(outputs):
+    selections, dead = _records.split_outputs(outputs)
+    assert selections == [(o.instance, o.to_json()) for o in outputs if type(o) is Selection]
+    assert dead == [o for o in outputs if type(o) is DeadLetter]
 
 
 def test_what_a_shard_keeps_per_ticket_is_not_walked_by_the_collector():

@@ -25,7 +25,7 @@ from bytewax.dataflow import Dataflow, Stream, operator
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
-from flows.service._records import kafka_message
+from flows.service._records import kafka_batch
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.events import Origin
 from flows.service.metrics import note_broker_contact, observe_kafka_stats
@@ -94,31 +94,23 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def _consume(self) -> list[Any]:
         """Bytewax 0.21.1's ``next_batch`` without a ``KafkaSourceMessage`` per message
-        (7 us of the service's ~30 us an event, profiled): messages as ``_convert`` makes
-        them, errors as ``KafkaError``s, the end of a partition (``tail=False``) noted."""
+        (7 us of the service's ~30 us an event, profiled), read in C (``_records.kafka_batch``):
+        messages as ``_converter`` says, errors as ``KafkaError``s, the end of a partition
+        (``tail=False``) noted."""
         if self._eof:
             raise StopIteration
-        out: list[Any] = []
-        last = None
-        for message in self._consumer.consume(self._batch_size, 0.001):
-            error = message.error()
-            if error is None:
-                item = self._convert(message)
-                if item is not None:
-                    out.append(item)
-            elif error.code() == ConfluentKafkaError._PARTITION_EOF:
-                self._eof = True
-                break
-            else:
-                out.append(KafkaError(error, _as_source_message(message)))
-            last = message.offset()
+        messages = self._consumer.consume(self._batch_size, 0.001)
+        out, last, self._eof = kafka_batch(
+            messages, self._topic, self._part_idx, self._converter(), _error_item, _EOF
+        )
         if last is not None:
             self._offset = last + 1  # resume after it, not at it
         return out
 
-    def _convert(self, message: Any) -> Any:
-        """An input message as (bytes, Origin), built in C (``_records.kafka_message``)."""
-        return kafka_message(message, self._topic, self._part_idx)
+    def _converter(self) -> Callable[[Any], Any] | None:
+        """How a message becomes an item: None for (bytes, Origin), built in C
+        (``flows.service._records.kafka_message``)."""
+        return None
 
     def _process_stats(self, json_stats: str) -> None:
         try:
@@ -257,6 +249,9 @@ class _InternalPartition(_ObservedPartition):
         super().__init__(*args, source=source)
         self._inputs = source.inputs
         self._seen = seen
+
+    def _converter(self) -> Callable[[Any], Any] | None:
+        return self._convert
 
     def _convert(self, message: Any) -> Any:
         """A copy as (bytes, its input's Origin), or None for a second copy."""
@@ -402,6 +397,14 @@ def _source_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> kop.K
     """``bytewax.connectors.kafka.operators.input`` with a source of our choosing; the
     same inner step ids, so recovery stores written before stay readable."""
     return op.input("kafka_input", flow, source).then(kop._kafka_error_split, "split_err")
+
+
+_EOF = ConfluentKafkaError._PARTITION_EOF
+
+
+def _error_item(message: Any, error: Any) -> KafkaError:
+    """A message that carries an error, as Bytewax's ``KafkaError`` item."""
+    return KafkaError(error, _as_source_message(message))
 
 
 def _as_source_message(message: Any) -> KafkaSourceMessage:
