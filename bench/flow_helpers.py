@@ -11,6 +11,13 @@
     calls for every shard touched in an epoch, at the epoch's close, even without recovery)
     by one returning None; ``--no-gc`` disables the cyclic garbage collector.
 
+``python bench/flow_helpers.py passthrough HOPS``
+    The latency reference: raw confluent-kafka, no Bytewax, no service. Requests are read
+    (``TSI_TOPIC_REQUESTS``; feedback, ``TSI_TOPIC_FEEDBACK``, read and dropped) and
+    written back as they came to the selections topic, with the service's delivery check
+    (each batch flushed). With HOPS=2 they first cross ``TSI_TOPIC_INTERNAL``, as the
+    default two-topic setup's events do. One thread, every read non-blocking.
+
 ``python bench/flow_helpers.py floor N``
     Bytewax's own memory per key: N keys through ``op.stateful`` with a logic that keeps
     nothing; prints ``{"keys": N, "bytes_per_key": ...}`` (RSS growth / N, read by the
@@ -69,6 +76,52 @@ def serve(epoch_ms: float, options: list[str]) -> None:
     )
 
 
+def passthrough(hops: int) -> None:
+    """See the module's docstring; runs until terminated."""
+    import os
+
+    from confluent_kafka import Consumer, Producer
+
+    env = os.environ
+    brokers = env["KAFKA_BOOTSTRAP_SERVERS"]
+    producer = Producer({"bootstrap.servers": brokers, "linger.ms": 5, "acks": "all"})
+
+    def reader(topics: list[str]) -> Consumer:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": brokers,
+                "group.id": f"passthrough-{os.getpid()}-{topics[0]}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.subscribe(topics)
+        return consumer
+
+    inputs = [env["TSI_TOPIC_REQUESTS"], env["TSI_TOPIC_FEEDBACK"]]
+    first = reader(inputs)
+    second = reader([env["TSI_TOPIC_INTERNAL"]]) if hops == 2 else None
+    to_first = env["TSI_TOPIC_INTERNAL"] if hops == 2 else env["TSI_TOPIC_SELECTIONS"]
+    while True:
+        idle = _copy(first, producer, to_first, inputs[0] if hops == 1 else None)
+        if second is not None:
+            idle = _copy(second, producer, env["TSI_TOPIC_SELECTIONS"], inputs[0]) and idle
+        if idle:
+            time.sleep(0.001)  # as Bytewax polls an empty source again 1 ms later
+
+
+def _copy(consumer: Any, producer: Any, to: str, only: str | None) -> bool:
+    """One non-blocking read copied to ``to`` (of the messages from topic ``only``, or all),
+    flushed; True when there was nothing to read."""
+    messages = consumer.consume(1000, 0)
+    for message in messages:
+        if message.error() is None and (only is None or message.topic() == only):
+            producer.produce(to, message.value(), message.key())
+    if messages:
+        producer.flush()
+    return not messages
+
+
 class _Empty(StatefulLogic[int, Any, None]):
     """Keeps nothing; the probe item records the RSS."""
 
@@ -102,10 +155,15 @@ def floor(n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    if len(sys.argv) < 3 or sys.argv[1] not in ("serve", "floor"):
-        sys.exit("usage: flow_helpers.py serve EPOCH_MS [--no-snapshot] [--no-gc] | floor N")
+    if len(sys.argv) < 3 or sys.argv[1] not in ("serve", "floor", "passthrough"):
+        sys.exit(
+            "usage: flow_helpers.py serve EPOCH_MS [--no-snapshot] [--no-gc] | floor N"
+            " | passthrough HOPS"
+        )
     if sys.argv[1] == "serve":
         serve(float(sys.argv[2]), sys.argv[3:])
+    elif sys.argv[1] == "passthrough":
+        passthrough(int(sys.argv[2]))
     else:
         print(json.dumps(floor(int(sys.argv[2]))))
 
