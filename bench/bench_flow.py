@@ -188,6 +188,12 @@ RUN_RECOVERY_FEEDBACK = LatencyConfig(
     "10 s",
     feedback=True,
 )
+RUN_RECOVERY_S1_FEEDBACK = LatencyConfig(
+    "tsi run --recovery-dir DIR --snapshot-every 1, + feedback",
+    ("-m", "flows.cli", "run", "--recovery-dir", "{recovery}", "--snapshot-every", "1"),
+    "1 s",
+    feedback=True,
+)
 RUN_DEFAULT_FEEDBACK = LatencyConfig(
     "python -m bytewax.run flows.service.main:flow, + feedback",
     RUN_DEFAULT.server,
@@ -213,6 +219,7 @@ FULL = Plan(
         SERVER_10MS,
         RUN_DEFAULT_FEEDBACK,
         RUN_RECOVERY_FEEDBACK,
+        RUN_RECOVERY_S1_FEEDBACK,
         NO_SNAPSHOT,
         NO_SNAPSHOT_NO_GC,
     ),
