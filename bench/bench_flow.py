@@ -555,7 +555,12 @@ def _pass_through(
                 if message.error() is not None:
                     continue
                 t0 = t0 or time.perf_counter()
-                producer.produce(out, message.value(), message.key())
+                while True:
+                    try:
+                        producer.produce(out, message.value(), message.key())
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        producer.poll(0.01)
                 producer.poll(0)
                 seen += 1
         producer.flush()

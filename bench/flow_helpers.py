@@ -103,19 +103,26 @@ def passthrough(hops: int) -> None:
     second = reader([env["TSI_TOPIC_INTERNAL"]]) if hops == 2 else None
     to_first = env["TSI_TOPIC_INTERNAL"] if hops == 2 else env["TSI_TOPIC_SELECTIONS"]
     while True:
-        idle = _copy(first, producer, to_first, inputs[0] if hops == 1 else None)
+        idle = _copy(first, producer, to_first, hops == 2, inputs[0])
         if second is not None:
-            idle = _copy(second, producer, env["TSI_TOPIC_SELECTIONS"], inputs[0]) and idle
+            idle = _copy(second, producer, env["TSI_TOPIC_SELECTIONS"], False, None) and idle
         if idle:
             time.sleep(0.001)  # as Bytewax polls an empty source again 1 ms later
 
 
-def _copy(consumer: Any, producer: Any, to: str, only: str | None) -> bool:
-    """One non-blocking read copied to ``to`` (of the messages from topic ``only``, or all),
-    flushed; True when there was nothing to read."""
+def _copy(consumer: Any, producer: Any, to: str, copies: bool, requests: str | None) -> bool:
+    """One non-blocking read written to ``to``, flushed; True when there was nothing to
+    read. ``copies``: every message is written with a header naming its input (as the
+    service's internal copies are); else only requests are (the answers): those of topic
+    ``requests``, or copies whose header names a request."""
     messages = consumer.consume(1000, 0)
     for message in messages:
-        if message.error() is None and (only is None or message.topic() == only):
+        if message.error() is not None:
+            continue
+        if copies:
+            tag = b"r" if message.topic() == requests else b"f"
+            producer.produce(to, message.value(), message.key(), headers=[("o", tag)])
+        elif message.topic() == requests or (message.headers() or [("o", b"")])[0][1] == b"r":
             producer.produce(to, message.value(), message.key())
     if messages:
         producer.flush()
