@@ -2,12 +2,13 @@
 """The shard's common events, compiled: the fast lane of ``ShardLogic.handle``.
 
 Most events a shard sees are a new request of a live instance and the feedback of its
-open ticket. This loop serves those two in C, on the same state objects
-(``flows.service.instance``: an ``Instance``, its ``Open`` and ``Settled`` entries,
-its bandit) and with the same metrics, and hands every other event to the Python path
-(``ShardLogic._on_event``, ``ShardLogic._wake``), which is the reference: a retry, a
-duplicate, early or late feedback, a context to check, a new or packed-away instance, a
-registry change, event time, anything unusual. The lane takes an event only when it can
+open ticket (or, when both topics have a backlog, feedback that comes before its
+request). This loop serves those in C, on the same state objects
+(``flows.service.instance``: an ``Instance``, its entries, its bandit) and with the same
+metrics, and hands every other event to the Python path (``ShardLogic._on_event``,
+``ShardLogic._wake``), which is the reference: a retry, a duplicate, late feedback, a
+wrong context, a full early-feedback buffer, a new or packed-away instance, a registry
+change, event time, anything unusual. The lane takes an event only when it can
 tell, before changing anything, that the reference would serve it the plain way; the
 tests run every kind of event through both and compare outputs, states and metrics.
 
@@ -32,13 +33,14 @@ from time import time
 from flows.service.events import Request, Selection
 from flows.service._draw import uniform_draw
 from flows.service._records cimport Layout, kept
-from flows.service.instance import Open, Settled
+from flows.service.instance import Early, Handled, Open, Settled
 from flows.service.metrics import (
     AGE_BUCKETS,
     APPLIED,
     DECISIONS,
     PENDING,
     PROCESSING_BUCKETS,
+    observe_item,
     thread_tally,
 )
 
@@ -79,6 +81,10 @@ cdef Layout _SELECTION = Layout(Selection, (
 ))
 cdef Layout _OPEN = Layout(Open, ("rid", "ticket", "unit", "deadline", "origin"))
 cdef Layout _SETTLED = Layout(Settled, ("rid", "ticket", "unit", "deadline"))
+cdef Layout _EARLY = Layout(Early, ("rid", "feedback", "deadline"))
+cdef enum:
+    APPLIED_NOW = 1  # feedback applied to its open ticket
+    EARLY = 2  # feedback kept until its request comes
 
 
 cdef class _Experiment:
@@ -87,7 +93,7 @@ cdef class _Experiment:
     cdef object name, arms, seed
     cdef double ttl, retry_window
     cdef bint per_unit
-    cdef Py_ssize_t n_contexts
+    cdef Py_ssize_t n_contexts, early_limit
 
     def __init__(self, experiment):
         self.name = experiment.name
@@ -97,6 +103,7 @@ cdef class _Experiment:
         self.retry_window = experiment.retry_window
         self.per_unit = experiment.per_unit
         self.n_contexts = experiment.n_contexts
+        self.early_limit = experiment.early_feedback_limit
 
 
 cdef class _Lane:
@@ -165,12 +172,11 @@ cdef class _Lane:
         """The selection of a new request, or None when the Python path must decide."""
         rid = event.request_id
         held = instance._entries
+        waiting = None  # feedback that came first
         if held is not None:
-            if type(held) is dict:
-                if rid in held:
-                    return None
-            elif held.rid == rid:
-                return None
+            waiting = held.get(rid) if type(held) is dict else held if held.rid == rid else None
+            if waiting is not None and type(waiting) is not Early:
+                return None  # a retry: the Python path answers it
         context = event.context
         if not (context is None if exp.n_contexts == 1 else
                 type(context) is int and 0 <= context < exp.n_contexts):
@@ -186,11 +192,15 @@ cdef class _Lane:
         entry = kept(_OPEN.built((
             rid, ticket, None if exp.per_unit else event.unit, now + exp.ttl, origin
         )))
-        self.put(instance, held, rid, entry, now + exp.ttl)
         arm = ticket.arm
-        return _SELECTION.built((
+        answer = _SELECTION.built((
             exp.name, event.unit, rid, key, arm, exp.arms[arm], ticket.prob, ticket.round
         ))
+        if waiting is None:
+            self.put(instance, held, rid, entry, now + exp.ttl)
+            return answer
+        instance._put(entry)  # in place of the waiting feedback, which is applied now
+        return instance.apply_waiting(Handled([answer], pending=1), waiting, now)
 
     cdef int put(self, object instance, object held, str rid, object entry,
                  double deadline) except -1:
@@ -205,15 +215,22 @@ cdef class _Lane:
             instance._put(entry)  # a second entry: the table and heap are built there
         return 0
 
-    cdef bint feedback(self, object instance, _Experiment exp, object event) except -1:
-        """Apply the feedback of an open ticket; False when the Python path must decide."""
+    cdef int feedback(self, object instance, _Experiment exp, object event) except -1:
+        """Apply the feedback of an open ticket (APPLIED), keep feedback that came before
+        its request (EARLY), or leave it to the Python path (0)."""
         rid = event.request_id
         held = instance._entries
-        if held is None:
-            return False
-        entry = held.get(rid) if type(held) is dict else held if held.rid == rid else None
+        entry = None
+        if held is not None:
+            entry = held.get(rid) if type(held) is dict else held if held.rid == rid else None
+        if entry is None:
+            if instance._n_early >= exp.early_limit:
+                return 0  # the Python path writes the early_buffer_full dead letter
+            now = self._now(event)
+            instance._put(kept(_EARLY.built((rid, event, now + exp.ttl))))
+            return EARLY
         if type(entry) is not Open:
-            return False
+            return 0
         ticket = entry.ticket
         named = event.arm
         if named is not None and named != ticket.arm and named != exp.arms[ticket.arm]:
@@ -224,7 +241,7 @@ cdef class _Lane:
             rid, ticket, entry.unit, now + exp.retry_window
         )))
         self.put(instance, held, rid, settled, now + exp.retry_window)
-        return True
+        return APPLIED_NOW
 
     cdef list serve(self, list events):
         cdef list out = []
@@ -249,24 +266,35 @@ cdef class _Lane:
         cdef double started = _monotonic()
         cdef _Experiment exp = self._experiment(experiment)
         cdef bint is_request = type(event) is Request
+        cdef int done
         due = _next_deadline(instance)
+        handled = None  # what the Python metrics count, for the less plain cases
         try:
             if is_request:
                 answer = self.request(key, instance, exp, event)
                 if answer is None:
                     return None
-                out = [answer]
-            elif self.feedback(instance, exp, event):
-                out = []
+                if type(answer) is Handled:  # and the feedback that waited for it
+                    handled, out = answer, list(answer)
+                else:
+                    out = [answer]
             else:
-                return None
+                done = self.feedback(instance, exp, event)
+                if done == 0:
+                    return None
+                out = []
+                if done == EARLY:
+                    handled = Handled(early=1)
         except Exception as exc:  # as ShardLogic._on_event: this event's dead letter
             self.told()
             return self.logic._failed(key, experiment, event, exc)
         self.touched.add(key)
         if _next_deadline(instance) != due:  # else the shard's queue holds its wake-up
             self.deadlines.want(key, _next_deadline(instance))
-        self.count(exp, is_request, event, _monotonic() - started)
+        if handled is None:
+            self.count(exp, is_request, event, _monotonic() - started)
+        else:
+            observe_item(exp.name, event, handled, False, started, self.now)
         return out
 
     cdef void count(self, _Experiment exp, bint is_request, object event, double spent):

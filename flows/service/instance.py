@@ -302,11 +302,16 @@ class Instance:
         self._put(Open(rid, ticket, unit, now + self.experiment.feedback_ttl, request.origin))
         served = Handled([self._answer(rid, ticket, unit)], pending=1)
         if type(entry) is Early:  # its feedback was waiting: apply it now
-            waited = self.on_feedback(entry.feedback, now)
-            served += waited
-            served.pending += waited.pending
-            served.applied += waited.applied
-            served.early = -1
+            return self.apply_waiting(served, entry, now)
+        return served
+
+    def apply_waiting(self, served: Handled, waiting: Early, now: float) -> Handled:
+        """``served``, a request's answer, with the feedback that waited for it applied."""
+        waited = self.on_feedback(waiting.feedback, now)
+        served += waited
+        served.pending += waited.pending
+        served.applied += waited.applied
+        served.early = -1
         return served
 
     def _check_context(self, request: Request) -> DeadLetter | None:
