@@ -572,6 +572,26 @@ def _pass_through(
     return {"seconds": seconds, "events_per_s": events / seconds}, out
 
 
+def throughput_repeat(
+    bk: Broker, registry: Registry, inp: Input, counter: Counter, tiny: int, fixed_s: float
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One repeat: the references (and, for two topics, the two-hop passthrough), then the
+    service; the service's run with its ratios, the reference and the passthrough."""
+    ref = run_reference(bk, inp, counter)
+    ceiling = run_passthrough(bk, inp, counter)
+    hops = run_passthrough_two_hops(bk, inp, counter) if inp.mode == "separate" else None
+    r = run_once(bk, registry, inp, counter)
+    r["steady_events_per_s"] = (inp.events - tiny) / (r["seconds"] - fixed_s)
+    if hops is not None:
+        r["two_hop_passthrough_events_per_s"] = hops["events_per_s"]
+        r["ratio_to_two_hop_passthrough"] = r["steady_events_per_s"] / hops["events_per_s"]
+    r["reference_events_per_s"] = ref["events_per_s"]
+    r["ratio_to_reference"] = r["events_per_s"] / ref["events_per_s"]
+    r["passthrough_events_per_s"] = ceiling["events_per_s"]
+    r["ratio_to_passthrough"] = r["steady_events_per_s"] / ceiling["events_per_s"]
+    return r, ref, ceiling
+
+
 def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> dict[str, Any]:
     settle_heap()  # the GC settings every service process runs with (and the references)
     results: dict[str, Any] = {}
@@ -584,20 +604,7 @@ def throughput(bk: Broker, plan: Plan, registry: Registry, counter: Counter) -> 
         inp = prepare_input(bk, mode, plan.requests, plan.units)
         runs, references, passes = [], [], []
         for k in range(plan.repeats):  # references and service alternate: same conditions
-            ref = run_reference(bk, inp, counter)
-            ceiling = run_passthrough(bk, inp, counter)
-            if mode == "separate":
-                hops = run_passthrough_two_hops(bk, inp, counter)
-                r_hops = hops["events_per_s"]
-            r = run_once(bk, registry, inp, counter)
-            r["steady_events_per_s"] = (inp.events - tiny.events) / (r["seconds"] - fixed_s)
-            if mode == "separate":
-                r["two_hop_passthrough_events_per_s"] = r_hops
-                r["ratio_to_two_hop_passthrough"] = r["steady_events_per_s"] / r_hops
-            r["reference_events_per_s"] = ref["events_per_s"]
-            r["ratio_to_reference"] = r["events_per_s"] / ref["events_per_s"]
-            r["passthrough_events_per_s"] = ceiling["events_per_s"]
-            r["ratio_to_passthrough"] = r["steady_events_per_s"] / ceiling["events_per_s"]
+            r, ref, ceiling = throughput_repeat(bk, registry, inp, counter, tiny.events, fixed_s)
             log(
                 f"  repeat {k + 1}: {r['seconds']:.2f} s, {r['events_per_s']:,.0f} events/s raw; "
                 f"reference {ref['events_per_s']:,.0f} (ratio {r['ratio_to_reference']:.2f}); "

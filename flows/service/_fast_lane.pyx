@@ -289,8 +289,9 @@ cdef class _Lane:
             self.told()
             return self.logic._failed(key, experiment, event, exc)
         self.touched.add(key)
-        if _next_deadline(instance) != due:  # else the shard's queue holds its wake-up
-            self.deadlines.want(key, _next_deadline(instance))
+        after = _next_deadline(instance)
+        if after != due:  # else the shard's queue holds its wake-up
+            self.deadlines.want(key, after)
         if handled is None:
             self.count(exp, is_request, event, _monotonic() - started)
         else:

@@ -14,8 +14,8 @@ they can be in no cycle, and with 10^5 tickets open the collector was walking th
 again and again (~20% of an event's time).
 
 At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin), and
-``split_outputs`` writes a shard's answers as JSON (``Selection.to_json`` is the
-reference), setting its dead letters apart.
+``split_outputs`` writes a shard's answers as JSON (``Selection.to_json``), setting its
+dead letters apart.
 
 >>> made = Layout(Origin, ("source", "partition", "offset", "time")).new(("t", 0, 5, 1.5))
 >>> made == Origin("t", 0, 5, 1.5)
@@ -27,9 +27,7 @@ from types import MemberDescriptorType
 
 from cpython.object cimport PyObject
 
-import orjson
-
-from flows.service.events import DeadLetter, Origin, Selection
+from flows.service.events import DeadLetter, Origin
 
 
 cdef extern from *:
@@ -121,25 +119,12 @@ def kafka_batch(list messages, str topic, partition, convert, on_error, int eof_
 
 
 def split_outputs(list outputs) -> tuple:
-    """A shard's outputs as selections, serialised and keyed by instance, and dead letters
-    (``flows.service.dataflow.split_outputs``)."""
+    """A shard's outputs as selections, serialised (``Selection.to_json``) and keyed by
+    instance, and dead letters (``flows.service.dataflow.split_outputs``)."""
     cdef list selections = [], dead = []
     for out in outputs:
         if type(out) is DeadLetter:
             dead.append(out)
-        elif type(out) is Selection:
-            selections.append((out.instance, _dumps({
-                "experiment": out.experiment,
-                "unit": out.unit,
-                "request_id": out.request_id,
-                "arm": out.arm,
-                "arm_name": out.arm_name,
-                "prob": out.prob,
-                "round": out.round,
-            })))
         else:
             selections.append((out.instance, out.to_json()))
     return selections, dead
-
-
-cdef object _dumps = orjson.dumps
