@@ -54,6 +54,14 @@ def shard_of(key: str, shards: int = SHARDS) -> str:
 
 SHARD_NAMES = tuple(f"shard-{index:03d}" for index in range(SHARDS))
 
+#: Seconds without an event after which an instance is put to rest (packed; with a shard
+#: log, written to it): a generation of the shard's changed keys turns every ``REST_AFTER``
+#: seconds, and what the last one changed and the current one has not is settled a few
+#: keys per call. An epoch's close then writes only what changed in the last one or two
+#: generations, and without recovery it does nothing at all.
+REST_AFTER = 1.0
+SETTLE_BASE = 64
+
 
 @dataclass(frozen=True)
 class FlowContext:
@@ -74,6 +82,7 @@ class FlowContext:
     # plain requests and feedback served by the compiled loop (``flows.service._fast_lane``);
     # False runs every event through the Python path, the reference it is tested against
     fast_lane: bool = True
+    rest_after: float = REST_AFTER  # see REST_AFTER; 0 settles at every call
 
 
 class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
@@ -99,7 +108,10 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self.instances: dict[str, Instance] = {}
         self.resting = Resting()  # saved, not built: idle, or of an experiment not in force
         self.deadlines = DeadlineQueue()  # instance keys, by their next deadline
-        self.touched: set[str] = set()  # instances changed since the last snapshot
+        self.touched: set[str] = set()  # instances changed in this generation
+        self.cooling: set[str] = set()  # changed in the generation before, not since
+        self.settling: list[str] = []  # unchanged for a generation: to put to rest
+        self.turned = time.monotonic()  # when the generation turned
         self.log: ShardLog | None = None
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
         if resume:
@@ -175,6 +187,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
                     out += self._wake()
                 else:
                     out += self._on_event(key, experiment, event)
+        self._settle(len(events))
         self._wish()
         return out
 
@@ -288,15 +301,57 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         problems to hand out)."""
         if self.context.wake_ups and not self.context.event_time and self.shard is not None:
             due = self._now() if self.problems else self.deadlines.next()
-            worker_queue().want(self.shard, due)
+            worker_queue().want(self.shard, self._sooner(due))
+
+    def _sooner(self, due: float | None) -> float | None:
+        """``due``, or sooner if instances wait to be put to rest (now) or the generation
+        should turn: a shard no event reaches still settles what its last events changed."""
+        if self.settling:
+            wait = 0.0
+        elif self.touched or self.cooling:
+            wait = max(0.0, self.turned + self.context.rest_after - time.monotonic())
+        else:
+            return due
+        settle = self._now() + wait
+        return settle if due is None else min(due, settle)
+
+    def _settle(self, handled: int) -> None:
+        """Put to rest the instances no event changed for a generation: at most
+        ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
+        calls and keeps up with the keys they touch."""
+        clock = time.monotonic()
+        if clock - self.turned >= self.context.rest_after:
+            self.turned = clock
+            self.settling += self.cooling - self.touched
+            self.cooling = set(self.touched)  # the lane holds this set: cleared, kept
+            self.touched.clear()
+        if self.settling:
+            budget = SETTLE_BASE + 2 * handled
+            keys, self.settling[-budget:] = self.settling[-budget:], []
+            keys = [key for key in keys if key not in self.touched and key in self.instances]
+            if keys:
+                self._put_to_rest([self.instances[key] for key in keys], written=False)
+
+    def _put_to_rest(self, instances: list[Instance], written: bool) -> None:
+        """Pack ``instances``, write them to the shard's log unless ``written`` (once it
+        has a base: until then its first snapshot writes the whole shard), and hold the
+        idle ones as their bytes alone."""
+        log = self.log
+        if not written and log is not None and not log.fresh and self.context.snapshots:
+            log.write([entry_of(instance) for instance in instances])
+        for instance in instances:
+            instance.rest()
+            if self.resting.put_instance(instance):
+                del self.instances[instance.key]
 
     def on_notify(self) -> tuple[Iterable[list[Output]], bool]:
         out = self.wake()
         return ([out] if out else []), StatefulBatchLogic.RETAIN
 
     def wake(self) -> list[Output]:
-        """A timer's call: what is due, and problems found restoring."""
+        """A timer's call: what is due, and problems found restoring; and resting."""
         out, self.problems = self.problems + self._wake(), []
+        self._settle(0)
         return out
 
     def on_eof(self) -> tuple[Iterable[list[Output]], bool]:
@@ -321,7 +376,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         second."""
         if self.context.event_time or self.context.wake_ups:
             return None
-        due = self.context.clock() if self.problems else self.deadlines.next()
+        due = self.context.clock() if self.problems else self._sooner(self.deadlines.next())
         if due is None:
             return None
         if self.context.stream is not None:  # a past deadline: expire() decides, every second
@@ -329,24 +384,24 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         return datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
-        """The shard's state for recovery: the instances the epoch touched, appended to the
-        shard's log (``context.store``; the snapshot is the log's marker), else the whole
-        shard. Bytewax asks for it at every epoch close, for every shard touched, recovery
-        or not: without recovery nothing is built. It is also the moment to pack the
-        bandits the epoch touched (``Instance.rest``): busy instances stay live within an
-        epoch, the many idle ones stay small."""
-        touched = [self.instances[key] for key in self.touched]
+        """The shard's state for recovery: the instances changed since they were last
+        written, appended to the shard's log (``context.store``; the snapshot is the log's
+        marker), else the whole shard. Bytewax asks for it at every epoch close, for every
+        shard touched, recovery or not: without recovery nothing is built, and resting
+        goes on at its own pace (``_settle``)."""
+        if not self.context.snapshots or self.shard is None:
+            self._settle(0)
+            return None
+        keys = self.touched | self.cooling | set(self.settling)
         self.touched.clear()
-        state = self._saved(touched)
-        for instance in touched:  # idle ones rest as their packed bytes alone
-            instance.rest()
-            if self.resting.put_instance(instance):
-                del self.instances[instance.key]
+        self.cooling.clear()
+        self.settling.clear()
+        changed = [self.instances[key] for key in keys if key in self.instances]
+        state = self._saved(changed)
+        self._put_to_rest(changed, written=True)
         return state
 
-    def _saved(self, touched: list[Instance]) -> dict[str, Any] | None:
-        if not self.context.snapshots or self.shard is None:
-            return None
+    def _saved(self, touched: list[Instance]) -> dict[str, Any]:
         if self.log is None:
             return {"shard": self.shard, "entries": self._all_entries()}
         if self.log.wants_compaction:
@@ -369,14 +424,17 @@ def logic_builder(
     stream: StreamClock | None = None,
     wake_ups: bool = False,
     store: Path | None = None,
+    rest_after: float = REST_AFTER,
 ) -> Callable[[dict[str, Any] | None], ShardLogic]:
     """The builder ``op.stateful_batch`` calls for each new shard (with its resume state).
 
     ``snapshots=False`` (no recovery configured) skips building snapshots;
     ``event_time=True`` runs on the events' own time, ``stream`` on stream time, and
-    ``wake_ups`` wakes shards from the worker's queue, ``store`` keeps the shards' logs
-    (see ``FlowContext``).
+    ``wake_ups`` wakes shards from the worker's queue, ``store`` keeps the shards' logs,
+    ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
-    context = FlowContext(live, clock, snapshots, event_time, stream, wake_ups, store)
+    context = FlowContext(
+        live, clock, snapshots, event_time, stream, wake_ups, store, rest_after=rest_after
+    )
     return lambda resume: ShardLogic(context, resume)

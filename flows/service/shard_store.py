@@ -114,12 +114,18 @@ class ShardLog:
 
     def append(self, entries: list[Entry]) -> dict[str, int]:
         """Add what an epoch changed; the marker to hand Bytewax."""
+        self.write(entries)
+        self.epochs += 1
+        return self.marker
+
+    def write(self, entries: list[Entry]) -> None:
+        """Add entries within an epoch (instances put to rest before it closes): a restart
+        reads them only if a later marker covers them, and a later entry of the same key
+        replaces them."""
         record = encode(entries)
         with open(self.path(self.gen), "ab") as file:
             file.write(record)
         self.end += len(record)
-        self.epochs += 1
-        return self.marker
 
     def compact(self, entries: list[Entry]) -> dict[str, int]:
         """Start a new generation holding ``entries`` (the whole live state); generations

@@ -41,7 +41,7 @@ def test_an_unexpected_error_becomes_a_dead_letter_and_the_logic_lives_on(monkey
 
 def test_timer_is_timezone_aware_and_expiry_runs_on_notify():
     now = [100.0]
-    logic = logic_builder(REGISTRY, clock=lambda: now[0])(None)
+    logic = logic_builder(REGISTRY, clock=lambda: now[0], rest_after=1e9)(None)
     assert logic.notify_at() is None
     logic.handle(item(logic, "e", request("r1")))
     due = logic.notify_at()
@@ -71,3 +71,32 @@ def test_without_recovery_no_snapshot_is_built():
     logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False)(None)
     logic.handle(item(logic, "e", request("r1")))
     assert logic.snapshot() is None
+
+
+def test_an_instance_unchanged_for_a_generation_is_put_to_rest():
+    """Packed and held as its bytes a generation after its last event, between epochs;
+    an instance still changing stays live."""
+    now = [0.0]
+    logic = logic_builder(REGISTRY, clock=lambda: now[0], snapshots=False, rest_after=0.0)(None)
+    logic.handle(item(logic, "e", request("r1")))
+    raw = orjson.dumps({"experiment": "e", "request_id": "r1", "loss": 1})
+    logic.handle(item(logic, "e", parse_feedback(raw, Origin("t", 0, 2))))
+    now[0] = 1e6  # past the retry window: the answer kept for retries goes
+    logic.wake()
+    assert "e" in logic.instances  # changed in the generation before: cooling
+    logic.handle([])
+    logic.handle([])
+    assert "e" not in logic.instances and "e" in logic.resting
+    logic.handle(item(logic, "e", request("r2")))  # built again from its bytes
+    assert logic.instances["e"].bandit.n_updates == 1
+
+
+def test_a_shard_no_event_reaches_is_woken_to_put_its_instances_to_rest():
+    """Without further events a shard still settles: its timer is due at the next turn
+    of the generation, and at once while keys wait to be put to rest."""
+    logic = logic_builder(REGISTRY, clock=lambda: 500.0, rest_after=0.5)(None)
+    assert logic.notify_at() is None
+    logic.handle(item(logic, "e", request("r1")))  # a ticket due at 505
+    assert 500.0 < logic.notify_at().timestamp() <= 500.5  # the generation turns first
+    logic.settling.append("e")
+    assert logic.notify_at().timestamp() == 500.0

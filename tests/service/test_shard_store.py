@@ -2,6 +2,8 @@
 the committed marker, compaction keeps the generation a lagging commit names, damage is
 a dead letter and never a crash or a silent reset."""
 
+import shutil
+
 import orjson
 import pytest
 
@@ -44,8 +46,8 @@ def one_shard(monkeypatch):
     )
 
 
-def build(store, resume=None, registry=REGISTRY):
-    return logic_builder(registry, clock=lambda: NOW[0], store=store)(resume)
+def build(store, resume=None, registry=REGISTRY, rest_after=1e9):
+    return logic_builder(registry, clock=lambda: NOW[0], store=store, rest_after=rest_after)(resume)
 
 
 def later(logic, seconds=60.0):
@@ -83,6 +85,31 @@ def test_a_restart_resumes_at_the_marker_and_drops_uncommitted_epochs(tmp_path):
     size = (tmp_path / f"{SHARD}.{committed['store']['gen']}.log").stat().st_size
     assert size == committed["store"]["end"]
     assert resumed.instances[key("open")].open  # busy instances are built at once
+
+
+def test_instances_written_within_an_epoch_count_once_a_marker_covers_them(tmp_path):
+    """Instances put to rest before an epoch closes are written then; a restart from the
+    marker before ignores them, one from the marker after has them, and that epoch's
+    close writes nothing more for them."""
+    store = tmp_path / "store"
+    logic = build(store, rest_after=0.0)
+    for unit in range(30):
+        served(logic, f"u{unit}", "r0", loss=float(unit % 3))
+    later(logic)
+    committed = logic.snapshot()
+    answers = [served(logic, f"u{unit}", "r1", loss=2.0) for unit in range(10)]
+    later(logic)
+    for _ in range(3):  # generations turn: the ten are written and put to rest
+        logic.handle([])
+    written = logic.log.end
+    assert written > committed["store"]["end"] and key("u3") in logic.resting
+    covering = logic.snapshot()
+    assert covering["store"]["end"] == written  # nothing left to write at the close
+    shutil.copytree(store, tmp_path / "copy")  # a restart cuts its log: one each
+    before, after = build(store, committed), build(tmp_path / "copy", covering)
+    assert [served(before, f"u{unit}", "r1", loss=2.0) for unit in range(10)] == answers
+    probe = [served(logic, f"u{unit}", "r2", loss=1.0) for unit in range(10)]
+    assert [served(after, f"u{unit}", "r2", loss=1.0) for unit in range(10)] == probe
 
 
 def test_restored_instances_answer_as_if_never_interrupted(tmp_path):

@@ -56,7 +56,7 @@ def test_each_worker_thread_has_its_own_queue():
 
 def test_a_logic_on_wake_ups_asks_the_queue_not_bytewax_and_expires_on_its_wake_up():
     now = [100.0]
-    logic = logic_builder(REGISTRY, clock=lambda: now[0], wake_ups=True)(None)
+    logic = logic_builder(REGISTRY, clock=lambda: now[0], wake_ups=True, rest_after=1e9)(None)
     experiment = logic.context.registry.current["e"]
     logic.handle([("e", experiment, request("r1"))])
     assert logic.notify_at() is None  # no per-key timer for Bytewax to scan
