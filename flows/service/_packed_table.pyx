@@ -10,12 +10,23 @@ beyond its own bytes. Removed and replaced records are holes in the arena, squee
 when they reach a quarter of it. The table holds what ``flows.service.resting.Resting`` kept
 in its dict; it is compared with a dict by a property test.
 
+A timed table (``PackedTable(timed=True)``, instances waiting with one ticket) also keeps
+each record's deadline (8 B in its header) and a heap of (deadline, 32-bit hash), 12 B a
+record: ``due(now)`` finds the records whose deadline has come by probing their hashes,
+so a waiting instance costs no Python object at all. Entries of the heap left behind by
+records removed or replaced are dropped when they pass, or when they outnumber the
+records (the heap is rebuilt from them).
+
 >>> table = PackedTable()
 >>> table["home:u1"] = b"\\x01\\x02"; table["home:u2"] = b"x"
 >>> "home:u1" in table, len(table), table.pop("home:u1"), table.pop("home:u1")
 (True, 2, b'\\x01\\x02', None)
 >>> sorted(table.items())
 [('home:u2', b'x')]
+>>> waiting = PackedTable(timed=True)
+>>> waiting.put("home:u1", b"t1", 5.0); waiting.put("home:u2", b"t2", 3.0)
+>>> waiting.next_deadline(), waiting.due(4.0), waiting.due(4.0)
+(3.0, [(3.0, 'home:u2')], [])
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -28,7 +39,7 @@ from libc.string cimport memcmp, memcpy
 cdef enum:
     EMPTY = -1
     REMOVED = -2
-    HEAD = 8  # the two u32 lengths before a record's bytes
+    LENGTHS = 8  # the two u32 lengths that start a record (a timed one: and its deadline)
 
 
 cdef inline bytes _utf8(object key):
@@ -55,17 +66,28 @@ cdef class PackedTable:
     cdef uint32_t* hashes
     cdef int64_t* offsets
     cdef int64_t slots, count, removed  # index slots, entries, slots marked removed
+    cdef bint timed
+    cdef int64_t head  # bytes before a record's key: LENGTHS, and 8 more when timed
+    cdef double* heap_at
+    cdef uint32_t* heap_hash
+    cdef int64_t heap_len, heap_cap
 
-    def __cinit__(self):
+    def __cinit__(self, bint timed=False):
         self.arena = NULL
         self.hashes = NULL
         self.offsets = NULL
+        self.heap_at = NULL
+        self.heap_hash = NULL
+        self.timed = timed
+        self.head = LENGTHS + (sizeof(double) if timed else 0)
         self._reindex(8)
 
     def __dealloc__(self):
         free(self.arena)
         free(self.hashes)
         free(self.offsets)
+        free(self.heap_at)
+        free(self.heap_hash)
 
     def __len__(self) -> int:
         return self.count
@@ -77,25 +99,17 @@ cdef class PackedTable:
         return self._find(data, n, _hash(data, n)) >= 0
 
     def __setitem__(self, key, value) -> None:
-        if type(value) is not bytes:
-            raise TypeError(f"a packed table holds bytes, not {type(value).__name__}")
-        cdef bytes raw = _utf8(key)
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(raw)
-        cdef const char* data = PyBytes_AS_STRING(raw)
-        cdef uint32_t h = _hash(data, n)
-        cdef int64_t slot = self._find(data, n, h)
-        if slot >= 0:
-            self._drop(slot)
-            self._squeeze_if_holey()
-        if (self.count + self.removed + 1) * 10 > self.slots * 7:
-            self._reindex(max(8, self.count * 2 + 2))
-        cdef int64_t at = self._append(data, n, value)
-        slot = self._free_slot(h)
-        if self.offsets[slot] == REMOVED:
-            self.removed -= 1
-        self.hashes[slot] = h
-        self.offsets[slot] = at
-        self.count += 1
+        if self.timed:
+            raise TypeError("a timed table takes put(key, value, deadline)")
+        self._store(key, value, 0.0)
+
+    def put(self, key, value, double deadline) -> None:
+        """Hold ``value`` under ``key`` until ``deadline`` (a timed table)."""
+        if not self.timed:
+            raise TypeError("put(key, value, deadline) is for a timed table")
+        if deadline != deadline:
+            raise ValueError(f"a deadline must be a number, not {deadline!r}")
+        self._push(deadline, <uint32_t>self._store(key, value, deadline))
 
     def pop(self, key, default=None):
         """The bytes of ``key``, no longer held; ``default`` if it is not held."""
@@ -110,27 +124,69 @@ cdef class PackedTable:
         self._squeeze_if_holey()
         return value
 
+    def due(self, double now) -> list:
+        """(deadline, key) of every record whose deadline is at or before ``now``, earliest
+        first (then by key); they stay held until popped."""
+        cdef int64_t mask = self.slots - 1, slot, at
+        cdef uint32_t h
+        found = {}
+        while self.heap_len and self.heap_at[0] <= now:
+            h = self.heap_hash[0]
+            self._pop_heap()
+            slot = h & mask
+            while self.offsets[slot] != EMPTY:
+                at = self.offsets[slot]
+                if at >= 0 and self.hashes[slot] == h and self._deadline(at) <= now:
+                    found[self._key(at)] = self._deadline(at)
+                slot = (slot + 1) & mask
+        return sorted([(deadline, key) for key, deadline in found.items()])
+
+    def next_deadline(self):
+        """The earliest deadline held (or one of a record since removed), or None."""
+        return self.heap_at[0] if self.heap_len else None
+
     def __iter__(self):
         return iter([key for key, _ in self.items()])
 
     def items(self) -> list:
         """Every (key, bytes), in no particular order."""
         cdef int64_t slot, at
-        cdef uint32_t* lengths
         out = []
         for slot in range(self.slots):
             at = self.offsets[slot]
             if at >= 0:
-                lengths = <uint32_t*>(self.arena + at)
-                key = PyUnicode_DecodeUTF8(self.arena + at + HEAD, lengths[0], "surrogatepass")
-                out.append((key, self._value(at)))
+                out.append((self._key(at), self._value(at)))
         return out
 
     def nbytes(self) -> int:
-        """Bytes allocated: the arena and the index."""
-        return self.capacity + self.slots * (sizeof(uint32_t) + sizeof(int64_t))
+        """Bytes allocated: the arena, the index and the heap."""
+        index = self.slots * (sizeof(uint32_t) + sizeof(int64_t))
+        return self.capacity + index + self.heap_cap * (sizeof(double) + sizeof(uint32_t))
 
     # ------------------------------------------------------------------ internals
+    cdef int64_t _store(self, object key, object value, double deadline) except -1:
+        """Hold ``value`` under ``key``; the key's hash."""
+        if type(value) is not bytes:
+            raise TypeError(f"a packed table holds bytes, not {type(value).__name__}")
+        cdef bytes raw = _utf8(key)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(raw)
+        cdef const char* data = PyBytes_AS_STRING(raw)
+        cdef uint32_t h = _hash(data, n)
+        cdef int64_t slot = self._find(data, n, h)
+        if slot >= 0:
+            self._drop(slot)
+            self._squeeze_if_holey()
+        if (self.count + self.removed + 1) * 10 > self.slots * 7:
+            self._reindex(max(8, self.count * 2 + 2))
+        cdef int64_t at = self._append(data, n, value, deadline)
+        slot = self._free_slot(h)
+        if self.offsets[slot] == REMOVED:
+            self.removed -= 1
+        self.hashes[slot] = h
+        self.offsets[slot] = at
+        self.count += 1
+        return h
+
     cdef int64_t _find(self, const char* data, Py_ssize_t n, uint32_t h) noexcept:
         """The slot holding the key, or -1."""
         cdef int64_t mask = self.slots - 1, slot = h & mask, at
@@ -141,7 +197,7 @@ cdef class PackedTable:
                 return -1
             if at >= 0 and self.hashes[slot] == h:
                 lengths = <uint32_t*>(self.arena + at)
-                if lengths[0] == n and memcmp(self.arena + at + HEAD, data, n) == 0:
+                if lengths[0] == n and memcmp(self.arena + at + self.head, data, n) == 0:
                     return slot
             slot = (slot + 1) & mask
 
@@ -151,27 +207,37 @@ cdef class PackedTable:
             slot = (slot + 1) & mask
         return slot
 
+    cdef inline double _deadline(self, int64_t at) noexcept:
+        return (<double*>(self.arena + at + LENGTHS))[0]
+
+    cdef object _key(self, int64_t at):
+        cdef uint32_t* lengths = <uint32_t*>(self.arena + at)
+        return PyUnicode_DecodeUTF8(self.arena + at + self.head, lengths[0], "surrogatepass")
+
     cdef object _value(self, int64_t at):
         cdef uint32_t* lengths = <uint32_t*>(self.arena + at)
-        return PyBytes_FromStringAndSize(self.arena + at + HEAD + lengths[0], lengths[1])
+        return PyBytes_FromStringAndSize(self.arena + at + self.head + lengths[0], lengths[1])
 
     cdef void _drop(self, int64_t slot) noexcept:
         cdef uint32_t* lengths = <uint32_t*>(self.arena + self.offsets[slot])
-        self.holes += HEAD + lengths[0] + lengths[1]
+        self.holes += self.head + lengths[0] + lengths[1]
         self.offsets[slot] = REMOVED
         self.removed += 1
         self.count -= 1
 
-    cdef int64_t _append(self, const char* key, Py_ssize_t n, bytes value) except -1:
+    cdef int64_t _append(self, const char* key, Py_ssize_t n, bytes value,
+                         double deadline) except -1:
         cdef Py_ssize_t m = PyBytes_GET_SIZE(value)
-        cdef int64_t need = self.used + HEAD + n + m, at = self.used
+        cdef int64_t need = self.used + self.head + n + m, at = self.used
         if need > self.capacity:
             self._grow(max(need, self.capacity + self.capacity // 4 + 4096))
         cdef uint32_t* lengths = <uint32_t*>(self.arena + at)
         lengths[0] = <uint32_t>n
         lengths[1] = <uint32_t>m
-        memcpy(self.arena + at + HEAD, key, n)
-        memcpy(self.arena + at + HEAD + n, PyBytes_AS_STRING(value), m)
+        if self.timed:
+            (<double*>(self.arena + at + LENGTHS))[0] = deadline
+        memcpy(self.arena + at + self.head, key, n)
+        memcpy(self.arena + at + self.head + n, PyBytes_AS_STRING(value), m)
         self.used = need
         return at
 
@@ -224,10 +290,73 @@ cdef class PackedTable:
             at = self.offsets[slot]
             if at >= 0:
                 lengths = <uint32_t*>(self.arena + at)
-                length = HEAD + lengths[0] + lengths[1]
+                length = self.head + lengths[0] + lengths[1]
                 memcpy(arena + used, self.arena + at, length)
                 self.offsets[slot] = used
                 used += length
         free(self.arena)
         self.arena, self.capacity, self.used, self.holes = arena, max(size, 1), used, 0
+        return 0
+
+    # ------------------------------------------------------------------ the heap
+    cdef int _push(self, double at, uint32_t h) except -1:
+        if self.heap_len > 2 * self.count + 64:
+            self._rebuild_heap()  # mostly entries of records gone: start again from these
+        if self.heap_len == self.heap_cap:
+            self._grow_heap(max(64, self.heap_cap * 2))
+        cdef int64_t i = self.heap_len, parent
+        self.heap_len += 1
+        while i > 0:
+            parent = (i - 1) // 2
+            if self.heap_at[parent] <= at:
+                break
+            self.heap_at[i], self.heap_hash[i] = self.heap_at[parent], self.heap_hash[parent]
+            i = parent
+        self.heap_at[i], self.heap_hash[i] = at, h
+        return 0
+
+    cdef void _pop_heap(self) noexcept:
+        self.heap_len -= 1
+        if self.heap_len:
+            self._sift_down(0, self.heap_at[self.heap_len], self.heap_hash[self.heap_len])
+
+    cdef void _sift_down(self, int64_t i, double at, uint32_t h) noexcept:
+        cdef int64_t child, n = self.heap_len
+        while True:
+            child = 2 * i + 1
+            if child >= n:
+                break
+            if child + 1 < n and self.heap_at[child + 1] < self.heap_at[child]:
+                child += 1
+            if self.heap_at[child] >= at:
+                break
+            self.heap_at[i], self.heap_hash[i] = self.heap_at[child], self.heap_hash[child]
+            i = child
+        self.heap_at[i], self.heap_hash[i] = at, h
+
+    cdef int _grow_heap(self, int64_t cap) except -1:
+        cdef double* at = <double*>realloc(self.heap_at, cap * sizeof(double))
+        if at == NULL:
+            raise MemoryError(f"a deadline heap of {cap} entries")
+        self.heap_at = at
+        cdef uint32_t* h = <uint32_t*>realloc(self.heap_hash, cap * sizeof(uint32_t))
+        if h == NULL:
+            raise MemoryError(f"a deadline heap of {cap} entries")
+        self.heap_hash, self.heap_cap = h, cap
+        return 0
+
+    cdef int _rebuild_heap(self) except -1:
+        """The heap of the records held, one entry each."""
+        cdef int64_t slot, at, i
+        self.heap_len = 0
+        if self.heap_cap < self.count + 64:
+            self._grow_heap(self.count + 64)
+        for slot in range(self.slots):
+            at = self.offsets[slot]
+            if at >= 0:
+                self.heap_at[self.heap_len] = self._deadline(at)
+                self.heap_hash[self.heap_len] = self.hashes[slot]
+                self.heap_len += 1
+        for i in range(self.heap_len // 2 - 1, -1, -1):
+            self._sift_down(i, self.heap_at[i], self.heap_hash[i])
         return 0

@@ -50,15 +50,32 @@ class DeadlineQueue:
         if wished is None or at < wished:
             self._wished[key] = at
             heapq.heappush(self._heap, (at, key))
+            if len(self._heap) > 2 * len(self._wished) + 64:
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        """One heap entry per key again. Superseded wishes stay in the heap until they pass:
+        a ticket answered long before its TTL left one behind, so at 10^5 tickets a second
+        and a one-hour TTL the heap would grow to 10^8 entries without this."""
+        self._heap = [(at, key) for key, at in self._wished.items()]
+        heapq.heapify(self._heap)
+
+    def forget(self, key: str) -> None:
+        """No wake-up for ``key`` any more (its entry in the heap is dropped when it passes)."""
+        self._wished.pop(key, None)
 
     def due(self, now: float) -> list[str]:
         """The keys whose wake-up is at or before ``now``, earliest first, each once."""
+        return [key for _, key in self.due_times(now)]
+
+    def due_times(self, now: float) -> list[tuple[float, str]]:
+        """(wake-up, key) of the keys ``due`` returns."""
         out, heap, wished = [], self._heap, self._wished
         while heap and heap[0][0] <= now:
             at, key = heapq.heappop(heap)
             if wished.get(key) == at:  # else superseded by an earlier wish, already woken
                 del wished[key]
-                out.append(key)
+                out.append((at, key))
         return out
 
     def next(self) -> float | None:

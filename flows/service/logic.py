@@ -31,8 +31,8 @@ from flows.service.deadlines import DeadlineQueue, worker_queue
 from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
 from flows.service.metrics import observe_expired, observe_item, observe_restored
-from flows.service.registry import Experiment, LiveRegistry, Registry
-from flows.service.resting import Entry, Resting, entry_of, revive
+from flows.service.registry import Experiment, LiveRegistry, Registry, split_key
+from flows.service.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.shard_store import ShardLog
 from flows.service.stream_clock import StreamClock
 
@@ -155,14 +155,16 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         experiment = self.context.registry.current.get(entry.experiment)
         if experiment is None:
             log.warning("instance %r archived: its experiment left the registry", entry.key)
-        if experiment is None or entry.kind == "packed":  # built on its next event
-            self.resting.put(entry, experiment)
+            self.resting.put(entry)
             observe_restored(entry.experiment)
+            return
+        if self.resting.take(entry):  # idle, or waiting on one entry: built on its next event
+            observe_restored(entry.experiment, pending=open_tickets(entry))
             return
         try:
             instance = revive(entry, experiment)
         except Exception as exc:  # kept as it is: its events get internal_error letters
-            self.resting.put(entry, None)
+            self.resting.put(entry)
             self._lost(f"instance {entry.key!r} cannot be restored ({exc}); its state is kept")
             return
         self.instances[instance.key] = instance
@@ -253,7 +255,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             try:
                 instance = revive(entry, experiment)
             except Exception:
-                self.resting.put(entry, None)  # kept as it was
+                self.resting.put(entry)  # kept as it was
                 raise
         self.instances[key] = instance
         return instance, entry is None
@@ -282,11 +284,14 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         return self._now() if instance._notices else instance.next_deadline()
 
     def _wake(self) -> list[Output]:
-        """Expire what is due in the instances whose deadline has come."""
+        """Expire what is due in the instances whose deadline has come, live or resting
+        (built first), in the order of their deadlines."""
         out: list[Output] = []
         now = self._now()
-        for key in self.deadlines.due(now):
-            instance = self.instances.get(key)
+        woken = self.deadlines.due_times(now)
+        resting = self.resting.due(now)
+        for _, key in sorted(woken + resting) if resting else woken:
+            instance = self.instances.get(key) or self._woken(key)
             if instance is None:
                 continue
             done = instance.take_notices() + instance.expire(now)
@@ -296,11 +301,33 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             self.deadlines.want(key, self._due(instance))
         return out
 
+    def _woken(self, key: str) -> Instance | None:
+        """A resting instance whose deadline has come, built; None if it is not held or
+        its experiment left the registry (kept as it is, archived)."""
+        experiment = self.context.registry.current.get(split_key(key)[0])
+        if experiment is None:
+            entry = self.resting.pop(key)
+            if entry is not None:
+                self.resting.put(entry)
+            return None
+        if key not in self.resting:
+            return None
+        try:
+            return self._bind(experiment, key)[0]
+        except Exception as exc:  # kept as it was (see _bind)
+            self._lost(f"instance {key!r} cannot be restored ({exc}); its state is kept")
+            return None
+
+    def _next_deadline(self) -> float | None:
+        """The earliest deadline of the shard's instances, live or resting."""
+        live, resting = self.deadlines.next(), self.resting.next_deadline()
+        return live if resting is None else resting if live is None else min(live, resting)
+
     def _wish(self) -> None:
         """With wake-ups from the worker's queue, queue this shard's next one (now, for
         problems to hand out)."""
         if self.context.wake_ups and not self.context.event_time and self.shard is not None:
-            due = self._now() if self.problems else self.deadlines.next()
+            due = self._now() if self.problems else self._next_deadline()
             worker_queue().want(self.shard, self._sooner(due))
 
     def _sooner(self, due: float | None) -> float | None:
@@ -341,8 +368,9 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             log.write([entry_of(instance) for instance in instances])
         for instance in instances:
             instance.rest()
-            if self.resting.put_instance(instance):
+            if self.resting.put_instance(instance):  # its deadline, if any, goes with it
                 del self.instances[instance.key]
+                self.deadlines.forget(instance.key)
 
     def on_notify(self) -> tuple[Iterable[list[Output]], bool]:
         out = self.wake()
@@ -361,6 +389,9 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
     def finish(self) -> list[Output]:
         """On event time, the end of the input is the last moment: expire what is due."""
         out, self.problems = self.problems, []
+        if self.context.event_time:  # built, to expire below
+            for key in self.resting.waiting():
+                self._woken(key)
         for key in sorted(self.instances):
             instance = self.instances[key]
             done = instance.take_notices()
@@ -376,7 +407,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         second."""
         if self.context.event_time or self.context.wake_ups:
             return None
-        due = self.context.clock() if self.problems else self._sooner(self.deadlines.next())
+        due = self.context.clock() if self.problems else self._sooner(self._next_deadline())
         if due is None:
             return None
         if self.context.stream is not None:  # a past deadline: expire() decides, every second

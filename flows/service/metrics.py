@@ -268,12 +268,14 @@ def observe_expired(instance: Any, out: list) -> None:
         _failed("observe_expired")
 
 
-def observe_restored(experiment: str, instance: Any = None) -> None:
+def observe_restored(experiment: str, instance: Any = None, pending: int = 0) -> None:
     """Account for an instance restored from a snapshot, with the open tickets and waiting
-    feedback of ``instance`` (None: an idle instance, not built yet)."""
+    feedback of ``instance`` (None: an instance not built yet, holding ``pending`` open
+    tickets)."""
     try:
         c = _mine().experiment(experiment)
         c[INSTANCES] += 1
+        c[PENDING] += pending
         if instance is not None:
             c[PENDING] += len(instance.entries(Open))
             c[EARLY] += len(instance.entries(Early))

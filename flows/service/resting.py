@@ -17,6 +17,8 @@ shard of many idle users costs little more than reading its bytes.
 
 from __future__ import annotations
 
+import marshal
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -118,14 +120,25 @@ def state_of(entry: Entry) -> dict[str, Any]:
     }
 
 
-class Resting:
-    """The saved instances a shard holds without building them: an idle one as its packed
-    bytes alone (its experiment's packing is kept once per experiment), any other (one
-    whose experiment left the registry, one that could not be built) as its ``Entry``.
+PACKING = struct.Struct("<I")  # the index of a record's (arms, template) in Resting
 
-    An idle per-user instance then costs its key and packed bandit in one C table
-    (``flows.service._packed_table``: ~180 B for 10 arms, against ~280 B in a dict of
-    bytes), instead of an ``Instance`` around them.
+
+def open_tickets(entry: Entry) -> int:
+    """The open tickets a ``packed+`` entry holds (0 for any other: not built, not counted)."""
+    return sum(1 for item in entry.data[3] if item[0] == "o") if entry.kind == "packed+" else 0
+
+
+class Resting:
+    """The saved instances a shard holds without building them, in C tables
+    (``flows.service._packed_table``): an idle one as its packed bandit, one waiting on a
+    single ticket or kept answer as its packed bandit and that entry's plain tuple, by
+    its deadline (``due``); any other (one whose experiment left the registry, one that
+    could not be built) as its ``Entry``. Each record names the definition it was packed
+    under (an index into the shard's list of them), so a registry change reaches a
+    resting instance when it is next built (``revive`` follows it).
+
+    An idle 10-arm instance costs ~180 B (against ~280 B as a dict of bytes, ~600 B as an
+    ``Instance``), one waiting on its ticket ~300 B (against ~950 B live).
 
     >>> from flows.service.registry import Registry
     >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
@@ -136,71 +149,116 @@ class Resting:
     """
 
     def __init__(self) -> None:
-        self._packed = _packed_table.PackedTable()  # idle instances: key -> packed bandit
+        self._idle = _packed_table.PackedTable()  # key -> packing index, packed bandit
+        self._waiting = _packed_table.PackedTable(timed=True)  # and its entry, by deadline
         self._held: dict[str, Entry] = {}  # any other: key -> its entry
-        self._packings: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
-        # per experiment, its packing and the last (arms, template) objects found equal to
-        # it: the entries of one record share them, so a restart compares once per record
-        self._matched: dict[str, tuple[Any, Any, Any]] = {}
+        self._packings: list[tuple[Any, Any]] = []  # (arms, template) by index
+        # per experiment, the objects last found equal to a packing and its index's bytes:
+        # an experiment's packing, or the (arms, template) shared by the entries of a record
+        self._known: dict[str, tuple[Any, Any, bytes]] = {}
 
     def __contains__(self, key: object) -> bool:
-        return key in self._held or key in self._packed
+        return key in self._idle or key in self._waiting or key in self._held
 
     def __iter__(self) -> Iterator[str]:
-        return chain(self._held, self._packed)
+        return chain(self._held, self._idle, self._waiting)
 
     def __len__(self) -> int:
-        return len(self._held) + len(self._packed)
+        return len(self._held) + len(self._idle) + len(self._waiting)
 
-    def put(self, entry: Entry, experiment: Experiment | None) -> None:
-        """Hold an entry, as bytes if it is packed under ``experiment``'s definition."""
-        if experiment is not None and entry.kind == "packed":
-            arms, template, packed = entry.data
-            packing = experiment.packing
-            known, last_arms, last_template = self._matched.get(experiment.name, (None,) * 3)
-            same = known is packing and arms is last_arms and template is last_template
-            if same or (arms, template) == packing:
-                self._matched[experiment.name] = (packing, arms, template)
-                self._put_bytes(entry.key, experiment, packed)
-                return
-        self._packed.pop(entry.key)
+    def put(self, entry: Entry) -> None:
+        """Hold an entry as it is (an archived instance, one that could not be built)."""
+        self._discard(entry.key)
         self._held[entry.key] = entry
 
-    def put_instance(self, instance: Instance) -> bool:
-        """Hold an idle instance at rest (no entries, nothing to hand out, packed) as its
-        bytes; False (nothing done) for any other."""
-        idle = instance._entries is None and not instance._notices and instance._bandit is None
-        if not idle or instance._packed is None:
+    def take(self, entry: Entry) -> bool:
+        """Hold a ``packed`` entry, or a ``packed+`` one of a single entry, in the tables;
+        False (nothing done) for any other."""
+        if entry.kind == "packed":
+            arms, template, packed = entry.data
+            self._discard(entry.key)
+            self._idle[entry.key] = self._index(entry.experiment, arms, template) + packed
+            return True
+        if entry.kind != "packed+" or len(entry.data[3]) != 1:
             return False
-        self._put_bytes(instance.key, instance.experiment, instance._packed)
+        arms, template, packed, kept = entry.data
+        return self._wait(entry.key, self._index(entry.experiment, arms, template), packed, kept)
+
+    def put_instance(self, instance: Instance) -> bool:
+        """Hold an instance at rest (packed, nothing to hand out) that is idle or waits on
+        one entry; False (nothing done) for any other."""
+        packed, held = instance._packed, instance._entries
+        if packed is None or instance._notices or instance._bandit is not None:
+            return False
+        experiment = instance.experiment
+        index = self._index(experiment.name, *experiment.packing)
+        if held is None:
+            self._discard(instance.key)
+            self._idle[instance.key] = index + packed
+            return True
+        if type(held) is dict:
+            return False
+        kept = instance.compact_entries()
+        return kept is not None and self._wait(instance.key, index, packed, kept)
+
+    def _wait(self, key: str, index: bytes, packed: bytes, kept: tuple) -> bool:
+        try:
+            value = index + marshal.dumps((packed, kept))
+        except ValueError:  # a value marshal cannot write: the instance stays as it is
+            return False
+        self._discard(key)
+        self._waiting.put(key, value, kept[0][4])
         return True
 
     def pop(self, key: str) -> Entry | None:
         """The entry of ``key`` (no longer held), or None."""
-        packed = self._packed.pop(key)
-        return self._held.pop(key, None) if packed is None else self._entry(key, packed)
+        value = self._idle.pop(key)
+        if value is not None:
+            return self._entry(key, value, waiting=False)
+        value = self._waiting.pop(key)
+        if value is not None:
+            return self._entry(key, value, waiting=True)
+        return self._held.pop(key, None)
+
+    def due(self, now: float) -> list[tuple[float, str]]:
+        """(deadline, key) of the waiting instances whose deadline has come, earliest
+        first; they stay held until popped."""
+        return self._waiting.due(now)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a waiting instance (or of one since built), or None."""
+        return self._waiting.next_deadline()
+
+    def waiting(self) -> list[str]:
+        """The keys of the instances waiting on an entry."""
+        return list(self._waiting)
 
     def entries(self) -> list[Entry]:
-        packed = [self._entry(key, held) for key, held in self._packed.items()]
-        return packed + list(self._held.values())
+        idle = [self._entry(key, value, False) for key, value in self._idle.items()]
+        waiting = [self._entry(key, value, True) for key, value in self._waiting.items()]
+        return idle + waiting + list(self._held.values())
 
-    def _put_bytes(self, key: str, experiment: Experiment, packed: bytes) -> None:
-        name, packing = experiment.name, experiment.packing
-        known = self._packings.get(name)
-        if known is not None and known is not packing and known != packing:
-            self._freeze(name)  # bytes packed under the old definition become entries
-        self._packings[name] = packing
+    def _discard(self, key: str) -> None:
+        self._idle.pop(key)
+        self._waiting.pop(key)
         self._held.pop(key, None)
-        self._packed[key] = packed
 
-    def _freeze(self, name: str) -> None:
-        for key, packed in self._packed.items():
-            if split_key(key)[0] == name:
-                self._held[key] = self._entry(key, packed)
-                self._packed.pop(key)
+    def _index(self, name: str, arms: Any, template: Any) -> bytes:
+        """The bytes naming (arms, template) in this shard's list of packings."""
+        known = self._known.get(name)
+        if known is not None and known[0] is arms and known[1] is template:
+            return known[2]
+        packing = (arms, template)
+        if packing not in self._packings:
+            self._packings.append(packing)
+        index = PACKING.pack(self._packings.index(packing))
+        self._known[name] = (arms, template, index)
+        return index
 
-    def _entry(self, key: str, held: Entry | bytes) -> Entry:
-        if type(held) is not bytes:
-            return held
+    def _entry(self, key: str, value: bytes, waiting: bool) -> Entry:
+        arms, template = self._packings[PACKING.unpack_from(value)[0]]
         name = split_key(key)[0]
-        return Entry(key, name, "packed", (*self._packings[name], held))
+        if not waiting:
+            return Entry(key, name, "packed", (arms, template, value[PACKING.size :]))
+        packed, kept = marshal.loads(value[PACKING.size :])
+        return Entry(key, name, "packed+", (arms, template, packed, kept))

@@ -36,6 +36,60 @@ def test_the_table_holds_what_a_dict_would(script):
     assert sorted(table) == sorted(model)
 
 
+timed_operations = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "pop", "due"]),
+        st.sampled_from([f"home:u{i}" for i in range(12)]),
+        st.floats(0.0, 100.0),
+    ),
+    max_size=300,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(timed_operations)
+def test_a_timed_table_finds_every_record_whose_deadline_has_come(script):
+    """``due(now)``: exactly the held records with a deadline at or before ``now``, in
+    (deadline, key) order; a record removed or replaced is never reported for its old
+    deadline; the heap's stale entries are dropped (it stays within bounds)."""
+    table, model = PackedTable(timed=True), {}
+    for operation, key, when in script:
+        if operation == "put":
+            table.put(key, key.encode(), when)
+            model[key] = when
+        elif operation == "pop":
+            assert table.pop(key) == (key.encode() if model.pop(key, None) is not None else None)
+        else:
+            expected = sorted((at, k) for k, at in model.items() if at <= when)
+            assert table.due(when) == expected
+            for _, k in expected:  # the caller builds (pops) what is due
+                table.pop(k)
+                del model[k]
+        head = table.next_deadline()  # may be a removed record's: a wake-up for nothing
+        assert not model or (head is not None and head <= min(model.values()))
+    assert sorted(table.items()) == sorted((k, k.encode()) for k in model)
+
+
+def test_a_timed_table_drops_the_heap_entries_of_records_gone():
+    """Tickets answered long before their deadline leave heap entries behind: they do not
+    accumulate."""
+    table = PackedTable(timed=True)
+    table.put("home:kept", b"x", 3600.0)
+    size = table.nbytes()
+    for i in range(100_000):
+        table.put(f"home:u{i % 50}", b"ticket", 3600.0 + i)
+        table.pop(f"home:u{i % 50}")
+    assert table.nbytes() < size + 4096 and table.due(1e9) == [(3600.0, "home:kept")]
+    for bad in (float("nan"),):
+        try:
+            table.put("home:u1", b"t", bad)
+        except ValueError as exc:
+            assert "nan" in str(exc)
+        else:
+            raise AssertionError("a NaN deadline was accepted")
+    assert "home:u1" not in table
+
+
 def test_holes_are_squeezed_out_and_the_table_stays_small():
     """10^5 entries cost less than a dict of str -> bytes (counted without malloc's
     rounding), and churn (pop, put back) does not grow the arena."""

@@ -164,6 +164,33 @@ def test_a_live_reload_applies_on_the_next_event(tmp_path):
     assert again.arm_name == sel.arm_name and one(logic).experiment.arms[-1] == "e"
 
 
+@pytest.mark.parametrize("arms", ["abcde", "dcba", "abd"])
+def test_an_instance_resting_on_its_ticket_follows_a_change_when_built(arms):
+    """Packed under the old definition and waiting on one ticket, an instance is built
+    under the new one on its next event or its deadline, as a live one would follow it."""
+    seen = []
+    for rest_after in (0.0, 1e9):  # put to rest at every call, or never
+        now = [T0]
+        live = LiveRegistry(registry("abcd"))
+        logic = logic_builder(live, clock=lambda now=now: now[0], rest_after=rest_after)(None)
+        out = [logic.handle(item(logic, "e", request(f"r{i}")))[0].arm_name for i in range(8)]
+        for i in range(8):
+            logic.handle(item(logic, "e", feedback(f"r{i}", float(i % 3))))
+        now[0] += 200.0  # the answers kept for retries (retry window = TTL, 100 s) go
+        out += [d.reason for d in logic.wake()]
+        out += [s.arm_name for s in logic.handle(item(logic, "e", request("r8")))]
+        for _ in range(3):
+            logic.handle([])
+        assert ("e" in logic.resting) == (rest_after == 0.0)  # waiting on r8 alone
+        live.current = registry(arms)
+        out += [(d.reason, orjson.loads(d.raw)["request_id"]) for d in logic.wake()]
+        out += [s.arm_name for s in logic.handle(item(logic, "e", request("r9")))]
+        fed = logic.handle(item(logic, "e", feedback("r8", 1.0)))
+        out += [(type(o).__name__, getattr(o, "reason", None)) for o in fed]
+        seen.append((out, probabilities(logic)))
+    assert seen[0] == seen[1]
+
+
 def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
     logic, _ = trained(registry("abcd"))
     live = LiveRegistry(registry("abcd"))

@@ -84,7 +84,10 @@ def test_a_restart_resumes_at_the_marker_and_drops_uncommitted_epochs(tmp_path):
     assert again == answers  # the same state: the same answers
     size = (tmp_path / f"{SHARD}.{committed['store']['gen']}.log").stat().st_size
     assert size == committed["store"]["end"]
-    assert resumed.instances[key("open")].open  # busy instances are built at once
+    # waiting on its ticket, an instance rests too, by its deadline: it expires on time
+    assert key("open") in resumed.resting and key("open") not in resumed.instances
+    NOW[0] += 60.0
+    assert [(d.reason, d.instance) for d in resumed.wake()] == [("ticket_expired", key("open"))]
 
 
 def test_instances_written_within_an_epoch_count_once_a_marker_covers_them(tmp_path):
