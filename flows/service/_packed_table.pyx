@@ -15,7 +15,8 @@ each record's deadline (8 B in its header) and a heap of (deadline, 32-bit hash)
 record: ``due(now)`` finds the records whose deadline has come by probing their hashes,
 so a waiting instance costs no Python object at all. Entries of the heap left behind by
 records removed or replaced are dropped when they pass, or when they outnumber the
-records (the heap is rebuilt from them).
+records (the heap is rebuilt from them). The index and the heap shrink as a table
+empties (instances waiting on their answers move on).
 
 >>> table = PackedTable()
 >>> table["home:u1"] = b"\\x01\\x02"; table["home:u2"] = b"x"
@@ -122,6 +123,8 @@ cdef class PackedTable:
         value = self._value(self.offsets[slot])
         self._drop(slot)
         self._squeeze_if_holey()
+        if self.slots > 64 and self.count * 8 < self.slots:  # emptied: a smaller index
+            self._reindex(self.count * 2 + 2)
         return value
 
     def due(self, double now) -> list:
@@ -315,10 +318,13 @@ cdef class PackedTable:
         self.heap_at[i], self.heap_hash[i] = at, h
         return 0
 
-    cdef void _pop_heap(self) noexcept:
+    cdef int _pop_heap(self) except -1:
         self.heap_len -= 1
         if self.heap_len:
             self._sift_down(0, self.heap_at[self.heap_len], self.heap_hash[self.heap_len])
+        if self.heap_cap > 64 and self.heap_len * 4 < self.heap_cap:  # emptied: smaller
+            self._grow_heap(self.heap_cap // 2)
+        return 0
 
     cdef void _sift_down(self, int64_t i, double at, uint32_t h) noexcept:
         cdef int64_t child, n = self.heap_len
