@@ -291,8 +291,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         woken = self.deadlines.due_times(now)
         resting = self.resting.due(now)
         for _, key in sorted(woken + resting) if resting else woken:
-            instance = self.instances.get(key) or self._woken(key)
-            if instance is None:
+            instance = self.instances.get(key)
+            if instance is None and (instance := self._woken(key)) is None:
                 continue
             done = instance.take_notices() + instance.expire(now)
             observe_expired(instance, done)  # never raises

@@ -233,6 +233,18 @@ def test_a_restored_instance_brings_its_open_tickets_and_waiting_feedback():
     assert delta("tsi_early_feedback", experiment="m") == 1
 
 
+def test_an_instance_restored_to_rest_on_its_ticket_counts_the_ticket():
+    logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
+    logic.handle(item(logic, "m", request("r1")))
+    delta = Delta()
+    resumed = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(logic.snapshot())
+    assert "m" in resumed.resting and "m" not in resumed.instances  # not built
+    assert delta("tsi_instances", experiment="m") == 1
+    assert delta("tsi_pending_tickets", experiment="m") == 1
+    resumed.handle(item(resumed, "m", feedback("r1")))  # built, applied: counted once
+    assert delta("tsi_pending_tickets", experiment="m") == 0
+
+
 def test_processing_time_and_event_age_histograms():
     now = float(int(time.time()))  # a ts must lie near the wall clock (events.ts_window)
     logic = logic_builder(EXPERIMENTS, clock=lambda: now)(None)
