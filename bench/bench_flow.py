@@ -75,7 +75,7 @@ import traceback
 import tracemalloc
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -1597,14 +1597,29 @@ def main() -> None:
         default=",".join(SECTIONS),
         help=f"comma-separated parts to run, of {','.join(SECTIONS)} (default: all)",
     )
+    parser.add_argument(
+        "--latency-configs",
+        metavar="TEXT",
+        help="run only the latency configurations whose name contains TEXT",
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     if not only or only - set(SECTIONS):
         parser.error(f"--only takes parts of {','.join(SECTIONS)}, got {args.only!r}")
     plan = QUICK if args.quick else FULL
+    if args.latency_configs:
+        chosen = tuple(c for c in plan.latency_configs if args.latency_configs in c.name)
+        if not chosen:
+            names = ", ".join(repr(c.name) for c in plan.latency_configs)
+            parser.error(
+                f"no latency configuration's name contains {args.latency_configs!r}: {names}"
+            )
+        plan = replace(plan, latency_configs=chosen)
     command = "python bench/bench_flow.py" + (" --quick" if args.quick else "")
     if only != set(SECTIONS):
         command += f" --only {','.join(p for p in SECTIONS if p in only)}"
+    if args.latency_configs:
+        command += f" --latency-configs {args.latency_configs!r}"
     t0 = time.perf_counter()
     results: dict[str, Any] = {"plan": asdict(plan), "command": command}
     registry = Registry.from_toml(registry_toml())
