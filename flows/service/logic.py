@@ -140,6 +140,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             entries, problem = self.log.resume(None if resume is None else resume["store"])
             if problem is not None:
                 self._lost(f"the shard's log is damaged, {len(entries)} instances read: {problem}")
+            if self.log.fresh:  # a base now, so that resting can write within the first epoch
+                self.log.compact(list(entries.values()))
         else:
             entries = {}
         for entry in entries.values():
@@ -357,18 +359,25 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             keys, self.settling[-budget:] = self.settling[-budget:], []
             keys = [key for key in keys if key not in self.touched and key in self.instances]
             if keys:
-                self._put_to_rest([self.instances[key] for key in keys], written=False)
+                instances = [self.instances[key] for key in keys]
+                entries = None
+                if self.log is not None and self.context.snapshots:
+                    entries = [entry_of(instance) for instance in instances]
+                    self.log.write(entries)
+                self._put_to_rest(instances, entries)
 
-    def _put_to_rest(self, instances: list[Instance], written: bool) -> None:
-        """Pack ``instances``, write them to the shard's log unless ``written`` (once it
-        has a base: until then its first snapshot writes the whole shard), and hold the
-        idle ones as their bytes alone."""
-        log = self.log
-        if not written and log is not None and not log.fresh and self.context.snapshots:
-            log.write([entry_of(instance) for instance in instances])
-        for instance in instances:
+    def _put_to_rest(self, instances: list[Instance], entries: list[Entry] | None) -> None:
+        """Pack ``instances`` and hold the idle ones and those waiting on one entry as
+        bytes: from ``entries`` (theirs, just written to the log) if given."""
+        resting = self.resting
+        for at, instance in enumerate(instances):
             instance.rest()
-            if self.resting.put_instance(instance):  # its deadline, if any, goes with it
+            if entries is None:
+                held = resting.put_instance(instance)
+            else:
+                plain = not instance._notices and instance._bandit is None
+                held = plain and resting.take(entries[at])
+            if held:  # its deadline, if any, goes with it
                 del self.instances[instance.key]
                 self.deadlines.forget(instance.key)
 
@@ -428,20 +437,17 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self.cooling.clear()
         self.settling.clear()
         changed = [self.instances[key] for key in keys if key in self.instances]
-        state = self._saved(changed)
-        self._put_to_rest(changed, written=True)
-        return state
-
-    def _saved(self, touched: list[Instance]) -> dict[str, Any]:
+        entries = None
         if self.log is None:
-            return {"shard": self.shard, "entries": self._all_entries()}
-        if self.log.wants_compaction:
-            marker = self.log.compact(self._all_entries())
-        elif touched:
-            marker = self.log.append([entry_of(instance) for instance in touched])
+            state = {"shard": self.shard, "entries": self._all_entries()}
+        elif self.log.wants_compaction:
+            state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
         else:
-            marker = self.log.marker
-        return {"shard": self.shard, "store": marker}
+            entries = [entry_of(instance) for instance in changed]
+            marker = self.log.append(entries) if entries else self.log.marker
+            state = {"shard": self.shard, "store": marker}
+        self._put_to_rest(changed, entries)
+        return state
 
     def _all_entries(self) -> list[Entry]:
         return [entry_of(i) for i in self.instances.values()] + self.resting.entries()

@@ -8,8 +8,10 @@ reads the log up to the committed marker and cuts off what lies beyond it (epoch
 did not commit), so the state matches the input offsets Bytewax resumes from.
 
 A new generation starts with the shard's whole live state (``ShardLog.compact``): when a
-log has grown well past its live state, at the first snapshot after a restart without a
-marker, and after damage. Compaction waits ``min_epochs`` snapshots after the last one
+shard starts without a marker (its seed, or nothing) or finds its log damaged, and at a
+snapshot when the log has grown well past its live state. Between snapshots a shard
+appends the instances it puts to rest (``ShardLog.write``); only a later marker covers
+them. Compaction waits ``min_epochs`` snapshots after the last one
 and keeps the previous generation, so the marker Bytewax has committed (which lags the
 newest by the backup interval) always names a file that exists.
 
