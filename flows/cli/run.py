@@ -19,6 +19,7 @@ from flows.cli.base import (
     app,
     fail,
 )
+from flows.service.allocator import TRIM_EVERY
 from flows.service.connectors.kafka import Topics
 from flows.service.connectors.kafka_source import PartitionsChanged
 from flows.service.metrics import MetricsPortError
@@ -107,6 +108,13 @@ FRESH_OPTION = typer.Option(
     "state starts empty and the input resumes from the group's offsets (without it, tsi "
     "run refuses to start over silently).",
 )
+MALLOC_TRIM_OPTION = typer.Option(
+    TRIM_EVERY,
+    "--malloc-trim",
+    envvar="TSI_MALLOC_TRIM",
+    min=0.0,
+    help="Seconds between hand-backs of freed memory to the system (glibc malloc_trim; 0: never).",
+)
 LOG_FILE_OPTION = typer.Option(
     None,
     envvar="TSI_LOG_FILE",
@@ -143,6 +151,7 @@ def run_service(
     skip_offset: list[str] = SKIP_OFFSET_OPTION,
     ts_window: float | None = TS_WINDOW_OPTION,
     fresh: bool = FRESH_OPTION,
+    malloc_trim: float = MALLOC_TRIM_OPTION,
     log_file: Path | None = LOG_FILE_OPTION,
 ) -> None:
     """Serve decisions from Kafka: requests and feedback in, selections and dead letters out.
@@ -175,6 +184,7 @@ def run_service(
         metrics_port,
         ready_timeout,
         fresh,
+        malloc_trim,
     )
     serve(settings, Cluster(workers, process_id, cluster), snapshot_every, backup_every, log_file)
 
@@ -236,6 +246,7 @@ def serve(
             metrics_port=settings.metrics_port,
             ready_timeout=settings.ready_after(snapshot_every),
             on_reload=service.reload_registry,
+            trim_every=settings.malloc_trim,
         )
     except MetricsPortError as exc:
         service_log.say(f"tsi run: {exc}")

@@ -32,7 +32,12 @@ def __getattr__(name: str) -> Any:
         service = Service.from_settings(settings)
         flow = service.flow(tail=not settings.stop_at_end, recovery=_recovery_dir())
         try:
-            start_process(settings.metrics_port, settings.ready_after(1.0), service.reload_registry)
+            start_process(
+                settings.metrics_port,
+                settings.ready_after(1.0),
+                service.reload_registry,
+                settings.malloc_trim,
+            )
         except MetricsPortError as exc:
             raise SystemExit(f"tsi: {exc}") from None
         return flow

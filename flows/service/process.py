@@ -20,6 +20,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
+from flows.service.allocator import TRIM_EVERY, start_trimming
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, build_flow
 from flows.service.metrics import note_epoch_completed, serve_metrics
@@ -141,6 +142,7 @@ def run(
     metrics_port: int | None = None,
     ready_timeout: float = 60.0,
     on_reload: Callable[[], None] | None = None,
+    trim_every: float = TRIM_EVERY,
 ) -> None:
     """Run the flow in this process (one process of a cluster when ``addresses`` is given).
 
@@ -148,7 +150,7 @@ def run(
     snapshotted every ``snapshot_every`` seconds; a restart resumes from the last one.
     With ``metrics_port``, Prometheus metrics are served on it (``/metrics``, ``/ready``
     after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
-    SIGHUP (``Service.reload_registry``).
+    SIGHUP (``Service.reload_registry``); freed memory goes back every ``trim_every`` s.
     """
     recovery = None
     if recovery_dir is not None:
@@ -157,7 +159,7 @@ def run(
             directory.mkdir(parents=True, exist_ok=True)
             init_db_dir(directory, max(1, len(addresses or [None])))
         recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
-    start_process(metrics_port, ready_timeout, on_reload)
+    start_process(metrics_port, ready_timeout, on_reload, trim_every)
     cli_main(
         flow,
         workers_per_process=workers,
@@ -169,12 +171,17 @@ def run(
 
 
 def start_process(
-    metrics_port: int | None, ready_timeout: float, on_reload: Callable[[], None] | None
+    metrics_port: int | None,
+    ready_timeout: float,
+    on_reload: Callable[[], None] | None,
+    trim_every: float = TRIM_EVERY,
 ) -> None:
     """What every service process does before its flow runs, whichever way it was started:
-    serve metrics and probes, reload the registry on SIGHUP, settle the start-up heap."""
+    serve metrics and probes, reload the registry on SIGHUP, settle the start-up heap, and
+    hand freed memory back every ``trim_every`` seconds (``flows.service.allocator``)."""
     if on_reload is not None:
         signal.signal(signal.SIGHUP, lambda *_: on_reload())
     if metrics_port is not None:
         serve_metrics(metrics_port, ready_timeout=ready_timeout)
     settle_heap()
+    start_trimming(trim_every)

@@ -14,6 +14,7 @@ environment alike (each option has the environment variable below).
 | ``TSI_GROUP_ID`` | consumer group the finished epochs' offsets are committed to | ``tsi`` |
 | ``TSI_SKIP_OFFSETS`` | ``TOPIC:PARTITION:OFFSET,...`` messages to skip (as dead letters) | none |
 | ``TSI_TS_WINDOW`` | seconds an event's ``ts`` may differ from the wall clock | 10 years |
+| ``TSI_MALLOC_TRIM`` | seconds between hand-backs of freed memory (0: never) | 10 |
 
 >>> Settings.from_env({"TSI_REGISTRY": "r.toml", "TSI_GROUP_ID": "g"}).group_id
 'g'
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.service.allocator import TRIM_EVERY
 from flows.service.connectors.kafka import Topics
 from flows.service.connectors.kafka_config import KafkaSettingsError, load_client_settings
 from flows.service.dataflow import Guards, parse_skips
@@ -59,6 +61,7 @@ class Settings:
     metrics_port: int | None = None
     ready_timeout: float | None = None
     fresh: bool = False  # accept an empty recovery store although the group made progress
+    malloc_trim: float = TRIM_EVERY  # seconds between hand-backs of freed memory (allocator)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -87,6 +90,7 @@ class Settings:
             stop_at_end=env.get("TSI_STOP_AT_END", "0") == "1",
             metrics_port=_port(env.get("TSI_METRICS_PORT", "")),
             ready_timeout=_number(env, "TSI_READY_TIMEOUT"),
+            malloc_trim=_seconds(env, "TSI_MALLOC_TRIM", TRIM_EVERY),
         )
 
     def guards(self, dead_letter_raw: int | None = None) -> Guards:
@@ -117,6 +121,16 @@ def _number(env: Mapping[str, str], name: str) -> float | None:
         return float(value)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {value!r}") from None
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A number of seconds, 0 or more (``default`` when unset)."""
+    value = _number(env, name)
+    if value is None:
+        return default
+    if not value >= 0:
+        raise ConfigError(f"{name} must be 0 or more seconds, got {value}")
+    return value
 
 
 def _port(value: str) -> int | None:

@@ -59,6 +59,15 @@ def test_environment_configures_the_service(tmp_path):
         Settings.from_env({})
 
 
+def test_the_heap_trim_interval_is_read_and_checked(tmp_path):
+    env = {"TSI_REGISTRY": str(tmp_path / "r.toml")}
+    assert Settings.from_env(env).malloc_trim == 10.0
+    assert Settings.from_env(env | {"TSI_MALLOC_TRIM": "0"}).malloc_trim == 0.0
+    for bad, shown in (("-1", "0 or more seconds, got -1.0"), ("often", "'often'")):
+        with pytest.raises(ConfigError, match=f"TSI_MALLOC_TRIM must be .*{shown}"):
+            Settings.from_env(env | {"TSI_MALLOC_TRIM": bad})
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -120,6 +129,7 @@ def test_invalid_registry_is_refused_naming_the_problem(text, message):
             ["--registry", "{reg}", "--no-recovery", "--skip-offset", "t:0", "--brokers", "x:1"],
             "TOPIC:PARTITION:OFFSET",
         ),
+        (["--registry", "{reg}", "--no-recovery", "--malloc-trim", "-1"], "--malloc-trim"),
     ],
 )
 def test_tsi_run_explains_user_mistakes_in_one_line(tmp_path, args, message):
