@@ -1586,23 +1586,11 @@ def jsonable(x: Any) -> Any:
 SECTIONS = ("throughput", "latency", "memory")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes)")
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "bench" / "flow_results.json", help="JSON results"
-    )
-    parser.add_argument(
-        "--only",
-        default=",".join(SECTIONS),
-        help=f"comma-separated parts to run, of {','.join(SECTIONS)} (default: all)",
-    )
-    parser.add_argument(
-        "--latency-configs",
-        metavar="TEXT",
-        help="run only the latency configurations whose name contains TEXT",
-    )
-    args = parser.parse_args()
+def chosen_plan(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[Plan, set[str], str]:
+    """The plan the options ask for, the parts to run, and the command that repeats it
+    (a bad option: ``parser.error``)."""
     only = set(args.only.split(","))
     if not only or only - set(SECTIONS):
         parser.error(f"--only takes parts of {','.join(SECTIONS)}, got {args.only!r}")
@@ -1620,6 +1608,27 @@ def main() -> None:
         command += f" --only {','.join(p for p in SECTIONS if p in only)}"
     if args.latency_configs:
         command += f" --latency-configs {args.latency_configs!r}"
+    return plan, only, command
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes)")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "flow_results.json", help="JSON results"
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated parts to run, of {','.join(SECTIONS)} (default: all)",
+    )
+    parser.add_argument(
+        "--latency-configs",
+        metavar="TEXT",
+        help="run only the latency configurations whose name contains TEXT",
+    )
+    args = parser.parse_args()
+    plan, only, command = chosen_plan(parser, args)
     t0 = time.perf_counter()
     results: dict[str, Any] = {"plan": asdict(plan), "command": command}
     registry = Registry.from_toml(registry_toml())

@@ -161,18 +161,12 @@ def run_service(
     """
     _check_options(process_id, addresses, snapshot_every, backup_every)
     cluster = None if addresses is None else addresses.split(";")
+    names = (requests_topic, feedback_topic, selections_topic, dlq_topic, events_topic)
     settings = Settings(
         registry,
         brokers.split(","),
         kafka_config,
-        Topics(
-            requests_topic,
-            feedback_topic,
-            selections_topic,
-            dlq_topic,
-            events_topic,
-            internal_topic or None,
-        ),
+        Topics(*names, internal_topic or None),
         recovery_dir,
         no_recovery,
         len(cluster or [None]),

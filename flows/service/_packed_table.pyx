@@ -149,7 +149,9 @@ cdef class PackedTable:
         return self.heap_at[0] if self.heap_len else None
 
     def __iter__(self):
-        return iter([key for key, _ in self.items()])
+        cdef int64_t slot
+        return iter([self._key(self.offsets[slot]) for slot in range(self.slots)
+                     if self.offsets[slot] >= 0])
 
     def items(self) -> list:
         """Every (key, bytes), in no particular order."""

@@ -360,24 +360,16 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             keys = [key for key in keys if key not in self.touched and key in self.instances]
             if keys:
                 instances = [self.instances[key] for key in keys]
-                entries = None
                 if self.log is not None and self.context.snapshots:
-                    entries = [entry_of(instance) for instance in instances]
-                    self.log.write(entries)
-                self._put_to_rest(instances, entries)
+                    self.log.write([entry_of(instance) for instance in instances])
+                self._put_to_rest(instances)
 
-    def _put_to_rest(self, instances: list[Instance], entries: list[Entry] | None) -> None:
+    def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on one entry as
-        bytes: from ``entries`` (theirs, just written to the log) if given."""
-        resting = self.resting
-        for at, instance in enumerate(instances):
+        bytes."""
+        for instance in instances:
             instance.rest()
-            if entries is None:
-                held = resting.put_instance(instance)
-            else:
-                plain = not instance._notices and instance._bandit is None
-                held = plain and resting.take(entries[at])
-            if held:  # its deadline, if any, goes with it
+            if self.resting.put_instance(instance):  # its deadline, if any, goes with it
                 del self.instances[instance.key]
                 self.deadlines.forget(instance.key)
 
@@ -437,16 +429,15 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self.cooling.clear()
         self.settling.clear()
         changed = [self.instances[key] for key in keys if key in self.instances]
-        entries = None
         if self.log is None:
             state = {"shard": self.shard, "entries": self._all_entries()}
         elif self.log.wants_compaction:
             state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
+        elif changed:
+            state = {"shard": self.shard, "store": self.log.append(list(map(entry_of, changed)))}
         else:
-            entries = [entry_of(instance) for instance in changed]
-            marker = self.log.append(entries) if entries else self.log.marker
-            state = {"shard": self.shard, "store": marker}
-        self._put_to_rest(changed, entries)
+            state = {"shard": self.shard, "store": self.log.marker}
+        self._put_to_rest(changed)
         return state
 
     def _all_entries(self) -> list[Entry]:

@@ -182,22 +182,22 @@ class Resting:
         if entry.kind != "packed+" or len(entry.data[3]) != 1:
             return False
         arms, template, packed, kept = entry.data
-        return self._wait(entry.key, self._index(entry.experiment, arms, template), packed, kept)
+        index = self._index(entry.experiment, arms, template)
+        self._discard(entry.key)
+        return self._wait(entry.key, index, packed, kept)
 
     def put_instance(self, instance: Instance) -> bool:
         """Hold an instance at rest (packed, nothing to hand out) that is idle or waits on
         one entry; False (nothing done) for any other."""
         packed, held = instance._packed, instance._entries
-        if packed is None or instance._notices or instance._bandit is not None:
+        busy = instance._notices or instance._bandit is not None or type(held) is dict
+        if packed is None or busy:
             return False
         experiment = instance.experiment
         index = self._index(experiment.name, *experiment.packing)
-        if held is None:
-            self._discard(instance.key)
+        if held is None:  # a live instance is never held here too: nothing to discard
             self._idle[instance.key] = index + packed
             return True
-        if type(held) is dict:
-            return False
         kept = instance.compact_entries()
         return kept is not None and self._wait(instance.key, index, packed, kept)
 
@@ -206,7 +206,6 @@ class Resting:
             value = index + marshal.dumps((packed, kept))
         except ValueError:  # a value marshal cannot write: the instance stays as it is
             return False
-        self._discard(key)
         self._waiting.put(key, value, kept[0][4])
         return True
 
