@@ -4,14 +4,15 @@
 A Python dict of ``str -> bytes`` pays, per idle instance, a key object (~61 B for a
 12-character key), a bytes object (33 B of header and malloc's rounding around the
 ~128 B of a packed 10-arm bandit) and a dict slot (~40 B at its load factor). Here each
-entry is one record in an arena, ``<u32 key length><u32 value length><key><value>``, and
-one slot of an open-addressing index (a 32-bit hash and a 64-bit offset): about 20 B
-beyond its own bytes. Removed and replaced records are holes in the arena, squeezed out
+entry is one record in an arena, ``<key length><value length><key><value>`` (the lengths
+as varints: 3 B for a short key and a value under 16 KB), and one 8-byte slot of an
+open-addressing index (24 bits of the key's hash beside a 40-bit offset): about 20 B
+beyond its own bytes at the index's load factor. Removed and replaced records are holes in the arena, squeezed out
 when they reach a quarter of it. The table holds what ``flows.service.resting.Resting`` kept
 in its dict; it is compared with a dict by a property test.
 
 A timed table (``PackedTable(timed=True)``, instances waiting with one ticket) also keeps
-each record's deadline (8 B in its header) and a heap of (deadline, 32-bit hash), 12 B a
+each record's deadline (8 B before its lengths) and a heap of (deadline, 32-bit hash), 12 B a
 record: ``due(now)`` finds the records whose deadline has come by probing their hashes,
 so a waiting instance costs no Python object at all. Entries of the heap left behind by
 records removed or replaced are dropped when they pass, or when they outnumber the
@@ -32,15 +33,57 @@ empties (instances waiting on their answers move on).
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsEncodedString, PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint32_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
 
-cdef enum:
-    EMPTY = -1
-    REMOVED = -2
-    LENGTHS = 8  # the two u32 lengths that start a record (a timed one: and its deadline)
+# An index slot: EMPTY, REMOVED, or a record's (offset + 2) in its low 40 bits below
+# 24 bits of its key's hash (the hash's top bits: its low ones choose the slot).
+cdef uint64_t EMPTY = 0
+cdef uint64_t REMOVED = 1
+cdef uint64_t OFFSET_BITS = (<uint64_t>1 << 40) - 1
+cdef int64_t LARGEST = (<int64_t>1 << 40) - 3  # the largest arena an index slot can address
+
+
+cdef inline bint _live(uint64_t slot) noexcept:
+    return slot > REMOVED
+
+
+cdef inline int64_t _offset(uint64_t slot) noexcept:
+    return <int64_t>(slot & OFFSET_BITS) - 2
+
+
+cdef inline uint64_t _tag(uint32_t h) noexcept:
+    return <uint64_t>(h >> 8) << 40
+
+
+cdef inline const unsigned char* _read_varint(const unsigned char* p, uint32_t* out) noexcept:
+    """The varint (LEB128) at ``p`` in ``out``; the byte after it."""
+    cdef uint32_t value = 0, shift = 0
+    while p[0] & 0x80:
+        value |= <uint32_t>(p[0] & 0x7F) << shift
+        shift += 7
+        p += 1
+    out[0] = value | (<uint32_t>p[0] << shift)
+    return p + 1
+
+
+cdef inline unsigned char* _write_varint(unsigned char* p, uint32_t value) noexcept:
+    while value >= 0x80:
+        p[0] = <unsigned char>(value & 0x7F) | 0x80
+        value >>= 7
+        p += 1
+    p[0] = <unsigned char>value
+    return p + 1
+
+
+cdef inline int64_t _varint_size(uint32_t value) noexcept:
+    cdef int64_t size = 1
+    while value >= 0x80:
+        value >>= 7
+        size += 1
+    return size
 
 
 cdef inline bytes _utf8(object key):
@@ -64,29 +107,26 @@ cdef class PackedTable:
 
     cdef char* arena
     cdef int64_t used, capacity, holes
-    cdef uint32_t* hashes
-    cdef int64_t* offsets
+    cdef uint64_t* index
     cdef int64_t slots, count, removed  # index slots, entries, slots marked removed
     cdef bint timed
-    cdef int64_t head  # bytes before a record's key: LENGTHS, and 8 more when timed
+    cdef int64_t head  # bytes before a record's lengths: its deadline's 8 when timed
     cdef double* heap_at
     cdef uint32_t* heap_hash
     cdef int64_t heap_len, heap_cap
 
     def __cinit__(self, bint timed=False):
         self.arena = NULL
-        self.hashes = NULL
-        self.offsets = NULL
+        self.index = NULL
         self.heap_at = NULL
         self.heap_hash = NULL
         self.timed = timed
-        self.head = LENGTHS + (sizeof(double) if timed else 0)
+        self.head = sizeof(double) if timed else 0
         self._reindex(8)
 
     def __dealloc__(self):
         free(self.arena)
-        free(self.hashes)
-        free(self.offsets)
+        free(self.index)
         free(self.heap_at)
         free(self.heap_hash)
 
@@ -120,7 +160,7 @@ cdef class PackedTable:
         cdef int64_t slot = self._find(data, n, _hash(data, n))
         if slot < 0:
             return default
-        value = self._value(self.offsets[slot])
+        value = self._value(_offset(self.index[slot]))
         self._drop(slot)
         self._squeeze_if_holey()
         if self.slots > 64 and self.count * 8 < self.slots:  # emptied: a smaller index
@@ -132,14 +172,16 @@ cdef class PackedTable:
         first (then by key); they stay held until popped."""
         cdef int64_t mask = self.slots - 1, slot, at
         cdef uint32_t h
+        cdef uint64_t tag
         found = {}
         while self.heap_len and self.heap_at[0] <= now:
             h = self.heap_hash[0]
             self._pop_heap()
-            slot = h & mask
-            while self.offsets[slot] != EMPTY:
-                at = self.offsets[slot]
-                if at >= 0 and self.hashes[slot] == h and self._deadline(at) <= now:
+            slot, tag = h & mask, _tag(h)
+            while self.index[slot] != EMPTY:
+                at = _offset(self.index[slot])
+                if _live(self.index[slot]) and self.index[slot] & ~OFFSET_BITS == tag \
+                        and self._deadline(at) <= now:
                     found[self._key(at)] = self._deadline(at)
                 slot = (slot + 1) & mask
         return sorted([(deadline, key) for key, deadline in found.items()])
@@ -150,22 +192,22 @@ cdef class PackedTable:
 
     def __iter__(self):
         cdef int64_t slot
-        return iter([self._key(self.offsets[slot]) for slot in range(self.slots)
-                     if self.offsets[slot] >= 0])
+        return iter([self._key(_offset(self.index[slot])) for slot in range(self.slots)
+                     if _live(self.index[slot])])
 
     def items(self) -> list:
         """Every (key, bytes), in no particular order."""
         cdef int64_t slot, at
         out = []
         for slot in range(self.slots):
-            at = self.offsets[slot]
-            if at >= 0:
+            if _live(self.index[slot]):
+                at = _offset(self.index[slot])
                 out.append((self._key(at), self._value(at)))
         return out
 
     def nbytes(self) -> int:
         """Bytes allocated: the arena, the index and the heap."""
-        index = self.slots * (sizeof(uint32_t) + sizeof(int64_t))
+        index = self.slots * sizeof(uint64_t)
         return self.capacity + index + self.heap_cap * (sizeof(double) + sizeof(uint32_t))
 
     # ------------------------------------------------------------------ internals
@@ -185,68 +227,87 @@ cdef class PackedTable:
             self._reindex(max(8, self.count * 2 + 2))
         cdef int64_t at = self._append(data, n, value, deadline)
         slot = self._free_slot(h)
-        if self.offsets[slot] == REMOVED:
+        if self.index[slot] == REMOVED:
             self.removed -= 1
-        self.hashes[slot] = h
-        self.offsets[slot] = at
+        self.index[slot] = _tag(h) | <uint64_t>(at + 2)
         self.count += 1
         return h
 
     cdef int64_t _find(self, const char* data, Py_ssize_t n, uint32_t h) noexcept:
         """The slot holding the key, or -1."""
-        cdef int64_t mask = self.slots - 1, slot = h & mask, at
-        cdef uint32_t* lengths
+        cdef int64_t mask = self.slots - 1, slot = h & mask
+        cdef uint64_t tag = _tag(h), held
+        cdef uint32_t key_n, value_n
+        cdef const char* key
         while True:
-            at = self.offsets[slot]
-            if at == EMPTY:
+            held = self.index[slot]
+            if held == EMPTY:
                 return -1
-            if at >= 0 and self.hashes[slot] == h:
-                lengths = <uint32_t*>(self.arena + at)
-                if lengths[0] == n and memcmp(self.arena + at + self.head, data, n) == 0:
+            if _live(held) and held & ~OFFSET_BITS == tag:
+                key = self._fields(_offset(held), &key_n, &value_n)
+                if key_n == n and memcmp(key, data, n) == 0:
                     return slot
             slot = (slot + 1) & mask
 
     cdef int64_t _free_slot(self, uint32_t h) noexcept:
         cdef int64_t mask = self.slots - 1, slot = h & mask
-        while self.offsets[slot] >= 0:
+        while _live(self.index[slot]):
             slot = (slot + 1) & mask
         return slot
 
+    cdef inline const char* _fields(self, int64_t at, uint32_t* key_n,
+                                    uint32_t* value_n) noexcept:
+        """The record at ``at``: its key's first byte; its two lengths set."""
+        cdef const unsigned char* p = <const unsigned char*>(self.arena + at + self.head)
+        return <const char*>_read_varint(_read_varint(p, key_n), value_n)
+
+    cdef inline int64_t _size(self, int64_t at) noexcept:
+        cdef uint32_t n, m
+        cdef const char* key = self._fields(at, &n, &m)
+        return (key - (self.arena + at)) + n + m
+
     cdef inline double _deadline(self, int64_t at) noexcept:
-        return (<double*>(self.arena + at + LENGTHS))[0]
+        cdef double deadline
+        memcpy(&deadline, self.arena + at, sizeof(double))
+        return deadline
 
     cdef object _key(self, int64_t at):
-        cdef uint32_t* lengths = <uint32_t*>(self.arena + at)
-        return PyUnicode_DecodeUTF8(self.arena + at + self.head, lengths[0], "surrogatepass")
+        cdef uint32_t n, m
+        cdef const char* key = self._fields(at, &n, &m)
+        return PyUnicode_DecodeUTF8(key, n, "surrogatepass")
 
     cdef object _value(self, int64_t at):
-        cdef uint32_t* lengths = <uint32_t*>(self.arena + at)
-        return PyBytes_FromStringAndSize(self.arena + at + self.head + lengths[0], lengths[1])
+        cdef uint32_t n, m
+        cdef const char* key = self._fields(at, &n, &m)
+        return PyBytes_FromStringAndSize(key + n, m)
 
     cdef void _drop(self, int64_t slot) noexcept:
-        cdef uint32_t* lengths = <uint32_t*>(self.arena + self.offsets[slot])
-        self.holes += self.head + lengths[0] + lengths[1]
-        self.offsets[slot] = REMOVED
+        self.holes += self._size(_offset(self.index[slot]))
+        self.index[slot] = REMOVED
         self.removed += 1
         self.count -= 1
 
     cdef int64_t _append(self, const char* key, Py_ssize_t n, bytes value,
                          double deadline) except -1:
         cdef Py_ssize_t m = PyBytes_GET_SIZE(value)
-        cdef int64_t need = self.used + self.head + n + m, at = self.used
+        if n > 0xFFFFFFFF or m > 0xFFFFFFFF:
+            raise ValueError(f"a packed table's records are under 4 GB, not {n} + {m} bytes")
+        cdef int64_t at = self.used
+        cdef int64_t need = at + self.head + _varint_size(n) + _varint_size(m) + n + m
         if need > self.capacity:
-            self._grow(max(need, self.capacity + self.capacity // 4 + 4096))
-        cdef uint32_t* lengths = <uint32_t*>(self.arena + at)
-        lengths[0] = <uint32_t>n
-        lengths[1] = <uint32_t>m
+            self._grow(max(need, self.capacity + self.capacity // 8 + 4096))
         if self.timed:
-            (<double*>(self.arena + at + LENGTHS))[0] = deadline
-        memcpy(self.arena + at + self.head, key, n)
-        memcpy(self.arena + at + self.head + n, PyBytes_AS_STRING(value), m)
+            memcpy(self.arena + at, &deadline, sizeof(double))
+        cdef unsigned char* p = <unsigned char*>(self.arena + at + self.head)
+        p = _write_varint(_write_varint(p, <uint32_t>n), <uint32_t>m)
+        memcpy(p, key, n)
+        memcpy(p + n, PyBytes_AS_STRING(value), m)
         self.used = need
         return at
 
     cdef int _grow(self, int64_t capacity) except -1:
+        if capacity > LARGEST:
+            raise MemoryError(f"a packed table holds at most {LARGEST} bytes, not {capacity}")
         cdef char* grown = <char*>realloc(self.arena, capacity)
         if grown == NULL:
             raise MemoryError(f"a packed table of {capacity} bytes")
@@ -255,29 +316,27 @@ cdef class PackedTable:
 
     cdef int _reindex(self, int64_t want) except -1:
         """A new index of at least ``want`` slots (a power of two) over the live records."""
-        cdef int64_t slots = 8, slot, at, new_slot
+        cdef int64_t slots = 8, slot, new_slot
         while slots < want:
             slots *= 2
-        cdef uint32_t* hashes = <uint32_t*>malloc(slots * sizeof(uint32_t))
-        cdef int64_t* offsets = <int64_t*>malloc(slots * sizeof(int64_t))
-        if hashes == NULL or offsets == NULL:
-            free(hashes)
-            free(offsets)
+        cdef uint64_t* index = <uint64_t*>calloc(slots, sizeof(uint64_t))  # all EMPTY
+        if index == NULL:
             raise MemoryError(f"a packed table index of {slots} slots")
-        for slot in range(slots):
-            offsets[slot] = EMPTY
-        for slot in range(self.slots if self.offsets != NULL else 0):
-            at = self.offsets[slot]
-            if at >= 0:
-                new_slot = self.hashes[slot] & (slots - 1)
-                while offsets[new_slot] != EMPTY:
+        for slot in range(self.slots if self.index != NULL else 0):
+            if _live(self.index[slot]):
+                new_slot = self._hash_at(_offset(self.index[slot])) & (slots - 1)
+                while index[new_slot] != EMPTY:
                     new_slot = (new_slot + 1) & (slots - 1)
-                hashes[new_slot] = self.hashes[slot]
-                offsets[new_slot] = at
-        free(self.hashes)
-        free(self.offsets)
-        self.hashes, self.offsets, self.slots, self.removed = hashes, offsets, slots, 0
+                index[new_slot] = self.index[slot]
+        free(self.index)
+        self.index, self.slots, self.removed = index, slots, 0
         return 0
+
+    cdef inline uint32_t _hash_at(self, int64_t at) noexcept:
+        """The hash of the key of the record at ``at`` (the index keeps only its top bits)."""
+        cdef uint32_t n, m
+        cdef const char* key = self._fields(at, &n, &m)
+        return _hash(key, n)
 
     cdef int _squeeze_if_holey(self) except -1:
         if self.holes > 4096 and self.holes * 4 > self.used:
@@ -288,16 +347,14 @@ cdef class PackedTable:
         """Copy the live records into a new arena, without the holes."""
         cdef int64_t size = self.used - self.holes, slot, at, length, used = 0
         cdef char* arena = <char*>malloc(max(size, 1))
-        cdef uint32_t* lengths
         if arena == NULL:
             raise MemoryError(f"a packed table of {size} bytes")
         for slot in range(self.slots):
-            at = self.offsets[slot]
-            if at >= 0:
-                lengths = <uint32_t*>(self.arena + at)
-                length = self.head + lengths[0] + lengths[1]
+            if _live(self.index[slot]):
+                at = _offset(self.index[slot])
+                length = self._size(at)
                 memcpy(arena + used, self.arena + at, length)
-                self.offsets[slot] = used
+                self.index[slot] = (self.index[slot] & ~OFFSET_BITS) | <uint64_t>(used + 2)
                 used += length
         free(self.arena)
         self.arena, self.capacity, self.used, self.holes = arena, max(size, 1), used, 0
@@ -360,10 +417,10 @@ cdef class PackedTable:
         if self.heap_cap < self.count + 64:
             self._grow_heap(self.count + 64)
         for slot in range(self.slots):
-            at = self.offsets[slot]
-            if at >= 0:
+            if _live(self.index[slot]):
+                at = _offset(self.index[slot])
                 self.heap_at[self.heap_len] = self._deadline(at)
-                self.heap_hash[self.heap_len] = self.hashes[slot]
+                self.heap_hash[self.heap_len] = self._hash_at(at)
                 self.heap_len += 1
         for i in range(self.heap_len // 2 - 1, -1, -1):
             self._sift_down(i, self.heap_at[i], self.heap_hash[i])

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.registry import Registry
-from flows.service.resting import entry_of, revive, state_of
+from flows.service.resting import Resting, entry_of, revive, state_of
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a", "b", "c"]\nfeedback_ttl = 5\nretry_window = 8\n'
@@ -71,3 +71,24 @@ def test_tickets_and_answers_are_saved_compact():
     entry = entry_of(instance)
     assert entry.kind == "packed+" and len(entry.data[-1]) == 2
     assert len(orjson.dumps(entry.data[-1])) < 200  # two plain tuples, no bandit dict
+
+
+def test_a_shard_holds_instances_of_hundreds_of_definitions_apart():
+    """A resting record names its definition by a varint index: past the first 128 (two
+    bytes) each instance still comes back under its own arms, whole."""
+    toml = "".join(f'[experiments.e{i}]\narms = ["a{i}", "b", "c{i % 7}"]\n' for i in range(300))
+    registry, resting, states = Registry.from_toml(toml), Resting(), {}
+    for i in range(300):
+        instance = Instance(registry[f"e{i}"], f"e{i}:u")
+        request = orjson.dumps({"experiment": f"e{i}", "request_id": "r"})
+        instance.on_request(parse_request(request, Origin("t", 0, i, 1.0)), 1.0)
+        instance.expire(1e9)
+        instance.rest()
+        states[instance.key] = instance.to_dict()
+        entry_of(instance)  # packs it, as a shard does before putting it to rest
+        assert resting.put_instance(instance)
+    for i in reversed(range(300)):
+        entry = resting.pop(f"e{i}:u")
+        assert entry.data[0] == registry[f"e{i}"].packing[0]
+        assert revive(entry, registry[f"e{i}"]).to_dict() == states[f"e{i}:u"]
+    assert len(resting) == 0
