@@ -36,6 +36,7 @@ from flows.service.events import (
     MAX_MESSAGE_BYTES,
     DeadLetter,
     Feedback,
+    ParseBySource,
     Request,
     parse_event,
     parse_feedback,
@@ -282,14 +283,29 @@ cdef object _loss(dict data, Py_ssize_t* known):
     return -value if loss is None else value
 
 
+def has_lane(parse) -> bool:
+    """Whether ``parse`` is one this lane stands for: a standard parser
+    (``FAST_PARSERS``) or the internal topic's ``ParseBySource``."""
+    return type(parse) is ParseBySource or parse in FAST_PARSERS
+
+
 def parse_and_route(parse, route, window, registry, batch):
-    """``dataflow.parse_and_route(parse, guards, live, batch)`` for a standard parser
-    (``FAST_PARSERS``) and no skipped offsets: ``window`` is ``guards.ts_window``,
+    """``dataflow.parse_and_route(parse, guards, live, batch)`` for a parser with a lane
+    (``has_lane``) and no skipped offsets: ``window`` is ``guards.ts_window``,
     ``registry`` is ``live.current``, and ``route`` is ``dataflow.route``, called with
     the Python parser's events."""
-    cdef _Lane lane = _Lane(FAST_PARSERS[parse], window, registry)
+    cdef _Lane lane, requests_lane = None, feedback_lane = None
+    cdef object requests = None
+    if type(parse) is ParseBySource:  # each message's kind is its origin's
+        requests = parse.requests
+        requests_lane = _Lane(REQUEST, window, registry)
+        feedback_lane = _Lane(FEEDBACK, window, registry)
+    else:
+        lane = _Lane(FAST_PARSERS[parse], window, registry)
     cdef list routed = [], dead = []
     for raw, origin in batch:
+        if requests is not None:
+            lane = requests_lane if origin.source == requests else feedback_lane
         try:
             item = lane.taken(raw, origin)
         except Exception:  # orjson's refusal, or anything else the reference decides

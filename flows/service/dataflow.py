@@ -158,10 +158,10 @@ def parse_and_route(
 ) -> tuple[list[tuple[str, Routed]], list[DeadLetter]]:
     """A batch of messages as routed events and dead letters (each message one or the
     other, in order). The standard parsers' batches take the compiled fast lane
-    (``flows.service._parse``), which hands every message it cannot decide exactly to
-    the Python parser and ``route``."""
+    (``flows.service._parse``), and so do the internal topic's (``ParseBySource``); the
+    lane hands every message it cannot decide exactly to the Python parser and ``route``."""
     registry, skip, window = live.current, guards.skip, guards.ts_window
-    if not skip and parse in _parse.FAST_PARSERS:
+    if not skip and _parse.has_lane(parse):
         return _parse.parse_and_route(parse, route, window, registry, batch)
     routed, dead = [], []
     for raw, origin in batch:

@@ -341,6 +341,28 @@ def parse_event(
     return _parse(_event, raw, origin, ts_window)
 
 
+@dataclass(frozen=True)
+class ParseBySource:
+    """The parser of the internal topic, whose copies name the topic they came from: a
+    copy of ``requests`` is parsed as a request, any other as feedback. The compiled lane
+    (``flows.service._parse``) knows it as it knows the three above.
+
+    >>> parse = ParseBySource("tsi.requests")
+    >>> parse(b'{"experiment":"e","request_id":"r1"}', Origin("tsi.requests")).request_id
+    'r1'
+    >>> parse(b'{"experiment":"e","request_id":"r1"}', Origin("tsi.feedback")).reason
+    'missing_field'
+    """
+
+    requests: str
+
+    def __call__(
+        self, raw: bytes, origin: Origin, ts_window: float = DEFAULT_TS_WINDOW
+    ) -> Request | Feedback | DeadLetter:
+        parse = parse_request if origin.source == self.requests else parse_feedback
+        return parse(raw, origin, ts_window)
+
+
 def _as_bytes(raw: Any) -> bytes:
     if isinstance(raw, bytes | bytearray | memoryview):
         return bytes(raw)

@@ -22,6 +22,7 @@ from flows.service.events import (
     MAX_MESSAGE_BYTES,
     DeadLetter,
     Origin,
+    ParseBySource,
     parse_event,
     parse_feedback,
     parse_request,
@@ -237,6 +238,29 @@ def test_parse_and_route_gives_what_the_python_path_gives(data, parse):
     assert_same(got, reference(parse, DEFAULT_TS_WINDOW, batch))
 
 
+@st.composite
+def internal_batches(draw):
+    """Copies on the internal topic: each names the topic it came from, and holds a
+    message for that topic's parser (or an odd one)."""
+    batch = []
+    for offset in range(draw(st.integers(0, 25))):
+        source = draw(st.sampled_from(["tsi.requests", "tsi.feedback"]))
+        parse = parse_request if source == "tsi.requests" else parse_feedback
+        raw = draw(messages(parse) | messages(parse_event))
+        batch.append((raw, Origin(source, offset % 3, offset)))
+    return batch
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=internal_batches(), window=st.sampled_from(WINDOWS))
+def test_the_internal_topics_copies_take_the_lane_of_their_source(batch, window):
+    """``ParseBySource``: a copy of a request is parsed as a request, any other as
+    feedback, in the lane exactly as in Python."""
+    parse = ParseBySource("tsi.requests")
+    assert _parse.has_lane(parse)
+    assert_same(fast(parse, window, batch), reference(parse, window, batch))
+
+
 # -- explicit cases ------------------------------------------------------------------------
 
 
@@ -400,6 +424,8 @@ def replayed(raw, origin, ts_window):
         (parse_request, Guards(), True),
         (parse_feedback, Guards(ts_window=60.0), True),
         (parse_event, Guards(), True),
+        (ParseBySource("t"), Guards(), True),
+        (ParseBySource("elsewhere"), Guards(), True),
         (parse_request, Guards(skip=frozenset({("x", 0, 1)})), False),
         (replayed, Guards(), False),
     ],
@@ -410,7 +436,7 @@ def test_parse_and_route_takes_the_lane_for_standard_parsers_without_skips(
     calls = []
     monkeypatch.setattr(dataflow, "route", counting(calls))
     raw = b'{"experiment":"per_user","unit":"u1","request_id":"r1"}'
-    if parse is not parse_request and parse is not replayed:
+    if parse not in (parse_request, replayed, ParseBySource("t")):
         raw = b'{"type":"feedback","experiment":"per_user","unit":"u1","request_id":"r1","loss":2}'
         raw = raw if parse is parse_event else raw.replace(b'"type":"feedback",', b"")
     batch = [(raw, Origin("t", 0, i)) for i in range(3)]

@@ -20,13 +20,7 @@ from flows.service.connectors.kafka_source import (
     kafka_messages,
 )
 from flows.service.dataflow import Message, OpenSource, Repartition, Wiring, unzip_batches
-from flows.service.events import (
-    DeadLetter,
-    Origin,
-    minimal_dead_letter,
-    parse_feedback,
-    parse_request,
-)
+from flows.service.events import DeadLetter, Origin, ParseBySource, minimal_dead_letter
 
 
 @dataclass(frozen=True)
@@ -175,11 +169,7 @@ def _repartition(
         )
         sink(topics.internal)(step, messages)
 
-    def parse(raw: bytes, origin: Origin, **parse_options: Any) -> Any:
-        request = origin.source == topics.requests
-        return (parse_request if request else parse_feedback)(raw, origin, **parse_options)
-
-    return Repartition(copy, open_internal, parse)
+    return Repartition(copy, open_internal, ParseBySource(topics.requests))
 
 
 def _copy_message(item: tuple[str, bytes, Origin], tags: dict[str, bytes]) -> KafkaSinkMessage:
