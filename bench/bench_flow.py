@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_flow.py                # full run (~7-9 min)
+    .venv/bin/python bench/bench_flow.py                # full run (~11 min)
     .venv/bin/python bench/bench_flow.py --quick        # smoke run (< 2 min)
     .venv/bin/python bench/bench_flow.py --out bench/flow_results.json
 
