@@ -673,10 +673,11 @@ def throughput(
         for k in range(plan.repeats):  # references and service alternate: same conditions
             r, ref, ceiling = throughput_repeat(bk, registry, inp, counter, workdir)
             log(
-                f"  repeat {k + 1}: {r['seconds']:.2f} s, {r['events_per_s']:,.0f} events/s raw; "
-                f"reference {ref['events_per_s']:,.0f} (ratio {r['ratio_to_reference']:.2f}); "
+                f"  repeat {k + 1}: {r['seconds']:.2f} s, steady {r['steady_events_per_s']:,.0f} "
+                f"events/s; reference {ref['steady_events_per_s']:,.0f} "
+                f"(ratio {r['ratio_to_reference']:.2f}); "
                 f"passthrough {ceiling['events_per_s']:,.0f} "
-                f"(steady ratio {r['ratio_to_passthrough']:.2f})"
+                f"(ratio {r['ratio_to_passthrough']:.2f})"
                 + (
                     f"; default setup {r['default_setup_events_per_s']:,.0f}"
                     if "default_setup_events_per_s" in r
