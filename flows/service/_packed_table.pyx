@@ -7,13 +7,13 @@ A Python dict of ``str -> bytes`` pays, per idle instance, a key object (~61 B f
 entry is one record in an arena, ``<key length><value length><key><value>`` (the lengths
 as varints: 3 B for a short key and a value under 16 KB), and one 8-byte slot of an
 open-addressing index (24 bits of the key's hash beside a 40-bit offset): about 20 B
-beyond its own bytes at the index's load factor. Removed and replaced records are holes in the arena, squeezed out
-when they reach a quarter of it. The table holds what ``flows.service.resting.Resting`` kept
+beyond its own bytes at the index's load factor. Removed and replaced records are holes
+in the arena, squeezed out when they reach a quarter of it. The table holds what ``flows.service.resting.Resting`` kept
 in its dict; it is compared with a dict by a property test.
 
 A timed table (``PackedTable(timed=True)``, instances waiting with one ticket) also keeps
-each record's deadline (8 B before its lengths) and a heap of (deadline, 32-bit hash), 12 B a
-record: ``due(now)`` finds the records whose deadline has come by probing their hashes,
+each record's deadline (8 B before its lengths) and a heap of (deadline, 32-bit hash),
+12 B a record: ``due(now)`` finds the records whose deadline has come by probing their hashes,
 so a waiting instance costs no Python object at all. Entries of the heap left behind by
 records removed or replaced are dropped when they pass, or when they outnumber the
 records (the heap is rebuilt from them). The index and the heap shrink as a table
@@ -29,6 +29,12 @@ empties (instances waiting on their answers move on).
 >>> waiting.put("home:u1", b"t1", 5.0); waiting.put("home:u2", b"t2", 3.0)
 >>> waiting.next_deadline(), waiting.due(4.0), waiting.due(4.0)
 (3.0, [(3.0, 'home:u2')], [])
+
+The varints of the records are also for their users' own prefixes (``varint``,
+``read_varint``):
+
+>>> varint(300), read_varint(varint(300) + b"rest")
+(b'\\xac\\x02', (300, 2))
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -84,6 +90,26 @@ cdef inline int64_t _varint_size(uint32_t value) noexcept:
         value >>= 7
         size += 1
     return size
+
+
+def varint(uint32_t value) -> bytes:
+    """``value`` as a varint (LEB128): one byte below 128, at most five."""
+    cdef unsigned char out[5]
+    cdef unsigned char* end = _write_varint(out, value)
+    return PyBytes_FromStringAndSize(<char*>out, end - out)
+
+
+def read_varint(bytes data) -> tuple:
+    """(the varint that starts ``data``, its length in bytes); ValueError without one."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), size = 0
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef uint32_t value
+    while size < n and size < 4 and p[size] & 0x80:
+        size += 1
+    if size >= n or p[size] & 0x80:
+        raise ValueError(f"no varint starts {data[:8]!r}")
+    _read_varint(p, &value)
+    return value, size + 1
 
 
 cdef inline bytes _utf8(object key):
@@ -170,20 +196,23 @@ cdef class PackedTable:
     def due(self, double now) -> list:
         """(deadline, key) of every record whose deadline is at or before ``now``, earliest
         first (then by key); they stay held until popped."""
-        cdef int64_t mask = self.slots - 1, slot, at
+        cdef int64_t mask = self.slots - 1, slot
         cdef uint32_t h
-        cdef uint64_t tag
+        cdef uint64_t tag, held
+        cdef double deadline
         found = {}
         while self.heap_len and self.heap_at[0] <= now:
             h = self.heap_hash[0]
             self._pop_heap()
             slot, tag = h & mask, _tag(h)
-            while self.index[slot] != EMPTY:
-                at = _offset(self.index[slot])
-                if _live(self.index[slot]) and self.index[slot] & ~OFFSET_BITS == tag \
-                        and self._deadline(at) <= now:
-                    found[self._key(at)] = self._deadline(at)
+            held = self.index[slot]
+            while held != EMPTY:
+                if _live(held) and held & ~OFFSET_BITS == tag:
+                    deadline = self._deadline(_offset(held))
+                    if deadline <= now:
+                        found[self._key(_offset(held))] = deadline
                 slot = (slot + 1) & mask
+                held = self.index[slot]
         return sorted([(deadline, key) for key, deadline in found.items()])
 
     def next_deadline(self):

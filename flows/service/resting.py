@@ -119,31 +119,6 @@ def state_of(entry: Entry) -> dict[str, Any]:
     }
 
 
-def packing_index(index: int) -> bytes:
-    """The bytes that start a record held in Resting's tables: the index of its (arms,
-    template) as a varint (one byte for the first 128 definitions a shard holds).
-
-    >>> packing_index(0), packing_index(300), read_packing_index(packing_index(300) + b"x")
-    (b'\\x00', b'\\xac\\x02', (300, 2))
-    """
-    out = bytearray()
-    while index >= 0x80:
-        out.append(index & 0x7F | 0x80)
-        index >>= 7
-    out.append(index)
-    return bytes(out)
-
-
-def read_packing_index(value: bytes) -> tuple[int, int]:
-    """(the packing index that starts ``value``, its length in bytes)."""
-    index = shift = size = 0
-    while value[size] & 0x80:
-        index |= (value[size] & 0x7F) << shift
-        shift += 7
-        size += 1
-    return index | value[size] << shift, size + 1
-
-
 def open_tickets(entry: Entry) -> int:
     """The open tickets a ``packed+`` entry holds (0 for any other: not built, not counted)."""
     return sum(1 for item in entry.data[3] if item[0] == "o") if entry.kind == "packed+" else 0
@@ -155,8 +130,9 @@ class Resting:
     single ticket or kept answer as its packed bandit and that entry's plain tuple, by
     its deadline (``due``); any other (one whose experiment left the registry, one that
     could not be built) as its ``Entry``. Each record names the definition it was packed
-    under (an index into the shard's list of them), so a registry change reaches a
-    resting instance when it is next built (``revive`` follows it).
+    under (an index into the shard's list of them, a varint: one byte for the first 128),
+    so a registry change reaches a resting instance when it is next built (``revive``
+    follows it).
 
     An idle 10-arm instance costs ~170 B in its table (against ~280 B as a dict of bytes,
     ~600 B as an ``Instance``), one waiting on its ticket ~300 B (against ~950 B live).
@@ -271,12 +247,12 @@ class Resting:
         packing = (arms, template)
         if packing not in self._packings:
             self._packings.append(packing)
-        index = packing_index(self._packings.index(packing))
+        index = _packed_table.varint(self._packings.index(packing))
         self._known[name] = (arms, template, index)
         return index
 
     def _entry(self, key: str, value: bytes, waiting: bool) -> Entry:
-        index, size = read_packing_index(value)
+        index, size = _packed_table.read_varint(value)
         arms, template = self._packings[index]
         name = split_key(key)[0]
         if not waiting:
