@@ -13,9 +13,10 @@ as one the cyclic GC need not walk: these hold only strings, numbers and each ot
 they can be in no cycle, and with 10^5 tickets open the collector was walking them all,
 again and again (~20% of an event's time).
 
-At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin), and
-``split_outputs`` writes a shard's answers as JSON (``Selection.to_json``), setting its
-dead letters apart.
+At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin),
+``internal_copy`` and ``internal_message`` write and read the internal topic's copies,
+and ``split_outputs`` writes a shard's answers as JSON (``Selection.to_json``), setting
+its dead letters apart.
 
 >>> made = Layout(Origin, ("source", "partition", "offset", "time")).new(("t", 0, 5, 1.5))
 >>> made == Origin("t", 0, 5, 1.5)
@@ -116,6 +117,95 @@ def kafka_batch(list messages, str topic, partition, convert, on_error, int eof_
         last = message.offset()
     return out, last, eof
 
+
+#: The headers an internal copy carries (``connectors.kafka_source``: ORIGIN_HEADER and
+#: TIME_HEADER): its input's tag, partition and offset (b"r:0:17"), and the time Kafka
+#: stamped the input with, in ms.
+cdef str _NAMED = "o"
+cdef str _STAMPED = "t"
+
+
+def internal_copy(tuple routed, dict tags, str topic) -> dict:
+    """The produce() arguments of the internal copy of a routed input message (key,
+    bytes, Origin): keyed by its instance, naming its original in two headers.
+
+    >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)),
+    ...               {"tsi.requests": b"r"}, "tsi.events.internal")["headers"]
+    [('o', b'r:2:17'), ('t', b'1500')]
+    """
+    key, raw, origin = routed
+    headers = [(_NAMED, b"%s:%d:%d" % (tags[origin.source], origin.partition, origin.offset))]
+    if origin.time is not None:
+        headers.append((_STAMPED, b"%d" % round(origin.time * 1000)))
+    return {"topic": topic, "key": key.encode(), "value": raw, "headers": headers}
+
+
+cdef object _digits(object text):
+    """``text`` (bytes) as a non-negative int, or None unless it is ASCII digits only."""
+    if type(text) is not bytes or not 0 < len(<bytes>text) <= 19 or not text.isdigit():
+        return None
+    return int(text)
+
+
+def internal_message(dict seen, dict inputs, str topic, partition, message):
+    """A ``message`` of the internal topic's ``partition`` as (bytes, the input message's
+    Origin); None for a second copy (its input offset no higher than the last one read
+    from that input partition, kept in ``seen``); a ``not_a_copy`` dead letter for a
+    message whose headers do not name an input message as the service writes them (the
+    service writes every message of this topic: anything else is someone else's, set
+    apart, never applied and never a reason to stop).
+
+    >>> copy = internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)),
+    ...                      {"tsi.requests": b"r"}, "tsi.events.internal")
+    >>> class Message:
+    ...     value = lambda self: b"{}"; headers = lambda self: copy["headers"]
+    ...     offset = lambda self: 40; timestamp = lambda self: (1, 1_600)
+    >>> seen = {}
+    >>> read = lambda seen, inputs: internal_message(seen, inputs, "internal", 0, Message())
+    >>> read(seen, {b"r": "tsi.requests"})
+    (b'{}', Origin(source='tsi.requests', partition=2, offset=17, time=1.5))
+    >>> read(seen, {b"r": "tsi.requests"}) is None
+    True
+    >>> read({}, {}).reason
+    'not_a_copy'
+    """
+    named = stamped = None
+    for header in message.headers() or ():
+        if header[0] == _NAMED:
+            named = header[1]
+        elif header[0] == _STAMPED:
+            stamped = header[1]
+    problem = _copy_problem(named, stamped, inputs)
+    if problem is not None:
+        return _not_a_copy(message, topic, partition, problem)
+    where, _, number = named.rpartition(b":")
+    offset = int(number)
+    if offset <= seen.get(where, -1):
+        return None
+    seen[where] = offset
+    tag, _, input_partition = where.partition(b":")
+    at = None if stamped is None else int(stamped) / 1000.0
+    return message.value(), _ORIGIN.built((inputs[tag], int(input_partition), offset, at))
+
+
+cdef object _copy_problem(object named, object stamped, dict inputs):
+    """What is wrong with a copy's headers, or None."""
+    if type(named) is not bytes:
+        return f"no {_NAMED!r} header naming its input message"
+    parts = (<bytes>named).split(b":")
+    if len(parts) != 3 or parts[0] not in inputs or _digits(parts[1]) is None \
+            or _digits(parts[2]) is None:
+        return f"header {_NAMED!r} is {named!r}, not TAG:PARTITION:OFFSET of an input topic"
+    if stamped is not None and _digits(stamped) is None:
+        return f"header {_STAMPED!r} is {stamped!r}, not a time in ms"
+    return None
+
+
+cdef object _not_a_copy(message, str topic, partition, str problem):
+    _kind, ms = message.timestamp()
+    origin = _ORIGIN.built((topic, partition, message.offset(), ms / 1000.0 if ms > 0 else None))
+    detail = f"not a copy the service wrote to its internal topic: {problem}"
+    return DeadLetter("not_a_copy", detail, message.value() or b"", origin)
 
 
 def split_outputs(list outputs) -> tuple:

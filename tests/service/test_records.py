@@ -14,6 +14,7 @@ from flows.service.logic import logic_builder
 from flows.service.registry import Registry
 
 Layout, kafka_message, kafka_batch = _records.Layout, _records.kafka_message, _records.kafka_batch
+internal_copy, internal_message = _records.internal_copy, _records.internal_message
 ORIGIN_FIELDS = ("source", "partition", "offset", "time")
 values = st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.text())
 
@@ -41,9 +42,12 @@ class Message:
     """What a confluent-kafka Message answers (a unit test of the conversion alone; the
     Kafka tests run it against the broker)."""
 
-    def __init__(self, value, offset, timestamp, error=None):
+    def __init__(self, value, offset, timestamp, error=None, headers=None):
         self._value, self._offset, self._timestamp = value, offset, timestamp
-        self._error = error
+        self._error, self._headers = error, headers
+
+    def headers(self):
+        return self._headers
 
     def error(self):
         return self._error
@@ -88,6 +92,67 @@ def test_a_kafka_batch_keeps_order_turns_errors_into_items_and_stops_at_the_end(
     assert (last, eof) == (6, True)
     dropped = kafka_batch(messages[:1], "t", 1, lambda m: None, None, -191)
     assert dropped == ([], 4, False)  # a converter's None drops the message (second copies)
+
+
+TAGS = {"tsi.requests": b"r", "tsi.feedback": b"f"}
+INPUTS = {tag: topic for topic, tag in TAGS.items()}
+origins = st.builds(
+    Origin,
+    st.sampled_from(sorted(TAGS)),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 2**62),
+    st.none() | st.integers(1, 2**45).map(lambda ms: ms / 1000),
+)
+
+
+def read_copy(args, seen, offset=0):
+    """The internal topic's message that ``args`` (produce()'s) would make, read back."""
+    message = Message(args["value"], offset, (1, 1_000), headers=args["headers"])
+    return internal_message(seen, INPUTS, "internal", 3, message)
+
+
+@given(st.lists(origins, min_size=1, max_size=20))
+def test_an_internal_copy_reads_back_as_its_original_and_a_second_copy_is_dropped(originals):
+    seen = {}
+    for origin in originals:
+        args = internal_copy(("e:u", b"{}", origin), TAGS, "internal")
+        assert args["topic"] == "internal" and args["key"] == b"e:u"
+        where = (TAGS[origin.source], origin.partition)
+        first = origin.offset > seen.get(b"%s:%d" % where, -1)
+        read = read_copy(args, seen)
+        assert read == ((b"{}", origin) if first else None)
+        assert read_copy(args, seen) is None  # the same copy again: a crash's second copy
+
+
+headers = st.lists(
+    st.tuples(
+        st.sampled_from(["o", "t", "x"]),
+        st.none() | st.binary(max_size=30) | st.sampled_from([b"r:0:1", b"f:2:", b"r:-1:2"]),
+    ),
+    max_size=4,
+)
+
+
+@given(headers)
+def test_a_message_the_service_did_not_write_is_a_dead_letter_never_an_error(header_list):
+    seen = {}
+    message = Message(b"junk", 9, (1, 2_000), headers=header_list or None)
+    read = internal_message(seen, INPUTS, "internal", 3, message)
+    named = dict(header_list).get("o")
+    stamped = dict(header_list).get("t")
+    parts = named.split(b":") if type(named) is bytes else []
+    well_formed = (
+        len(parts) == 3
+        and parts[0] in INPUTS
+        and all(p.isdigit() and len(p) <= 19 for p in parts[1:])
+        and (stamped is None or (stamped.isdigit() and len(stamped) <= 19))
+    )
+    if well_formed:
+        assert type(read) is tuple and read[1].offset == int(parts[2])
+    else:
+        assert type(read) is DeadLetter and read.reason == "not_a_copy"
+        assert read.raw == b"junk" and read.origin == Origin("internal", 3, 9, 2.0)
+        assert seen == {}  # changed nothing
 
 
 @given(

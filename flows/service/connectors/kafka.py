@@ -7,14 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import bytewax.operators as op
-from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.dataflow import Dataflow, Stream
 from confluent_kafka import OFFSET_BEGINNING
 
+from flows.service._records import internal_copy
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink, Replacement
 from flows.service.connectors.kafka_source import (
-    ORIGIN_HEADER,
-    TIME_HEADER,
     PartitionsChanged,
     internal_messages,
     kafka_messages,
@@ -139,6 +137,8 @@ def _split_batch(batch: list[Any]) -> tuple[list[Message], list[DeadLetter]]:
     for item in batch:
         if type(item) is tuple:
             messages.append(item)
+        elif type(item) is DeadLetter:  # not a copy the service wrote (internal topic)
+            errors.append(item)
         else:
             errors.append(_kafka_dead_letter(item))
     return messages, errors
@@ -165,22 +165,13 @@ def _repartition(
 
     def copy(step: str, up: Stream) -> None:
         messages = op.map(
-            f"{step}_message", up, lambda batch: [_copy_message(kro, tags) for kro in batch]
+            f"{step}_message",
+            up,
+            lambda batch: [internal_copy(routed, tags, topics.internal) for routed in batch],
         )
         sink(topics.internal)(step, messages)
 
     return Repartition(copy, open_internal, ParseBySource(topics.requests))
-
-
-def _copy_message(item: tuple[str, bytes, Origin], tags: dict[str, bytes]) -> KafkaSinkMessage:
-    """The internal copy of an input message: keyed by its instance, naming its original
-    (topic, partition, offset, and the time it was stamped with, in ms)."""
-    key, raw, origin = item
-    named = b"%s:%d:%d" % (tags[origin.source], origin.partition, origin.offset)
-    headers = [(ORIGIN_HEADER, named)]
-    if origin.time is not None:
-        headers.append((TIME_HEADER, b"%d" % round(origin.time * 1000)))
-    return KafkaSinkMessage(key.encode(), raw, headers=headers)
 
 
 def _kafka_dead_letter(error: Any) -> DeadLetter:

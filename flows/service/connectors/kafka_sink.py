@@ -24,10 +24,11 @@ from confluent_kafka import KafkaException, Producer
 from flows.service.metrics import note_broker_contact
 
 Key = str | bytes | None
-KafkaItem = tuple[Key, bytes | str | None] | KafkaSinkMessage[Any, Any]
+KafkaItem = tuple[Key, bytes | str | None] | KafkaSinkMessage[Any, Any] | dict[str, Any]
 """What `DeliveryCheckedKafkaSink` accepts: a `(key, value)` tuple produced to the sink's
-topic, or a `KafkaSinkMessage` (its `topic`, `partition` and `headers` are honoured when
-set; its `timestamp` 0 means "now")."""
+topic, a `KafkaSinkMessage` (its `topic`, `partition` and `headers` are honoured when
+set; its `timestamp` 0 means "now"), or a dict of `Producer.produce` keyword arguments
+with its `topic` (built in C for the internal copies)."""
 
 #: How long a write waits before it reports the broker unreachable (readiness), and the
 #: first of the doubling intervals at which it logs that it is still waiting.
@@ -98,7 +99,9 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
         self._replace = replace
 
     def _produce_args(self, item: KafkaItem) -> dict[str, Any]:
-        if isinstance(item, KafkaSinkMessage):
+        if type(item) is dict:  # produce()'s arguments themselves (the internal copies)
+            args = item
+        elif isinstance(item, KafkaSinkMessage):
             args: dict[str, Any] = {
                 "topic": item.topic or self._topic,
                 "key": item.key,

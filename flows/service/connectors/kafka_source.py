@@ -8,6 +8,7 @@ a consumer group when given one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -25,9 +26,8 @@ from bytewax.dataflow import Dataflow, Stream, operator
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
-from flows.service._records import kafka_batch
+from flows.service._records import internal_message, kafka_batch
 from flows.service.connectors.kafka_sink import names_of
-from flows.service.events import Origin
 from flows.service.metrics import note_broker_contact, observe_kafka_stats
 from flows.service.stream_clock import STREAM_CLOCK
 
@@ -233,11 +233,6 @@ class ObservedKafkaSource(KafkaSource):
         )
 
 
-#: The header an internal copy carries: its input's tag (r or f), partition and offset.
-ORIGIN_HEADER = "o"
-TIME_HEADER = "t"  # the input message's timestamp (ms)
-
-
 class _InternalPartition(_ObservedPartition):
     """One partition of the instance-keyed internal topic (see ``Repartition``).
 
@@ -245,28 +240,20 @@ class _InternalPartition(_ObservedPartition):
     again what it copied since its last snapshot: those second copies come after the
     first ones, and are dropped here by source offset (per input partition, offsets only
     grow: one reader, one idempotent writer), so they never change anything. Items are
-    (bytes, the input message's Origin); the highest source offsets are in the snapshot.
+    (bytes, the input message's Origin), read in C (``_records.internal_message``), or a
+    ``not_a_copy`` dead letter for a message the service did not write; the highest source
+    offsets are in the snapshot.
     """
 
     def __init__(self, *args: Any, source: InternalKafkaSource, seen: dict[bytes, int]) -> None:
         super().__init__(*args, source=source)
-        self._inputs = source.inputs
         self._seen = seen
+        self._read = functools.partial(
+            internal_message, seen, source.inputs, self._topic, self._part_idx
+        )
 
     def _converter(self) -> Callable[[Any], Any] | None:
-        return self._convert
-
-    def _convert(self, message: Any) -> Any:
-        """A copy as (bytes, its input's Origin), or None for a second copy."""
-        headers = dict(message.headers() or ())
-        where, _, offset = headers.get(ORIGIN_HEADER, b"").rpartition(b":")
-        if not where or int(offset) <= self._seen.get(where, -1):
-            return None  # a second copy (or not a copy at all)
-        self._seen[where] = int(offset)
-        tag, _, partition = where.partition(b":")
-        stamped = headers.get(TIME_HEADER)
-        at = None if stamped is None else int(stamped) / 1000.0
-        return message.value(), Origin(self._inputs[tag], int(partition), int(offset), at)
+        return self._read
 
     def snapshot(self) -> dict[str, Any]:
         return {"offset": super().snapshot(), "seen": dict(self._seen)}
