@@ -94,11 +94,12 @@ from bytewax.dataflow import Dataflow
 from bytewax.testing import run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import PARSERS
 from flows.service.events import Origin, Request, parse_feedback, parse_request
 from flows.service.instance import Instance
-from flows.service.process import Service, settle_heap
+from flows.service.process import Service
 from flows.service.registry import Registry
 from flows.testing import kafka_broker
 

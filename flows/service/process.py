@@ -6,7 +6,6 @@ bytewax.run flows.service.main:flow`` start the same flow from the same ``Settin
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
 from flows.service.allocator import TRIM_EVERY, start_trimming
+from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, build_flow
 from flows.service.metrics import note_epoch_completed, serve_metrics
@@ -107,28 +107,6 @@ class Service:
             settings.group_id,
             settings.guards() if guards is None else guards,
         )
-
-
-#: Allocations between two young-generation collections (CPython's default: 700). A batch
-#: of 1,000 events makes ~10 objects each, so the default collected the same young
-#: batch many times over. Measured (bench_flow, steady share of the passthrough; p99 at
-#: 2,000 requests/s with feedback, single runs): 700: 0.24, 46 ms; 3,000: 0.33, 78 ms;
-#: 10,000: 0.34, 90 ms. 3,000 keeps nearly all the throughput with shorter pauses.
-YOUNG_COLLECTION_THRESHOLD = 3_000
-
-
-def settle_heap() -> None:
-    """Exempt everything alive at start-up (modules, registry, flow) from cyclic GC scans,
-    and collect the young generation per ``YOUNG_COLLECTION_THRESHOLD`` allocations.
-
-    Full collections walk every tracked object; the imported libraries are most of them at
-    start. Freezing them shortens every later full collection (a latency tail of the
-    service) and costs nothing: they live as long as the process anyway.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
 
 
 def run(

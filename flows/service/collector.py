@@ -1,0 +1,90 @@
+"""The cyclic garbage collector kept off the service's long-lived state.
+
+CPython's full collections walk every tracked object, and a service holding many
+instances has many that live for hours. ``settle_heap`` freezes what is alive at start
+(modules, registry, flow: they live as long as the process) and sets the young
+generation's threshold; a daemon thread then freezes what has lived a second, every
+second, so a full collection walks only what is younger. Frozen objects are still freed
+by reference counting, as every instance, ticket and event of the service is (they hold
+no cycles: ``flows.service._records``). A cycle among frozen objects would wait for the
+thaw, every ``THAW_EVERY`` seconds, when the next full collection walks everything once.
+
+Measured in process (tail mode, 100,000 requests and their feedback, runs alternating
+with the code before, two rounds of two each, ``gc.callbacks`` timing every collection):
+the default two-topic setup spent 0.60-0.76 s collecting and ran 6-8 full collections a
+run without the freezer, 0.34-0.46 s and 3-5 with it (37-45k -> 44-48k events/s); the
+combined topic 0.18-0.29 s and 2, against 0.14-0.17 s and 0-1 (79-94k -> 94-96k).
+
+>>> freezer = start_freezing(0.01, thaw_every=3600)
+>>> frozen = gc.get_freeze_count(); _ = [[] for _ in range(100)]; kept = [[]]
+>>> freezer.stopped.wait(0.2) or gc.get_freeze_count() > frozen
+True
+>>> freezer.stop(); gc.unfreeze()
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+#: Allocations between two young-generation collections (CPython's default: 700). A batch
+#: of 1,000 events makes ~10 objects each, so the default collected the same young
+#: batch many times over. Measured (bench_flow, steady share of the passthrough; p99 at
+#: 2,000 requests/s with feedback, single runs): 700: 0.24, 46 ms; 3,000: 0.33, 78 ms;
+#: 10,000: 0.34, 90 ms. 3,000 keeps nearly all the throughput with shorter pauses.
+YOUNG_COLLECTION_THRESHOLD = 3_000
+#: Seconds between two freezes of what is alive, and between two thaws.
+FREEZE_EVERY = 1.0
+THAW_EVERY = 600.0
+
+
+class Freezer(threading.Thread):
+    """The daemon thread that freezes every ``interval`` seconds and thaws every
+    ``thaw_every`` seconds until ``stop()``."""
+
+    def __init__(self, interval: float, thaw_every: float) -> None:
+        super().__init__(name="tsi-gc-freeze", daemon=True)
+        self.interval = interval
+        self.ticks_per_thaw = max(1, round(thaw_every / interval))
+        self.ticks = 0
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.tick()
+
+    def tick(self) -> None:
+        """One interval's work: freeze what is alive, or thaw (every ``thaw_every``)."""
+        self.ticks += 1
+        if self.ticks % self.ticks_per_thaw:
+            gc.freeze()
+        else:
+            gc.unfreeze()  # the next full collection walks everything once
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+_freezer: Freezer | None = None
+
+
+def start_freezing(interval: float = FREEZE_EVERY, thaw_every: float = THAW_EVERY) -> Freezer:
+    """Freeze what is alive every ``interval`` seconds from a daemon thread (see the
+    module); a second call stops the first thread."""
+    global _freezer
+    if _freezer is not None:
+        _freezer.stop()
+    _freezer = Freezer(interval, thaw_every)
+    _freezer.start()
+    return _freezer
+
+
+def settle_heap() -> None:
+    """Exempt everything alive now from cyclic GC scans, collect the young generation per
+    ``YOUNG_COLLECTION_THRESHOLD`` allocations, and from now on freeze what has lived
+    ``FREEZE_EVERY`` seconds (``start_freezing``)."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
+    start_freezing()
