@@ -118,9 +118,8 @@ def kafka_batch(list messages, str topic, partition, convert, on_error, int eof_
     return out, last, eof
 
 
-#: The headers an internal copy carries (``connectors.kafka_source``: ORIGIN_HEADER and
-#: TIME_HEADER): its input's tag, partition and offset (b"r:0:17"), and the time Kafka
-#: stamped the input with, in ms.
+#: The headers an internal copy carries: its input's tag, partition and offset (b"r:0:17"),
+#: and the time Kafka stamped the input with, in ms.
 cdef str _NAMED = "o"
 cdef str _STAMPED = "t"
 
@@ -175,37 +174,42 @@ def internal_message(dict seen, dict inputs, str topic, partition, message):
             named = header[1]
         elif header[0] == _STAMPED:
             stamped = header[1]
-    problem = _copy_problem(named, stamped, inputs)
-    if problem is not None:
-        return _not_a_copy(message, topic, partition, problem)
-    where, _, number = named.rpartition(b":")
-    offset = int(number)
+    if type(named) is not bytes:
+        return _not_a_copy(message, topic, partition,
+                           f"no {_NAMED!r} header naming its input message")
+    named_input = _named_input(<bytes>named, inputs)
+    if named_input is None:
+        return _not_a_copy(message, topic, partition, f"header {_NAMED!r} is {named!r}, "
+                           "not TAG:PARTITION:OFFSET of an input topic")
+    ms = None if stamped is None else _digits(stamped)
+    if stamped is not None and ms is None:
+        return _not_a_copy(message, topic, partition,
+                           f"header {_STAMPED!r} is {stamped!r}, not a time in ms")
+    source, input_partition, offset = named_input
+    where = named.rpartition(b":")[0]  # b"r:0": the input partition, as ``seen`` keys it
     if offset <= seen.get(where, -1):
         return None
     seen[where] = offset
-    tag, _, input_partition = where.partition(b":")
-    at = None if stamped is None else int(stamped) / 1000.0
-    return message.value(), _ORIGIN.built((inputs[tag], int(input_partition), offset, at))
+    at = None if ms is None else ms / 1000.0
+    return message.value(), _ORIGIN.built((source, input_partition, offset, at))
 
 
-cdef object _copy_problem(object named, object stamped, dict inputs):
-    """What is wrong with a copy's headers, or None."""
-    if type(named) is not bytes:
-        return f"no {_NAMED!r} header naming its input message"
-    parts = (<bytes>named).split(b":")
-    if len(parts) != 3 or parts[0] not in inputs or _digits(parts[1]) is None \
-            or _digits(parts[2]) is None:
-        return f"header {_NAMED!r} is {named!r}, not TAG:PARTITION:OFFSET of an input topic"
-    if stamped is not None and _digits(stamped) is None:
-        return f"header {_STAMPED!r} is {stamped!r}, not a time in ms"
-    return None
+cdef object _named_input(bytes named, dict inputs):
+    """(input topic, partition, offset) that a copy's header names, or None if it names
+    none as the service writes them."""
+    parts = named.split(b":")
+    if len(parts) != 3 or parts[0] not in inputs:
+        return None
+    input_partition, offset = _digits(parts[1]), _digits(parts[2])
+    if input_partition is None or offset is None:
+        return None
+    return inputs[parts[0]], input_partition, offset
 
 
 cdef object _not_a_copy(message, str topic, partition, str problem):
-    _kind, ms = message.timestamp()
-    origin = _ORIGIN.built((topic, partition, message.offset(), ms / 1000.0 if ms > 0 else None))
+    raw, origin = kafka_message(message, topic, partition)
     detail = f"not a copy the service wrote to its internal topic: {problem}"
-    return DeadLetter("not_a_copy", detail, message.value() or b"", origin)
+    return DeadLetter("not_a_copy", detail, raw or b"", origin)
 
 
 def split_outputs(list outputs) -> tuple:
