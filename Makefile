@@ -41,8 +41,9 @@ test: $(LAB) chromium  ## the whole test suite, lint included
 bench: $(LAB)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py
 
-bench-flow: $(LAB)  ## the service on a real broker, waiting tickets, the shards' logs at 10^6 (~25 min)
+bench-flow: $(LAB)  ## the service on a real broker, the engine alone, waiting tickets, the shards' logs at 10^6 (~27 min)
 	$(PY) bench/bench_flow.py
+	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_wake_ups.py
 	$(PY) bench/bench_shards.py
 

@@ -1,0 +1,191 @@
+"""What the serving engine costs an event, stage by stage, without Kafka or Bytewax.
+
+Run from the repository root (about a minute)::
+
+    .venv/bin/python bench/bench_engine.py            # raw figures in bench/engine_results.json
+
+The service's throughput is the stack's cost per event (Kafka clients, Bytewax, the
+connectors; ``bench/bench_flow.py`` measures it with its ``reference_flow``) plus the
+engine's. This bench times the engine alone, in this process, on the workload of
+``bench_flow.py`` (10 arms, per-unit instances, 10,000 units; the combined ``events`` topic:
+each request followed by its feedback; the two topics: all requests, then all feedback),
+in batches of ``BATCH`` messages as one ``consume`` brings them, through the same
+functions the dataflow's steps call:
+
+- ``parse_and_route``: bytes to routed events (``flows.service.dataflow``, compiled lane);
+- ``by_shard``: one item per shard;
+- ``shards``: each shard's ``ShardLogic.on_batch`` (the compiled fast lane; the row
+  ``shards, Python path`` runs the reference path it is tested against);
+- ``split_outputs``: selections as JSON keyed by instance, dead letters apart.
+
+Two references are measured in the same run: ``orjson.loads`` of every message (decoding
+alone), and the kernel's ``Bandit.select`` + ``update`` per request and feedback pair
+(the algorithm alone, one bandit per unit). CPU time (``time.process_time``) of each
+stage summed over the batches after a warm-up fifth; median of ``REPEATS`` interleaved
+repeats, each on fresh shards; the cyclic GC set up as in the service's process
+(``flows.service.collector.settle_heap``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_flow import registry_toml, workload  # noqa: E402
+
+from flows.service.collector import settle_heap  # noqa: E402
+from flows.service.dataflow import Guards, by_shard, parse_and_route, split_outputs  # noqa: E402
+from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
+from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
+from flows.service.registry import LiveRegistry, Registry  # noqa: E402
+from flows.service.stream_clock import StreamClock  # noqa: E402
+from tsi_core import Bandit  # noqa: E402
+
+BATCH = 500
+UNITS = 10_000
+REPEATS = 5
+STAGES = ("parse_and_route", "by_shard", "shards", "split_outputs")
+TOPICS = {"events": {"events": "ev"}, "two topics": {"requests": "rq", "feedback": "fb"}}
+
+
+def messages(mode: str, pairs: int) -> list[tuple[bytes, str]]:
+    """(bytes, kind) of ``pairs`` requests and their feedback, in the mode's order."""
+    kinds = {"ev": "events", "rq": "requests", "fb": "feedback"}
+    return [(raw, kinds[topic]) for topic, _, raw in workload(TOPICS[mode], pairs, UNITS)]
+
+
+def engine_run(msgs: list[tuple[bytes, str]], fast_lane: bool) -> dict[str, float]:
+    """CPU seconds per stage over the messages after the first fifth, fresh shards."""
+    parsers = {"events": parse_event, "requests": parse_request, "feedback": parse_feedback}
+    live = LiveRegistry(Registry.from_toml(registry_toml()))
+    stream = StreamClock()
+    context = FlowContext(live, snapshots=False, stream=stream, wake_ups=True, fast_lane=fast_lane)
+    shards: dict[str, ShardLogic] = {}
+    guards, now = Guards(), time.time()
+    spent = dict.fromkeys(STAGES, 0.0)
+    warm = len(msgs) // 5 // BATCH * BATCH
+    for start in range(0, len(msgs), BATCH):
+        chunk = msgs[start : start + BATCH]
+        kind = chunk[0][1]
+        batch = [(raw, Origin(kind, 0, start + i, now)) for i, (raw, _) in enumerate(chunk)]
+        t0 = time.process_time()
+        routed, dead = parse_and_route(parsers[kind], guards, live, batch)
+        t1 = time.process_time()
+        items = by_shard(routed)
+        t2 = time.process_time()
+        outputs = []
+        for shard, events in items:
+            logic = shards.get(shard)
+            if logic is None:
+                logic = shards[shard] = ShardLogic(context)
+            out, _ = logic.on_batch([events])
+            outputs += out
+        t3 = time.process_time()
+        for out in outputs:
+            split_outputs(out)
+        t4 = time.process_time()
+        if dead:
+            raise RuntimeError(f"the workload made dead letters: {dead[:3]}")
+        if start >= warm:
+            for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                spent[stage] += seconds
+    return spent
+
+
+def json_run(msgs: list[tuple[bytes, str]]) -> float:
+    """CPU seconds of ``orjson.loads`` over the same messages after the first fifth."""
+    timed = msgs[len(msgs) // 5 :]
+    t0 = time.process_time()
+    for raw, _ in timed:
+        orjson.loads(raw)
+    return time.process_time() - t0
+
+
+def kernel_run(pairs: int) -> float:
+    """CPU seconds of select + update for ``pairs`` rounds over ``UNITS`` bandits (10 arms),
+    after the first fifth."""
+    bandits = [Bandit(10) for _ in range(UNITS)]
+    warm = pairs // 5
+    t0 = 0.0
+    for i in range(pairs):
+        if i == warm:
+            t0 = time.process_time()
+        bandit = bandits[i % UNITS]
+        bandit.update(bandit.select(None, (i * 0.618034) % 1.0), (i * 7919 % 1000) / 10.0)
+    return time.process_time() - t0
+
+
+def measure(pairs: int, repeats: int) -> dict[str, Any]:
+    """Per-event microseconds of every stage and reference, per mode: medians over repeats."""
+    events = 2 * pairs - 2 * pairs // 5 // BATCH * BATCH  # timed events of an engine run
+    timed = 2 * pairs - 2 * pairs // 5
+    runs: dict[str, list[float]] = {}
+
+    def note(name: str, seconds: float, n: int) -> None:
+        runs.setdefault(name, []).append(seconds / n * 1e6)
+
+    corpus = {mode: messages(mode, pairs) for mode in TOPICS}
+    settle_heap()  # as the service's process does at start (the corpus is not walked)
+    for _ in range(repeats):
+        for mode, msgs in corpus.items():
+            for stage, seconds in engine_run(msgs, fast_lane=True).items():
+                note(f"{mode}/{stage}", seconds, events)
+            note(f"{mode}/shards, Python path", engine_run(msgs, False)["shards"], events)
+            note(f"{mode}/orjson.loads", json_run(msgs), timed)
+        note("kernel", kernel_run(pairs), 2 * (pairs - pairs // 5))
+        print(f"  repeat {len(runs['kernel'])} of {repeats} done", file=sys.stderr)
+    return {name: {"median": statistics.median(v), "runs": v} for name, v in runs.items()}
+
+
+def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
+    us = {name: f["median"] for name, f in figures.items()}
+    lines = [
+        "## Engine cost per event, offline (`bench/bench_engine.py`)\n",
+        f"- {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; {pairs:,} requests and their feedback per mode, "
+        f"{UNITS:,} units, batches of {BATCH}; CPU time, median of {repeats} interleaved "
+        f"repeats (warm-up fifth not timed); load average {os.getloadavg()[0]:.2f}\n",
+        "| Stage (us/event) | events topic | two topics |",
+        "|---|---:|---:|",
+    ]
+    for stage in (*STAGES, "shards, Python path", "orjson.loads"):
+        cells = [f"{us[f'{mode}/{stage}']:.2f}" for mode in TOPICS]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    totals = [sum(us[f"{mode}/{stage}"] for stage in STAGES) for mode in TOPICS]
+    lines.append("| **engine, all stages** | " + " | ".join(f"**{t:.2f}**" for t in totals) + " |")
+    lines.append(
+        f"| kernel: select + update, per event | {us['kernel']:.2f} | {us['kernel']:.2f} |"
+    )
+    floor = [us[f"{mode}/orjson.loads"] + us["kernel"] for mode in TOPICS]
+    ratios = " | ".join(f"{t / f:.1f}" for t, f in zip(totals, floor, strict=True))
+    lines.append(f"| engine / (orjson.loads + kernel) | {ratios} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=100_000, help="requests per mode")
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "engine_results.json")
+    args = parser.parse_args()
+    figures = measure(args.pairs, args.repeats)
+    print(report(figures, args.pairs, args.repeats))
+    args.out.write_text(json.dumps({"pairs": args.pairs, "figures": figures}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
