@@ -55,7 +55,7 @@ from flows.service.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.stream_clock import StreamClock  # noqa: E402
 from tsi_core import Bandit  # noqa: E402
 
-BATCH = 500
+BATCH = 1000  # what one consume brings at most (the Kafka source's batch_size)
 UNITS = 10_000
 REPEATS = 5
 STAGES = ("parse_and_route", "by_shard", "shards", "split_outputs")

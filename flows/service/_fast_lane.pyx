@@ -83,19 +83,22 @@ cdef Layout _OPEN = Layout(Open, ("rid", "ticket", "unit", "deadline", "origin")
 cdef Layout _SETTLED = Layout(Settled, ("rid", "ticket", "unit", "deadline"))
 cdef Layout _EARLY = Layout(Early, ("rid", "feedback", "deadline"))
 cdef enum:
+    MAX_EXPERIMENTS = 256  # experiments a lane keeps read
+cdef enum:
     APPLIED_NOW = 1  # feedback applied to its open ticket
     EARLY = 2  # feedback kept until its request comes
 
 
 cdef class _Experiment:
-    """What the lane reads of an experiment, read once per batch."""
+    """What the lane reads of an experiment, read once for each experiment object."""
 
-    cdef object name, arms, seed
+    cdef object source, name, arms, seed
     cdef double ttl, retry_window
     cdef bint per_unit
     cdef Py_ssize_t n_contexts, early_limit
 
     def __init__(self, experiment):
+        self.source = experiment  # held: its id, the lane's key, is not reused meanwhile
         self.name = experiment.name
         self.arms = experiment.arms
         self.seed = experiment.seed
@@ -107,9 +110,11 @@ cdef class _Experiment:
 
 
 cdef class _Lane:
-    """One batch of one shard: the shard's logic, its flow's context, what it counted."""
+    """A shard's lane, kept by its logic from one batch to the next (a shard gets a few
+    events a call, so what is read once per call counts): the shard's logic, its flow's
+    context as last read, its experiments as read, what the batch counted."""
 
-    cdef object logic, instances, touched, deadlines, stream, clock, tally
+    cdef object logic, context, instances, touched, deadlines, stream, clock, tally
     cdef dict experiments
     cdef bint stream_time, event_time
     cdef double now
@@ -118,20 +123,30 @@ cdef class _Lane:
 
     def __init__(self, logic):
         self.logic = logic
+        self.experiments = {}
+
+    cdef int begin(self) except -1:
+        """A new batch: the logic's tables, this thread's tally, the context if it changed."""
+        logic = self.logic
         self.instances = logic.instances
         self.touched = logic.touched
         self.deadlines = logic.deadlines
-        context = logic.context
-        self.stream = context.stream
-        self.stream_time = context.stream is not None
-        self.event_time = context.event_time  # replays: every event by the Python path
-        self.clock = context.clock
         self.tally = thread_tally()
-        self.experiments = {}
+        self.noted_source = None
+        context = logic.context
+        if context is not self.context:
+            self.context = context
+            self.stream = context.stream
+            self.stream_time = context.stream is not None
+            self.event_time = context.event_time  # replays: every event by the Python path
+            self.clock = context.clock
+        return 0
 
     cdef _Experiment _experiment(self, object experiment):
         cdef _Experiment found = self.experiments.get(id(experiment))
-        if found is None:
+        if found is None:  # a new object (a registry reload makes new ones): read it
+            if len(self.experiments) >= MAX_EXPERIMENTS:  # reloads left old ones behind
+                self.experiments.clear()
             found = _Experiment(experiment)
             self.experiments[id(experiment)] = found
         return found
@@ -245,6 +260,7 @@ cdef class _Lane:
 
     cdef list serve(self, list events):
         cdef list out = []
+        self.begin()
         logic = self.logic
         for key, experiment, event in events:
             served = None
@@ -318,5 +334,9 @@ cdef class _Lane:
 
 def handle(logic, list events) -> list:
     """Serve ``events`` (routed: (instance key, experiment, event), or a wake-up) in order
-    for the shard ``logic``: the common ones here, the others by its Python path."""
-    return _Lane(logic).serve(events)
+    for the shard ``logic``: the common ones here, the others by its Python path. The
+    lane is kept in ``logic.lane``."""
+    cdef _Lane lane = logic.lane
+    if lane is None:
+        lane = logic.lane = _Lane(logic)
+    return lane.serve(events)

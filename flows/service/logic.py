@@ -113,6 +113,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self.settling: list[str] = []  # unchanged for a generation: to put to rest
         self.turned = time.monotonic()  # when the generation turned
         self.log: ShardLog | None = None
+        self.lane: Any = None  # what the compiled lane keeps between calls (_fast_lane)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
         if resume:
             self._start(resume["shard"], resume)

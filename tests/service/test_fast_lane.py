@@ -178,3 +178,31 @@ def test_the_modules_example_holds():
     """pytest's --doctest-modules does not read compiled modules: run the example here."""
     result = doctest.testmod(_fast_lane)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_kept_lane_reads_an_experiment_again_after_a_reload():
+    """The lane is kept between calls with what it read of each experiment: after a
+    reload (new objects, a new time to live) it serves with the new definition."""
+    now = [1_700_000_100.0]
+    live = LiveRegistry(REGISTRY)
+    shard = ShardLogic(FlowContext(live, lambda: now[0]))
+
+    def ask(rid):
+        experiment = live.current["user"]
+        event = parse_request(
+            orjson.dumps(message("request", "user", "u1", rid, 0.0, None, None, None)), Origin("t")
+        )
+        return shard.handle([(experiment.instance_key("u1"), experiment, event)])
+
+    ask("r1")
+    ask("r2")  # served by the lane: it keeps the experiment as read
+    lane = shard.lane
+    for ttl in (50, 500):
+        live.current = Registry.from_toml(
+            f'[experiments.user]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = {ttl}\n'
+            "retry_window = 3\nseed = 3\n"
+        )
+        ask(f"r{ttl}")  # the Python path follows the new definition
+        ask(f"s{ttl}")  # the lane, with it
+        assert shard.lane is lane
+        assert shard.instances["user\x1fu1"].open[f"s{ttl}"].deadline == now[0] + ttl
