@@ -137,6 +137,7 @@ class LatencyConfig:
     server: tuple[str, ...]  # arguments after the Python executable
     epoch: str
     feedback: bool = False
+    events: bool = False  # requests and feedback on the combined events topic (one hop)
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,13 @@ RUN_DEFAULT_FEEDBACK = LatencyConfig(
     "10 s",
     feedback=True,
 )
+RUN_EVENTS_FEEDBACK = LatencyConfig(
+    "python -m bytewax.run flows.service.main:flow, events topic, + feedback",
+    RUN_DEFAULT.server,
+    "10 s",
+    feedback=True,
+    events=True,
+)
 
 FULL = Plan(
     mode="full",
@@ -225,6 +233,7 @@ FULL = Plan(
         SERVER_100MS,
         SERVER_10MS,
         RUN_DEFAULT_FEEDBACK,
+        RUN_EVENTS_FEEDBACK,
         RUN_RECOVERY_FEEDBACK,
         RUN_RECOVERY_S1_FEEDBACK,
         NO_SNAPSHOT,
@@ -945,7 +954,8 @@ def paced(rate: float, seconds: float) -> Iterator[int]:
 
 
 class RequestSender:
-    """Requests produced one by one, with the time each was sent (``time.perf_counter``)."""
+    """Requests produced one by one, with the time each was sent (``time.perf_counter``);
+    requests and feedback go to the ``events`` topic when ``topics`` has one."""
 
     def __init__(self, bootstrap: str, topics: dict[str, str]) -> None:
         # No linger (nothing waits to fill a batch); idempotence caps the requests in flight
@@ -955,13 +965,15 @@ class RequestSender:
         self.producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True}
         )
-        self.topics = topics
+        self.typed = "events" in topics
+        self.requests = topics["events" if self.typed else "requests"]
+        self.feedback_topic = topics["events" if self.typed else "feedback"]
         self.sent: dict[str, float] = {}
 
     def send(self, rid: str, unit: str) -> None:
-        value = request_value(unit, rid, ts=time.time())
+        value = request_value(unit, rid, typed=self.typed, ts=time.time())
         t = time.perf_counter()
-        self.producer.produce(self.topics["requests"], key=instance_key(unit), value=value)
+        self.producer.produce(self.requests, key=instance_key(unit), value=value)
         self.producer.poll(0)
         self.sent[rid] = t
 
@@ -969,9 +981,9 @@ class RequestSender:
         """The feedback of measured request ``j``."""
         unit = f"u{j % units}"
         self.producer.produce(
-            self.topics["feedback"],
+            self.feedback_topic,
             key=instance_key(unit),
-            value=feedback_value(unit, f"m{j}", loss_of(j)),
+            value=feedback_value(unit, f"m{j}", loss_of(j), typed=self.typed),
         )
 
 
@@ -1053,7 +1065,8 @@ def latency_figures(
 def latency_run(
     bk: Broker, plan: Plan, cfg: LatencyConfig, registry_path: Path, workdir: Path
 ) -> dict[str, Any]:
-    topics = new_topics(bk.bootstrap, ("requests", "feedback", "sel", "dlq"))
+    inputs = ("events",) if cfg.events else ("requests", "feedback")
+    topics = new_topics(bk.bootstrap, (*inputs, "sel", "dlq"))
     logfile = workdir / f"latency-{len(list(workdir.glob('latency-*')))}.log"
     recovery = str(logfile.with_suffix(".recovery"))  # a fresh directory per run
     server = tuple(arg.replace("{recovery}", recovery) for arg in cfg.server)
