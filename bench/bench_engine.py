@@ -20,7 +20,10 @@ functions the dataflow's steps call:
 
 Two references are measured in the same run: ``orjson.loads`` of every message (decoding
 alone), and the kernel's ``Bandit.select`` + ``update`` per request and feedback pair
-(the algorithm alone, one bandit per unit). CPU time (``time.process_time``) of each
+(the algorithm alone, one bandit per unit). Beside them, what Bytewax's ``stateful_batch``
+costs per call of a shard that does nothing (a flow through it against the same flow
+through a ``map``, every one of the 256 shards once per activation), shared by the events
+a shard call gets in the engine run. CPU time (``time.process_time``) of each
 stage summed over the batches after a warm-up fifth; median of ``REPEATS`` interleaved
 repeats, each on fresh shards; the cyclic GC set up as in the service's process
 (``flows.service.collector.settle_heap``).
@@ -40,7 +43,11 @@ from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import bytewax.operators as op
 import orjson
+from bytewax.dataflow import Dataflow
+from bytewax.operators import StatefulBatchLogic
+from bytewax.testing import TestingSink, TestingSource, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,7 +57,7 @@ from bench_flow import registry_toml, workload  # noqa: E402
 from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, by_shard, parse_and_route, split_outputs  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
-from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
+from flows.service.logic import SHARD_NAMES, SHARDS, FlowContext, ShardLogic  # noqa: E402
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.stream_clock import StreamClock  # noqa: E402
 from tsi_core import Bandit  # noqa: E402
@@ -77,6 +84,7 @@ def engine_run(msgs: list[tuple[bytes, str]], fast_lane: bool) -> dict[str, floa
     shards: dict[str, ShardLogic] = {}
     guards, now = Guards(), time.time()
     spent = dict.fromkeys(STAGES, 0.0)
+    spent["shard calls"] = 0.0  # a count, not seconds: how many events one call gets
     warm = len(msgs) // 5 // BATCH * BATCH
     for start in range(0, len(msgs), BATCH):
         chunk = msgs[start : start + BATCH]
@@ -103,6 +111,7 @@ def engine_run(msgs: list[tuple[bytes, str]], fast_lane: bool) -> dict[str, floa
         if start >= warm:
             for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 spent[stage] += seconds
+            spent["shard calls"] += len(items)
     return spent
 
 
@@ -129,6 +138,32 @@ def kernel_run(pairs: int) -> float:
     return time.process_time() - t0
 
 
+class _Echo(StatefulBatchLogic):
+    """A shard that does nothing: what Bytewax's stateful step costs a call by itself."""
+
+    def on_batch(self, values: list) -> tuple[list, bool]:
+        return values, StatefulBatchLogic.RETAIN
+
+    def snapshot(self) -> None:
+        return None
+
+
+def bytewax_run(items: int, stateful: bool) -> float:
+    """CPU seconds of a flow carrying ``items`` (shard, value) items, every shard once per
+    activation, through a do-nothing ``stateful_batch`` (or, the baseline, a ``map``)."""
+    flow = Dataflow("key_calls")
+    keyed = [(SHARD_NAMES[i % SHARDS], i) for i in range(items)]
+    stream = op.input("in", flow, TestingSource(keyed, batch_size=SHARDS))
+    if stateful:
+        stream = op.stateful_batch("shards", stream, lambda _: _Echo())
+    else:
+        stream = op.map("same", stream, lambda kv: kv)
+    op.output("out", stream, TestingSink([]))
+    t0 = time.process_time()
+    run_main(flow)
+    return time.process_time() - t0
+
+
 def measure(pairs: int, repeats: int) -> dict[str, Any]:
     """Per-event microseconds of every stage and reference, per mode: medians over repeats."""
     events = 2 * pairs - 2 * pairs // 5 // BATCH * BATCH  # timed events of an engine run
@@ -142,11 +177,17 @@ def measure(pairs: int, repeats: int) -> dict[str, Any]:
     settle_heap()  # as the service's process does at start (the corpus is not walked)
     for _ in range(repeats):
         for mode, msgs in corpus.items():
-            for stage, seconds in engine_run(msgs, fast_lane=True).items():
+            spent = engine_run(msgs, fast_lane=True)
+            calls = spent.pop("shard calls")
+            runs.setdefault(f"{mode}/events per shard call", []).append(events / calls)
+            for stage, seconds in spent.items():
                 note(f"{mode}/{stage}", seconds, events)
             note(f"{mode}/shards, Python path", engine_run(msgs, False)["shards"], events)
             note(f"{mode}/orjson.loads", json_run(msgs), timed)
         note("kernel", kernel_run(pairs), 2 * (pairs - pairs // 5))
+        items = 200 * SHARDS
+        empty_calls = bytewax_run(items, stateful=True) - bytewax_run(items, stateful=False)
+        note("bytewax per shard call", empty_calls, items)
         print(f"  repeat {len(runs['kernel'])} of {repeats} done", file=sys.stderr)
     return {name: {"median": statistics.median(v), "runs": v} for name, v in runs.items()}
 
@@ -173,6 +214,11 @@ def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
     floor = [us[f"{mode}/orjson.loads"] + us["kernel"] for mode in TOPICS]
     ratios = " | ".join(f"{t / f:.1f}" for t, f in zip(totals, floor, strict=True))
     lines.append(f"| engine / (orjson.loads + kernel) | {ratios} |")
+    per_call = [us[f"{mode}/events per shard call"] for mode in TOPICS]
+    lines.append("| events per shard call | " + " | ".join(f"{n:.1f}" for n in per_call) + " |")
+    empty = us["bytewax per shard call"]
+    shares = " | ".join(f"{empty / n:.2f}" for n in per_call)
+    lines.append(f"| Bytewax's stateful step alone, per event ({empty:.2f} us a call) | {shares} |")
     return "\n".join(lines) + "\n"
 
 

@@ -38,7 +38,8 @@ What each figure means
   process sends requests paced at a fixed rate with ``time.perf_counter`` (one producer,
   ``linger.ms=0``) and a consumer thread reads the selections topic; latency = time the
   selection is consumed - time its request was produced, matched by ``request_id``. The
-  first seconds at the target rate are a warm-up and are not counted. Requests not
+  first seconds at the target rate (with the feedback, in configurations that send it)
+  are a warm-up and are not counted. Requests not
   answered within the drain time count as unanswered.
 * Memory: the service runs in a background process (``python -m bytewax.run
   flows.service.main:flow``, epoch 10 s). After 100 warm-up instances its RSS is the baseline;
@@ -977,13 +978,12 @@ class RequestSender:
         self.producer.poll(0)
         self.sent[rid] = t
 
-    def feedback(self, j: int, units: int) -> None:
-        """The feedback of measured request ``j``."""
-        unit = f"u{j % units}"
+    def feedback(self, rid: str, unit: str, loss: float) -> None:
+        """The feedback of request ``rid`` of ``unit``."""
         self.producer.produce(
             self.feedback_topic,
             key=instance_key(unit),
-            value=feedback_value(unit, f"m{j}", loss_of(j), typed=self.typed),
+            value=feedback_value(unit, rid, loss, typed=self.typed),
         )
 
 
@@ -1004,15 +1004,24 @@ def await_ready(
 
 
 def send_load(plan: Plan, cfg: LatencyConfig, sender: RequestSender) -> tuple[float, float]:
-    """Warm-up, then the measured requests: (start time, seconds) of the measured ones."""
+    """Warm-up, then the measured requests: (start time, seconds) of the measured ones.
+    With feedback, each request's comes 0.5 s after it, warm-up included: the first
+    feedback a topic and a service see (a new producer, the topic's first writes) is a
+    transient of ~0.1 s that the measured seconds would otherwise begin with."""
+    lag = round(plan.latency_rate * 0.5)
+    sent: list[tuple[str, str]] = []  # (request id, unit), in the order sent
+
+    def request(rid: str, unit: str) -> None:
+        sender.send(rid, unit)
+        sent.append((rid, unit))
+        if cfg.feedback and len(sent) > lag:
+            sender.feedback(*sent[len(sent) - 1 - lag], loss_of(len(sent)))
+
     for k in paced(plan.latency_rate, plan.latency_warmup_seconds):
-        sender.send(f"w{k}", f"u{k % plan.units}")
-    lag = round(plan.latency_rate * 0.5)  # feedback 0.5 s after its request
+        request(f"w{k}", f"u{k % plan.units}")
     t_start = time.perf_counter()
     for k in paced(plan.latency_rate, plan.latency_seconds):
-        sender.send(f"m{k}", f"u{k % plan.units}")
-        if cfg.feedback and k >= lag:
-            sender.feedback(k - lag, plan.units)
+        request(f"m{k}", f"u{k % plan.units}")
     return t_start, time.perf_counter() - t_start
 
 
@@ -1482,7 +1491,8 @@ def report_latency(lat: list[dict[str, Any]], plan: dict[str, Any]) -> list[str]
     """The latency table, one row per service configuration."""
     lines = [
         f"## Decision latency at {plan['latency_rate']:,.0f} requests/s for "
-        f"{plan['latency_seconds']:g} s (after {plan['latency_warmup_seconds']:g} s warm-up)",
+        f"{plan['latency_seconds']:g} s (after {plan['latency_warmup_seconds']:g} s warm-up "
+        "at the same load)",
         "",
         "Produce (request) to consume (selection), in ms; service in a background process, "
         "no recovery. Rows marked diagnostic are not the product: `flow_helpers.py serve` "
