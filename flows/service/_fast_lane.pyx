@@ -111,8 +111,9 @@ cdef class _Experiment:
 
 cdef class _Lane:
     """A shard's lane, kept by its logic from one batch to the next (a shard gets a few
-    events a call, so what is read once per call counts): the shard's logic, its flow's
-    context as last read, its experiments as read, what the batch counted."""
+    events a call, so what is read once per call counts): its flow's context as last
+    read, its experiments as read; during a batch, the shard's logic and what it counted
+    (the logic is let go after each batch: no cycle between the two)."""
 
     cdef object logic, context, instances, touched, deadlines, stream, clock, tally
     cdef dict experiments
@@ -121,13 +122,13 @@ cdef class _Lane:
     cdef object noted_source, noted_partition  # the input partition whose time waits
     cdef double noted_time  # its newest time served, not yet told to the stream clock
 
-    def __init__(self, logic):
-        self.logic = logic
+    def __init__(self):
         self.experiments = {}
 
-    cdef int begin(self) except -1:
-        """A new batch: the logic's tables, this thread's tally, the context if it changed."""
-        logic = self.logic
+    cdef int begin(self, object logic) except -1:
+        """A new batch: the logic and its tables, this thread's tally, the context if it
+        changed."""
+        self.logic = logic
         self.instances = logic.instances
         self.touched = logic.touched
         self.deadlines = logic.deadlines
@@ -258,10 +259,15 @@ cdef class _Lane:
         self.put(instance, held, rid, settled, now + exp.retry_window)
         return APPLIED_NOW
 
-    cdef list serve(self, list events):
+    cdef list serve(self, object logic, list events):
+        self.begin(logic)
+        try:
+            return self.serve_all(logic, events)
+        finally:
+            self.logic = None
+
+    cdef list serve_all(self, object logic, list events):
         cdef list out = []
-        self.begin()
-        logic = self.logic
         for key, experiment, event in events:
             served = None
             if type(event) is not str:  # not a WAKE_UP
@@ -338,5 +344,5 @@ def handle(logic, list events) -> list:
     lane is kept in ``logic.lane``."""
     cdef _Lane lane = logic.lane
     if lane is None:
-        lane = logic.lane = _Lane(logic)
-    return lane.serve(events)
+        lane = logic.lane = _Lane()
+    return lane.serve(logic, events)

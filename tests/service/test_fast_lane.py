@@ -7,6 +7,8 @@ the lane and one without: outputs, instance states and metrics must be the same.
 
 import copy
 import doctest
+import gc
+import weakref
 
 import orjson
 from hypothesis import given, settings
@@ -206,3 +208,24 @@ def test_the_kept_lane_reads_an_experiment_again_after_a_reload():
         ask(f"s{ttl}")  # the lane, with it
         assert shard.lane is lane
         assert shard.instances["user\x1fu1"].open[f"s{ttl}"].deadline == now[0] + ttl
+
+
+def test_a_shard_and_its_kept_lane_are_freed_by_reference_counting():
+    """The lane lets its shard go after each batch: no cycle keeps a dropped shard alive
+    for the cyclic GC to find (which the service's freezer may keep from looking)."""
+    live = LiveRegistry(REGISTRY)
+    shard = ShardLogic(FlowContext(live, lambda: 1_700_000_100.0))
+    experiment = live.current["user"]
+    for rid in ("r1", "r2"):
+        raw = orjson.dumps(message("request", "user", "u1", rid, 0.0, None, None, None))
+        shard.handle([(experiment.instance_key("u1"), experiment, parse_request(raw, Origin("t")))])
+    assert shard.lane is not None
+    dropped = weakref.ref(shard)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        del shard
+        assert dropped() is None
+    finally:
+        if collecting:
+            gc.enable()
