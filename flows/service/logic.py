@@ -111,6 +111,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self.touched: set[str] = set()  # instances changed in this generation
         self.cooling: set[str] = set()  # changed in the generation before, not since
         self.settling: list[str] = []  # unchanged for a generation: to put to rest
+        self.saved: list[str] = []  # written at an epoch's close: to put to rest, unwritten
+        self.clean: set[str] = set()  # saved, and not changed since (see ``_settle``)
         self.turned = time.monotonic()  # when the generation turned
         self.log: ShardLog | None = None
         self.lane: Any = None  # what the compiled lane keeps between calls (_fast_lane)
@@ -336,7 +338,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
     def _sooner(self, due: float | None) -> float | None:
         """``due``, or sooner if instances wait to be put to rest (now) or the generation
         should turn: a shard no event reaches still settles what its last events changed."""
-        if self.settling:
+        if self.settling or self.saved:
             wait = 0.0
         elif self.touched or self.cooling:
             wait = max(0.0, self.turned + self.context.rest_after - time.monotonic())
@@ -348,15 +350,19 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
     def _settle(self, handled: int) -> None:
         """Put to rest the instances no event changed for a generation: at most
         ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
-        calls and keeps up with the keys they touch."""
+        calls and keeps up with the keys they touch. Those an epoch's close wrote
+        (``saved``) rest within the same budget, without being written again unless
+        they changed since (``clean``: a key touched in a generation leaves it when the
+        generation turns, and while it is touched it is not put to rest)."""
         clock = time.monotonic()
         if clock - self.turned >= self.context.rest_after:
             self.turned = clock
+            self.clean -= self.touched
             self.settling += self.cooling - self.touched
             self.cooling = set(self.touched)  # the lane holds this set: cleared, kept
             self.touched.clear()
+        budget = SETTLE_BASE + 2 * handled
         if self.settling:
-            budget = SETTLE_BASE + 2 * handled
             keys, self.settling[-budget:] = self.settling[-budget:], []
             keys = [key for key in keys if key not in self.touched and key in self.instances]
             if keys:
@@ -364,6 +370,12 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
                 if self.log is not None and self.context.snapshots:
                     self.log.write([entry_of(instance) for instance in instances])
                 self._put_to_rest(instances)
+                budget -= len(keys)
+        if self.saved and budget > 0:
+            keys, self.saved[-budget:] = self.saved[-budget:], []
+            clean = [key for key in keys if key in self.clean and key not in self.touched]
+            self.clean.difference_update(keys)
+            self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on one entry as
@@ -421,7 +433,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         written, appended to the shard's log (``context.store``; the snapshot is the log's
         marker), else the whole shard. Bytewax asks for it at every epoch close, for every
         shard touched, recovery or not: without recovery nothing is built, and resting
-        goes on at its own pace (``_settle``)."""
+        goes on at its own pace (``_settle``). With a log, the instances written here are
+        put to rest by the calls that follow (``saved``): the close holds every answer."""
         if not self.context.snapshots or self.shard is None:
             self._settle(0)
             return None
@@ -438,7 +451,12 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             state = {"shard": self.shard, "store": self.log.append(list(map(entry_of, changed)))}
         else:
             state = {"shard": self.shard, "store": self.log.marker}
-        self._put_to_rest(changed)
+        if self.log is None:
+            self._put_to_rest(changed)
+        else:  # at the pace of the calls that follow: the close is the latency's tail
+            written = [instance.key for instance in changed]
+            self.saved += written
+            self.clean.update(written)
         return state
 
     def _all_entries(self) -> list[Entry]:

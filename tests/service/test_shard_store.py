@@ -9,7 +9,7 @@ import pytest
 
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.logic import logic_builder, shard_of
-from flows.service.registry import LiveRegistry, Registry, instance_key
+from flows.service.registry import LiveRegistry, Registry, instance_key, split_key
 from flows.service.resting import Entry, revive
 from flows.service.shard_store import read_records, write_seed
 
@@ -113,6 +113,38 @@ def test_instances_written_within_an_epoch_count_once_a_marker_covers_them(tmp_p
     assert [served(before, f"u{unit}", "r1", loss=2.0) for unit in range(10)] == answers
     probe = [served(logic, f"u{unit}", "r2", loss=1.0) for unit in range(10)]
     assert [served(after, f"u{unit}", "r2", loss=1.0) for unit in range(10)] == probe
+
+
+def turn(logic):
+    """A generation of changed keys turns at the shard's next call (REST_AFTER passed)."""
+    logic.turned = float("-inf")
+    logic.handle([])
+
+
+def test_a_close_only_writes_and_the_calls_after_it_put_to_rest(tmp_path):
+    """An epoch's close writes what changed and leaves resting to the calls after it (the
+    close is the tail of the decision latency): those rest without a second write, and
+    one that changed after the close, even across a generation's turn, is written again
+    with its new state before it rests."""
+    logic = build(tmp_path)  # generations turn only when the test says (turn)
+    units = [f"u{unit}" for unit in range(300)]  # more than one call puts to rest
+    for unit in units:
+        served(logic, unit, "r0", loss=1.0)
+    later(logic)  # kept answers go: every instance idle, changed in this generation
+    closed = logic.snapshot()["store"]
+    assert all(key(unit) in logic.instances for unit in units)  # written, not yet at rest
+    last = logic.saved[0]  # the key the calls after the close put to rest last
+    served(logic, split_key(last)[1], "r1")  # changed after the close: a ticket opens
+    turn(logic)
+    while logic.saved:
+        logic.handle([])
+    assert logic.log.end == closed["end"]  # the others rest as the close wrote them
+    assert sum(key(unit) in logic.resting for unit in units) == len(units) - 1
+    assert last in logic.instances  # changed since the close: not put to rest unwritten
+    turn(logic)
+    turn(logic)  # it settles: written with its ticket, then put to rest
+    entries, _, problem = read_records(logic.log.path(logic.log.gen), logic.log.end)
+    assert problem is None and last in logic.resting and entries[last].kind == "packed+"
 
 
 def test_restored_instances_answer_as_if_never_interrupted(tmp_path):
