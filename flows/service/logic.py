@@ -111,8 +111,9 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self.touched: set[str] = set()  # instances changed in this generation
         self.cooling: set[str] = set()  # changed in the generation before, not since
         self.settling: list[str] = []  # unchanged for a generation: to put to rest
+        self.unwritten: list[str] = []  # cooling, with a log: written a few per call
         self.saved: list[str] = []  # written at an epoch's close: to put to rest, unwritten
-        self.clean: set[str] = set()  # saved, and not changed since (see ``_settle``)
+        self.clean: set[str] = set()  # written since they last changed (see ``_settle``)
         self.turned = time.monotonic()  # when the generation turned
         self.log: ShardLog | None = None
         self.lane: Any = None  # what the compiled lane keeps between calls (_fast_lane)
@@ -350,10 +351,14 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
     def _settle(self, handled: int) -> None:
         """Put to rest the instances no event changed for a generation: at most
         ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
-        calls and keeps up with the keys they touch. Those an epoch's close wrote
-        (``saved``) rest within the same budget, without being written again unless
-        they changed since (``clean``: a key touched in a generation leaves it when the
-        generation turns, and while it is touched it is not put to rest)."""
+        calls and keeps up with the keys they touch. With a log, what is put to rest is
+        written first unless it is ``clean`` (written since it last changed: a key
+        touched in a generation leaves ``clean`` when the generation turns, and while
+        it is touched it is neither written nor put to rest). Within the same budget,
+        the keys an epoch's close wrote (``saved``) are put to rest, and the keys the
+        last generation changed are written (``unwritten``), so that the close, which
+        holds every answer, has only the newest changes left to write."""
+        logging = self.log is not None and self.context.snapshots
         clock = time.monotonic()
         if clock - self.turned >= self.context.rest_after:
             self.turned = clock
@@ -361,21 +366,35 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             self.settling += self.cooling - self.touched
             self.cooling = set(self.touched)  # the lane holds this set: cleared, kept
             self.touched.clear()
+            if logging:
+                self.unwritten = list(self.cooling)
         budget = SETTLE_BASE + 2 * handled
         if self.settling:
             keys, self.settling[-budget:] = self.settling[-budget:], []
             keys = [key for key in keys if key not in self.touched and key in self.instances]
             if keys:
-                instances = [self.instances[key] for key in keys]
-                if self.log is not None and self.context.snapshots:
-                    self.log.write([entry_of(instance) for instance in instances])
-                self._put_to_rest(instances)
+                if logging:
+                    self._write([key for key in keys if key not in self.clean])
+                self.clean.difference_update(keys)
+                self._put_to_rest([self.instances[key] for key in keys])
                 budget -= len(keys)
         if self.saved and budget > 0:
             keys, self.saved[-budget:] = self.saved[-budget:], []
             clean = [key for key in keys if key in self.clean and key not in self.touched]
             self.clean.difference_update(keys)
             self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
+            budget -= len(keys)
+        if self.unwritten and budget > 0:
+            keys, self.unwritten[-budget:] = self.unwritten[-budget:], []
+            cooling, touched, clean = self.cooling, self.touched, self.clean
+            self._write([k for k in keys if k in cooling and k not in touched and k not in clean])
+
+    def _write(self, keys: list[str]) -> None:
+        """Write the instances ``keys`` to the log within an epoch (they are ``clean``)."""
+        instances = [self.instances[key] for key in keys if key in self.instances]
+        if instances:
+            self.log.write([entry_of(instance) for instance in instances])
+            self.clean.update(instance.key for instance in instances)
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on one entry as
@@ -439,16 +458,18 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             self._settle(0)
             return None
         keys = self.touched | self.cooling | set(self.settling)
+        changed = [self.instances[key] for key in keys if key in self.instances]
+        dirty = [i for i in changed if i.key in self.touched or i.key not in self.clean]
         self.touched.clear()
         self.cooling.clear()
         self.settling.clear()
-        changed = [self.instances[key] for key in keys if key in self.instances]
+        self.unwritten.clear()
         if self.log is None:
             state = {"shard": self.shard, "entries": self._all_entries()}
         elif self.log.wants_compaction:
             state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
-        elif changed:
-            state = {"shard": self.shard, "store": self.log.append(list(map(entry_of, changed)))}
+        elif dirty:
+            state = {"shard": self.shard, "store": self.log.append(list(map(entry_of, dirty)))}
         else:
             state = {"shard": self.shard, "store": self.log.marker}
         if self.log is None:

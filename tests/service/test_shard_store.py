@@ -11,7 +11,7 @@ from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.logic import logic_builder, shard_of
 from flows.service.registry import LiveRegistry, Registry, instance_key, split_key
 from flows.service.resting import Entry, revive
-from flows.service.shard_store import read_records, write_seed
+from flows.service.shard_store import read_payloads, read_records, write_seed
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = 50\n'
@@ -124,8 +124,8 @@ def turn(logic):
 def test_a_close_only_writes_and_the_calls_after_it_put_to_rest(tmp_path):
     """An epoch's close writes what changed and leaves resting to the calls after it (the
     close is the tail of the decision latency): those rest without a second write, and
-    one that changed after the close, even across a generation's turn, is written again
-    with its new state before it rests."""
+    one that changed after the close is written again with its new state, once its
+    generation turns, and never put to rest with the close's state."""
     logic = build(tmp_path)  # generations turn only when the test says (turn)
     units = [f"u{unit}" for unit in range(300)]  # more than one call puts to rest
     for unit in units:
@@ -133,18 +133,44 @@ def test_a_close_only_writes_and_the_calls_after_it_put_to_rest(tmp_path):
     later(logic)  # kept answers go: every instance idle, changed in this generation
     closed = logic.snapshot()["store"]
     assert all(key(unit) in logic.instances for unit in units)  # written, not yet at rest
-    last = logic.saved[0]  # the key the calls after the close put to rest last
+    last = logic.saved[0]  # the last the calls after the close reach
     served(logic, split_key(last)[1], "r1")  # changed after the close: a ticket opens
-    turn(logic)
     while logic.saved:
         logic.handle([])
-    assert logic.log.end == closed["end"]  # the others rest as the close wrote them
-    assert sum(key(unit) in logic.resting for unit in units) == len(units) - 1
-    assert last in logic.instances  # changed since the close: not put to rest unwritten
-    turn(logic)
-    turn(logic)  # it settles: written with its ticket, then put to rest
-    entries, _, problem = read_records(logic.log.path(logic.log.gen), logic.log.end)
-    assert problem is None and last in logic.resting and entries[last].kind == "packed+"
+    assert last in logic.instances  # touched: not put to rest with the close's state
+    turn(logic)  # its generation ends: written again by the calls
+    turn(logic)  # and it settles, without a third write
+    assert all(key(unit) in logic.resting for unit in units)
+    path = logic.log.path(logic.log.gen)
+    at_close = len(read_payloads(path, closed["end"])[0])
+    records, _, problem = read_payloads(path, logic.log.end)
+    assert problem is None and [[e.key for e in r] for r in records[at_close:]] == [[last]]
+    assert records[-1][0].kind == "packed+"  # with its ticket
+
+
+def test_the_close_writes_only_what_changed_since_the_calls_wrote_it(tmp_path):
+    """The keys a generation changed are written a few per call once it turns, so the
+    close has only the newest changes to write; a key changed again after its write is
+    written again at the close, and a restart from its marker answers as if never
+    interrupted."""
+    straight, logic = build(None), build(tmp_path)
+    units = [f"u{unit}" for unit in range(40)]
+    for unit in units:
+        assert served(straight, unit, "r0", 1.0) == served(logic, unit, "r0", 1.0)
+    base = logic.snapshot()["store"]  # a whole base
+    for unit in units[:10]:
+        assert served(straight, unit, "r1", 2.0) == served(logic, unit, "r1", 2.0)
+    turn(logic)  # the ten are written by the calls, not by the close
+    written = logic.log.end
+    assert written > base["end"] and all(key(unit) in logic.clean for unit in units[:10])
+    assert served(straight, "u3", "r2", 3.0) == served(logic, "u3", "r2", 3.0)
+    closed = logic.snapshot()
+    path = logic.log.path(logic.log.gen)
+    last = read_payloads(path, closed["store"]["end"])[0][-1]
+    assert [entry.key for entry in last] == [key("u3")]  # only what changed since
+    resumed = build(tmp_path, closed)
+    for unit in units[:12]:
+        assert served(resumed, unit, "r3", 1.5) == served(straight, unit, "r3", 1.5)
 
 
 def test_restored_instances_answer_as_if_never_interrupted(tmp_path):
