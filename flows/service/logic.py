@@ -371,7 +371,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         budget = SETTLE_BASE + 2 * handled
         if self.settling:
             keys, self.settling[-budget:] = self.settling[-budget:], []
-            keys = [key for key in keys if key not in self.touched and key in self.instances]
+            keys = [k for k in dict.fromkeys(keys) if k not in self.touched and k in self.instances]
             if keys:
                 if logging:
                     self._write([key for key in keys if key not in self.clean])
@@ -380,6 +380,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
                 budget -= len(keys)
         if self.saved and budget > 0:
             keys, self.saved[-budget:] = self.saved[-budget:], []
+            keys = list(dict.fromkeys(keys))  # two closes may have saved a key twice
             clean = [key for key in keys if key in self.clean and key not in self.touched]
             self.clean.difference_update(keys)
             self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
@@ -398,8 +399,10 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on one entry as
-        bytes."""
+        bytes (one no longer live, e.g. named twice, is left as it is)."""
         for instance in instances:
+            if self.instances.get(instance.key) is not instance:
+                continue
             instance.rest()
             if self.resting.put_instance(instance):  # its deadline, if any, goes with it
                 del self.instances[instance.key]

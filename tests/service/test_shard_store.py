@@ -148,6 +148,22 @@ def test_a_close_only_writes_and_the_calls_after_it_put_to_rest(tmp_path):
     assert records[-1][0].kind == "packed+"  # with its ticket
 
 
+def test_a_key_two_closes_wrote_rests_once(tmp_path):
+    """A key changed again before the calls after a close put it to rest is saved by the
+    next close too: it rests once, and nothing fails (a crash here would loop)."""
+    logic = build(tmp_path)
+    served(logic, "u1", "r0", loss=1.0)
+    later(logic)  # idle: it can rest in the tables
+    logic.snapshot()
+    served(logic, "u1", "r1", loss=2.0)
+    later(logic)
+    logic.snapshot()
+    logic.saved.insert(0, key("u1"))  # the first close's, not reached yet (a backlog)
+    logic.handle([])
+    assert key("u1") in logic.resting and key("u1") not in logic.instances
+    assert served(logic, "u1", "r2", loss=1.0)  # built again from its resting entry
+
+
 def test_the_close_writes_only_what_changed_since_the_calls_wrote_it(tmp_path):
     """The keys a generation changed are written a few per call once it turns, so the
     close has only the newest changes to write; a key changed again after its write is
