@@ -268,6 +268,14 @@ class Instance:
         chosen = [e for e in items if kind is None or type(e) is kind]
         return {e.rid: e for e in sorted(chosen, key=lambda e: e.rid)}
 
+    def awaits_feedback(self) -> bool:
+        """Whether a selection waits for its feedback (an ``Open`` entry): then its next
+        event is likely near."""
+        held = self._entries
+        if type(held) is dict:
+            return any(type(entry) is Open for entry in held.values())
+        return type(held) is Open
+
     @property
     def open(self) -> dict[str, Open]:
         return self.entries(Open)

@@ -61,6 +61,9 @@ SHARD_NAMES = tuple(f"shard-{index:03d}" for index in range(SHARDS))
 #: generations, and without recovery it does nothing at all.
 REST_AFTER = 1.0
 SETTLE_BASE = 64
+#: Seconds ahead within which a deadline counts as an instance's next change: the calls
+#: do not write such an instance ahead of the epoch's close (see ``ShardLogic._settle``).
+CHANGE_NEAR = 5.0
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,9 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         it is touched it is neither written nor put to rest). Within the same budget,
         the keys an epoch's close wrote (``saved``) are put to rest, and the keys the
         last generation changed are written (``unwritten``), so that the close, which
-        holds every answer, has only the newest changes left to write."""
+        holds every answer, has only the newest changes left to write; not those whose
+        next change is likely near (``_changes_before``): written now and again soon,
+        they would cost twice the bytes."""
         logging = self.log is not None and self.context.snapshots
         clock = time.monotonic()
         if clock - self.turned >= self.context.rest_after:
@@ -387,8 +392,10 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             budget -= len(keys)
         if self.unwritten and budget > 0:
             keys, self.unwritten[-budget:] = self.unwritten[-budget:], []
-            cooling, touched, clean = self.cooling, self.touched, self.clean
-            self._write([k for k in keys if k in cooling and k not in touched and k not in clean])
+            cooling, touched, clean, live = self.cooling, self.touched, self.clean, self.instances
+            keys = [k for k in keys if k in cooling and k not in touched and k not in clean]
+            soon = self._now() + CHANGE_NEAR
+            self._write([k for k in keys if k in live and not _changes_before(live[k], soon)])
 
     def _write(self, keys: list[str]) -> None:
         """Write the instances ``keys`` to the log within an epoch (they are ``clean``)."""
@@ -485,6 +492,15 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
 
     def _all_entries(self) -> list[Entry]:
         return [entry_of(i) for i in self.instances.values()] + self.resting.entries()
+
+
+def _changes_before(instance: Instance, soon: float) -> bool:
+    """Whether ``instance`` will likely change before ``soon``: a selection waits for its
+    feedback, or a deadline (an expiry, a kept answer's end) comes first."""
+    if instance.awaits_feedback():
+        return True
+    due = instance.next_deadline()
+    return due is not None and due <= soon
 
 
 def logic_builder(

@@ -148,6 +148,19 @@ def test_a_close_only_writes_and_the_calls_after_it_put_to_rest(tmp_path):
     assert records[-1][0].kind == "packed+"  # with its ticket
 
 
+@pytest.mark.parametrize("near, written", [(10.0, ["u1"]), (100.0, [])])
+def test_the_calls_leave_to_the_close_what_is_about_to_change(tmp_path, monkeypatch, near, written):
+    """Keys whose next change is near, a ticket waiting for its feedback (u2) or a
+    deadline within CHANGE_NEAR (u1 keeps its answer for 50 s), are not written ahead of
+    the close: written now and again soon, they would cost twice the bytes."""
+    monkeypatch.setattr("flows.service.logic.CHANGE_NEAR", near)
+    logic = build(tmp_path)
+    served(logic, "u1", "r0", loss=1.0)
+    served(logic, "u2", "r0")
+    turn(logic)
+    assert [unit for unit in ("u1", "u2") if key(unit) in logic.clean] == written
+
+
 def test_a_key_two_closes_wrote_rests_once(tmp_path):
     """A key changed again before the calls after a close put it to rest is saved by the
     next close too: it rests once, and nothing fails (a crash here would loop)."""
@@ -176,16 +189,18 @@ def test_the_close_writes_only_what_changed_since_the_calls_wrote_it(tmp_path):
     base = logic.snapshot()["store"]  # a whole base
     for unit in units[:10]:
         assert served(straight, unit, "r1", 2.0) == served(logic, unit, "r1", 2.0)
+    assert served(straight, "u20", "r1") == served(logic, "u20", "r1")  # feedback to come
     turn(logic)  # the ten are written by the calls, not by the close
     written = logic.log.end
     assert written > base["end"] and all(key(unit) in logic.clean for unit in units[:10])
+    assert key("u20") not in logic.clean  # its feedback is near: written once, later
     assert served(straight, "u3", "r2", 3.0) == served(logic, "u3", "r2", 3.0)
     closed = logic.snapshot()
     path = logic.log.path(logic.log.gen)
     last = read_payloads(path, closed["store"]["end"])[0][-1]
-    assert [entry.key for entry in last] == [key("u3")]  # only what changed since
+    assert sorted(entry.key for entry in last) == [key("u20"), key("u3")]  # what is left
     resumed = build(tmp_path, closed)
-    for unit in units[:12]:
+    for unit in [*units[:12], "u20"]:
         assert served(resumed, unit, "r3", 1.5) == served(straight, unit, "r3", 1.5)
 
 
