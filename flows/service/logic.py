@@ -363,7 +363,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         holds every answer, has only the newest changes left to write; not those whose
         next change is likely near (``_changes_before``): written now and again soon,
         they would cost twice the bytes."""
-        logging = self.log is not None and self.context.snapshots
+        writing = self.log is not None and self.context.snapshots
         clock = time.monotonic()
         if clock - self.turned >= self.context.rest_after:
             self.turned = clock
@@ -371,14 +371,14 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             self.settling += self.cooling - self.touched
             self.cooling = set(self.touched)  # the lane holds this set: cleared, kept
             self.touched.clear()
-            if logging:
+            if writing:
                 self.unwritten = list(self.cooling)
         budget = SETTLE_BASE + 2 * handled
         if self.settling:
             keys, self.settling[-budget:] = self.settling[-budget:], []
             keys = [k for k in dict.fromkeys(keys) if k not in self.touched and k in self.instances]
             if keys:
-                if logging:
+                if writing:
                     self._write([key for key in keys if key not in self.clean])
                 self.clean.difference_update(keys)
                 self._put_to_rest([self.instances[key] for key in keys])
