@@ -41,11 +41,12 @@ test: $(LAB) chromium  ## the whole test suite, lint included
 bench: $(LAB)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py
 
-bench-flow: $(LAB)  ## the service on a real broker, the engine alone, waiting tickets, the shards' logs at 10^6 (~27 min)
+bench-flow: $(LAB)  ## the service on a real broker, the engine alone, waiting tickets, the shards' logs at 10^6, an epoch's close (~28 min)
 	$(PY) bench/bench_flow.py
 	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_wake_ups.py
 	$(PY) bench/bench_shards.py
+	$(PY) bench/bench_close.py
 
 bench-arena: $(LAB)  ## tsi beside baselines and peer libraries: regret tables, plots, speed (~20 min)
 	$(PY) bench/bench_arena.py

@@ -1,0 +1,130 @@
+"""What an epoch's close costs the shards with recovery: a pause every answer waits for.
+
+Run from the repository root (under a minute)::
+
+    .venv/bin/python bench/bench_close.py
+
+256 ``ShardLogic`` objects with a shard store (``flows.service.shard_store``) are fed as the
+dataflow feeds them, on ``bench_engine``'s workload (10 arms, per-unit instances over
+10,000 units, each request followed by its feedback, batches of 1,000 messages). An epoch
+serves ``PAIRS`` requests and their feedback: the first half before a generation turns
+(a second passes: the calls after the turn do what they do then, until nothing is left
+for them), the second half after it. Then every shard's ``snapshot()``, the close, is
+timed (wall clock, all 256), with the instances it found changed. Median of ``REPEATS``
+epochs on the same shards, after one epoch of warm-up. No Kafka, no Bytewax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_engine import BATCH, messages  # noqa: E402
+
+from flows.service.collector import settle_heap  # noqa: E402
+from flows.service.dataflow import Guards, by_shard, parse_and_route  # noqa: E402
+from flows.service.events import Origin, parse_event  # noqa: E402
+from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
+from flows.service.registry import LiveRegistry, Registry  # noqa: E402
+from flows.service.stream_clock import StreamClock  # noqa: E402
+
+PAIRS = 12_000  # requests and their feedback in an epoch: ~10,000 instances changed
+REPEATS = 5
+
+
+class Shards:
+    """The 256 shards of one flow over a store directory, fed in batches."""
+
+    def __init__(self, store: Path, registry: LiveRegistry) -> None:
+        self.registry = registry
+        self.context = FlowContext(
+            registry, snapshots=True, stream=StreamClock(), wake_ups=True, store=store
+        )
+        self.logics: dict[str, ShardLogic] = {}
+        self.offset = 0
+
+    def feed(self, msgs: list[tuple[bytes, str]]) -> None:
+        now = time.time()
+        for start in range(0, len(msgs), BATCH):
+            batch = []
+            for raw, _ in msgs[start : start + BATCH]:
+                batch.append((raw, Origin("events", 0, self.offset, now)))
+                self.offset += 1
+            routed, _ = parse_and_route(parse_event, Guards(), self.registry, batch)
+            for shard, events in by_shard(routed):
+                logic = self.logics.get(shard)
+                if logic is None:
+                    logic = self.logics[shard] = ShardLogic(self.context)
+                logic.on_batch([events])
+
+    def turn(self) -> None:
+        """A generation turns in every shard (as after a second), and the calls that
+        follow do their work until none is left (as the service's calls do)."""
+        for logic in self.logics.values():
+            logic.turned = float("-inf")
+            logic.handle([])
+            while logic.unwritten or logic.saved or logic.settling:
+                logic.handle([])
+
+    def close(self) -> tuple[float, int]:
+        """Seconds of every shard's snapshot, and the instances they found changed."""
+        changed = sum(len(s.touched | s.cooling | set(s.settling)) for s in self.logics.values())
+        started = time.perf_counter()
+        for logic in self.logics.values():
+            logic.snapshot()
+        return time.perf_counter() - started, changed
+
+
+def epoch(shards: Shards, msgs: list[tuple[bytes, str]]) -> tuple[float, int]:
+    half = len(msgs) // 2
+    shards.feed(msgs[:half])
+    shards.turn()
+    shards.feed(msgs[half:])
+    return shards.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=PAIRS)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    args = parser.parse_args()
+    from bench_flow import registry_toml
+
+    msgs = messages("events", args.pairs)
+    settle_heap()
+    with tempfile.TemporaryDirectory(prefix="tsi-bench-close-") as store:
+        shards = Shards(Path(store), LiveRegistry(Registry.from_toml(registry_toml())))
+        shards.feed(msgs)
+        shards.close()  # the bases
+        shards.turn()
+        epoch(shards, msgs)  # warm-up
+        runs = []
+        for _ in range(args.repeats):
+            shards.turn()
+            runs.append(epoch(shards, msgs))
+    seconds = [s for s, _ in runs]
+    changed = statistics.median(n for _, n in runs)
+    print("## An epoch's close with recovery (`bench/bench_close.py`)\n")
+    print(
+        f"- {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python ", end=""
+    )
+    print(f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
+    print(f"- {args.pairs:,} requests and their feedback an epoch, a generation turning halfway")
+    print(
+        f"- the close of 256 shards: **{statistics.median(seconds) * 1e3:.1f} ms** (median of "
+        f"{args.repeats}; runs {', '.join(f'{s * 1e3:.1f}' for s in seconds)}), "
+        f"{changed:,.0f} instances changed"
+    )
+
+
+if __name__ == "__main__":
+    main()
