@@ -385,7 +385,6 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
                 budget -= len(keys)
         if self.saved and budget > 0:
             keys, self.saved[-budget:] = self.saved[-budget:], []
-            keys = list(dict.fromkeys(keys))  # two closes may have saved a key twice
             clean = [key for key in keys if key in self.clean and key not in self.touched]
             self.clean.difference_update(keys)
             self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
@@ -395,18 +394,19 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
             cooling, touched, clean, live = self.cooling, self.touched, self.clean, self.instances
             keys = [k for k in keys if k in cooling and k not in touched and k not in clean]
             soon = self._now() + CHANGE_NEAR
-            self._write([k for k in keys if k in live and not _changes_before(live[k], soon)])
+            keys = [k for k in keys if k in live and not _changes_before(live[k], soon)]
+            self._write(keys)
+            self.clean.update(keys)
 
     def _write(self, keys: list[str]) -> None:
-        """Write the instances ``keys`` to the log within an epoch (they are ``clean``)."""
-        instances = [self.instances[key] for key in keys if key in self.instances]
-        if instances:
-            self.log.write([entry_of(instance) for instance in instances])
-            self.clean.update(instance.key for instance in instances)
+        """Write the live instances ``keys`` to the log within an epoch."""
+        if keys:
+            self.log.write([entry_of(self.instances[key]) for key in keys])
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on one entry as
-        bytes (one no longer live, e.g. named twice, is left as it is)."""
+        bytes (one no longer live, e.g. named twice: two closes may save a key twice, is
+        left as it is)."""
         for instance in instances:
             if self.instances.get(instance.key) is not instance:
                 continue
