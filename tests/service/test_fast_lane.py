@@ -96,6 +96,8 @@ def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
     shard = ShardLogic(context)
     before = copy.deepcopy(thread_tally().experiments)
     counts_before = {k: sum(v[:-1]) for k, v in thread_tally().processing.items()}
+    ages_before = copy.deepcopy(thread_tally().age)
+    thread_tally().last_ts = 0.0
     outputs = []
     for offset, (kind, what) in enumerate(script):
         if kind == "wait":
@@ -125,7 +127,11 @@ def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
         for name in after
     }
     timed = {k: sum(v[:-1]) - counts_before[k] for k, v in thread_tally().processing.items()}
-    return outputs, states, resting, counted, timed
+    aged = {
+        k: [a - b for a, b in zip(v[:-1], ages_before[k][:-1], strict=True)]
+        for k, v in thread_tally().age.items()
+    }
+    return outputs, states, resting, counted, timed, aged, thread_tally().last_ts
 
 
 @settings(max_examples=300, deadline=None)

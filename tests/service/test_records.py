@@ -25,7 +25,7 @@ def test_a_built_record_equals_the_constructors(fields):
 
 
 def test_a_layout_refuses_fields_the_class_does_not_have():
-    with pytest.raises(ImportError, match=r"builds Origin\('source', 'partition'\)"):
+    with pytest.raises(ImportError, match=r"reads Origin\('source', 'partition'\)"):
         Layout(Origin, ("source", "partition"))
 
     @dataclasses.dataclass  # no slots: nothing to fill
@@ -36,6 +36,43 @@ def test_a_layout_refuses_fields_the_class_does_not_have():
         Layout(Loose, ("a",))
     with pytest.raises(ValueError, match="has 4 fields"):
         Layout(Origin, ORIGIN_FIELDS).new(("t", 0))
+
+
+def test_a_layout_reads_each_field_as_getattr_does():
+    """``get`` reads at the slot's offset: the same values as getattr for every field, of
+    a dataclass and of a plain ``__slots__`` class; by name for any other class (a
+    subclass too); AttributeError for a slot never set."""
+    layout = Layout(Origin, ORIGIN_FIELDS)
+    made = Origin("t", 3, 17, 1.5)
+    assert [layout.field(made, i) for i in range(4)] == ["t", 3, 17, 1.5]
+
+    class Named:
+        def __init__(self):
+            self.source, self.partition, self.offset, self.time = "n", 1, 2, 3.0
+
+    assert [layout.field(Named(), i) for i in range(4)] == ["n", 1, 2, 3.0]
+
+    class Plain:
+        __slots__ = ("a", "b")
+
+        def __init__(self):
+            self.a, self.b = "A", "B"
+
+    plain = Layout(Plain, ("a", "b"))
+    assert (plain.field(Plain(), 0), plain.field(Plain(), 1)) == ("A", "B")
+
+    class Later(Plain):
+        __slots__ = ("c",)
+
+    later = Later()
+    later.c = "C"
+    assert plain.field(later, 1) == "B"  # by name: the subclass is not the class read
+    with pytest.raises(AttributeError, match="'b'"):
+        plain.field(Plain.__new__(Plain), 1)
+    with pytest.raises(ImportError, match="Plain"):
+        Layout(Plain, ("b", "a"))  # not the order of its slots
+    with pytest.raises(IndexError):
+        layout.field(made, 4)
 
 
 class Message:
