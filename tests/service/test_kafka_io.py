@@ -179,6 +179,14 @@ def _small_topic(bootstrap: str, limit: int) -> str:
     return create_topic(bootstrap, name)  # waits for its leader
 
 
+def test_the_sink_is_told_only_of_failures_and_refuses_to_be_told_otherwise():
+    """A batch counts its failures: its producer reports only those, whatever the config."""
+    sink = DeliveryCheckedKafkaSink(["127.0.0.1:1"], "t", add_config={"linger.ms": 1})
+    assert sink.producer_config()["delivery.report.only.error"] is True
+    with pytest.raises(ValueError, match=r"delivery\.report\.only\.error is always true.*False"):
+        DeliveryCheckedKafkaSink(["127.0.0.1:1"], "t", {"delivery.report.only.error": False})
+
+
 @pytest.mark.parametrize("refused_by", ["broker", "producer"])
 def test_a_message_refused_for_good_is_replaced_not_looped_on(kafka_bootstrap, refused_by):
     """Too large for the topic (the broker refuses) or for message.max.bytes (the client
