@@ -3,7 +3,7 @@
 
 Most events a shard sees are a new request of a live instance and the feedback of its
 open ticket (or, when both topics have a backlog, feedback that comes before its
-request). This loop serves those in C, on the same state objects
+request, kept until the request comes and then applied with it: both served here too). This loop serves those in C, on the same state objects
 (``flows.service.instance``: an ``Instance``, its entries, its bandit) and with the same
 metrics, and hands every other event to the Python path (``ShardLogic._on_event``,
 ``ShardLogic._wake``), which is the reference: a retry, a duplicate, late feedback, a
@@ -46,6 +46,8 @@ from flows.service.metrics import (
     AGE_BUCKETS,
     APPLIED,
     DECISIONS,
+    EARLY,
+    FEEDBACK,
     PENDING,
     PROCESSING_BUCKETS,
     observe_item,
@@ -217,11 +219,14 @@ cdef inline object _next_deadline(object instance):
     if type(held) is dict:
         return _INSTANCE.get(instance, DEADLINES)[0][0]
     return _entry(held, DEADLINE)
+cdef Py_ssize_t EARLY_FEEDBACK = FEEDBACK["early"]  # the tally's slot of early feedback
 cdef enum:
     MAX_EXPERIMENTS = 256  # experiments a lane keeps read
 cdef enum:
     APPLIED_NOW = 1  # feedback applied to its open ticket
-    EARLY = 2  # feedback kept until its request comes
+    KEPT_EARLY = 2  # feedback kept until its request comes
+    ANSWERED = 3  # a request answered
+    ANSWERED_WAITING = 4  # a request answered, and the feedback that waited applied
 
 
 cdef class _Experiment:
@@ -231,7 +236,8 @@ cdef class _Experiment:
     cdef double ttl, retry_window
     cdef bint per_unit
     cdef Py_ssize_t n_contexts, early_limit
-    cdef long decisions, applied  # counted in this batch, not yet in the tally
+    # counted in this batch, not yet in the tally: metrics.observe_item's slots
+    cdef long decisions, pending, applied, early, early_feedback
     cdef bint counted
 
     def __init__(self, experiment):
@@ -262,6 +268,7 @@ cdef class _Lane:
     cdef object noted_source, noted_partition  # the input partition whose time waits
     cdef double noted_time  # its newest time served, not yet told to the stream clock
     cdef list counted  # the experiments whose counts wait for the tally
+    cdef bint waited  # the request served last applied feedback that waited for it
     cdef _Times processing_request, processing_feedback, age_request, age_feedback
     cdef object last_ts  # the ts of the newest event counted that had one
 
@@ -373,15 +380,31 @@ cdef class _Lane:
             _ticket(ticket, T_ROUND)
         ))
         if waiting is None:
-            self.put(instance, held, rid, entry, now + exp.ttl)
+            self.put(instance, held, rid, entry, now + exp.ttl, 0)
             return answer
-        instance._put(entry)  # in place of the waiting feedback, which is applied now
-        return instance.apply_waiting(Handled([answer], pending=1), waiting, now)
+        feedback = _EARLY.get(waiting, 1)
+        named = _FEEDBACK.get(feedback, ARM)
+        if named is not None and named != arm and named != exp.arms[arm]:
+            instance._put(entry)  # the Python path writes the arm_mismatch dead letter
+            return instance.apply_waiting(Handled([answer], pending=1), waiting, now)
+        # Instance.apply_waiting: the open entry in place of the waiting feedback, which
+        # is applied now
+        self.put(instance, held, rid, entry, now + exp.ttl, -1)
+        _bandit(instance).update(ticket, _FEEDBACK.get(feedback, LOSS))
+        settled = kept(_SETTLED.built((
+            rid, ticket, _OPEN.get(entry, ENTRY_UNIT), now + exp.retry_window
+        )))
+        self.put(instance, _INSTANCE.get(instance, ENTRIES), rid, settled,
+                 now + exp.retry_window, 0)
+        self.waited = True
+        return answer
 
     cdef int put(self, object instance, object held, str rid, object entry,
-                 double deadline) except -1:
-        """``Instance._put`` of an Open or a Settled entry (no early feedback involved):
-        the one entry, or into the table of two or more and its heap of deadlines."""
+                 double deadline, int early) except -1:
+        """``Instance._put`` of ``entry`` in place of the entry of ``rid`` in ``held`` (the
+        instance's entries) if any: the one entry, or into the table of two or more and
+        its heap of deadlines; ``early`` is what the instance's count of waiting feedback
+        gains (1: an Early entry where there was none; -1: one replaced)."""
         if held is None or (type(held) is not dict and _entry(held, RID) == rid):
             instance._entries = entry
         elif type(held) is dict:
@@ -389,6 +412,9 @@ cdef class _Lane:
             heappush(_INSTANCE.get(instance, DEADLINES), (deadline, rid))
         else:
             instance._put(entry)  # a second entry: the table and heap are built there
+            return 0  # and the count of waiting feedback kept
+        if early:
+            instance._n_early = _INSTANCE.get(instance, N_EARLY) + early
         return 0
 
     cdef int feedback(self, object instance, _Experiment exp, object event) except -1:
@@ -401,8 +427,9 @@ cdef class _Lane:
             if _INSTANCE.get(instance, N_EARLY) >= exp.early_limit:
                 return 0  # the Python path writes the early_buffer_full dead letter
             now = self._now(event)
-            instance._put(kept(_EARLY.built((rid, event, now + exp.ttl))))
-            return EARLY
+            early = kept(_EARLY.built((rid, event, now + exp.ttl)))
+            self.put(instance, held, rid, early, now + exp.ttl, 1)
+            return KEPT_EARLY
         if type(entry) is not Open:
             return 0
         ticket = _OPEN.get(entry, TICKET)
@@ -416,7 +443,7 @@ cdef class _Lane:
         settled = kept(_SETTLED.built((
             rid, ticket, _OPEN.get(entry, ENTRY_UNIT), now + exp.retry_window
         )))
-        self.put(instance, held, rid, settled, now + exp.retry_window)
+        self.put(instance, held, rid, settled, now + exp.retry_window, 0)
         return APPLIED_NOW
 
     cdef list serve(self, object logic, list events):
@@ -457,20 +484,20 @@ cdef class _Lane:
         handled = None  # what the Python metrics count, for the less plain cases
         try:
             if is_request:
+                self.waited = False
                 answer = self.request(key, instance, exp, event)
                 if answer is None:
                     return None
-                if type(answer) is Handled:  # and the feedback that waited for it
+                if type(answer) is Handled:  # and a dead letter for the waiting feedback
                     handled, out = answer, list(answer)
                 else:
                     out = [answer]
+                done = ANSWERED_WAITING if self.waited else ANSWERED
             else:
                 done = self.feedback(instance, exp, event)
                 if done == 0:
                     return None
                 out = []
-                if done == EARLY:
-                    handled = Handled(early=1)
         except Exception as exc:  # as ShardLogic._on_event: this event's dead letter
             self.told()
             return self.logic._failed(key, experiment, event, exc)
@@ -479,24 +506,33 @@ cdef class _Lane:
         if after != due:  # else the shard's queue holds its wake-up
             self.deadlines.want(key, after)
         if handled is None:
-            self.count(exp, is_request, event, _monotonic() - started)
+            self.count(exp, done, event, _monotonic() - started)
         else:
             self.tallied()  # what the lane counted goes first
             observe_item(exp.name, event, handled, False, started, self.now)
         return out
 
-    cdef void count(self, _Experiment exp, bint is_request, object event, double spent):
-        """What ``metrics.observe_item`` counts for a plain request or feedback, kept in
-        the lane until ``tallied``."""
+    cdef void count(self, _Experiment exp, int done, object event, double spent):
+        """What ``metrics.observe_item`` counts for what the lane did with ``event``
+        (``done``), kept in the lane until ``tallied``."""
+        cdef bint is_request = done == ANSWERED or done == ANSWERED_WAITING
         if not exp.counted:
             exp.counted = True
             self.counted.append(exp)
-        if is_request:
+        if done == ANSWERED:
             exp.decisions += 1
-            self.processing_request.add(spent)
-        else:
+            exp.pending += 1
+        elif done == ANSWERED_WAITING:  # the open ticket settled at once
+            exp.decisions += 1
             exp.applied += 1
-            self.processing_feedback.add(spent)
+            exp.early -= 1
+        elif done == APPLIED_NOW:
+            exp.pending -= 1
+            exp.applied += 1
+        else:  # KEPT_EARLY
+            exp.early += 1
+            exp.early_feedback += 1
+        (self.processing_request if is_request else self.processing_feedback).add(spent)
         ts = _REQUEST.get(event, REQUEST_TS) if is_request else _FEEDBACK.get(event, FEEDBACK_TS)
         if ts is not None:
             self.last_ts = ts
@@ -513,9 +549,11 @@ cdef class _Lane:
         for exp in self.counted:
             c = tally.experiments.get(exp.name) or tally.experiment(exp.name)
             c[DECISIONS] += exp.decisions
-            c[PENDING] += exp.decisions - exp.applied
+            c[PENDING] += exp.pending
             c[APPLIED] += exp.applied
-            exp.decisions = exp.applied = 0
+            c[EARLY] += exp.early
+            c[EARLY_FEEDBACK] += exp.early_feedback
+            exp.decisions = exp.pending = exp.applied = exp.early = exp.early_feedback = 0
             exp.counted = False
         self.counted.clear()
         self.processing_request.added()

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from flows.service import _fast_lane
 from flows.service.events import Origin, parse_feedback, parse_request
+from flows.service.instance import Early, Instance
 from flows.service.logic import FlowContext, ShardLogic
 from flows.service.metrics import thread_tally
 from flows.service.registry import LiveRegistry, Registry
@@ -116,6 +117,9 @@ def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
             experiment = live.current[event.experiment]
             key = experiment.instance_key(event.unit)
             outputs.append(shard.handle([(key, experiment, event)]))
+        for instance in shard.instances.values():  # what the early buffer's limit counts
+            waiting = sum(type(entry) is Early for entry in instance.entries().values())
+            assert instance._n_early == waiting, (instance.key, instance._n_early, waiting)
     states = {key: instance.to_dict() for key, instance in sorted(shard.instances.items())}
     resting = sorted(entry.key for entry in shard.resting.entries())
     after = thread_tally().experiments
@@ -150,6 +154,22 @@ def test_instances_put_to_rest_at_any_call_answer_the_same(script, stream_time, 
     assert eager[0] == lazy[0] and eager[3] == lazy[3]
 
 
+def test_feedback_before_its_request_is_counted_out_of_the_early_buffer():
+    """Feedback first, then its request, five times over on an instance whose buffer holds
+    two: each waits, is applied when its request comes and leaves room for the next."""
+    script = []
+    for i in range(5):
+        script += [
+            ("event", ("feedback", "shared", "u1", f"r{i}", 1.0, None, None, None)),
+            ("event", ("request", "shared", "u1", f"r{i}", 0.0, None, None, None)),
+        ]
+    fast, slow = run(script, True, False), run(script, False, False)
+    assert fast == slow
+    outputs, _, _, counted, *_ = fast
+    assert [len(out) for out in outputs] == [0, 1] * 5  # no early_buffer_full letter
+    assert counted["shared"][:4] == [5, 0, 0, 0]  # decisions, retries, pending, early
+
+
 def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
     """Requests and feedback of a live instance do not reach the Python path."""
     plain = [("event", ("request", "user", "u1", "r1", 0.0, None, None, None))]
@@ -167,6 +187,18 @@ def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
     assert calls == ["r1"]  # the first builds the instance
     assert states["user\x1fu1"]["bandit"]["n_updates"] == 2
     assert [len(out) for out in outputs] == [1, 1, 1, 0, 0]
+
+    early = plain[:1] + [  # feedback before its request, then the request
+        ("event", (kind, "user", "u1", f"r{i}", 1.5, None, None, None))
+        for i in (2, 3)
+        for kind in ("feedback", "request")
+    ]
+    calls.clear()
+    monkeypatch.setattr(Instance, "apply_waiting", lambda *_: calls.append("apply_waiting"))
+    outputs, states, *_ = run(early, True, False)
+    assert calls == ["r1"]
+    assert states["user\x1fu1"]["bandit"]["n_updates"] == 2
+    assert [len(out) for out in outputs] == [1, 0, 1, 0, 1]
 
 
 def test_an_error_in_the_lane_is_the_events_dead_letter(monkeypatch):
