@@ -2,15 +2,18 @@
 """The shard's common events, compiled: the fast lane of ``ShardLogic.handle``.
 
 Most events a shard sees are a new request of a live instance and the feedback of its
-open ticket (or, when both topics have a backlog, feedback that comes before its
-request, kept until the request comes and then applied with it: both served here too). This loop serves those in C, on the same state objects
-(``flows.service.instance``: an ``Instance``, its entries, its bandit) and with the same
-metrics, and hands every other event to the Python path (``ShardLogic._on_event``,
-``ShardLogic._wake``), which is the reference: a retry, a duplicate, late feedback, a
-wrong context, a full early-feedback buffer, a new or packed-away instance, a registry
-change, event time, anything unusual. The lane takes an event only when it can
-tell, before changing anything, that the reference would serve it the plain way; the
-tests run every kind of event through both and compare outputs, states and metrics.
+open ticket (or, when both topics have a backlog, feedback that comes before its request,
+kept until the request comes and then applied with it). This loop serves those in C, on
+the same state objects (``flows.service.instance``: an ``Instance``, its entries, its
+bandit) and with the same metrics, and hands every other event to the Python path
+(``ShardLogic._on_event``, ``ShardLogic._wake``), which is the reference: a retry, a
+duplicate, late feedback, a wrong context, a full early-feedback buffer, a registry
+change, event time, anything unusual. The lane takes an event only when it can tell,
+before changing anything, that the reference would serve it the plain way; the tests run
+every kind of event through both and compare outputs, states and metrics. An instance's
+first event since its shard started binds it as the Python path does
+(``ShardLogic._bind``: built, or revived from its resting bytes), then is served here if
+it is plain.
 
 It reads the records' fields at their slots' offsets (``Layout.get``) and counts its
 metrics in C, added to the thread's tally before the Python path counts anything and at
@@ -48,6 +51,7 @@ from flows.service.metrics import (
     DECISIONS,
     EARLY,
     FEEDBACK,
+    INSTANCES,
     PENDING,
     PROCESSING_BUCKETS,
     observe_item,
@@ -237,8 +241,15 @@ cdef class _Experiment:
     cdef bint per_unit
     cdef Py_ssize_t n_contexts, early_limit
     # counted in this batch, not yet in the tally: metrics.observe_item's slots
-    cdef long decisions, pending, applied, early, early_feedback
+    cdef long decisions, pending, applied, early, early_feedback, instances
     cdef bint counted
+
+    cdef void count_instance(self, _Lane lane):
+        """A new instance of this experiment, counted until ``lane`` tallies."""
+        self.instances += 1
+        if not self.counted:
+            self.counted = True
+            lane.counted.append(self)
 
     def __init__(self, experiment):
         self.source = experiment  # held: its id, the lane's key, is not reused meanwhile
@@ -461,10 +472,24 @@ cdef class _Lane:
             kind = type(event)
             if kind is Request or kind is Feedback:  # not a WAKE_UP
                 instance = self.instances.get(key)
+                bound = new = False
+                if instance is None and not self.event_time and logic.shard is not None:
+                    # its first event since the shard started: built, or revived from its
+                    # resting bytes, as the Python path binds it (``ShardLogic._bind``)
+                    try:
+                        instance, new = logic._bind(experiment, key)
+                    except Exception as exc:
+                        self.told()
+                        self.tallied()
+                        out += logic._failed(key, experiment, event, exc)
+                        continue
+                    bound = True
+                    if new:  # counted here: the paths below see an instance that exists
+                        self._experiment(experiment).count_instance(self)
                 if not (self.event_time or instance is None
                         or _INSTANCE.get(instance, NOTICES) is not None
                         or experiment is not _INSTANCE.get(instance, EXPERIMENT)):
-                    served = self.serve_one(key, instance, experiment, event)
+                    served = self.serve_one(key, instance, experiment, event, bound)
             if served is None:
                 self.told()
                 self.tallied()
@@ -474,7 +499,8 @@ cdef class _Lane:
         self.told()
         return out
 
-    cdef object serve_one(self, str key, object instance, object experiment, object event):
+    cdef object serve_one(self, str key, object instance, object experiment, object event,
+                          bint bound):
         """The outputs of a plain request or feedback, or None for the Python path."""
         cdef double started = _monotonic()
         cdef _Experiment exp = self._experiment(experiment)
@@ -503,7 +529,7 @@ cdef class _Lane:
             return self.logic._failed(key, experiment, event, exc)
         self.touched.add(key)
         after = _next_deadline(instance)
-        if after != due:  # else the shard's queue holds its wake-up
+        if bound or after != due:  # else the shard's queue holds its wake-up
             self.deadlines.want(key, after)
         if handled is None:
             self.count(exp, done, event, _monotonic() - started)
@@ -553,7 +579,9 @@ cdef class _Lane:
             c[APPLIED] += exp.applied
             c[EARLY] += exp.early
             c[EARLY_FEEDBACK] += exp.early_feedback
+            c[INSTANCES] += exp.instances
             exp.decisions = exp.pending = exp.applied = exp.early = exp.early_feedback = 0
+            exp.instances = 0
             exp.counted = False
         self.counted.clear()
         self.processing_request.added()

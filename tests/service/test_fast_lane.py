@@ -194,6 +194,12 @@ def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
         for kind in ("feedback", "request")
     ]
     calls.clear()
+    another = [*plain[:1], ("event", ("request", "user", "u2", "r9", 0.0, None, None, None))]
+    outputs, states, *_ = run(another, True, False)
+    assert calls == ["r1"]  # a new instance after the shard's first event: bound, served
+    assert sorted(states) == ["user\x1fu1", "user\x1fu2"] and len(outputs[1]) == 1
+
+    calls.clear()
     monkeypatch.setattr(Instance, "apply_waiting", lambda *_: calls.append("apply_waiting"))
     outputs, states, *_ = run(early, True, False)
     assert calls == ["r1"]
