@@ -40,9 +40,25 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from heapq import heappush
 from time import time
 
-from flows.service.events import Feedback, Origin, Request, Selection
+from flows.service.events import Feedback, Request
 from flows.service._draw import uniform_draw
-from flows.service._records cimport Layout, kept
+from flows.service._records cimport (
+    ARM,
+    CONTEXT,
+    FEEDBACK_ORIGIN,
+    FEEDBACK_TS,
+    LOSS,
+    PARTITION,
+    REQUEST_ID,
+    REQUEST_ORIGIN,
+    REQUEST_TS,
+    SOURCE,
+    TIME,
+    UNIT,
+    Layout,
+    kept,
+)
+from flows.service import _records as records
 from flows.service.instance import Early, Expired, Handled, Instance, Open, Settled
 from tsi_core.ticket import Ticket
 from flows.service.metrics import (
@@ -118,22 +134,16 @@ cdef class _Times:
         self.empty = True
 
 
-# What the lane builds and reads, checked against the classes at import; the field
-# numbers below follow each layout's order.
-cdef Layout _SELECTION = Layout(Selection, (
-    "experiment", "unit", "request_id", "instance", "arm", "arm_name", "prob", "round"
-))
+# What the lane builds and reads, checked against the classes at import (the events'
+# layouts are _records'); the field numbers below follow each layout's order.
+cdef Layout _SELECTION = records.SELECTION
+cdef Layout _REQUEST = records.REQUEST
+cdef Layout _FEEDBACK = records.FEEDBACK
+cdef Layout _ORIGIN = records.ORIGIN
 cdef Layout _OPEN = Layout(Open, ("rid", "ticket", "unit", "deadline", "origin"))
 cdef Layout _SETTLED = Layout(Settled, ("rid", "ticket", "unit", "deadline"))
 cdef Layout _EXPIRED = Layout(Expired, ("rid", "ticket", "unit", "deadline"))
 cdef Layout _EARLY = Layout(Early, ("rid", "feedback", "deadline"))
-cdef Layout _REQUEST = Layout(Request, (
-    "experiment", "unit", "request_id", "context", "ts", "raw", "origin"
-))
-cdef Layout _FEEDBACK = Layout(Feedback, (
-    "experiment", "unit", "request_id", "loss", "arm", "ts", "raw", "origin"
-))
-cdef Layout _ORIGIN = Layout(Origin, ("source", "partition", "offset", "time"))
 cdef Layout _INSTANCE = Layout(Instance, (
     "_bandit", "_deadlines", "_entries", "_n_early", "_notices", "_packed", "experiment", "key"
 ))
@@ -144,22 +154,6 @@ cdef enum:
     ENTRY_UNIT = 2
     DEADLINE = 3
     EARLY_DEADLINE = 2
-# of a Request and a Feedback
-cdef enum:
-    UNIT = 1
-    REQUEST_ID = 2
-    CONTEXT = 3
-    REQUEST_TS = 4
-    REQUEST_ORIGIN = 6
-    LOSS = 3
-    ARM = 4
-    FEEDBACK_TS = 5
-    FEEDBACK_ORIGIN = 7
-# of an Origin
-cdef enum:
-    SOURCE = 0
-    PARTITION = 1
-    TIME = 3
 # of an Instance
 cdef enum:
     BANDIT = 0
@@ -243,13 +237,6 @@ cdef class _Experiment:
     # counted in this batch, not yet in the tally: metrics.observe_item's slots
     cdef long decisions, pending, applied, early, early_feedback, instances
     cdef bint counted
-
-    cdef void count_instance(self, _Lane lane):
-        """A new instance of this experiment, counted until ``lane`` tallies."""
-        self.instances += 1
-        if not self.counted:
-            self.counted = True
-            lane.counted.append(self)
 
     def __init__(self, experiment):
         self.source = experiment  # held: its id, the lane's key, is not reused meanwhile
@@ -363,7 +350,9 @@ cdef class _Lane:
         return 0
 
     cdef object request(self, str key, object instance, _Experiment exp, object event):
-        """The selection of a new request, or None when the Python path must decide."""
+        """The selection of a new request, or None when the Python path must decide;
+        ``waited`` says whether it applied feedback that waited for it."""
+        self.waited = False
         rid = _REQUEST.get(event, REQUEST_ID)
         held = _INSTANCE.get(instance, ENTRIES)
         waiting = _held(held, rid)  # feedback that came first
@@ -382,9 +371,8 @@ cdef class _Lane:
         if type(_ticket(ticket, T_INSTANCE)) is str:
             kept(ticket)
         unit = _REQUEST.get(event, UNIT)
-        entry = kept(_OPEN.built((
-            rid, ticket, None if exp.per_unit else unit, now + exp.ttl, origin
-        )))
+        entry_unit = None if exp.per_unit else unit
+        entry = kept(_OPEN.built((rid, ticket, entry_unit, now + exp.ttl, origin)))
         arm = _ticket(ticket, T_ARM)
         answer = _SELECTION.built((
             exp.name, unit, rid, key, arm, exp.arms[arm], _ticket(ticket, T_PROB),
@@ -401,14 +389,19 @@ cdef class _Lane:
         # Instance.apply_waiting: the open entry in place of the waiting feedback, which
         # is applied now
         self.put(instance, held, rid, entry, now + exp.ttl, -1)
-        _bandit(instance).update(ticket, _FEEDBACK.get(feedback, LOSS))
-        settled = kept(_SETTLED.built((
-            rid, ticket, _OPEN.get(entry, ENTRY_UNIT), now + exp.retry_window
-        )))
-        self.put(instance, _INSTANCE.get(instance, ENTRIES), rid, settled,
-                 now + exp.retry_window, 0)
+        self.settle(instance, exp, rid, ticket, entry_unit, _FEEDBACK.get(feedback, LOSS), now)
         self.waited = True
         return answer
+
+    cdef int settle(self, object instance, _Experiment exp, str rid, object ticket,
+                    object unit, object loss, double now) except -1:
+        """Apply ``loss`` to the open ticket of ``rid`` and keep its answer for retries
+        (``Instance.on_feedback`` past its checks)."""
+        _bandit(instance).update(ticket, loss)
+        settled = kept(_SETTLED.built((rid, ticket, unit, now + exp.retry_window)))
+        self.put(instance, _INSTANCE.get(instance, ENTRIES), rid, settled,
+                 now + exp.retry_window, 0)
+        return 0
 
     cdef int put(self, object instance, object held, str rid, object entry,
                  double deadline, int early) except -1:
@@ -450,11 +443,8 @@ cdef class _Lane:
             if named != arm and named != exp.arms[arm]:
                 return 0  # the Python path writes the arm_mismatch dead letter
         now = self._now(event)
-        _bandit(instance).update(ticket, _FEEDBACK.get(event, LOSS))
-        settled = kept(_SETTLED.built((
-            rid, ticket, _OPEN.get(entry, ENTRY_UNIT), now + exp.retry_window
-        )))
-        self.put(instance, held, rid, settled, now + exp.retry_window, 0)
+        self.settle(instance, exp, rid, ticket, _OPEN.get(entry, ENTRY_UNIT),
+                    _FEEDBACK.get(event, LOSS), now)
         return APPLIED_NOW
 
     cdef list serve(self, object logic, list events):
@@ -467,6 +457,7 @@ cdef class _Lane:
 
     cdef list serve_all(self, object logic, list events):
         cdef list out = []
+        cdef _Experiment counted
         for key, experiment, event in events:
             served = None
             kind = type(event)
@@ -485,7 +476,8 @@ cdef class _Lane:
                         continue
                     bound = True
                     if new:  # counted here: the paths below see an instance that exists
-                        self._experiment(experiment).count_instance(self)
+                        counted = self.counting(self._experiment(experiment))
+                        counted.instances += 1
                 if not (self.event_time or instance is None
                         or _INSTANCE.get(instance, NOTICES) is not None
                         or experiment is not _INSTANCE.get(instance, EXPERIMENT)):
@@ -510,7 +502,6 @@ cdef class _Lane:
         handled = None  # what the Python metrics count, for the less plain cases
         try:
             if is_request:
-                self.waited = False
                 answer = self.request(key, instance, exp, event)
                 if answer is None:
                     return None
@@ -542,9 +533,7 @@ cdef class _Lane:
         """What ``metrics.observe_item`` counts for what the lane did with ``event``
         (``done``), kept in the lane until ``tallied``."""
         cdef bint is_request = done == ANSWERED or done == ANSWERED_WAITING
-        if not exp.counted:
-            exp.counted = True
-            self.counted.append(exp)
+        self.counting(exp)
         if done == ANSWERED:
             exp.decisions += 1
             exp.pending += 1
@@ -563,6 +552,13 @@ cdef class _Lane:
         if ts is not None:
             self.last_ts = ts
             (self.age_request if is_request else self.age_feedback).add(max(self.now - ts, 0.0))
+
+    cdef _Experiment counting(self, _Experiment exp):
+        """``exp``, among the experiments whose counts wait for ``tallied``."""
+        if not exp.counted:
+            exp.counted = True
+            self.counted.append(exp)
+        return exp
 
     cdef int tallied(self) except -1:
         """Add what the lane counted to this thread's tally (before the Python path

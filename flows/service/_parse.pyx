@@ -35,14 +35,13 @@ from flows.service.events import (
     MAX_ID_LENGTH,
     MAX_MESSAGE_BYTES,
     DeadLetter,
-    Feedback,
     ParseBySource,
-    Request,
     parse_event,
     parse_feedback,
     parse_request,
 )
 from flows.service._records cimport Layout
+from flows.service import _records as records
 from flows.service.logic import SHARD_NAMES, SHARDS
 from flows.service.registry import UNIT_SEPARATOR, Experiment, Registry
 
@@ -67,12 +66,8 @@ cdef uint32_t _SHARDS = SHARDS
 cdef str _SEPARATOR = UNIT_SEPARATOR
 
 
-cdef Layout _REQUEST = Layout(
-    Request, ("experiment", "unit", "request_id", "context", "ts", "raw", "origin")
-)
-cdef Layout _FEEDBACK = Layout(
-    Feedback, ("experiment", "unit", "request_id", "loss", "arm", "ts", "raw", "origin")
-)
+cdef Layout _REQUEST = records.REQUEST
+cdef Layout _FEEDBACK = records.FEEDBACK
 
 
 # -- the shard: logic.shard_of, zlib's CRC-32 of the key's UTF-8 ------------------------

@@ -14,3 +14,21 @@ cdef class Layout:
 
 
 cdef object kept(object record)
+
+
+# Field numbers of the events' layouts (``REQUEST``, ``FEEDBACK``, ``ORIGIN``,
+# ``SELECTION`` in _records.pyx, each defined once there), in their fields' order.
+cdef enum:
+    UNIT = 1  # of a Request and a Feedback
+    REQUEST_ID = 2
+    CONTEXT = 3  # of a Request
+    REQUEST_TS = 4
+    REQUEST_ORIGIN = 6
+    LOSS = 3  # of a Feedback
+    ARM = 4
+    FEEDBACK_TS = 5
+    FEEDBACK_ORIGIN = 7
+    SOURCE = 0  # of an Origin
+    PARTITION = 1
+    TIME = 3
+    SELECTION_INSTANCE = 3  # of a Selection

@@ -35,7 +35,7 @@ from cpython.object cimport PyObject
 
 from orjson import dumps
 
-from flows.service.events import DeadLetter, Origin, Selection
+from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
 
 
 cdef extern from *:
@@ -129,7 +129,18 @@ cdef object kept(object record):
     return record
 
 
-cdef Layout _ORIGIN = Layout(Origin, ("source", "partition", "offset", "time"))
+# The events' layouts, one each for every compiled module (``cdef Layout _X = X``); their
+# field numbers are in _records.pxd.
+ORIGIN = Layout(Origin, ("source", "partition", "offset", "time"))
+REQUEST = Layout(Request, ("experiment", "unit", "request_id", "context", "ts", "raw", "origin"))
+FEEDBACK = Layout(
+    Feedback, ("experiment", "unit", "request_id", "loss", "arm", "ts", "raw", "origin")
+)
+SELECTION = Layout(
+    Selection, ("experiment", "unit", "request_id", "instance", "arm", "arm_name", "prob", "round")
+)
+cdef Layout _ORIGIN = ORIGIN
+cdef Layout _SELECTION = SELECTION
 
 
 def kafka_message(message, str topic, partition) -> tuple:
@@ -266,15 +277,10 @@ def split_outputs(list outputs) -> tuple:
         if type(out) is DeadLetter:
             dead.append(out)
         elif type(out) is Selection:
-            selections.append((_SELECTION.get(out, 3), _selection_json(out)))
+            selections.append((_SELECTION.get(out, SELECTION_INSTANCE), _selection_json(out)))
         else:
             selections.append((out.instance, out.to_json()))
     return selections, dead
-
-
-cdef Layout _SELECTION = Layout(Selection, (
-    "experiment", "unit", "request_id", "instance", "arm", "arm_name", "prob", "round"
-))
 
 
 cdef object _selection_json(object selection):
