@@ -5,7 +5,7 @@ Run from the repository root (about a minute)::
     .venv/bin/python bench/bench_engine.py            # raw figures in bench/engine_results.json
 
 The service's throughput is the stack's cost per event (Kafka clients, Bytewax, the
-connectors; ``bench/bench_flow.py`` measures it with its ``reference_flow``) plus the
+connectors; ``bench/bench_flow.py`` measures it with its ``stack_flow``) plus the
 engine's. This bench times the engine alone, in this process, on the workload of
 ``bench_flow.py`` (10 arms, per-unit instances, 10,000 units; the combined ``events`` topic:
 each request followed by its feedback; the two topics: all requests, then all feedback),

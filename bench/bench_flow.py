@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import json
 import os
 import platform
@@ -92,16 +93,18 @@ import numpy as np
 import orjson
 import psutil
 from bytewax.dataflow import Dataflow
+from bytewax.operators import StatefulBatchLogic
 from bytewax.testing import run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
-from flows.service.dataflow import PARSERS
+from flows.service.dataflow import PARSERS, Guards, by_shard, parse_and_route, unzip_batches
 from flows.service.events import Origin, Request, parse_feedback, parse_request
 from flows.service.instance import Instance
+from flows.service.logic import Routed
 from flows.service.process import Service
-from flows.service.registry import Registry
+from flows.service.registry import LiveRegistry, Registry
 from flows.testing import kafka_broker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -492,46 +495,86 @@ def run_once(
     }
 
 
-def reference_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
-    """The same-run reference: the service's Kafka I/O and parsing, no bandit.
-
-    The same batched sources, parsers and delivery-checked sink as the service; every
-    request is written back as it came (one output per request, as the service answers),
-    feedback is parsed and dropped. What the service does beyond it is routing and the
-    bandit.
-    """
+def stack_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
+    """The first rung of the same-run ladder: what Bytewax and the service's connectors
+    carry. The same batched sources and delivery-checked sink as the service, every
+    message written back as it came: no parsing, no routing, no bandit."""
     wiring = kafka_wiring([bk.bootstrap], inp.service_topics(out), tail=False)
-    flow = Dataflow("reference")
+    flow = Dataflow("stack")
     outputs = []
     for name, source in wiring.inputs.items():
         batches, _errors = source(flow, f"{name}_in")
-        outputs.append(
-            op.map(f"echo_{name}", batches, lambda batch, p=PARSERS[name]: _echo(batch, p))
-        )
+        outputs.append(op.map(f"echo_{name}", batches, _echo_raw))
     wiring.selections("out", op.merge("all", *outputs))
     return flow
 
 
-def _echo(batch: list[tuple[bytes, Origin]], parse: Callable[..., Any]) -> list[tuple]:
-    """The requests of a batch, parsed, as (request_id, raw bytes)."""
-    parsed = (parse(raw, origin) for raw, origin in batch)
-    return [(e.request_id, e.raw) for e in parsed if isinstance(e, Request)]
+def _echo_raw(batch: list[tuple[bytes, Origin]]) -> list[tuple[None, bytes]]:
+    return [(None, raw) for raw, _origin in batch]
 
 
-def run_reference(bk: Broker, inp: Input, counter: Counter) -> dict[str, Any]:
+class _EchoShard(StatefulBatchLogic):
+    """A shard that keeps nothing: each request answered with its own bytes, feedback
+    dropped (one output per request, as the service answers)."""
+
+    def on_batch(self, values: list[list[Routed]]) -> tuple[list[list], bool]:
+        out = [
+            (key, event.raw)
+            for batch in values
+            for key, _, event in batch
+            if type(event) is Request
+        ]
+        return ([out] if out else []), StatefulBatchLogic.RETAIN
+
+    def snapshot(self) -> None:
+        return None
+
+
+def shape_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
+    """The second rung: the service's shape with no state. The stack of ``stack_flow``
+    plus the service's own compiled parsing and routing (``parse_and_route``), its split
+    by shard and Bytewax's keyed stateful step, whose shards keep nothing
+    (``_EchoShard``). What the service spends beyond it is its shards' state: instances,
+    tickets, draws, the kernel, deadlines, metrics."""
+    live = LiveRegistry(Registry.from_toml(registry_toml()))
+    wiring = kafka_wiring([bk.bootstrap], inp.service_topics(out), tail=False)
+    flow = Dataflow("shape")
+    routed = []
+    for name, source in wiring.inputs.items():
+        batches, _errors = source(flow, f"{name}_in")
+        step = functools.partial(parse_and_route, PARSERS[name], Guards(), live)
+        events, _refused = unzip_batches(
+            op.map(f"parse_{name}", batches, step), f"routed_{name}", f"refused_{name}"
+        )
+        routed.append(events)
+    shards = op.flat_map("by_shard", op.merge("routed", *routed), by_shard)
+    answers = op.stateful_batch("shards", shards, lambda _resume: _EchoShard())
+    wiring.selections("out", op.map("answers", answers, lambda kv: kv[1]))
+    return flow
+
+
+LADDER = {"stack": stack_flow, "shape": shape_flow}
+
+
+def run_rung(bk: Broker, inp: Input, counter: Counter, rung: str) -> dict[str, Any]:
+    """One run of a rung of the ladder (``LADDER``), timed as the service is."""
     out = new_topics(bk.bootstrap, ("sel", "dlq"))
-    flow = reference_flow(bk, inp, out)
+    flow = LADDER[rung](bk, inp, out)
+    thread0 = time.thread_time()
     t0 = time.perf_counter()
     run_main(flow)
     seconds = time.perf_counter() - t0
+    thread = time.thread_time() - thread0
+    expected = inp.events if rung == "stack" else inp.events // 2
     written = counter.count(out["sel"])
-    if written != inp.events // 2:
-        log(f"  WARNING: reference wrote {written} of {inp.events // 2}")
+    if written != expected:
+        log(f"  WARNING: the {rung} rung wrote {written} of {expected}")
     first, last = answer_times(bk.bootstrap, out["sel"], written)
     return {
         "seconds": seconds,
         "events_per_s": inp.events / seconds,
         "steady_events_per_s": inp.events / (last - first),
+        "worker_us_per_event": thread / inp.events * 1e6,
     }
 
 
@@ -655,11 +698,11 @@ def throughput_repeat(
     inp: Input,
     counter: Counter,
     workdir: Path,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """One repeat: the references (and, for two topics, the two-hop passthrough and the
-    default setup), then the service; the service's run with its ratios, the reference
-    and the passthrough."""
-    ref = run_reference(bk, inp, counter)
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One repeat: the ladder's rungs and the raw passthrough (and, for two topics, the
+    two-hop passthrough and the default setup), then the service; the service's run with
+    its ratios, and the passthrough."""
+    rungs = {rung: run_rung(bk, inp, counter, rung) for rung in LADDER}
     ceiling = run_passthrough(bk, inp, counter)
     hops = run_passthrough_two_hops(bk, inp, counter) if inp.mode == "separate" else None
     r = run_once(bk, registry, inp, counter)
@@ -670,11 +713,14 @@ def throughput_repeat(
         r["default_setup_ratio_to_passthrough"] = default["events_per_s"] / ceiling["events_per_s"]
         r["default_setup_ratio_to_two_hops"] = default["events_per_s"] / hops["events_per_s"]
         r["two_hop_passthrough_events_per_s"] = hops["events_per_s"]
-    r["reference_events_per_s"] = ref["steady_events_per_s"]
-    r["ratio_to_reference"] = r["steady_events_per_s"] / ref["steady_events_per_s"]
+    r["worker_us_per_event"] = r["worker_thread_cpu"] * r["seconds"] / inp.events * 1e6
+    for rung, run in rungs.items():
+        r[f"{rung}_events_per_s"] = run["steady_events_per_s"]
+        r[f"{rung}_ratio_to_passthrough"] = run["steady_events_per_s"] / ceiling["events_per_s"]
+        r[f"{rung}_us_per_event"] = run["worker_us_per_event"]
     r["passthrough_events_per_s"] = ceiling["events_per_s"]
     r["ratio_to_passthrough"] = r["steady_events_per_s"] / ceiling["events_per_s"]
-    return r, ref, ceiling
+    return r, ceiling
 
 
 def throughput(
@@ -685,15 +731,19 @@ def throughput(
     for mode in ("separate", "events"):
         log(f"throughput, {mode} topics: {plan.requests:,} requests + feedback")
         inp = prepare_input(bk, mode, plan.requests, plan.units)
-        runs, references, passes = [], [], []
-        for k in range(plan.repeats):  # references and service alternate: same conditions
-            r, ref, ceiling = throughput_repeat(bk, registry, inp, counter, workdir)
+        runs, passes = [], []
+        for k in range(plan.repeats):  # the rungs and the service alternate: same conditions
+            r, ceiling = throughput_repeat(bk, registry, inp, counter, workdir)
             log(
                 f"  repeat {k + 1}: {r['seconds']:.2f} s, steady {r['steady_events_per_s']:,.0f} "
-                f"events/s; reference {ref['steady_events_per_s']:,.0f} "
-                f"(ratio {r['ratio_to_reference']:.2f}); "
+                f"events/s ({r['worker_us_per_event']:.1f} us an event); "
                 f"passthrough {ceiling['events_per_s']:,.0f} "
-                f"(ratio {r['ratio_to_passthrough']:.2f})"
+                f"(ratio {r['ratio_to_passthrough']:.2f}); "
+                + "; ".join(
+                    f"{rung} {r[rung + '_ratio_to_passthrough']:.2f} "
+                    f"({r[rung + '_us_per_event']:.1f} us)"
+                    for rung in LADDER
+                )
                 + (
                     f"; default setup {r['default_setup_events_per_s']:,.0f}"
                     if "default_setup_events_per_s" in r
@@ -701,22 +751,23 @@ def throughput(
                 )
             )
             runs.append(r)
-            references.append(ref)
             passes.append(ceiling)
         results[mode] = {
             "runs": runs,
             "raw_events_per_s": statistics.median(r["events_per_s"] for r in runs),
             "steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in runs),
             "seconds": statistics.median(r["seconds"] for r in runs),
-            "reference_events_per_s": statistics.median(
-                r["steady_events_per_s"] for r in references
-            ),
-            "ratio_to_reference": statistics.median(r["ratio_to_reference"] for r in runs),
+            "worker_us_per_event": statistics.median(r["worker_us_per_event"] for r in runs),
             "passthrough_events_per_s": statistics.median(p["events_per_s"] for p in passes),
             "passthrough_runs": [p["runs_events_per_s"] for p in passes],
             "ratio_to_passthrough": statistics.median(r["ratio_to_passthrough"] for r in runs),
             "input": inp,
         }
+        for rung in LADDER:
+            for name in ("events_per_s", "ratio_to_passthrough", "us_per_event"):
+                results[mode][f"{rung}_{name}"] = statistics.median(
+                    r[f"{rung}_{name}"] for r in runs
+                )
         if mode == "separate":
             for name in (
                 "two_hop_passthrough_events_per_s",
@@ -1443,14 +1494,64 @@ def two_hop_note(tp: dict[str, Any]) -> list[str]:
     ]
 
 
+def ladder_table(tp: dict[str, Any]) -> list[str]:
+    """The same-run ladder: each rung's steady rate as a share of the raw passthrough and
+    the worker thread's CPU an event, per input mode."""
+    modes = [
+        (mode, label) for mode, label in REFERENCE_MODES if "stack_events_per_s" in tp.get(mode, {})
+    ]
+    if not modes:
+        return []
+    rows = [
+        (
+            "stack: Bytewax and the service's connectors, every message written back "
+            "(`stack_flow`)",
+            "stack",
+        ),
+        (
+            "shape: + the compiled parsing and routing, the split by shard, the keyed stateful "
+            "step; shards keep nothing (`shape_flow`)",
+            "shape",
+        ),
+        ("the service", ""),
+    ]
+    head = " | ".join(f"{label}: / passthrough | {label}: worker us an event" for _, label in modes)
+    lines = [
+        "The ladder, each rung alternating with the service in every repeat (medians):",
+        "",
+        f"| Rung | {head} |",
+        "|---|" + "---:|---:|" * len(modes),
+    ]
+    for text, rung in rows:
+        ratio, cpu = (
+            (f"{rung}_ratio_to_passthrough", f"{rung}_us_per_event")
+            if rung
+            else (
+                "ratio_to_passthrough",
+                "worker_us_per_event",
+            )
+        )
+        cells = " | ".join(f"{tp[m][ratio]:.2f} | {tp[m][cpu]:.1f}" for m, _ in modes)
+        lines.append(f"| {text} | {cells} |")
+    at_target = {
+        m: tp[m]["stack_us_per_event"]
+        * tp[m]["stack_ratio_to_passthrough"]
+        / TARGET_PASSTHROUGH_RATIO
+        for m, _ in modes
+    }
+    budget = "; ".join(f"{label} {at_target[m]:.1f} us" for m, label in modes)
+    return [
+        *lines,
+        "",
+        f"The worker's CPU an event at {TARGET_PASSTHROUGH_RATIO:g} of the passthrough, if "
+        "the rate follows the worker's CPU (the stack's us an event x its ratio / "
+        f"{TARGET_PASSTHROUGH_RATIO:g}): {budget}.",
+        "",
+    ]
+
+
 def throughput_notes(tp: dict[str, Any]) -> list[str]:
-    """The same-run reference and the raw figure of every repeat."""
-    reference = "; ".join(
-        f"{label}: reference {tp[mode]['reference_events_per_s']:,.0f} events/s, "
-        f"service / reference {tp[mode]['ratio_to_reference']:.2f} (median of ratios)"
-        for mode, label in REFERENCE_MODES
-        if tp.get(mode) and "ratio_to_reference" in tp[mode]
-    )
+    """The ladder, the passthrough and the raw figure of every repeat."""
     ceiling = "; ".join(
         f"{label}: passthrough {tp[mode]['passthrough_events_per_s']:,.0f} events/s, service "
         f"steady / passthrough {tp[mode]['ratio_to_passthrough']:.2f} (median of ratios)"
@@ -1461,10 +1562,7 @@ def throughput_notes(tp: dict[str, Any]) -> list[str]:
     clean = all(r["dead_letters"] == 0 and 2 * r["selections"] == r["events"] for _, r in all_runs)
     return [
         "",
-        "Same-run reference (`reference_flow`: the same Kafka sources, parsing and "
-        "delivery-checked sink, every request echoed, no routing, no bandit), alternating "
-        "with the service: " + reference + ".",
-        "",
+        *ladder_table(tp),
         "The stack's ceiling (`run_passthrough`: raw confluent-kafka in Python, batched "
         "consume of the same topics, every event produced again with poll(0), from the first "
         "message to the last delivery; each the median of 3 runs), alternating too: "
