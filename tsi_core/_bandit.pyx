@@ -9,16 +9,20 @@ the ``Ticket``. The instance's own uniform draws come straight from its numpy ge
 C interface: the same numbers ``Generator.random()`` returns.
 """
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_SET_ITEM
-from libc.math cimport isfinite
+from libc.math cimport INFINITY, isfinite, isnan
 from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcpy
 
 import numpy as np
 
-from tsi_core._kernel cimport C_N_ROUNDS, Kernel, Table
+from tsi_core._kernel cimport (
+    C_D_EXP, C_D_MANT, C_HEAD, C_N_ROUNDS, C_N_UPDATES, C_PSI, C_VN, Kernel, Table,
+)
 from tsi_core.ticket import Ticket, TicketError
 from tsi_core.validate import check_draw, check_loss, context_problem
 
@@ -66,6 +70,81 @@ cdef inline object field(object ticket, Py_ssize_t i):
     return <object>PyTuple_GET_ITEM(ticket, i)
 
 
+MAX_COUNT = 2**53  # counters live in the kernel's float64 rows: exact up to here
+cdef int64_t _MAX_COUNT = MAX_COUNT
+cdef enum:
+    PACKED_HEAD = 48  # ψ, V/D², D's mantissa (float64); D's exponent, updates, rounds (int64)
+
+
+cdef inline void _put_u64(unsigned char* at, uint64_t value) noexcept:
+    """``value`` little-endian at ``at`` (one store on a little-endian machine)."""
+    cdef int i
+    for i in range(8):
+        at[i] = (value >> (8 * i)) & 0xFF
+
+
+cdef inline uint64_t _get_u64(const unsigned char* at) noexcept:
+    cdef uint64_t value = 0
+    cdef int i
+    for i in range(8):
+        value |= (<uint64_t>at[i]) << (8 * i)
+    return value
+
+
+cdef inline void _put_double(unsigned char* at, double value) noexcept:
+    cdef uint64_t bits
+    memcpy(&bits, &value, 8)
+    _put_u64(at, bits)
+
+
+cdef inline double _get_double(const unsigned char* at) noexcept:
+    cdef uint64_t bits = _get_u64(at)
+    cdef double value
+    memcpy(&value, &bits, 8)
+    return value
+
+
+def unpacked(type cls, blob, BanditCore template, instance_id):
+    """A ``cls`` instance from ``BanditCore._packed`` bytes, configured as ``template``
+    (``Bandit.unpack`` without its pending tickets); ValueError for bytes of another size
+    or values no instance can hold."""
+    cdef Kernel kernel = template._kernel
+    cdef Py_ssize_t i, n_state = kernel.width - C_HEAD
+    cdef Py_ssize_t size = PACKED_HEAD + 8 * n_state
+    if type(blob) is not bytes or len(<bytes>blob) != size:
+        shape = template.structure.state_shape
+        raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
+    cdef const unsigned char* at = <const unsigned char*>PyBytes_AS_STRING(blob)
+    cdef double psi = _get_double(at), vn = _get_double(at + 8), d_mant = _get_double(at + 16)
+    cdef int64_t d_exp = <int64_t>_get_u64(at + 24)
+    cdef int64_t n_updates = <int64_t>_get_u64(at + 32), n_rounds = <int64_t>_get_u64(at + 40)
+    if isnan(psi) or not (0.0 <= vn < INFINITY) or not (0.0 <= d_mant < 1.0):
+        raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
+    rows = np.empty((1, kernel.width))
+    cdef double[:, ::1] view = rows
+    cdef double* row = &view[0, 0]
+    row[C_PSI], row[C_VN], row[C_D_MANT] = psi, vn, d_mant
+    row[C_D_EXP], row[C_N_UPDATES], row[C_N_ROUNDS] = d_exp, n_updates, n_rounds
+    for i in range(n_state):
+        row[C_HEAD + i] = _get_double(at + PACKED_HEAD + 8 * i)
+    counted = 0 <= n_updates <= _MAX_COUNT and 0 <= n_rounds <= _MAX_COUNT
+    problem = kernel.state_problem_of(row + C_HEAD)
+    if not counted or problem is not None:
+        raise ValueError(
+            f"packed counters or weights invalid: {n_updates}, {n_rounds}, {problem}"
+        )
+    made = cls.__new__(cls)  # the subclass's own fields (Bandit's slots) set by name
+    made.n_arms, made.structure = template.n_arms, template.structure
+    made.gamma, made.competition = template.gamma, template.competition
+    made.variant = template.variant
+    cdef BanditCore bandit = made
+    bandit._seed, bandit.instance_id = template._seed, instance_id
+    cdef Table table = Table.__new__(Table)
+    table.kernel, table.rows, table.n, table.data = kernel, rows, 1, row
+    bandit.attach(table)
+    return bandit
+
+
 cdef class BanditCore:
     """Row 0 of a one-row kernel table, the pending tickets, and the instance's draws."""
 
@@ -84,11 +163,33 @@ cdef class BanditCore:
 
     def _attach(self, Table table):
         """Make ``table`` (one row) this instance's state."""
+        self.attach(table)
+
+    cdef int attach(self, Table table) except -1:
         if table.n != 1:
             raise ValueError(f"an instance's table has one row, got {table.n}")
         self._table, self._kernel, self._row = table, table.kernel, table.rows[0]
         self._data = table.row(0)
         self._n_contexts = table.kernel.n_contexts
+        return 0
+
+    def _packed(self) -> bytes:
+        """The row as bytes (``unpacked`` reads them): ψ, V/D² and D's mantissa as
+        float64, D's exponent and the counters as int64, then the state as float64, all
+        little-endian."""
+        cdef Py_ssize_t i, n_state = self._kernel.width - C_HEAD
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, PACKED_HEAD + 8 * n_state)
+        cdef unsigned char* at = <unsigned char*>PyBytes_AS_STRING(out)
+        cdef const double* row = self._data
+        _put_double(at, row[C_PSI])
+        _put_double(at + 8, row[C_VN])
+        _put_double(at + 16, row[C_D_MANT])
+        _put_u64(at + 24, <uint64_t><int64_t>row[C_D_EXP])
+        _put_u64(at + 32, <uint64_t><int64_t>row[C_N_UPDATES])
+        _put_u64(at + 40, <uint64_t><int64_t>row[C_N_ROUNDS])
+        for i in range(n_state):
+            _put_double(at + PACKED_HEAD + 8 * i, row[C_HEAD + i])
+        return out
 
     # ------------------------------------------------------------------ draws
     @property

@@ -52,6 +52,7 @@ cdef class Kernel:
     cdef double[::1] initial
 
     cdef double eta_d(self, double vn) noexcept nogil
+    cdef str state_problem_of(self, const double* state)
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil
     cdef double mixing(self, const double* row) noexcept nogil

@@ -26,7 +26,7 @@ needed, and a selection needs no exp), normalised log-weights per class (Markov)
 
 import numpy as np
 
-from libc.math cimport INFINITY, copysign, fabs, frexp, isfinite, isinf, ldexp, sqrt
+from libc.math cimport INFINITY, copysign, fabs, frexp, isfinite, isinf, isnan, ldexp, sqrt
 from libc.stdint cimport int64_t
 
 from tsi_core._kernel cimport (
@@ -236,6 +236,42 @@ cdef class Kernel:
     def scale(self, double vn) -> float:
         """η·D for a V/D² of ``vn`` (see ``eta_d``)."""
         return self.eta_d(vn)
+
+    def state_problem(self, state) -> str | None:
+        """Why ``state`` (``n_state`` values, any sequence) cannot be an instance's state
+        of this kernel, or None (see ``state_problem_of``).
+
+        >>> Kernel("switching", n_arms=2).state_problem([0.0, 0.0])
+        'switching weights must be finite, >= 0, and not all 0'
+        """
+        cdef double[::1] values = np.ascontiguousarray(state, dtype=float).ravel()
+        if values.shape[0] != self.n_state:
+            raise ValueError(f"a state has {self.n_state} values, got {values.shape[0]}")
+        return self.state_problem_of(&values[0])
+
+    cdef str state_problem_of(self, const double* state):
+        """The rule of each kind for the ``n_state`` values at ``state``: cumulative Φ/D all
+        finite; switching weights finite, >= 0 and not all 0; Markov log-weights with no
+        NaN and no +inf (-inf is a weight of 0) and at least one finite."""
+        cdef Py_ssize_t i, n = self.n_state
+        cdef bint some = False
+        if self.kind == CUMULATIVE:
+            for i in range(n):
+                if not isfinite(state[i]):
+                    return "cumulative losses Φ/D must be finite"
+            return None
+        if self.kind == SWITCHING:
+            for i in range(n):
+                if not (isfinite(state[i]) and state[i] >= 0.0):
+                    return "switching weights must be finite, >= 0, and not all 0"
+                some = some or state[i] > 0.0
+            return None if some else "switching weights must be finite, >= 0, and not all 0"
+        for i in range(n):
+            if isnan(state[i]) or state[i] == INFINITY:
+                some = False
+                break
+            some = some or isfinite(state[i])
+        return None if some else "a state needs finite values or -inf, and at least one finite one"
 
     # ------------------------------------------------------------ the round
     cdef double eta_d(self, double vn) noexcept nogil:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import functools
 import math
 import os
-import struct
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from tsi_core._bandit import BanditCore
+from tsi_core._bandit import MAX_COUNT, BanditCore, unpacked
 from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
 from tsi_core.competition import Fixed, competition_from_dict
 from tsi_core.structures import Structure, SwitchingWeights
@@ -30,10 +29,6 @@ from tsi_core.variant import Variant, variant_of
 
 FORMAT = "tsi.bandit"
 VERSION = 2  # 2: Switching keeps its weights, not their logs (version 1 is read too)
-
-
-_PACKED = struct.Struct("<dddqqq")  # psi, V/D², D mantissa, D exponent, updates, rounds
-MAX_COUNT = 2**53  # counters live in the kernel's float64 rows: exact up to here
 
 
 @functools.lru_cache(maxsize=1024)
@@ -48,11 +43,6 @@ def check_gamma(gamma: Any) -> float:
     if g == 0.0 or math.isinf(g):
         raise ValueError(f"gamma must be finite and > 0, got {gamma!r}")
     return g
-
-
-@functools.lru_cache(maxsize=64)
-def _weights_struct(n: int) -> struct.Struct:
-    return struct.Struct(f"<{n}d")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -240,7 +230,7 @@ class Bandit(BanditCore):
                 raise ValueError(f"weights must be {b._state.size} numbers")
             if data["version"] == 1 and isinstance(b.structure, SwitchingWeights):
                 weights = np.exp(weights)  # version 1 kept Switching's log-weights
-            problem = b.structure.state_problem(weights)
+            problem = b._table.kernel.state_problem(weights)
             if problem is not None:
                 raise ValueError(f"weights: {problem}")
             b._state = weights
@@ -285,11 +275,7 @@ class Bandit(BanditCore):
             return None
         if self._pending is not None and not keep_pending:
             return None
-        row = self._row
-        head = _PACKED.pack(
-            row[PSI], row[VN], row[D_MANT], int(row[D_EXP]), int(row[N_UPDATES]), int(row[N_ROUNDS])
-        )
-        return head + row[HEAD:].tobytes()
+        return self._packed()
 
     @classmethod
     def unpack(
@@ -298,33 +284,11 @@ class Bandit(BanditCore):
         """Rebuild an instance from ``pack()``; ``template`` is any instance of the same
         configuration (arms, competition, γ, variant, seed), whose own state is not used, and
         ``pending`` the tickets that were pending when it was packed."""
-        kernel = template._table.kernel
-        size = _PACKED.size + 8 * (kernel.width - HEAD)
-        if not isinstance(blob, bytes) or len(blob) != size:
-            shape = template.structure.state_shape
-            raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
-        psi, vn, d_mant, d_exp, n_updates, n_rounds = _PACKED.unpack_from(blob)
-        weights = _weights_struct(kernel.width - HEAD).unpack_from(blob, _PACKED.size)
-        if math.isnan(psi) or not 0.0 <= vn < math.inf or not 0.0 <= d_mant < 1.0:
-            raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
-        counters_ok = 0 <= n_updates <= MAX_COUNT and 0 <= n_rounds <= MAX_COUNT
-        problem = template.structure.state_problem(weights)
-        if not counters_ok or problem is not None:
-            raise ValueError(
-                f"packed counters or weights invalid: {n_updates}, {n_rounds}, {problem}"
-            )
-        b = cls.__new__(cls)
-        b.n_arms, b.structure, b.gamma = template.n_arms, template.structure, template.gamma
-        b.competition, b._seed, b.instance_id = template.competition, template._seed, instance_id
-        b.variant = template.variant
-        rows = np.empty((1, kernel.width))
-        rows[0, :HEAD] = (psi, vn, d_mant, d_exp, n_updates, n_rounds)
-        rows[0, HEAD:] = weights
-        b._attach(Table(kernel, rows))
+        b = unpacked(cls, blob, template, instance_id)
         for ticket in pending:
             if not isinstance(ticket, Ticket) or ticket.instance != instance_id:
                 raise TicketError(f"not a ticket of instance {instance_id!r}: {ticket!r}")
-            if not 0 < ticket.round <= n_rounds or b._pending_at(ticket.round) is not None:
+            if not 0 < ticket.round <= b.n_rounds or b._pending_at(ticket.round) is not None:
                 raise TicketError(f"ticket round {ticket.round} cannot be pending here")
             b._hold(ticket)
         return b

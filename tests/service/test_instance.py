@@ -256,3 +256,34 @@ def test_an_expired_ticket_is_reported_with_the_request_re_encoded_and_its_origi
     assert dead.origin == Origin("tsi.requests", 0, 1) and dead.instance == "ctx"
     again = parse_request(dead.raw, Origin("replay"))
     assert (again.experiment, again.request_id, again.context) == ("ctx", "r1", 2)
+
+
+@pytest.mark.parametrize(
+    "definition",
+    [
+        'arms = ["a", "b", "c"]',
+        'arms = ["a", "b"]\ncompetition = { kind = "switching", rate = 0.01 }\ngamma = 1.5',
+        'arms = ["a", "b"]\ncompetition = { kind = "contextual", n_contexts = 3 }',
+        'arms = ["a", "b", "c"]\nvariant = "paper"',
+        'arms = ["a", "b", "c", "d"]\nvariant = "robust"',
+    ],
+)
+def test_a_new_bandit_is_the_bandit_its_definition_builds(definition):
+    """``Experiment.new_bandit`` unpacks a fresh state instead of building one: the same
+    bandit, choosing the same arms."""
+    from tsi_core import Bandit
+
+    exp = Registry.from_toml(f"[experiments.home]\n{definition}\n")["home"]
+    made = exp.new_bandit("home\x1fu1")
+    built = Bandit(
+        len(exp.arms), exp.competition, exp.gamma, instance_id="home\x1fu1", variant=exp.variant
+    )
+    assert made.to_dict() == built.to_dict()
+    context = 2 if exp.n_contexts > 1 else None
+    for i in range(50):
+        a, b = made.select(context, u=(i * 0.377) % 1.0), built.select(context, u=(i * 0.377) % 1.0)
+        assert a == b
+        made.update(a, float(i % 7) - 3.0)
+        built.update(b, float(i % 7) - 3.0)
+    assert made.to_dict() == built.to_dict()
+    assert exp.new_bandit("other").n_rounds == 0  # each new bandit starts fresh
