@@ -15,7 +15,9 @@ functions the dataflow's steps call:
 - ``parse_and_route``: bytes to routed events (``flows.service.dataflow``, compiled lane);
 - ``by_shard``: one item per shard;
 - ``shards``: each shard's ``ShardLogic.on_batch`` (the compiled fast lane; the row
-  ``shards, Python path`` runs the reference path it is tested against);
+  ``shards, Python path`` runs the reference path it is tested against; the row
+  ``shards, every instance revived`` puts every instance to rest after each shard call,
+  as a service with one bandit per user sees most events: the user came back later);
 - ``split_outputs``: selections as JSON keyed by instance, dead letters apart.
 
 Two references are measured in the same run: ``orjson.loads`` of every message (decoding
@@ -57,7 +59,13 @@ from bench_flow import registry_toml, workload  # noqa: E402
 from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, by_shard, parse_and_route, split_outputs  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
-from flows.service.logic import SHARD_NAMES, SHARDS, FlowContext, ShardLogic  # noqa: E402
+from flows.service.logic import (  # noqa: E402
+    REST_AFTER,
+    SHARD_NAMES,
+    SHARDS,
+    FlowContext,
+    ShardLogic,
+)
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.stream_clock import StreamClock  # noqa: E402
 from tsi_core import Bandit  # noqa: E402
@@ -66,6 +74,7 @@ BATCH = 1000  # what one consume brings at most (the Kafka source's batch_size)
 UNITS = 10_000
 REPEATS = 5
 STAGES = ("parse_and_route", "by_shard", "shards", "split_outputs")
+AT_REST = "shards, every instance revived (rest_after 0)"
 TOPICS = {"events": {"events": "ev"}, "two topics": {"requests": "rq", "feedback": "fb"}}
 
 
@@ -75,13 +84,24 @@ def messages(mode: str, pairs: int) -> list[tuple[bytes, str]]:
     return [(raw, kinds[topic]) for topic, _, raw in workload(TOPICS[mode], pairs, UNITS)]
 
 
-def engine_run(msgs: list[tuple[bytes, str]], fast_lane: bool) -> tuple[dict[str, float], int, int]:
+def engine_run(
+    msgs: list[tuple[bytes, str]], fast_lane: bool, rest_after: float = REST_AFTER
+) -> tuple[dict[str, float], int, int]:
     """CPU seconds per stage over the messages after the first fifth, fresh shards; the
-    number of events timed and of shard calls they made."""
+    number of events timed and of shard calls they made. ``rest_after`` 0: every instance
+    is put to rest after each shard call, so each event revives its instance (one bandit
+    per user whose users come back after a while)."""
     parsers = {"events": parse_event, "requests": parse_request, "feedback": parse_feedback}
     live = LiveRegistry(Registry.from_toml(registry_toml()))
     stream = StreamClock()
-    context = FlowContext(live, snapshots=False, stream=stream, wake_ups=True, fast_lane=fast_lane)
+    context = FlowContext(
+        live,
+        snapshots=False,
+        stream=stream,
+        wake_ups=True,
+        fast_lane=fast_lane,
+        rest_after=rest_after,
+    )
     shards: dict[str, ShardLogic] = {}
     guards, now = Guards(), time.time()
     spent = dict.fromkeys(STAGES, 0.0)
@@ -184,6 +204,8 @@ def measure(pairs: int, repeats: int) -> dict[str, Any]:
                 note(f"{mode}/{stage}", seconds, events)
             python_path, events, _ = engine_run(msgs, fast_lane=False)
             note(f"{mode}/shards, Python path", python_path["shards"], events)
+            at_rest, events, _ = engine_run(msgs, fast_lane=True, rest_after=0.0)
+            note(f"{mode}/{AT_REST}", at_rest["shards"], events)
             note(f"{mode}/orjson.loads", json_run(msgs), timed)
         note("kernel", kernel_run(pairs), 2 * (pairs - pairs // 5))
         items = 200 * SHARDS
@@ -204,7 +226,7 @@ def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
         "| Stage (us/event) | events topic | two topics |",
         "|---|---:|---:|",
     ]
-    for stage in (*STAGES, "shards, Python path", "orjson.loads"):
+    for stage in (*STAGES, "shards, Python path", AT_REST, "orjson.loads"):
         cells = [f"{us[f'{mode}/{stage}']:.2f}" for mode in TOPICS]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
     totals = [sum(us[f"{mode}/{stage}"] for stage in STAGES) for mode in TOPICS]
