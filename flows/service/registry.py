@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,12 @@ class Experiment:
     renamed_arms: tuple[tuple[str, str], ...] = ()  # (old name, new name)
     retry_after: float | None = None  # the ``retry_window`` setting; None: feedback_ttl
     variant: str = DEFAULT_VARIANT  # a preset of ``tsi_core.variant``
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The definition alone, without the caches (the template bandit, its packing and
+        fresh state), which are rebuilt where it is unpickled: events carry their
+        experiment from one Bytewax process to another, and a bandit does not pickle."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
     @property
     def retry_window(self) -> float:

@@ -287,3 +287,21 @@ def test_a_new_bandit_is_the_bandit_its_definition_builds(definition):
         built.update(b, float(i % 7) - 3.0)
     assert made.to_dict() == built.to_dict()
     assert exp.new_bandit("other").n_rounds == 0  # each new bandit starts fresh
+
+
+def test_an_experiment_pickles_as_its_definition_once_it_has_built_bandits():
+    """Routed events carry their experiment between Bytewax processes (pickled). Building
+    bandits caches a template bandit on it, which does not pickle: the two-process cluster
+    failed in its send threads. It pickles as its definition, the caches rebuilt after."""
+    import pickle
+
+    from flows.service.dataflow import route
+
+    exp = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nper_unit = true')["e"]
+    built = exp.new_bandit("e\x1fu1")
+    assert exp.packing  # the caches a shard builds as it puts instances to rest
+    event = parse_request(b'{"experiment":"e","unit":"u1","request_id":"r"}', Origin("t"))
+    _shard, (key, carried, _) = pickle.loads(pickle.dumps(route(Registry({"e": exp}), event)))
+    assert carried == exp and "_template" not in vars(carried)
+    assert carried.new_bandit(key).to_dict() == built.to_dict()
+    assert carried.packing == exp.packing
