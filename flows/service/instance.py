@@ -505,6 +505,8 @@ class Instance:
 
 _COMPACT_CODES: dict[type, str] = {Open: "o", Settled: "s", Expired: "x"}
 _COMPACT_KINDS: dict[str, type] = {"s": Settled, "x": Expired}
+#: the compact codes of kept answers: at their deadline they are dropped, with no output
+ANSWER_CODES = frozenset(_COMPACT_KINDS)
 
 
 def entries_to_dict(entries: Iterable[Entry]) -> dict[str, list]:

@@ -294,21 +294,39 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
 
     def _wake(self) -> list[Output]:
         """Expire what is due in the instances whose deadline has come, live or resting
-        (built first), in the order of their deadlines."""
+        (built first, unless a kept answer is all there is to drop), in the order of their
+        deadlines."""
         out: list[Output] = []
         now = self._now()
         woken = self.deadlines.due_times(now)
         resting = self.resting.due(now)
+        dropped: list[Entry] = []
         for _, key in sorted(woken + resting) if resting else woken:
             instance = self.instances.get(key)
-            if instance is None and (instance := self._woken(key)) is None:
-                continue
+            if instance is None:
+                idle = self._dropped_answer(key, now)
+                if idle is not None:
+                    dropped.append(idle)
+                    continue
+                if (instance := self._woken(key)) is None:
+                    continue
             done = instance.take_notices() + instance.expire(now)
             observe_expired(instance, done)  # never raises
             out += done
             self.touched.add(key)
             self.deadlines.want(key, self._due(instance))
+        if dropped and self.log is not None:  # as the calls write what they put to rest
+            self.log.write(dropped)
         return out
+
+    def _dropped_answer(self, key: str, now: float) -> Entry | None:
+        """The idle entry of ``key`` if it rests with one kept answer, now due, and the
+        answer was dropped in its record without building the instance
+        (``Resting.drop_answer``: the same state, no output, no unpack and pack)."""
+        experiment = self.context.registry.current.get(split_key(key)[0])
+        if experiment is None:
+            return None
+        return self.resting.drop_answer(key, now, experiment.packing)
 
     def _woken(self, key: str) -> Instance | None:
         """A resting instance whose deadline has come, built; None if it is not held or

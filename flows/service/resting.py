@@ -24,7 +24,13 @@ from itertools import chain
 from typing import Any
 
 from flows.service import _packed_table
-from flows.service.instance import Instance, Open, compact_to_entries, entries_to_dict
+from flows.service.instance import (
+    ANSWER_CODES,
+    Instance,
+    Open,
+    compact_to_entries,
+    entries_to_dict,
+)
 from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit
 
@@ -205,6 +211,38 @@ class Resting:
             return False
         self._waiting.put(key, value, kept[0][4])
         return True
+
+    def drop_answer(self, key: str, now: float, packing: tuple[Any, Any]) -> Entry | None:
+        """Drop the kept answer of a waiting instance whose time has come, without building
+        it: its record becomes the idle one of its packed bandit alone, which is what
+        building it, expiring the answer (no output) and putting it to rest again leave.
+        Only for a record of ``packing`` (the experiment in force: another would have to
+        follow it first) whose one entry is a kept answer due by ``now``. The idle entry,
+        or None (nothing done).
+
+        >>> from flows.service.instance import Settled
+        >>> from flows.service.registry import Registry
+        >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
+        >>> inst, resting = Instance(exp, "e"), Resting()
+        >>> inst._put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
+        >>> inst.rest(); resting.put_instance(inst)
+        True
+        >>> resting.drop_answer("e", 8.0, exp.packing) is None  # not due yet: kept
+        True
+        >>> resting.drop_answer("e", 9.0, exp.packing).kind
+        'packed'
+        """
+        value = self._waiting.pop(key)
+        if value is None:
+            return None
+        index, size = _packed_table.read_varint(value)
+        packed, kept = marshal.loads(value[size:])
+        kind, deadline = kept[0][0], kept[0][4]
+        if kind not in ANSWER_CODES or deadline > now or self._packings[index] != packing:
+            self._waiting.put(key, value, deadline)
+            return None
+        self._idle[key] = value[:size] + packed
+        return Entry(key, split_key(key)[0], "packed", (*self._packings[index], packed))
 
     def pop(self, key: str) -> Entry | None:
         """The entry of ``key`` (no longer held), or None."""

@@ -10,7 +10,7 @@ import pytest
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.logic import logic_builder, shard_of
 from flows.service.registry import LiveRegistry, Registry, instance_key, split_key
-from flows.service.resting import Entry, revive
+from flows.service.resting import Entry, Resting, revive, state_of
 from flows.service.shard_store import read_payloads, read_records, write_seed
 
 REGISTRY = Registry.from_toml(
@@ -327,3 +327,77 @@ def test_idle_instances_rest_as_bytes_and_follow_a_registry_change():
     instance = logic.instances[key("u1")]
     assert instance.bandit.n_arms == 4 and instance.bandit.n_updates == 1
     assert selection.round == 2  # it went on from its first round
+
+
+def _states(logic):
+    """Every instance a shard holds, live or resting, as ``Instance.to_dict``."""
+    live = {k: i.to_dict() for k, i in logic.instances.items()}
+    return live | {e.key: state_of(e) for e in logic.resting.entries()}
+
+
+def test_a_resting_answer_expires_in_its_record_as_if_the_instance_were_built(
+    tmp_path, monkeypatch
+):
+    """A kept answer of an instance at rest is dropped in its record when it is due,
+    without building the instance: the outputs, the states and the state a restart reads
+    from the log are those of building it, expiring the answer and putting it to rest
+    again (the Python path, with ``Resting.drop_answer`` doing nothing)."""
+    dropped = []
+    drop = Resting.drop_answer
+
+    def counted(self, *args):
+        entry = drop(self, *args)
+        dropped.append(entry is not None)
+        return entry
+
+    def run(store):
+        NOW[0] = 1_000.0
+        logic, out, snapshot = build(store, rest_after=0.0), [], None
+        for step in range(12):
+            for unit in range(step % 4, 20, 3):
+                loss = None if unit % 5 == 0 else float((unit * step) % 7) - 3.0
+                out += served(logic, f"u{unit}", f"r{step}", loss=loss)
+            logic.wake()  # the generation turns: what the calls changed goes to rest
+            logic.wake()
+            if step % 3 == 2:
+                snapshot = logic.snapshot()
+            NOW[0] += 20.0 if step % 2 else 35.0  # answers (retry window 50 s) come due
+            out += [(d.reason, d.instance) for d in logic.wake()]
+        return out, _states(logic), logic.snapshot(), snapshot
+
+    monkeypatch.setattr(Resting, "drop_answer", counted)
+    out, states, closed, _ = run(tmp_path / "dropped")
+    resumed = build(tmp_path / "dropped", resume=closed)
+    assert _states(resumed) == states  # the dropped answers were written, and the close covers them
+    assert sum(dropped) >= 20  # answers were dropped in their records
+    monkeypatch.setattr(Resting, "drop_answer", lambda *args: None)
+    built_out, built_states, built_closed, _ = run(tmp_path / "built")
+    assert out == built_out
+    assert states == built_states
+    assert _states(build(tmp_path / "built", resume=built_closed)) == states
+
+
+@pytest.mark.parametrize("drops", [True, False])
+def test_a_resting_answer_under_a_changed_definition_is_built_to_expire(
+    tmp_path, monkeypatch, drops
+):
+    """Its record names the old arms: the instance is built and follows the definition in
+    force before its answer is dropped, as it always was (dropping it in the record would
+    leave the old arms for later, and a second change would then differ)."""
+    if not drops:
+        monkeypatch.setattr(Resting, "drop_answer", lambda *args: None)
+    NOW[0] = 1_000.0
+    live = LiveRegistry(REGISTRY)
+    logic = logic_builder(live, clock=lambda: NOW[0], store=tmp_path, rest_after=0.0)(None)
+    served(logic, "u1", "r0", loss=1.0)
+    logic.wake()
+    logic.wake()
+    assert key("u1") in logic.resting and key("u1") not in logic.instances  # with its answer
+    live.current = Registry.from_toml(
+        '[experiments.e]\narms = ["a", "b", "d"]\nper_unit = true\nfeedback_ttl = 50\n'
+    )
+    NOW[0] += 60.0
+    assert logic.wake() == []
+    assert key("u1") in logic.instances  # built, and following the new arms
+    assert logic.instances[key("u1")].to_dict()["arms"] == ["a", "b", "d"]
+    assert logic.instances[key("u1")].to_dict()["settled"] == []
