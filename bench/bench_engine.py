@@ -17,7 +17,11 @@ functions the dataflow's steps call:
 - ``shards``: each shard's ``ShardLogic.on_batch`` (the compiled fast lane; the row
   ``shards, Python path`` runs the reference path it is tested against; the row
   ``shards, every instance revived`` puts every instance to rest after each shard call,
-  as a service with one bandit per user sees most events: the user came back later);
+  as a service with one bandit per user sees most events: the user came back later; and
+  ``revived, every answer expiring`` also lets each kept answer expire 0.5 s after
+  its feedback, on a clock that runs 50 ms a batch (a unit's next event comes a second
+  later on the events topic: its answer expires while it rests), with the shards'
+  wake-ups served after each batch);
 - ``split_outputs``: selections as JSON keyed by instance, dead letters apart.
 
 Two references are measured in the same run: ``orjson.loads`` of every message (decoding
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -58,6 +63,7 @@ from bench_flow import registry_toml, workload  # noqa: E402
 
 from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, by_shard, parse_and_route, split_outputs  # noqa: E402
+from flows.service.deadlines import WAKE_UP, worker_queue  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
 from flows.service.logic import (  # noqa: E402
     REST_AFTER,
@@ -75,6 +81,8 @@ UNITS = 10_000
 REPEATS = 5
 STAGES = ("parse_and_route", "by_shard", "shards", "split_outputs")
 AT_REST = "shards, every instance revived (rest_after 0)"
+EXPIRING = "shards, revived, every answer expiring (retry_window 0.5 s)"
+STREAM_STEP = 0.05  # seconds a batch on the clock, when answers expire
 TOPICS = {"events": {"events": "ev"}, "two topics": {"requests": "rq", "feedback": "fb"}}
 
 
@@ -85,31 +93,42 @@ def messages(mode: str, pairs: int) -> list[tuple[bytes, str]]:
 
 
 def engine_run(
-    msgs: list[tuple[bytes, str]], fast_lane: bool, rest_after: float = REST_AFTER
+    msgs: list[tuple[bytes, str]],
+    fast_lane: bool,
+    rest_after: float = REST_AFTER,
+    retry_window: float | None = None,
 ) -> tuple[dict[str, float], int, int]:
     """CPU seconds per stage over the messages after the first fifth, fresh shards; the
     number of events timed and of shard calls they made. ``rest_after`` 0: every instance
     is put to rest after each shard call, so each event revives its instance (one bandit
-    per user whose users come back after a while)."""
+    per user whose users come back after a while). ``retry_window``: the kept answers
+    expire after that many seconds, on a clock that runs ``STREAM_STEP`` a batch; the
+    shards' due wake-ups are served after each batch, in the shards stage."""
     parsers = {"events": parse_event, "requests": parse_request, "feedback": parse_feedback}
-    live = LiveRegistry(Registry.from_toml(registry_toml()))
-    stream = StreamClock()
+    window = "" if retry_window is None else f"retry_window = {retry_window}\n"
+    live = LiveRegistry(Registry.from_toml(registry_toml() + window))
+    clock = [time.time()]
     context = FlowContext(
         live,
+        clock=lambda: clock[0],
         snapshots=False,
-        stream=stream,
+        stream=StreamClock() if retry_window is None else None,  # else: all on ``clock``
         wake_ups=True,
         fast_lane=fast_lane,
         rest_after=rest_after,
     )
     shards: dict[str, ShardLogic] = {}
-    guards, now = Guards(), time.time()
+    guards, now = Guards(), clock[0]
     spent = dict.fromkeys(STAGES, 0.0)
     timed = calls = 0
     warm = len(msgs) // 5 // BATCH * BATCH
+    wake_ups = worker_queue()
+    wake_ups.due(math.inf)  # what an earlier run left
     for start in range(0, len(msgs), BATCH):
         chunk = msgs[start : start + BATCH]
         kind = chunk[0][1]
+        if retry_window is not None:
+            clock[0] = now + start // BATCH * STREAM_STEP
         batch = [(raw, Origin(kind, 0, start + i, now)) for i, (raw, _) in enumerate(chunk)]
         t0 = time.process_time()
         routed, dead = parse_and_route(parsers[kind], guards, live, batch)
@@ -123,6 +142,10 @@ def engine_run(
                 logic = shards[shard] = ShardLogic(context)
             out, _ = logic.on_batch([events])
             outputs += out
+        if retry_window is not None:
+            for shard in wake_ups.due(clock[0]):
+                out, _ = shards[shard].on_batch([[(shard, None, WAKE_UP)]])
+                outputs += out
         t3 = time.process_time()
         for out in outputs:
             split_outputs(out)
@@ -206,6 +229,8 @@ def measure(pairs: int, repeats: int) -> dict[str, Any]:
             note(f"{mode}/shards, Python path", python_path["shards"], events)
             at_rest, events, _ = engine_run(msgs, fast_lane=True, rest_after=0.0)
             note(f"{mode}/{AT_REST}", at_rest["shards"], events)
+            expiring, events, _ = engine_run(msgs, True, rest_after=0.0, retry_window=0.5)
+            note(f"{mode}/{EXPIRING}", expiring["shards"], events)
             note(f"{mode}/orjson.loads", json_run(msgs), timed)
         note("kernel", kernel_run(pairs), 2 * (pairs - pairs // 5))
         items = 200 * SHARDS
@@ -226,7 +251,7 @@ def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
         "| Stage (us/event) | events topic | two topics |",
         "|---|---:|---:|",
     ]
-    for stage in (*STAGES, "shards, Python path", AT_REST, "orjson.loads"):
+    for stage in (*STAGES, "shards, Python path", AT_REST, EXPIRING, "orjson.loads"):
         cells = [f"{us[f'{mode}/{stage}']:.2f}" for mode in TOPICS]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
     totals = [sum(us[f"{mode}/{stage}"] for stage in STAGES) for mode in TOPICS]
