@@ -531,9 +531,9 @@ def compact_to_entries(kept: tuple[tuple, ...]) -> list[Entry]:
     out: list[Entry] = []
     for kind, rid, ticket, unit, deadline, *origin in kept:
         if kind == "o":
-            out.append(Open(rid, Ticket(*ticket), unit, deadline, Origin(*origin[0])))
+            out.append(Open(rid, Ticket._make(ticket), unit, deadline, Origin(*origin[0])))
         else:
-            out.append(_COMPACT_KINDS[kind](rid, Ticket(*ticket), unit, deadline))
+            out.append(_COMPACT_KINDS[kind](rid, Ticket._make(ticket), unit, deadline))
     return out
 
 
