@@ -105,25 +105,14 @@ def engine_run(
     expire after that many seconds, on a clock that runs ``STREAM_STEP`` a batch; the
     shards' due wake-ups are served after each batch, in the shards stage."""
     parsers = {"events": parse_event, "requests": parse_request, "feedback": parse_feedback}
-    window = "" if retry_window is None else f"retry_window = {retry_window}\n"
-    live = LiveRegistry(Registry.from_toml(registry_toml() + window))
     clock = [time.time()]
-    context = FlowContext(
-        live,
-        clock=lambda: clock[0],
-        snapshots=False,
-        stream=StreamClock() if retry_window is None else None,  # else: all on ``clock``
-        wake_ups=True,
-        fast_lane=fast_lane,
-        rest_after=rest_after,
-    )
+    context = engine_context(clock, fast_lane, rest_after, retry_window)
     shards: dict[str, ShardLogic] = {}
     guards, now = Guards(), clock[0]
     spent = dict.fromkeys(STAGES, 0.0)
     timed = calls = 0
     warm = len(msgs) // 5 // BATCH * BATCH
-    wake_ups = worker_queue()
-    wake_ups.due(math.inf)  # what an earlier run left
+    worker_queue().due(math.inf)  # what an earlier run left
     for start in range(0, len(msgs), BATCH):
         chunk = msgs[start : start + BATCH]
         kind = chunk[0][1]
@@ -131,21 +120,11 @@ def engine_run(
             clock[0] = now + start // BATCH * STREAM_STEP
         batch = [(raw, Origin(kind, 0, start + i, now)) for i, (raw, _) in enumerate(chunk)]
         t0 = time.process_time()
-        routed, dead = parse_and_route(parsers[kind], guards, live, batch)
+        routed, dead = parse_and_route(parsers[kind], guards, context.registry, batch)
         t1 = time.process_time()
         items = by_shard(routed)
         t2 = time.process_time()
-        outputs = []
-        for shard, events in items:
-            logic = shards.get(shard)
-            if logic is None:
-                logic = shards[shard] = ShardLogic(context)
-            out, _ = logic.on_batch([events])
-            outputs += out
-        if retry_window is not None:
-            for shard in wake_ups.due(clock[0]):
-                out, _ = shards[shard].on_batch([[(shard, None, WAKE_UP)]])
-                outputs += out
+        outputs = serve(shards, context, items, woken=retry_window is not None)
         t3 = time.process_time()
         for out in outputs:
             split_outputs(out)
@@ -158,6 +137,41 @@ def engine_run(
             timed += len(batch)
             calls += len(items)
     return spent, timed, calls
+
+
+def engine_context(
+    clock: list[float], fast_lane: bool, rest_after: float, retry_window: float | None
+) -> FlowContext:
+    """The shards' context: the workload's registry (with ``retry_window`` when given),
+    wake-ups from the worker's queue, no snapshots; on stream time, or with a
+    ``retry_window`` all on ``clock[0]``, which the run moves."""
+    window = "" if retry_window is None else f"retry_window = {retry_window}\n"
+    return FlowContext(
+        LiveRegistry(Registry.from_toml(registry_toml() + window)),
+        clock=lambda: clock[0],
+        snapshots=False,
+        stream=StreamClock() if retry_window is None else None,
+        wake_ups=True,
+        fast_lane=fast_lane,
+        rest_after=rest_after,
+    )
+
+
+def serve(shards: dict[str, ShardLogic], context: FlowContext, items: list, woken: bool) -> list:
+    """Each shard's ``on_batch`` of its events (shards built on first use), then, when
+    ``woken``, a wake-up for every shard whose wake-up is due on the context's clock."""
+    outputs = []
+    for shard, events in items:
+        logic = shards.get(shard)
+        if logic is None:
+            logic = shards[shard] = ShardLogic(context)
+        out, _ = logic.on_batch([events])
+        outputs += out
+    if woken:
+        for shard in worker_queue().due(context.clock()):
+            out, _ = shards[shard].on_batch([[(shard, None, WAKE_UP)]])
+            outputs += out
+    return outputs
 
 
 def json_run(msgs: list[tuple[bytes, str]]) -> float:

@@ -65,7 +65,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import functools
 import json
 import os
 import platform
@@ -99,7 +98,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
-from flows.service.dataflow import PARSERS, Guards, by_shard, parse_and_route, unzip_batches
+from flows.service.dataflow import PARSERS, Guards, _parse_and_route, by_shard
 from flows.service.events import Origin, Request, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.logic import Routed
@@ -539,14 +538,10 @@ def shape_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
     live = LiveRegistry(Registry.from_toml(registry_toml()))
     wiring = kafka_wiring([bk.bootstrap], inp.service_topics(out), tail=False)
     flow = Dataflow("shape")
-    routed = []
+    routed, refused = [], []  # the workload has no refusals: they go nowhere
     for name, source in wiring.inputs.items():
         batches, _errors = source(flow, f"{name}_in")
-        step = functools.partial(parse_and_route, PARSERS[name], Guards(), live)
-        events, _refused = unzip_batches(
-            op.map(f"parse_{name}", batches, step), f"routed_{name}", f"refused_{name}"
-        )
-        routed.append(events)
+        routed.append(_parse_and_route(name, batches, PARSERS[name], Guards(), live, refused))
     shards = op.flat_map("by_shard", op.merge("routed", *routed), by_shard)
     answers = op.stateful_batch("shards", shards, lambda _resume: _EchoShard())
     wiring.selections("out", op.map("answers", answers, lambda kv: kv[1]))

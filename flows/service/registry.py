@@ -135,7 +135,7 @@ class Experiment:
 
     @functools.cached_property
     def _fresh_state(self) -> bytes:
-        return self._build(self.name).pack()
+        return self._template.pack()  # the template is never played
 
     def unpack_bandit(self, blob: bytes, key: str, pending: tuple[Ticket, ...] = ()) -> Bandit:
         """The live bandit of an instance kept as ``Bandit.pack()`` bytes."""

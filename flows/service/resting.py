@@ -237,14 +237,14 @@ class Resting:
         value = self._waiting.pop(key)
         if value is None:
             return None
-        index, size = _packed_table.read_varint(value)
-        packed, kept = marshal.loads(value[size:])
+        entry = self._entry(key, value, waiting=True)
+        arms, template, packed, kept = entry.data
         kind, deadline = kept[0][0], kept[0][4]
-        if kind not in ANSWER_CODES or deadline > now or self._packings[index] != packing:
+        if kind not in ANSWER_CODES or deadline > now or (arms, template) != packing:
             self._waiting.put(key, value, deadline)
             return None
-        self._idle[key] = value[:size] + packed
-        return Entry(key, split_key(key)[0], "packed", (*self._packings[index], packed))
+        self._idle[key] = self._index(entry.experiment, arms, template) + packed
+        return Entry(key, entry.experiment, "packed", (arms, template, packed))
 
     def pop(self, key: str) -> Entry | None:
         """The entry of ``key`` (no longer held), or None."""
