@@ -40,7 +40,7 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service._records cimport Layout
+from flows.service._records cimport Layout, kept
 from flows.service import _records as records
 from flows.service.logic import SHARD_NAMES, SHARDS
 from flows.service.registry import UNIT_SEPARATOR, Experiment, Registry
@@ -191,10 +191,10 @@ cdef class _Lane:
         key = self._instance_key()
         if key is None:
             return None
-        event = _REQUEST.built((
+        event = kept(_REQUEST.built((
             self.experiment_id, self.unit, self.request_id, context, self.ts, raw, origin
-        ))
-        return _shard(key), (key, self.experiment, event)
+        )))
+        return kept((_shard(key), kept((key, self.experiment, event))))
 
     cdef object _feedback(self, dict data, Py_ssize_t known, object raw, object origin):
         if not self._common(data, &known):
@@ -206,10 +206,10 @@ cdef class _Lane:
         key = self._instance_key()
         if key is None:
             return None
-        event = _FEEDBACK.built((
+        event = kept(_FEEDBACK.built((
             self.experiment_id, self.unit, self.request_id, loss, arm, self.ts, raw, origin
-        ))
-        return _shard(key), (key, self.experiment, event)
+        )))
+        return kept((_shard(key), kept((key, self.experiment, event))))
 
     cdef bint _common(self, dict data, Py_ssize_t* known) except -1:
         """Reads the identifiers and ``ts`` into the lane; False if one is not plain."""

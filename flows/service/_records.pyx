@@ -14,7 +14,9 @@ fast lane reads some 20 fields an event.
 ``kept`` marks a record the service keeps per ticket (an entry, its ticket, its origin)
 as one the cyclic GC need not walk: these hold only strings, numbers and each other, so
 they can be in no cycle, and with 10^5 tickets open the collector was walking them all,
-again and again (~20% of an event's time).
+again and again (~20% of an event's time). A batch in flight is marked too (a message
+and its origin here, a parsed and routed event in ``_parse``): it was the bulk of the
+young generation, which the collector walks every few thousand allocations.
 
 At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin),
 ``internal_copy`` and ``internal_message`` write and read the internal topic's copies,
@@ -148,7 +150,7 @@ def kafka_message(message, str topic, partition) -> tuple:
     and offset, and the time Kafka stamped it with in Unix seconds (None if none)."""
     _kind, ms = message.timestamp()
     at = ms / 1000.0 if ms > 0 else None
-    return message.value(), _ORIGIN.built((topic, partition, message.offset(), at))
+    return kept((message.value(), kept(_ORIGIN.built((topic, partition, message.offset(), at)))))
 
 
 def kafka_batch(list messages, str topic, partition, convert, on_error, int eof_code):
@@ -248,7 +250,7 @@ def internal_message(dict seen, dict inputs, str topic, partition, message):
         return None
     seen[where] = offset
     at = None if ms is None else ms / 1000.0
-    return message.value(), _ORIGIN.built((source, input_partition, offset, at))
+    return kept((message.value(), kept(_ORIGIN.built((source, input_partition, offset, at)))))
 
 
 cdef object _named_input(bytes named, dict inputs):

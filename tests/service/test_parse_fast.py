@@ -7,6 +7,7 @@ of 5 is not 5.0, ``True`` is not 1), the sign of zero counts, experiments by ide
 
 import dataclasses
 import doctest
+import gc
 import json
 import math
 import time
@@ -294,6 +295,20 @@ def test_plain_valid_messages_take_the_lane(parse, raw):
     got = fast(parse, DEFAULT_TS_WINDOW, batch, counting(calls))
     assert calls == [] and len(got[0]) == 1  # the Python parser's events never came
     assert_same(got, reference(parse, DEFAULT_TS_WINDOW, batch))
+
+
+@pytest.mark.parametrize(("parse", "raw"), plain_messages())
+def test_the_lanes_events_are_not_walked_by_the_collector(parse, raw):
+    """The lane's routed events (the young generation's bulk while a batch is in flight)
+    are left out of the collector's walks: they hold no container but the experiment,
+    so they close no cycle."""
+    [item], _ = fast(parse, DEFAULT_TS_WINDOW, [(raw, ORIGIN)], counting([]))
+    _shard, routed = item
+    _key, experiment, event = routed
+    assert not any(gc.is_tracked(x) for x in (item, routed, event))
+    fields = [f.name for f in dataclasses.fields(event) if f.name != "origin"]  # the source's
+    assert not any(gc.is_tracked(getattr(event, name)) for name in fields)
+    assert isinstance(experiment, Experiment)  # tracked, and long-lived: it holds no event
 
 
 def test_a_message_at_the_size_limit_takes_the_lane_one_byte_more_is_oversize():

@@ -231,6 +231,18 @@ def test_what_a_shard_keeps_per_ticket_is_not_walked_by_the_collector():
     assert gc.is_tracked(shard.instances["e"].entries()["r1"])  # the Python path's
 
 
+def test_a_read_message_is_not_walked_by_the_collector():
+    """A batch in flight is the young generation's bulk: its messages and origins are
+    left out of the collector's walks (they hold bytes, strings and numbers only)."""
+    messages = [Message(b"a", 4, (1, 2_000)), Message(b"b", 5, (0, -1))]
+    out, _, _ = kafka_batch(messages, "t", 1, None, None, -191)
+    single = kafka_message(messages[0], "t", 1)
+    for item in [*out, single]:
+        assert not gc.is_tracked(item) and not gc.is_tracked(item[1])
+        origin = item[1]
+        assert not any(gc.is_tracked(getattr(origin, name)) for name in ORIGIN_FIELDS)
+
+
 def test_the_modules_examples_hold():
     """pytest's --doctest-modules does not read compiled modules: run the examples here."""
     result = doctest.testmod(_records)
