@@ -374,10 +374,10 @@ cdef class _Lane:
         entry_unit = None if exp.per_unit else unit
         entry = kept(_OPEN.built((rid, ticket, entry_unit, now + exp.ttl, origin)))
         arm = _ticket(ticket, T_ARM)
-        answer = _SELECTION.built((
+        answer = kept(_SELECTION.built((
             exp.name, unit, rid, key, arm, exp.arms[arm], _ticket(ticket, T_PROB),
             _ticket(ticket, T_ROUND)
-        ))
+        )))
         if waiting is None:
             self.put(instance, held, rid, entry, now + exp.ttl, 0)
             return answer
@@ -413,7 +413,7 @@ cdef class _Lane:
             instance._entries = entry
         elif type(held) is dict:
             (<dict>held)[rid] = entry
-            heappush(_INSTANCE.get(instance, DEADLINES), (deadline, rid))
+            heappush(_INSTANCE.get(instance, DEADLINES), kept((deadline, rid)))
         else:
             instance._put(entry)  # a second entry: the table and heap are built there
             return 0  # and the count of waiting feedback kept

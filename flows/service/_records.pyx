@@ -279,7 +279,9 @@ def split_outputs(list outputs) -> tuple:
         if type(out) is DeadLetter:
             dead.append(out)
         elif type(out) is Selection:
-            selections.append((_SELECTION.get(out, SELECTION_INSTANCE), _selection_json(out)))
+            selections.append(
+                kept((_SELECTION.get(out, SELECTION_INSTANCE), _selection_json(out)))
+            )
         else:
             selections.append((out.instance, out.to_json()))
     return selections, dead

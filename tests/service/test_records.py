@@ -224,11 +224,17 @@ def test_what_a_shard_keeps_per_ticket_is_not_walked_by_the_collector():
         return [("e", experiment, parse_request(raw, Origin("t", 0, 1)))]
 
     shard.handle(ask("r1"))  # the Python path builds the instance
-    shard.handle(ask("r2"))  # the compiled lane serves the second
-    entry = shard.instances["e"].entries()["r2"]
+    [answer] = shard.handle(ask("r2"))  # the compiled lane serves the second
+    shard.handle(ask("r3"))  # and the third, beside two: a table and a heap of deadlines
+    instance = shard.instances["e"]
+    entry = instance.entries()["r2"]
     assert not gc.is_tracked(entry) and not gc.is_tracked(entry.ticket)
     assert not gc.is_tracked(entry.origin)
-    assert gc.is_tracked(shard.instances["e"].entries()["r1"])  # the Python path's
+    assert gc.is_tracked(instance.entries()["r1"])  # the Python path's
+    assert not gc.is_tracked(answer)  # nor its answer, alive until the outputs are written
+    assert not any(gc.is_tracked(due) for due in instance._deadlines if due[1] == "r3")
+    [written], _ = _records.split_outputs([answer])
+    assert not gc.is_tracked(written)
 
 
 def test_a_read_message_is_not_walked_by_the_collector():
