@@ -14,15 +14,15 @@ functions the dataflow's steps call:
 
 - ``parse_and_route``: bytes to routed events (``flows.service.dataflow``, compiled lane);
 - ``by_shard``: one item per shard;
-- ``shards``: each shard's ``ShardLogic.on_batch`` (the compiled fast lane; the row
+- ``shards``: each shard's ``ShardLogic.on_batch`` (the compiled fast lane, and the
+  answers written as JSON keyed by instance, dead letters apart; the row
   ``shards, Python path`` runs the reference path it is tested against; the row
   ``shards, every instance revived`` puts every instance to rest after each shard call,
   as a service with one bandit per user sees most events: the user came back later; and
   ``revived, every answer expiring`` also lets each kept answer expire 0.5 s after
   its feedback, on a clock that runs 50 ms a batch (a unit's next event comes a second
   later on the events topic: its answer expires while it rests), with the shards'
-  wake-ups served after each batch);
-- ``split_outputs``: selections as JSON keyed by instance, dead letters apart.
+  wake-ups served after each batch).
 
 Two references are measured in the same run: ``orjson.loads`` of every message (decoding
 alone), and the kernel's ``Bandit.select`` + ``update`` per request and feedback pair
@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_flow import registry_toml, workload  # noqa: E402
 
 from flows.service.collector import settle_heap  # noqa: E402
-from flows.service.dataflow import Guards, by_shard, parse_and_route, split_outputs  # noqa: E402
+from flows.service.dataflow import Guards, by_shard, parse_and_route  # noqa: E402
 from flows.service.deadlines import WAKE_UP, worker_queue  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
 from flows.service.logic import (  # noqa: E402
@@ -79,7 +79,7 @@ from tsi_core import Bandit  # noqa: E402
 BATCH = 1000  # what one consume brings at most (the Kafka source's batch_size)
 UNITS = 10_000
 REPEATS = 5
-STAGES = ("parse_and_route", "by_shard", "shards", "split_outputs")
+STAGES = ("parse_and_route", "by_shard", "shards")
 AT_REST = "shards, every instance revived (rest_after 0)"
 EXPIRING = "shards, revived, every answer expiring (retry_window 0.5 s)"
 STREAM_STEP = 0.05  # seconds a batch on the clock, when answers expire
@@ -124,15 +124,12 @@ def engine_run(
         t1 = time.process_time()
         items = by_shard(routed)
         t2 = time.process_time()
-        outputs = serve(shards, context, items, woken=retry_window is not None)
+        serve(shards, context, items, woken=retry_window is not None)
         t3 = time.process_time()
-        for out in outputs:
-            split_outputs(out)
-        t4 = time.process_time()
         if dead:
             raise RuntimeError(f"the workload made dead letters: {dead[:3]}")
         if start >= warm:
-            for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
                 spent[stage] += seconds
             timed += len(batch)
             calls += len(items)
@@ -159,7 +156,8 @@ def engine_context(
 
 def serve(shards: dict[str, ShardLogic], context: FlowContext, items: list, woken: bool) -> list:
     """Each shard's ``on_batch`` of its events (shards built on first use), then, when
-    ``woken``, a wake-up for every shard whose wake-up is due on the context's clock."""
+    ``woken``, a wake-up for every shard whose wake-up is due on the context's clock; the
+    items they returned (their answers' JSON, dead letters)."""
     outputs = []
     for shard, events in items:
         logic = shards.get(shard)

@@ -9,13 +9,15 @@ Run from the repository root (about 3 minutes; it starts the project's broker un
 ``shape_flow``); this bench splits the same runs by step. Each Python-level step the
 dataflow calls once per item is wrapped in a timer of the calling thread's CPU time
 (``time.thread_time``) for the run: the sources' ``next_batch``, the compiled parsing and
-routing, the split by shard, the shards' ``on_batch``, the split of their outputs, the
-dead letters' JSON, the sinks' ``write_batch``. What is left of the worker's CPU is
-Bytewax's own (its operators, the items between them) and what the wrapped steps do not
-cover; the cyclic GC's time is counted apart (``gc.callbacks``; it also falls inside the
-steps). Each repeat runs the service and then the ``shape`` rung on the same input, so
-the two columns compare. A timer costs ~0.5 us a call (two ``thread_time``), ~0.1 us an
-event at the service's ~11 events a shard call.
+routing, the split by shard, the shards' ``on_batch`` (which writes their answers' JSON;
+and the timer calls Bytewax makes of a bounded flow's shards: ``notify_at`` after each
+call, ``on_notify``, ``snapshot``), the dead letters' JSON, the sinks' ``write_batch``.
+What is left of the worker's CPU is Bytewax's own (its operators, the items between them)
+and what the wrapped steps do not cover; the cyclic GC's time is counted apart
+(``gc.callbacks``; it also falls inside the steps). Each repeat runs the service and
+then the ``shape`` rung on the same input, so the two columns compare. A timer costs
+~0.5 us a call (two ``thread_time``), ~0.1 us an event at the service's ~11 events a
+shard call.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ STEPS = (
     ("split by shard", bench_flow, "by_shard"),  # the shape rung's own import of it
     ("shards: on_batch", logic.ShardLogic, "on_batch"),
     ("shards: on_batch", bench_flow._EchoShard, "on_batch"),
-    ("split outputs (selections' JSON)", dataflow, "split_outputs"),
+    ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "notify_at"),
+    ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "on_notify"),
+    ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "snapshot"),
     ("dead letters' JSON", dataflow, "_letters_json"),
     ("wake-up source: next_batch", deadlines._WakeUps, "next_batch"),
     ("Kafka sinks: write_batch", kafka_sink._CheckedPartition, "write_batch"),

@@ -1,9 +1,9 @@
 """The one dataflow builder: Kafka, files and tests differ only in sources and sinks.
 
 ```
-requests ─ parse+route ─┐                           ┌─ selections ─ serialise ─ sink
-feedback ─ parse+route ─┼─ merge ─ by shard ─ stateful ─┤
- (events ─ parse+route)─┘                 (per shard)   └─ dead letters (+ every refusal)
+requests ─ parse+route ─┐                                   ┌─ selections ─ sink
+feedback ─ parse+route ─┼─ merge ─ by shard ─ stateful+serialise ─┤
+ (events ─ parse+route)─┘                 (per shard)             └─ dead letters (+ refusals)
 ```
 
 Items are batches: a source emits what one read brought (one ``consume`` of a Kafka
@@ -26,7 +26,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import StatefulBatchLogic
 
-from flows.service import _parse, _records
+from flows.service import _parse
 from flows.service.deadlines import WakeUps
 from flows.service.events import (
     DEFAULT_DEAD_LETTER_RAW,
@@ -245,12 +245,6 @@ def _wake_ups(
     return op.map("wake_up_events", due, lambda kv: (kv[0], [(kv[0], None, kv[1])]))
 
 
-def split_outputs(outputs: list[Output]) -> tuple[list[KeyedBytes], list[DeadLetter]]:
-    """A shard's outputs as selections, serialised and keyed by instance, and dead letters
-    (in C: ``flows.service._records.split_outputs``, the JSON of ``Selection.to_json``)."""
-    return _records.split_outputs(outputs)
-
-
 class Traced(StatefulBatchLogic[Routed, list, Any]):
     """A shard that says which input caused each output: it handles its events one at a
     time and pairs every output with ``trace(event)``; outputs of a wake-up or of the end
@@ -260,22 +254,20 @@ class Traced(StatefulBatchLogic[Routed, list, Any]):
     def __init__(self, logic: ShardLogic, trace: Callable[[Any], Any]) -> None:
         self.logic, self.trace = logic, trace
 
-    def on_batch(self, values: list[list[Routed]]) -> tuple[list[list], bool]:
+    def on_batch(self, values: list[list[Routed]]) -> tuple[list[tuple], bool]:
         out: list[tuple[Any, Any]] = []
         handle, trace = self.logic.handle, self.trace
         for batch in values:
             for routed in batch:
                 tag = None if type(routed[2]) is str else trace(routed[2])
                 out += [(tag, output) for output in handle([routed])]
-        return ([out] if out else []), StatefulBatchLogic.RETAIN
+        return _split_traced(out)
 
-    def on_notify(self) -> tuple[list[list], bool]:
-        out = [(None, output) for output in self.logic.wake()]
-        return ([out] if out else []), StatefulBatchLogic.RETAIN
+    def on_notify(self) -> tuple[list[tuple], bool]:
+        return _split_traced([(None, output) for output in self.logic.wake()])
 
-    def on_eof(self) -> tuple[list[list], bool]:
-        out = [(None, output) for output in self.logic.finish()]
-        return ([out] if out else []), StatefulBatchLogic.RETAIN
+    def on_eof(self) -> tuple[list[tuple], bool]:
+        return _split_traced([(None, output) for output in self.logic.finish()])
 
     def notify_at(self) -> Any:
         return self.logic.notify_at()
@@ -284,15 +276,18 @@ class Traced(StatefulBatchLogic[Routed, list, Any]):
         return self.logic.snapshot()
 
 
-def split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[KeyedBytes], list[Any]]:
-    """``split_outputs`` of a ``Traced`` shard: selections and dead letters keep their tag."""
+def _split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[tuple], bool]:
+    """A ``Traced`` shard's outputs as one item, split as a shard's are
+    (``flows.service.logic.Split``): selections and dead letters keep their tag."""
+    if not outputs:
+        return [], StatefulBatchLogic.RETAIN
     selections, dead = [], []
     for tag, out in outputs:
         if type(out) is DeadLetter:
             dead.append((tag, out))
         else:
             selections.append((tag, out.to_json()))
-    return selections, dead
+    return [(selections, dead)], StatefulBatchLogic.RETAIN
 
 
 def _letters_json(raw: int, trace: Callable[[Any], Any] | None, batch: Batch) -> list[KeyedBytes]:
@@ -349,12 +344,13 @@ def build_flow(
     builder = logic_builder(
         live, clock, snapshots, event_time, stream, wiring.wake_ups is not None, store
     )
-    trace, split, shard = wiring.trace, split_outputs, builder
+    trace, shard = wiring.trace, builder
     if trace is not None:
-        builder, split = (lambda resume: Traced(shard(resume), trace)), split_traced
+        builder = lambda resume: Traced(shard(resume), trace)  # noqa: E731
     outputs = op.stateful_batch("shards", op.merge("events", *shards), builder)
-    both = op.map("split_outputs", outputs, lambda kv: split(kv[1]))
-    selections, answer_dead = unzip_batches(both, "selections", "answer_dead")
+    # (shard, (selections, dead letters)): each shard splits its outputs (``logic.Split``)
+    selections = op.flat_map("selections", outputs, lambda kv: [kv[1][0]] if kv[1][0] else [])
+    answer_dead = op.flat_map("answer_dead", outputs, lambda kv: [kv[1][1]] if kv[1][1] else [])
     dead.append(answer_dead)
     wiring.selections("selections_out", selections)
     letters = op.map(

@@ -27,6 +27,7 @@ from typing import Any
 from bytewax.operators import StatefulBatchLogic
 
 from flows.service import _fast_lane as fast_lane
+from flows.service._records import split_outputs
 from flows.service.deadlines import DeadlineQueue, worker_queue
 from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
@@ -39,6 +40,9 @@ from flows.service.stream_clock import StreamClock
 log = logging.getLogger(__name__)
 
 Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experiment, event)
+#: A shard's outputs as Bytewax gets them: the selections' JSON keyed by instance, and the
+#: dead letters (``flows.service._records.split_outputs``).
+Split = tuple[list[tuple[str, bytes]], list[DeadLetter]]
 
 #: Shards per flow. Fixed: an instance's shard must not change while its state is kept.
 #: More shards than workers spread them evenly; each holds 1/SHARDS of the instances.
@@ -53,6 +57,12 @@ def shard_of(key: str, shards: int = SHARDS) -> str:
 
 
 SHARD_NAMES = tuple(f"shard-{index:03d}" for index in range(SHARDS))
+
+
+def _split(out: list[Output]) -> tuple[list[Split], bool]:
+    """What a shard's Bytewax call returns: its outputs as one ``Split`` item, if any."""
+    return ([split_outputs(out)] if out else []), StatefulBatchLogic.RETAIN
+
 
 #: Seconds without an event after which an instance is put to rest (packed; with a shard
 #: log, written to it): a generation of the shard's changed keys turns every ``REST_AFTER``
@@ -180,10 +190,10 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         observe_restored(entry.experiment, instance)
         self.deadlines.want(instance.key, self._due(instance))
 
-    def on_batch(self, values: list[list[Routed]]) -> tuple[Iterable[list[Output]], bool]:
-        """Bytewax's call: the batches routed to this shard; one item out, all outputs."""
-        out = self.handle([event for batch in values for event in batch])
-        return ([out] if out else []), StatefulBatchLogic.RETAIN
+    def on_batch(self, values: list[list[Routed]]) -> tuple[Iterable[Split], bool]:
+        """Bytewax's call: the batches routed to this shard; one item out, all outputs
+        (``Split``: written here, while they are fresh in the cache)."""
+        return _split(self.handle([event for batch in values for event in batch]))
 
     def handle(self, events: list[Routed]) -> list[Output]:
         """Handle events in order; their outputs (and problems found restoring) in order."""
@@ -433,9 +443,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
                 del self.instances[instance.key]
                 self.deadlines.forget(instance.key)
 
-    def on_notify(self) -> tuple[Iterable[list[Output]], bool]:
-        out = self.wake()
-        return ([out] if out else []), StatefulBatchLogic.RETAIN
+    def on_notify(self) -> tuple[Iterable[Split], bool]:
+        return _split(self.wake())
 
     def wake(self) -> list[Output]:
         """A timer's call: what is due, and problems found restoring; and resting."""
@@ -443,9 +452,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
         self._settle(0)
         return out
 
-    def on_eof(self) -> tuple[Iterable[list[Output]], bool]:
-        out = self.finish()
-        return ([out] if out else []), StatefulBatchLogic.RETAIN
+    def on_eof(self) -> tuple[Iterable[Split], bool]:
+        return _split(self.finish())
 
     def finish(self) -> list[Output]:
         """On event time, the end of the input is the last moment: expire what is due."""

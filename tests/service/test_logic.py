@@ -4,7 +4,7 @@ import orjson
 from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
 from flows.service import _fast_lane
-from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.service.events import DeadLetter, Origin, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.logic import logic_builder
 from flows.service.registry import Registry
@@ -24,17 +24,18 @@ def request(rid):
 
 def test_an_unexpected_error_becomes_a_dead_letter_and_the_logic_lives_on(monkeypatch):
     logic = logic_builder(REGISTRY, clock=lambda: 100.0)(None)
-    # Bytewax's call: batches in, one item out holding all the outputs
+    # Bytewax's call: batches in, one item out holding all the outputs, written
     items, keep = logic.on_batch([item(logic, "e", request("r1"))])
-    [[selection]] = items
-    assert keep is StatefulLogic.RETAIN and isinstance(selection, Selection)
+    [([(instance, written)], [])] = items
+    assert keep is StatefulLogic.RETAIN and instance == "e"
+    assert orjson.loads(written)["request_id"] == "r1"
 
     def explode(*_args):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(Instance, "on_request", explode)  # the Python path
     monkeypatch.setattr(_fast_lane, "uniform_draw", explode)  # the compiled lane
-    [[dead]], keep = logic.on_batch([item(logic, "e", request("r2"))])
+    [([], [dead])], keep = logic.on_batch([item(logic, "e", request("r2"))])
     assert isinstance(dead, DeadLetter) and dead.reason == "internal_error"
     assert "disk on fire" in dead.detail and keep is StatefulLogic.RETAIN
 
