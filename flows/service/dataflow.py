@@ -245,7 +245,7 @@ def _wake_ups(
     return op.map("wake_up_events", due, lambda kv: (kv[0], [(kv[0], None, kv[1])]))
 
 
-class Traced(StatefulBatchLogic[Routed, list, Any]):
+class Traced(StatefulBatchLogic[Routed, tuple, Any]):
     """A shard that says which input caused each output: it handles its events one at a
     time and pairs every output with ``trace(event)``; outputs of a wake-up or of the end
     of the input are paired with None. Everything else is the shard's own (``ShardLogic``).

@@ -98,7 +98,7 @@ class FlowContext:
     rest_after: float = REST_AFTER  # see REST_AFTER; 0 settles at every call
 
 
-class ShardLogic(StatefulBatchLogic[Routed, Output, dict[str, Any]]):
+class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
     """The instances of one shard, created on their first event (which names the
     experiment), with one queue of their deadlines: the shard asks for one wake-up, its
     earliest deadline.
