@@ -154,22 +154,17 @@ def engine_context(
     )
 
 
-def serve(shards: dict[str, ShardLogic], context: FlowContext, items: list, woken: bool) -> list:
+def serve(shards: dict[str, ShardLogic], context: FlowContext, items: list, woken: bool) -> None:
     """Each shard's ``on_batch`` of its events (shards built on first use), then, when
-    ``woken``, a wake-up for every shard whose wake-up is due on the context's clock; the
-    items they returned (their answers' JSON, dead letters)."""
-    outputs = []
+    ``woken``, a wake-up for every shard whose wake-up is due on the context's clock."""
     for shard, events in items:
         logic = shards.get(shard)
         if logic is None:
             logic = shards[shard] = ShardLogic(context)
-        out, _ = logic.on_batch([events])
-        outputs += out
+        logic.on_batch([events])
     if woken:
         for shard in worker_queue().due(context.clock()):
-            out, _ = shards[shard].on_batch([[(shard, None, WAKE_UP)]])
-            outputs += out
-    return outputs
+            shards[shard].on_batch([[(shard, None, WAKE_UP)]])
 
 
 def json_run(msgs: list[tuple[bytes, str]]) -> float:

@@ -191,10 +191,9 @@ cdef class _Lane:
         key = self._instance_key()
         if key is None:
             return None
-        event = kept(_REQUEST.built((
+        return self._routed(key, _REQUEST.built((
             self.experiment_id, self.unit, self.request_id, context, self.ts, raw, origin
         )))
-        return kept((_shard(key), kept((key, self.experiment, event))))
 
     cdef object _feedback(self, dict data, Py_ssize_t known, object raw, object origin):
         if not self._common(data, &known):
@@ -206,10 +205,14 @@ cdef class _Lane:
         key = self._instance_key()
         if key is None:
             return None
-        event = kept(_FEEDBACK.built((
+        return self._routed(key, _FEEDBACK.built((
             self.experiment_id, self.unit, self.request_id, loss, arm, self.ts, raw, origin
         )))
-        return kept((_shard(key), kept((key, self.experiment, event))))
+
+    cdef object _routed(self, object key, object event):
+        """(shard, (key, experiment, event)), none of it walked by the cyclic GC: a batch in
+        flight holds strings, numbers and records only (see ``_records.kept``)."""
+        return kept((_shard(key), kept((key, self.experiment, kept(event)))))
 
     cdef bint _common(self, dict data, Py_ssize_t* known) except -1:
         """Reads the identifiers and ``ts`` into the lane; False if one is not plain."""

@@ -268,6 +268,11 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
             if key in self.instances:  # from the seed
                 return self.instances[key], False
         entry = self.resting.pop(key)
+        return self._built(experiment, key, entry), entry is None
+
+    def _built(self, experiment: Experiment, key: str, entry: Entry | None) -> Instance:
+        """A new instance of ``key`` (no entry), or ``entry`` revived, now live; an entry
+        that cannot be revived is kept as it was, and the error raised."""
         if entry is None:
             instance = Instance(experiment, key)
         else:
@@ -277,7 +282,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
                 self.resting.put(entry)  # kept as it was
                 raise
         self.instances[key] = instance
-        return instance, entry is None
+        return instance
 
     def _time_of(self, event: Request | Feedback) -> float:
         """The time an event happened at: its own ``ts`` on event time, its Kafka timestamp
@@ -313,13 +318,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         dropped: list[Entry] = []
         for _, key in sorted(woken + resting) if resting else woken:
             instance = self.instances.get(key)
-            if instance is None:
-                idle = self._dropped_answer(key, now)
-                if idle is not None:
-                    dropped.append(idle)
-                    continue
-                if (instance := self._woken(key)) is None:
-                    continue
+            if instance is None and (instance := self._woken(key, now, dropped)) is None:
+                continue
             done = instance.take_notices() + instance.expire(now)
             observe_expired(instance, done)  # never raises
             out += done
@@ -329,29 +329,30 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
             self.log.write(dropped)
         return out
 
-    def _dropped_answer(self, key: str, now: float) -> Entry | None:
-        """The idle entry of ``key`` if it rests with one kept answer, now due, and the
-        answer was dropped in its record without building the instance
-        (``Resting.drop_answer``: the same state, no output, no unpack and pack)."""
-        experiment = self.context.registry.current.get(split_key(key)[0])
-        if experiment is None:
-            return None
-        return self.resting.drop_answer(key, now, experiment.packing)
-
-    def _woken(self, key: str) -> Instance | None:
+    def _woken(
+        self, key: str, now: float | None = None, dropped: list[Entry] | None = None
+    ) -> Instance | None:
         """A resting instance whose deadline has come, built; None if it is not held or
-        its experiment left the registry (kept as it is, archived)."""
+        its experiment left the registry (kept as it is, archived). With ``dropped``, a
+        record that holds nothing but a kept answer due by ``now`` is not built: the
+        answer is dropped in the record (``Resting.drop_answer``: the same state, no
+        output, no unpack and pack), its idle entry added to ``dropped``, and None."""
         experiment = self.context.registry.current.get(split_key(key)[0])
+        entry = self.resting.pop(key)  # read once, whichever way it goes
+        if entry is None:
+            return None
         if experiment is None:
-            entry = self.resting.pop(key)
-            if entry is not None:
-                self.resting.put(entry)
+            self.resting.put(entry)
             return None
-        if key not in self.resting:
-            return None
+        if dropped is not None:
+            idle = self.resting.drop_answer(entry, now, experiment.packing)
+            if idle is not None:
+                self.resting.take(idle)
+                dropped.append(idle)
+                return None
         try:
-            return self._bind(experiment, key)[0]
-        except Exception as exc:  # kept as it was (see _bind)
+            return self._built(experiment, key, entry)
+        except Exception as exc:  # kept as it was (see _built)
             self._lost(f"instance {key!r} cannot be restored ({exc}); its state is kept")
             return None
 

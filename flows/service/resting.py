@@ -214,13 +214,13 @@ class Resting:
         self._waiting.put(key, value, kept[0][4])
         return True
 
-    def drop_answer(self, key: str, now: float, packing: tuple[Any, Any]) -> Entry | None:
-        """Drop the kept answer of a waiting instance whose time has come, without building
-        it: its record becomes the idle one of its packed bandit alone, which is what
-        building it, expiring the answer (no output) and putting it to rest again leave.
-        Only for a record of ``packing`` (the experiment in force: another would have to
-        follow it first) whose one entry is a kept answer due by ``now``. The idle entry,
-        or None (nothing done).
+    def drop_answer(self, entry: Entry, now: float, packing: tuple[Any, Any]) -> Entry | None:
+        """The idle entry that a waiting instance's ``entry`` (popped) becomes when its time
+        has come, without building it: the record of its packed bandit alone, which is what
+        building it, expiring its kept answer (no output) and putting it to rest again
+        leave. Only for a record of ``packing`` (the experiment in force: another would
+        have to follow it first) whose one entry is a kept answer due by ``now``; None for
+        any other (the caller builds it).
 
         >>> from flows.service.instance import Settled
         >>> from flows.service.registry import Registry
@@ -229,22 +229,19 @@ class Resting:
         >>> inst._put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
         >>> inst.rest(); resting.put_instance(inst)
         True
-        >>> resting.drop_answer("e", 8.0, exp.packing) is None  # not due yet: kept
+        >>> entry = resting.pop("e")
+        >>> resting.drop_answer(entry, 8.0, exp.packing) is None  # not due yet: kept
         True
-        >>> resting.drop_answer("e", 9.0, exp.packing).kind
+        >>> resting.drop_answer(entry, 9.0, exp.packing).kind
         'packed'
         """
-        value = self._waiting.pop(key)
-        if value is None:
+        if entry.kind != "packed+" or len(entry.data[3]) != 1:
             return None
-        entry = self._entry(key, value, waiting=True)
         arms, template, packed, kept = entry.data
         kind, deadline = kept[0][0], kept[0][4]
         if kind not in ANSWER_CODES or deadline > now or (arms, template) != packing:
-            self._waiting.put(key, value, deadline)
             return None
-        self._idle[key] = self._index(entry.experiment, arms, template) + packed
-        return Entry(key, entry.experiment, "packed", (arms, template, packed))
+        return Entry(entry.key, entry.experiment, "packed", (arms, template, packed))
 
     def pop(self, key: str) -> Entry | None:
         """The entry of ``key`` (no longer held), or None."""
