@@ -187,6 +187,29 @@ def test_the_sink_is_told_only_of_failures_and_refuses_to_be_told_otherwise():
         DeliveryCheckedKafkaSink(["127.0.0.1:1"], "t", {"delivery.report.only.error": False})
 
 
+@pytest.mark.parametrize(
+    ("named", "bad", "error"),
+    [
+        (True, ("k", b"v", "third"), r"expected a \(key, value\) tuple.*'third'"),
+        (True, b"just bytes", r"expected a \(key, value\) tuple.*just bytes"),
+        (False, ("k", b"v"), r"no topic for \('k', b'v'\)"),
+    ],
+)
+def test_a_batch_with_an_item_the_sink_cannot_write_produces_nothing(
+    kafka_bootstrap, named, bad, error
+):
+    """Every item is checked before the first is produced: the good ones around a bad one
+    are not written either (the flow fails; recovery replays the whole batch)."""
+    topic = create_topic(kafka_bootstrap, unique_topic("bad-item"))
+    sink = DeliveryCheckedKafkaSink([kafka_bootstrap], topic if named else None, timeout_s=10)
+    part = sink.build("s", 0, 1)
+    good = ("k", b"v") if named else KafkaSinkMessage(b"k", b"v", topic=topic)
+    with pytest.raises((TypeError, ValueError), match=error):
+        part.write_batch([good, bad, good])
+    part.write_batch([good])  # flushed: anything the bad batch had queued would be there
+    assert consume_all(kafka_bootstrap, topic) == {0: [(b"k", b"v", [])]}
+
+
 @pytest.mark.parametrize("refused_by", ["broker", "producer"])
 def test_a_message_refused_for_good_is_replaced_not_looped_on(kafka_bootstrap, refused_by):
     """Too large for the topic (the broker refuses) or for message.max.bytes (the client
