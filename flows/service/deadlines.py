@@ -15,17 +15,17 @@ epoch's events until then, so a source that slept for a second would hold every 
 arriving at an epoch's close that long (measured: p99 410 ms instead of 54 ms at 10 s
 epochs). Looking at the heap's head every 10 ms costs 0.6% of a core when idle (a flow of
 this source alone: 3.0% against 2.4% polling every second). Only unbounded flows use it;
-it ends when their inputs end (``ending`` says so), so that the flow can end.
+it ends when their inputs end (``ending`` says so), so that the flow can end. The queue
+itself is compiled (``flows.service._deadline_queue``): shards keep one too, told of every
+event's new deadline.
 
->>> q = DeadlineQueue()
->>> q.want("a", 5.0); q.want("b", 3.0); q.want("a", 4.0)   # a's earlier wish replaces 5.0
->>> q.due(4.5), q.next(), len(q)
-(['b', 'a'], None, 0)
+>>> q = worker_queue()
+>>> q.want("shard-001", 3.0); q.due(4.5)
+['shard-001']
 """
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 from collections.abc import Callable
@@ -33,60 +33,9 @@ from datetime import UTC, datetime, timedelta
 
 from bytewax.inputs import DynamicSource, StatelessSourcePartition
 
+from flows.service._deadline_queue import DeadlineQueue
 
-class DeadlineQueue:
-    """The next wake-up wished for each key; popped in time order, each key once."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, str]] = []
-        self._wished: dict[str, float] = {}  # the earliest wake-up queued per key
-
-    def want(self, key: str, at: float | None) -> None:
-        """Wake ``key`` at ``at`` (None: nothing); an earlier wish than one queued wins,
-        a later one waits for the earlier wake-up, whose handler wishes again."""
-        if at is None:
-            return
-        wished = self._wished.get(key)
-        if wished is None or at < wished:
-            self._wished[key] = at
-            heapq.heappush(self._heap, (at, key))
-            if len(self._heap) > 2 * len(self._wished) + 64:
-                self._rebuild()
-
-    def _rebuild(self) -> None:
-        """One heap entry per key again. Superseded wishes stay in the heap until they pass:
-        a ticket answered long before its TTL left one behind, so at 10^5 tickets a second
-        and a one-hour TTL the heap would grow to 10^8 entries without this."""
-        self._heap = [(at, key) for key, at in self._wished.items()]
-        heapq.heapify(self._heap)
-
-    def forget(self, key: str) -> None:
-        """No wake-up for ``key`` any more (its entry in the heap is dropped when it passes)."""
-        self._wished.pop(key, None)
-
-    def due(self, now: float) -> list[str]:
-        """The keys whose wake-up is at or before ``now``, earliest first, each once."""
-        return [key for _, key in self.due_times(now)]
-
-    def due_times(self, now: float) -> list[tuple[float, str]]:
-        """(wake-up, key) of the keys ``due`` returns."""
-        out, heap, wished = [], self._heap, self._wished
-        while heap and heap[0][0] <= now:
-            at, key = heapq.heappop(heap)
-            if wished.get(key) == at:  # else superseded by an earlier wish, already woken
-                del wished[key]
-                out.append((at, key))
-        return out
-
-    def next(self) -> float | None:
-        """The earliest wake-up queued, or None."""
-        heap, wished = self._heap, self._wished
-        while heap and wished.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
-
-    def __len__(self) -> int:
-        return len(self._wished)
+__all__ = ["WAKE_UP", "DeadlineQueue", "WakeUps", "worker_queue"]
 
 
 _worker = threading.local()

@@ -1,13 +1,18 @@
 """Wake-ups from one queue per worker instead of Bytewax's per-key timers."""
 
+import doctest
 import math
+import sys
 import threading
 import time
 
 import orjson
 import pytest
 from bytewax.testing import run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from flows.service import _deadline_queue
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import Wiring, build_flow
 from flows.service.deadlines import WAKE_UP, DeadlineQueue, worker_queue
@@ -37,7 +42,7 @@ def test_the_queue_drops_superseded_wishes_and_forgets_keys():
         q.want(f"k{i % 100}", 3600.0 + i)  # the ticket's deadline
         q.want(f"k{i % 100}", 1.0 + i)  # its answer's, earlier
         assert q.due(1.0 + i) == [f"k{i % 100}"]
-    assert len(q._heap) <= 2 * len(q) + 65
+    assert q.queued <= 2 * len(q) + 65
     q.want("gone", 5.0)
     q.forget("gone")
     assert q.due(1e9) == [] and q.next() is None
@@ -56,6 +61,76 @@ def test_the_queue_wakes_each_key_once_at_its_earliest_wish():
     assert q.next() is None and q.due(100.0) == []  # the superseded 5.0 is not a wake-up
     q.want("a", 6.0)
     assert q.due(6.0) == ["a"]
+
+
+class QueueModel:
+    """What the queue promises, without a heap: each key's earliest wish since it was
+    last woken or forgotten; due keys in (time, key) order."""
+
+    def __init__(self) -> None:
+        self.wished: dict[str, float] = {}
+
+    def want(self, key: str, at: float | None) -> None:
+        if at is not None and (key not in self.wished or at < self.wished[key]):
+            self.wished[key] = at
+
+    def forget(self, key: str) -> None:
+        self.wished.pop(key, None)
+
+    def due_times(self, now: float) -> list[tuple[float, str]]:
+        out = sorted((at, key) for key, at in self.wished.items() if at <= now)
+        for _, key in out:
+            del self.wished[key]
+        return out
+
+    def next(self) -> float | None:
+        return min(self.wished.values(), default=None)
+
+
+KEYS = st.sampled_from(["a", "b", "c", "shard-001", "home\x1fu1", "é"])
+TIMES = st.integers(0, 40).map(lambda t: t / 4)  # ties are common: the key breaks them
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("want"), KEYS, st.one_of(st.none(), TIMES)),
+        st.tuples(st.just("forget"), KEYS),
+        st.tuples(st.just("due_times"), TIMES),
+        st.tuples(st.just("next")),
+    ),
+    max_size=300,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_the_compiled_queue_keeps_the_promises_of_its_model(ops):
+    """Any sequence of wishes, forgets and wake-ups: the same answers as the model, the
+    heap bounded by the rebuild (the keys' references let go: see the refcount test)."""
+    queue, model = DeadlineQueue(), QueueModel()
+    for name, *args in ops:
+        assert getattr(queue, name)(*args) == getattr(model, name)(*args), (name, args)
+        assert len(queue) == len(model.wished)
+        assert queue.queued <= 2 * len(queue) + 65
+    assert queue.due(math.inf) == [key for _, key in model.due_times(math.inf)]
+
+
+def test_the_compiled_queue_holds_each_key_while_queued_and_lets_it_go():
+    key = "".join(["k", "ey"])  # a string of its own, not interned
+    before = sys.getrefcount(key)
+    queue = DeadlineQueue()
+    for at in (5.0, 4.0, 3.0):
+        queue.want(key, at)
+    assert sys.getrefcount(key) > before
+    assert queue.due(10.0) == [key] and queue.next() is None
+    assert sys.getrefcount(key) == before, "every heap entry gave its reference back"
+    queue.want(key, 1.0)
+    del queue
+    assert sys.getrefcount(key) == before
+
+
+def test_the_compiled_queue_doctests():
+    """pytest's --doctest-modules does not read compiled modules: run them here."""
+    result = doctest.testmod(_deadline_queue)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_each_worker_thread_has_its_own_queue():
