@@ -37,11 +37,11 @@ tally update per event, 11.7k with these.
 from cpython.pythread cimport PyThread_get_thread_ident
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from heapq import heappush
 from time import time
 
 from flows.service.events import Feedback, Request
 from flows.service._draw import uniform_draw
+from flows.service._deadline_queue cimport TimeHeap
 from flows.service._records cimport (
     ARM,
     CONTEXT,
@@ -215,7 +215,7 @@ cdef inline object _next_deadline(object instance):
     if held is None:
         return None
     if type(held) is dict:
-        return _INSTANCE.get(instance, DEADLINES)[0][0]
+        return (<TimeHeap?>_INSTANCE.get(instance, DEADLINES)).first_time()
     return _entry(held, DEADLINE)
 cdef Py_ssize_t EARLY_FEEDBACK = FEEDBACK["early"]  # the tally's slot of early feedback
 cdef enum:
@@ -413,7 +413,7 @@ cdef class _Lane:
             instance._entries = entry
         elif type(held) is dict:
             (<dict>held)[rid] = entry
-            heappush(_INSTANCE.get(instance, DEADLINES), kept((deadline, rid)))
+            (<TimeHeap?>_INSTANCE.get(instance, DEADLINES)).add(deadline, rid)
         else:
             instance._put(entry)  # a second entry: the table and heap are built there
             return 0  # and the count of waiting feedback kept

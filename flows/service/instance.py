@@ -21,7 +21,6 @@ its reason: nothing is dropped silently, and a refused event changes no state.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import orjson
 
 from flows.service import _draw
+from flows.service._deadline_queue import TimeHeap
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit, Ticket
@@ -145,7 +145,7 @@ class Instance:
         self._bandit = bandit  # None: packed, or not created yet while _packed is None too
         self._packed: bytes | None = None
         self._entries: Entry | dict[str, Entry] | None = None
-        self._deadlines: list[tuple[float, str]] | None = None  # heap, only beside a dict
+        self._deadlines: TimeHeap | None = None  # (deadline, request_id), only beside a dict
         self._n_early = 0
         self._notices: list[Output] | None = None  # dead letters of a registry change
 
@@ -244,10 +244,11 @@ class Instance:
             return
         if type(held) is not dict:  # a second entry: from here on a dict and a heap
             _ = self.bandit  # unpacked while the one entry can still hand back its ticket
-            self._deadlines = [(held.deadline, held.rid)]
+            self._deadlines = TimeHeap()
+            self._deadlines.push(held.deadline, held.rid)
             self._entries = held = {held.rid: held}
         held[entry.rid] = entry
-        heapq.heappush(self._deadlines, (entry.deadline, entry.rid))
+        self._deadlines.push(entry.deadline, entry.rid)
 
     def _drop(self, entry: Entry) -> None:
         if type(entry) is Early:
@@ -368,10 +369,10 @@ class Instance:
         while self._entries is not None:
             held = self._entries
             if type(held) is dict:
-                due, rid = self._deadlines[0]
+                due, rid = self._deadlines.first()
                 if due > now:
                     break
-                heapq.heappop(self._deadlines)
+                self._deadlines.pop()
                 entry = held.get(rid)
                 if entry is None or entry.deadline != due:
                     continue  # stale: the entry moved on or is gone
@@ -418,7 +419,7 @@ class Instance:
         held = self._entries
         if held is None:
             return None
-        return self._deadlines[0][0] if type(held) is dict else held.deadline
+        return self._deadlines.first_time() if type(held) is dict else held.deadline
 
     def _unit(self, kept: str | None) -> str | None:
         """A request's unit: implied by the key of a per-unit instance, else as kept."""

@@ -1,6 +1,8 @@
 """Wake-ups from one queue per worker instead of Bytewax's per-key timers."""
 
 import doctest
+import gc
+import heapq
 import math
 import sys
 import threading
@@ -111,6 +113,40 @@ def test_the_compiled_queue_keeps_the_promises_of_its_model(ops):
         assert len(queue) == len(model.wished)
         assert queue.queued <= 2 * len(queue) + 65
     assert queue.due(math.inf) == [key for _, key in model.due_times(math.inf)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.tuples(TIMES, KEYS), st.just("pop")), max_size=400))
+def test_a_time_heap_pops_as_a_heapq_of_tuples(ops):
+    """Pushes and pops in any order, ties on time common: the same pairs in the same order
+    as ``heapq`` on (time, key) tuples, which the heaps of deadlines were."""
+    heap, reference = _deadline_queue.TimeHeap(), []
+    for op in ops:
+        if op == "pop":
+            if not reference:
+                with pytest.raises(IndexError):
+                    heap.pop()
+                continue
+            assert heap.first() == reference[0] and heap.first_time() == reference[0][0]
+            assert heap.pop() == heapq.heappop(reference)
+        else:
+            heap.push(*op)
+            heapq.heappush(reference, op)
+        assert len(heap) == len(reference) and sorted(heap) == sorted(reference)
+
+
+def test_a_time_heap_holds_its_keys_and_lets_them_go():
+    key = "".join(["r", "id"])  # a string of its own, not interned
+    before = sys.getrefcount(key)
+    heap = _deadline_queue.TimeHeap()
+    for at in range(100):  # grows, then shrinks as it empties
+        heap.push(float(at), key)
+    assert sys.getrefcount(key) == before + 100
+    while len(heap) > 3:
+        heap.pop()
+    assert sys.getrefcount(key) == before + 3 and not gc.is_tracked(heap)
+    del heap
+    assert sys.getrefcount(key) == before
 
 
 def test_the_compiled_queue_holds_each_key_while_queued_and_lets_it_go():
