@@ -21,7 +21,7 @@ young generation, which the collector walks every few thousand allocations.
 At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin),
 ``internal_copy`` and ``internal_message`` write and read the internal topic's copies,
 and ``split_outputs`` writes a shard's answers as JSON (what ``Selection.to_json``
-writes, its fields read here), setting its dead letters apart.
+writes, in C when its texts are plain), setting its dead letters apart.
 
 >>> made = Layout(Origin, ("source", "partition", "offset", "time")).new(("t", 0, 5, 1.5))
 >>> made == Origin("t", 0, 5, 1.5)
@@ -33,7 +33,9 @@ True
 import dataclasses
 from types import MemberDescriptorType
 
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.object cimport PyObject
+from libc.string cimport memcpy
 
 from orjson import dumps
 
@@ -54,6 +56,9 @@ cdef extern from *:
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
+    bint PyUnicode_IS_ASCII(object text)
+    const unsigned char* PyUnicode_DATA(object text)
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
     ctypedef struct PyMemberDef:
         int type
         Py_ssize_t offset
@@ -288,14 +293,121 @@ def split_outputs(list outputs) -> tuple:
 
 
 cdef object _selection_json(object selection):
-    """``Selection.to_json``, its fields read here (no Python call between)."""
+    """``Selection.to_json``, its fields read here (no Python call between): written in C
+    when every text is plain (``_plain``), the numbers are exact ints within int64 and a
+    float, and it fits ``JSON_CAP``; else by orjson from the same dict (the reference; the
+    tests compare the two on generated answers). The float is orjson's own writing of it.
+    Measured (20,000 answers kept, as a batch in flight keeps them until the sink writes
+    them): 4.2 us an answer through the dict, 0.7 here. orjson starts each output in a
+    1 KB buffer and shrinks it: cheap when the bytes are freed at once (0.15-0.7 us in
+    ``timeit``), not when thousands are kept."""
     cdef Layout at = _SELECTION
+    experiment, unit, request_id = at.get(selection, 0), at.get(selection, 1), at.get(selection, 2)
+    arm, arm_name = at.get(selection, 4), at.get(selection, 5)
+    prob, rounds = at.get(selection, 6), at.get(selection, 7)
+    cdef char arm_text[24]
+    cdef char round_text[24]
+    cdef Py_ssize_t arm_n = _decimal(arm, arm_text)
+    cdef Py_ssize_t round_n = _decimal(rounds, round_text)
+    cdef _Buffer out
+    cdef bytes prob_text
+    if (
+        arm_n >= 0 and round_n >= 0 and type(prob) is float
+        and _plain(experiment) and _plain(request_id) and _plain(arm_name)
+        and (unit is None or _plain(unit))
+    ):
+        prob_text = dumps(prob)
+        out.n = 0
+        out.full = False
+        _put(&out, b'{"experiment":"', 15)
+        _put_ascii(&out, experiment)
+        if unit is None:
+            _put(&out, b'","unit":null,"request_id":"', 28)
+        else:
+            _put(&out, b'","unit":"', 10)
+            _put_ascii(&out, unit)
+            _put(&out, b'","request_id":"', 16)
+        _put_ascii(&out, request_id)
+        _put(&out, b'","arm":', 8)
+        _put(&out, arm_text + 24 - arm_n, arm_n)
+        _put(&out, b',"arm_name":"', 13)
+        _put_ascii(&out, arm_name)
+        _put(&out, b'","prob":', 9)
+        _put(&out, prob_text, len(prob_text))
+        _put(&out, b',"round":', 9)
+        _put(&out, round_text + 24 - round_n, round_n)
+        _put(&out, b"}", 1)
+        if not out.full:
+            return PyBytes_FromStringAndSize(out.data, out.n)
     return dumps({
-        "experiment": at.get(selection, 0),
-        "unit": at.get(selection, 1),
-        "request_id": at.get(selection, 2),
-        "arm": at.get(selection, 4),
-        "arm_name": at.get(selection, 5),
-        "prob": at.get(selection, 6),
-        "round": at.get(selection, 7),
+        "experiment": experiment,
+        "unit": unit,
+        "request_id": request_id,
+        "arm": arm,
+        "arm_name": arm_name,
+        "prob": prob,
+        "round": rounds,
     })
+
+
+cdef enum:
+    JSON_CAP = 512  # the longest answer written in C (longer: orjson writes it)
+
+
+cdef struct _Buffer:
+    char data[JSON_CAP]
+    Py_ssize_t n
+    bint full  # something did not fit
+
+
+cdef inline void _put(_Buffer* out, const char* data, Py_ssize_t size) noexcept:
+    if out.n + size > JSON_CAP:
+        out.full = True
+        return
+    memcpy(out.data + out.n, data, size)
+    out.n += size
+
+
+cdef inline void _put_ascii(_Buffer* out, str text) noexcept:
+    """A ``_plain`` text: its characters are its bytes."""
+    _put(out, <const char*>PyUnicode_DATA(text), len(text))
+
+
+cdef bint _plain(object text) except -1:
+    """An exact str of ASCII characters orjson writes as they are (no ``"``, ``\\`` or
+    control character): its bytes are its JSON between quotes."""
+    cdef const unsigned char* data
+    cdef Py_ssize_t i, n
+    if type(text) is not str or not PyUnicode_IS_ASCII(text):
+        return False
+    data = PyUnicode_DATA(text)
+    n = len(<str>text)
+    for i in range(n):
+        if data[i] < 0x20 or data[i] == 0x22 or data[i] == 0x5C:
+            return False
+    return True
+
+
+cdef Py_ssize_t _decimal(object value, char* buf) except -2:
+    """``str(value)`` of an exact int within int64, written to end at ``buf + 24``: its
+    length, or -1 for anything else (orjson decides)."""
+    cdef int overflow = 0
+    cdef long long v
+    cdef unsigned long long mag
+    cdef char* p = buf + 24
+    if type(value) is not int:
+        return -1
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow:
+        return -1
+    mag = (0ULL - <unsigned long long>v) if v < 0 else <unsigned long long>v
+    while True:
+        p -= 1
+        p[0] = <char>(48 + mag % 10)
+        mag //= 10
+        if mag == 0:
+            break
+    if v < 0:
+        p -= 1
+        p[0] = 45  # '-'
+    return buf + 24 - p

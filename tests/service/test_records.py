@@ -214,6 +214,47 @@ def test_split_outputs_writes_what_selection_to_json_writes(outputs):
     assert dead == [o for o in outputs if type(o) is DeadLetter]
 
 
+#: text the C writer takes (ASCII from the space on, no quote or backslash) and what is
+#: next to it: control characters, quotes, backslashes, DEL, non-ASCII, long
+PLAIN = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters='"\\'))
+EDGY = st.text(st.sampled_from(["a", " ", "\x1f", "\x00", '"', "\\", "\x7f", "é", "\u2028", "😀"]))
+LONG = st.integers(100, 600).map(lambda n: "x" * n)
+OUTSIDE_INT64 = st.sampled_from([2**63, -(2**63) - 1, True])
+
+
+@given(
+    st.lists(
+        st.builds(
+            Selection,
+            PLAIN | EDGY,
+            st.none() | PLAIN | EDGY,
+            PLAIN | LONG,
+            PLAIN,
+            st.integers(0, 9)
+            | st.integers(-(2**63), 2**63 - 1)
+            | st.sampled_from([2**63, -(2**63) - 1, True]),
+            PLAIN | EDGY,
+            st.floats(0, 1) | st.sampled_from([1e-7, 1e-5, 5e-324, 1.0, 0.0, 1e22, 2**53 + 0.0]),
+            st.integers(1, 2**40) | st.sampled_from([0, -1, 2**64]),
+        ),
+        max_size=20,
+    )
+)
+def test_answers_written_in_c_are_the_bytes_orjson_writes(outputs):
+    """The answers' JSON is written in C when its texts are plain: byte for byte what
+    ``Selection.to_json`` (orjson) writes, at every edge (escapes, non-ASCII, int64's
+    bounds, bools, tiny and huge floats, answers longer than the C buffer); an int orjson
+    refuses is refused the same way."""
+    for answer in outputs:
+        try:
+            expected = answer.to_json()
+        except TypeError as exc:  # orjson: an int beyond 64 bits
+            with pytest.raises(TypeError, match=str(exc)):
+                _records.split_outputs([answer])
+            continue
+        assert _records.split_outputs([answer]) == ([(answer.instance, expected)], [])
+
+
 def test_what_a_shard_keeps_per_ticket_is_not_walked_by_the_collector():
     registry = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\n')
     shard = logic_builder(registry, clock=lambda: 0.0)(None)
