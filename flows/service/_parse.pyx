@@ -12,6 +12,13 @@ other message (every refusal, anything unusual) goes through the Python parser a
 ``route``, so each dead letter is the one ``events.py`` writes; the tests run generated
 messages through both and compare.
 
+The common message is not read by orjson either: a scanner (``_Message.scan``) reads an
+object of known keys, each once, whose values are ASCII strings without escapes, null,
+ints of at most 18 digits or finite floats (read by ``PyOS_string_to_double``, correctly
+rounded as orjson's), and gives the values orjson would; anything else (whitespace aside,
+one byte off that form) is read by orjson into a dict, as before. Measured by callgrind
+(60,000 events of the events topic): 9,370 -> 6,620 instructions an event for this step.
+
 >>> from flows.service.dataflow import route
 >>> from flows.service.events import Origin
 >>> from flows.service.registry import Registry
@@ -23,8 +30,12 @@ messages through both and compare.
 """
 
 from cpython.dict cimport PyDict_GetItemWithError
+from cpython.float cimport PyFloat_FromDouble
+from cpython.long cimport PyLong_FromLongLong
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.math cimport fabs, isfinite
+from libc.string cimport memcmp, memcpy
 from libc.stdint cimport uint32_t
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
@@ -48,7 +59,9 @@ from flows.service.registry import UNIT_SEPARATOR, Experiment, Registry
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object text)
-    const unsigned char* PyUnicode_DATA(object text)
+    unsigned char* PyUnicode_DATA(object text)
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow) except? -1.0
 
 
 cdef enum Kind:
@@ -137,13 +150,216 @@ cdef inline double _wall_clock() noexcept:
     return <double>(now.tv_sec * 1000000000 + now.tv_nsec) / 1e9
 
 
-cdef inline object _field(dict data, str name, Py_ssize_t* known):
-    """``data.get(name)``, counting the keys the parser knows."""
-    cdef PyObject* value = PyDict_GetItemWithError(data, name)
-    if value is NULL:
+cdef enum:  # the keys the parsers know
+    EXPERIMENT_KEY, UNIT_KEY, REQUEST_ID_KEY, CONTEXT_KEY, TS_KEY, LOSS_KEY, REWARD_KEY, \
+        ARM_KEY, TYPE_KEY, N_KEYS
+
+#: their names, in that order
+cdef tuple _KEY_NAMES = (
+    "experiment", "unit", "request_id", "context", "ts", "loss", "reward", "arm", "type"
+)
+cdef enum:
+    MAX_NUMBER = 64  # characters of a float the scanner reads (longer: orjson reads it)
+
+
+cdef class _Message:
+    """The known fields of the message at hand, and how many keys it has: read by a
+    scanner of the plain form (``scan``), else from orjson's dict (``read``)."""
+
+    cdef PyObject* values[N_KEYS]  # owned references, NULL where the key is absent
+    cdef Py_ssize_t n_keys
+
+    def __dealloc__(self):
+        self.clear()
+
+    cdef void clear(self) noexcept:
+        cdef Py_ssize_t i
+        for i in range(N_KEYS):
+            Py_XDECREF(self.values[i])
+            self.values[i] = NULL
+        self.n_keys = 0
+
+    cdef inline object get(self, int key, Py_ssize_t* known):
+        """The field's value (None if absent), counting the keys the parser knows."""
+        cdef PyObject* value = self.values[key]
+        if value is NULL:
+            return None
+        known[0] += 1
+        return <object>value
+
+    cdef int read(self, dict data) except -1:
+        """The fields of orjson's dict of the message."""
+        cdef PyObject* value
+        cdef Py_ssize_t i
+        self.clear()
+        for i in range(N_KEYS):
+            value = PyDict_GetItemWithError(data, _KEY_NAMES[i])
+            if value is not NULL:
+                Py_INCREF(<object>value)
+                self.values[i] = value
+        self.n_keys = len(data)
+        return 0
+
+    cdef bint scan(self, const char* p, Py_ssize_t size) except -1:
+        """Read a message of the plain form, giving the values orjson gives: one JSON
+        object of known keys, each once, whose values are ASCII strings without escapes,
+        null, or numbers (an int of at most 18 digits, a finite float of at most
+        ``MAX_NUMBER`` characters). False for anything else: orjson reads it."""
+        cdef const char* end = p + size
+        cdef const char* start
+        cdef int key
+        self.clear()
+        p = _space(p, end)
+        if p == end or p[0] != 123:  # {
+            return False
+        p = _space(p + 1, end)
+        if p < end and p[0] == 125:  # }
+            return _space(p + 1, end) == end
+        while True:
+            if p == end or p[0] != 34:  # "
+                return False
+            start = p + 1
+            p = _string_end(start, end)
+            if p == NULL:
+                return False
+            key = _key(start, p - start)
+            if key < 0 or self.values[key] is not NULL:  # unknown, or said twice
+                return False
+            p = _space(p + 1, end)
+            if p == end or p[0] != 58:  # :
+                return False
+            p = self._value(key, _space(p + 1, end), end)
+            if p == NULL:
+                return False
+            self.n_keys += 1
+            p = _space(p, end)
+            if p == end:
+                return False
+            if p[0] == 125:  # }
+                return _space(p + 1, end) == end
+            if p[0] != 44:  # ,
+                return False
+            p = _space(p + 1, end)
+
+    cdef const char* _value(self, int key, const char* p, const char* end) except? NULL:
+        """Read one value into ``key``; where it ends, or NULL if it is not plain."""
+        cdef const char* stop
+        cdef object value
+        if p == end:
+            return NULL
+        if p[0] == 34:  # "
+            stop = _string_end(p + 1, end)
+            if stop == NULL:
+                return NULL
+            value = PyUnicode_New(stop - p - 1, 127)
+            memcpy(PyUnicode_DATA(value), p + 1, stop - p - 1)
+            stop += 1
+        elif p[0] == 110:  # n
+            if end - p < 4 or memcmp(p, b"null", 4) != 0:
+                return NULL
+            value, stop = None, p + 4
+        else:
+            stop = _number_end(p, end)
+            if stop == NULL:
+                return NULL
+            value = _number_of(p, stop - p)
+            if value is None:
+                return NULL
+        Py_INCREF(value)
+        self.values[key] = <PyObject*>value
+        return stop
+
+
+cdef inline const char* _space(const char* p, const char* end) noexcept:
+    """Past JSON's whitespace."""
+    while p < end and (p[0] == 32 or p[0] == 10 or p[0] == 13 or p[0] == 9):
+        p += 1
+    return p
+
+
+cdef inline const char* _string_end(const char* p, const char* end) noexcept:
+    """The closing quote of a string of printable ASCII without escapes from ``p``; NULL
+    for anything else (an escape, a control character, a byte past ASCII, no end)."""
+    while p < end:
+        if p[0] == 34:
+            return p
+        if p[0] == 92 or <unsigned char>p[0] < 0x20 or <unsigned char>p[0] > 0x7E:
+            return NULL
+        p += 1
+    return NULL
+
+
+cdef int _key(const char* p, Py_ssize_t n) noexcept:
+    """The number of a known key's text (``EXPERIMENT_KEY``...), or -1."""
+    cdef Py_ssize_t i
+    cdef bytes name
+    for i in range(N_KEYS):
+        name = _KEY_BYTES[i]
+        if len(name) == n and memcmp(<const char*>name, p, n) == 0:
+            return i
+    return -1
+
+
+cdef tuple _KEY_BYTES = tuple(name.encode() for name in _KEY_NAMES)
+
+
+cdef inline bint _digit(char c) noexcept:
+    return 48 <= c <= 57
+
+
+cdef const char* _number_end(const char* p, const char* end) noexcept:
+    """The end of a JSON number from ``p`` (RFC 8259's grammar), or NULL."""
+    if p < end and p[0] == 45:  # -
+        p += 1
+    if p == end or not _digit(p[0]):
+        return NULL
+    if p[0] == 48:  # a leading 0 stands alone
+        p += 1
+    else:
+        while p < end and _digit(p[0]):
+            p += 1
+    if p < end and p[0] == 46:  # .
+        p += 1
+        if p == end or not _digit(p[0]):
+            return NULL
+        while p < end and _digit(p[0]):
+            p += 1
+    if p < end and (p[0] == 101 or p[0] == 69):  # e E
+        p += 1
+        if p < end and (p[0] == 43 or p[0] == 45):
+            p += 1
+        if p == end or not _digit(p[0]):
+            return NULL
+        while p < end and _digit(p[0]):
+            p += 1
+    return p
+
+
+cdef object _number_of(const char* p, Py_ssize_t n):
+    """The int (at most 18 digits) or finite float a JSON number's text stands for, as
+    orjson reads it; None when orjson should read it (longer, or out of range)."""
+    cdef char text[MAX_NUMBER + 1]
+    cdef Py_ssize_t i
+    cdef long long whole = 0
+    cdef bint negative = p[0] == 45
+    cdef double value
+    for i in range(n):
+        if not _digit(p[i]) and not (i == 0 and negative):
+            break
+    else:  # an int
+        if n - negative > 18:
+            return None
+        for i in range(negative, n):
+            whole = whole * 10 + (p[i] - 48)
+        return PyLong_FromLongLong(-whole if negative else whole)
+    if n > MAX_NUMBER:
         return None
-    known[0] += 1
-    return <object>value
+    memcpy(text, p, n)
+    text[n] = 0
+    value = PyOS_string_to_double(text, NULL, NULL)
+    if not isfinite(value):
+        return None
+    return PyFloat_FromDouble(value)
 
 
 cdef class _Lane:
@@ -158,9 +374,11 @@ cdef class _Lane:
     cdef str name
     cdef bint per_unit
     cdef object experiment_id, unit, request_id, ts  # the message at hand's common fields
+    cdef _Message message
 
     def __cinit__(self, Kind kind, object window, object registry):
         self.kind = kind
+        self.message = _Message()
         self.plain_window = type(window) is float
         self.window = window if self.plain_window else 0.0
         if type(registry) is Registry and type(registry.experiments) is dict:
@@ -171,22 +389,25 @@ cdef class _Lane:
         cdef Kind kind = self.kind
         if self.experiments is None or type(raw) is not bytes or len(<bytes>raw) > _MAX_BYTES:
             return None
-        data = _loads(raw)
-        if type(data) is not dict:
-            return None
+        cdef _Message data = self.message
+        if not data.scan(<const char*><bytes>raw, len(<bytes>raw)):
+            parsed = _loads(raw)
+            if type(parsed) is not dict:
+                return None
+            data.read(parsed)
         if kind == EVENT:
-            kind = _event_kind(_field(data, "type", &known))
+            kind = _event_kind(data.get(TYPE_KEY, &known))
         if kind == REQUEST:
             return self._request(data, known, raw, origin)
         if kind == FEEDBACK:
             return self._feedback(data, known, raw, origin)
         return None
 
-    cdef object _request(self, dict data, Py_ssize_t known, object raw, object origin):
+    cdef object _request(self, _Message data, Py_ssize_t known, object raw, object origin):
         if not self._common(data, &known):
             return None
-        context = _field(data, "context", &known)
-        if not _index(context) or known != len(data):  # an unread key: the parser decides
+        context = data.get(CONTEXT_KEY, &known)
+        if not _index(context) or known != data.n_keys:  # an unread key: the parser decides
             return None
         key = self._instance_key()
         if key is None:
@@ -195,12 +416,12 @@ cdef class _Lane:
             self.experiment_id, self.unit, self.request_id, context, self.ts, raw, origin
         )))
 
-    cdef object _feedback(self, dict data, Py_ssize_t known, object raw, object origin):
+    cdef object _feedback(self, _Message data, Py_ssize_t known, object raw, object origin):
         if not self._common(data, &known):
             return None
         loss = _loss(data, &known)
-        arm = _field(data, "arm", &known)
-        if loss is None or not _arm(arm) or known != len(data):
+        arm = data.get(ARM_KEY, &known)
+        if loss is None or not _arm(arm) or known != data.n_keys:
             return None
         key = self._instance_key()
         if key is None:
@@ -214,16 +435,16 @@ cdef class _Lane:
         flight holds strings, numbers and records only (see ``_records.kept``)."""
         return kept((_shard(key), kept((key, self.experiment, kept(event)))))
 
-    cdef bint _common(self, dict data, Py_ssize_t* known) except -1:
+    cdef bint _common(self, _Message data, Py_ssize_t* known) except -1:
         """Reads the identifiers and ``ts`` into the lane; False if one is not plain."""
-        self.experiment_id = _field(data, "experiment", known)
-        self.unit = _field(data, "unit", known)
-        self.request_id = _field(data, "request_id", known)
+        self.experiment_id = data.get(EXPERIMENT_KEY, known)
+        self.unit = data.get(UNIT_KEY, known)
+        self.request_id = data.get(REQUEST_ID_KEY, known)
         if not (_identifier(self.experiment_id) and _identifier(self.request_id)):
             return False
         if self.unit is not None and not _identifier(self.unit):
             return False
-        self.ts = _field(data, "ts", known)
+        self.ts = data.get(TS_KEY, known)
         if self.ts is not None:
             self.ts = self._timestamp(self.ts)
             return self.ts is not None
@@ -267,11 +488,11 @@ cdef Kind _event_kind(object kind):
     return EVENT
 
 
-cdef object _loss(dict data, Py_ssize_t* known):
+cdef object _loss(_Message data, Py_ssize_t* known):
     """The loss of exactly one finite ``loss`` or ``reward`` within range, else None."""
     cdef double value
-    loss = _field(data, "loss", known)
-    reward = _field(data, "reward", known)
+    loss = data.get(LOSS_KEY, known)
+    reward = data.get(REWARD_KEY, known)
     if (loss is None) == (reward is None):
         return None
     if not _number(reward if loss is None else loss, &value):

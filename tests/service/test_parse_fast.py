@@ -123,6 +123,30 @@ LITERALS = [
     '"request"',
     '"feedback"',
     '"shared"',
+    # the compiled scanner's edges: ints at its 18 digits, numbers JSON refuses, floats it
+    # reads with the C library, texts it leaves to orjson (escapes, DEL, non-ASCII)
+    "999999999999999999",
+    "-999999999999999999",
+    "1000000000000000000",
+    "9223372036854775807",
+    "0.1e1",
+    "1E2",
+    "1e+2",
+    "-0e0",
+    "2.5e-324",
+    "0.30000000000000004441",
+    "00",
+    "01",
+    "1.",
+    ".5",
+    "+1",
+    "1e",
+    "-",
+    '"a\x7fb"',
+    '"a\\u0041"',
+    '"\\n"',
+    '"\\""',
+    '"é"',
 ]
 ODD_IDS = ["", "r", "x" * 256, "x" * 257, "ü" * 256, "ü" * 257, "🙂" * 256, "\x1f", "日本"]
 KEYS = ["experiment", "unit", "request_id", "context", "ts", "loss", "reward", "arm", "type"]
@@ -188,8 +212,9 @@ def json_messages(draw, parse):
         else:  # a key set again (orjson keeps the last) or a new one
             key = draw(st.sampled_from(KEYS) | st.sampled_from(["extra", "Type", "unit "]))
             pairs.insert(draw(st.integers(0, len(pairs))), (key, draw(values)))
-    body = ",".join(f"{text_of(key)}:{value}" for key, value in pairs)
-    return ("{" + body + "}").encode()
+    ws = draw(st.sampled_from(["", "", "", " ", "\n\t", "\r ", "\x0b"]))  # \x0b: not JSON's
+    body = f"{ws},{ws}".join(f"{text_of(key)}{ws}:{ws}{value}" for key, value in pairs)
+    return (ws + "{" + ws + body + ws + "}" + ws).encode()
 
 
 odd_messages = st.sampled_from(
