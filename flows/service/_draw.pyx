@@ -22,6 +22,8 @@ import hashlib
 
 from libc.stdint cimport uint8_t, uint64_t
 
+from flows.service._int_text cimport write_int64
+
 cdef extern from "_blake2b.h":
     ctypedef struct tsi_blake2b_state:
         pass
@@ -48,22 +50,6 @@ def _hashlib_draw(seed, instance, request_id):
         f"{seed}\x00{instance}\x00{request_id}".encode(), digest_size=8
     ).digest()
     return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)
-
-
-cdef inline Py_ssize_t write_int64(long long v, char *end) noexcept nogil:
-    """Writes v in decimal ending just before ``end`` (as str(v)); returns its length."""
-    cdef unsigned long long mag = (0ULL - <unsigned long long> v) if v < 0 else <unsigned long long> v
-    cdef char *p = end
-    while True:
-        p -= 1
-        p[0] = <char> (48 + mag % 10)
-        mag //= 10
-        if mag == 0:
-            break
-    if v < 0:
-        p -= 1
-        p[0] = 45  # '-'
-    return end - p
 
 
 cpdef double uniform_draw(object seed, object instance, object request_id) except? -1.0:

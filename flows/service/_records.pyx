@@ -37,6 +37,8 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.object cimport PyObject
 from libc.string cimport memcpy
 
+from flows.service._int_text cimport write_int64
+
 from orjson import dumps
 
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
@@ -393,21 +395,9 @@ cdef Py_ssize_t _decimal(object value, char* buf) except -2:
     length, or -1 for anything else (orjson decides)."""
     cdef int overflow = 0
     cdef long long v
-    cdef unsigned long long mag
-    cdef char* p = buf + 24
     if type(value) is not int:
         return -1
     v = PyLong_AsLongLongAndOverflow(value, &overflow)
     if overflow:
         return -1
-    mag = (0ULL - <unsigned long long>v) if v < 0 else <unsigned long long>v
-    while True:
-        p -= 1
-        p[0] = <char>(48 + mag % 10)
-        mag //= 10
-        if mag == 0:
-            break
-    if v < 0:
-        p -= 1
-        p[0] = 45  # '-'
-    return buf + 24 - p
+    return write_int64(v, buf + 24)
