@@ -60,6 +60,8 @@ from flows.service._records cimport (
 )
 from flows.service import _records as records
 from flows.service.instance import Early, Expired, Handled, Instance, Open, Settled
+from tsi_core import Bandit
+from tsi_core._bandit import unpacked as _unpacked
 from tsi_core.ticket import Ticket
 from flows.service.metrics import (
     AGE_BUCKETS,
@@ -161,7 +163,9 @@ cdef enum:
     ENTRIES = 2
     N_EARLY = 3
     NOTICES = 4
+    PACKED = 5
     EXPERIMENT = 6
+    KEY = 7
 # of a Ticket (a named tuple)
 cdef enum:
     T_INSTANCE = 0
@@ -202,10 +206,23 @@ cdef inline object _held(object held, str rid):
     return held if _entry(held, RID) == rid else None
 
 
-cdef inline object _bandit(object instance):
-    """``Instance.bandit``: the live bandit, without the property's call when it is live."""
+cdef class _Experiment  # below
+
+
+cdef inline object _bandit(object instance, _Experiment exp):
+    """``Instance.bandit``: the live bandit. A packed one with no open ticket to hand back
+    is unpacked here (``Bandit.unpack`` without tickets is ``_bandit.unpacked``), three
+    Python calls fewer an event of a user who came back; a new bandit, or one whose open
+    ticket goes back in, by the property."""
     bandit = _INSTANCE.get(instance, BANDIT)
-    return instance.bandit if bandit is None else bandit
+    if bandit is not None:
+        return bandit
+    packed = _INSTANCE.get(instance, PACKED)
+    if packed is None or type(_INSTANCE.get(instance, ENTRIES)) is Open:
+        return instance.bandit
+    bandit = _unpacked(Bandit, packed, exp.template(), _INSTANCE.get(instance, KEY))
+    instance._bandit, instance._packed = bandit, None
+    return bandit
 
 
 cdef inline object _next_deadline(object instance):
@@ -231,6 +248,7 @@ cdef class _Experiment:
     """What the lane reads of an experiment, read once for each experiment object."""
 
     cdef object source, name, arms, seed
+    cdef object _template  # its bandits' configuration, read on first use
     cdef double ttl, retry_window
     cdef bint per_unit
     cdef Py_ssize_t n_contexts, early_limit
@@ -248,6 +266,12 @@ cdef class _Experiment:
         self.per_unit = experiment.per_unit
         self.n_contexts = experiment.n_contexts
         self.early_limit = experiment.early_feedback_limit
+
+    cdef object template(self):
+        """``Experiment._template``, what its packed bandits are unpacked with."""
+        if self._template is None:
+            self._template = self.source._template
+        return self._template
 
 
 cdef class _Lane:
@@ -362,7 +386,7 @@ cdef class _Lane:
         if not (context is None if exp.n_contexts == 1 else
                 type(context) is int and 0 <= context < exp.n_contexts):
             return None  # the Python path writes the dead letter
-        bandit = _bandit(instance)
+        bandit = _bandit(instance, exp)
         now = self._now(event)
         ticket = bandit.select(context, uniform_draw(exp.seed, key, rid))
         origin = _REQUEST.get(event, REQUEST_ORIGIN)
@@ -397,7 +421,7 @@ cdef class _Lane:
                     object unit, object loss, double now) except -1:
         """Apply ``loss`` to the open ticket of ``rid`` and keep its answer for retries
         (``Instance.on_feedback`` past its checks)."""
-        _bandit(instance).update(ticket, loss)
+        _bandit(instance, exp).update(ticket, loss)
         settled = kept(_SETTLED.built((rid, ticket, unit, now + exp.retry_window)))
         self.put(instance, _INSTANCE.get(instance, ENTRIES), rid, settled,
                  now + exp.retry_window, 0)
