@@ -190,19 +190,19 @@ cdef str _NAMED = "o"
 cdef str _STAMPED = "t"
 
 
-def internal_copy(tuple routed, dict tags, str topic) -> dict:
-    """The produce() arguments of the internal copy of a routed input message (key,
-    bytes, Origin): keyed by its instance, naming its original in two headers.
+def internal_copy(tuple routed, dict tags) -> tuple:
+    """The internal copy of a routed input message (key, bytes, Origin), as the sink of
+    the internal topic writes it: (key, value, headers), keyed by its instance, naming its
+    original in two headers.
 
-    >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)),
-    ...               {"tsi.requests": b"r"}, "tsi.events.internal")["headers"]
-    [('o', b'r:2:17'), ('t', b'1500')]
+    >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)), {"tsi.requests": b"r"})
+    (b'e:u1', b'{}', [('o', b'r:2:17'), ('t', b'1500')])
     """
     key, raw, origin = routed
     headers = [(_NAMED, b"%s:%d:%d" % (tags[origin.source], origin.partition, origin.offset))]
     if origin.time is not None:
         headers.append((_STAMPED, b"%d" % round(origin.time * 1000)))
-    return {"topic": topic, "key": key.encode(), "value": raw, "headers": headers}
+    return key.encode(), raw, headers
 
 
 cdef object _digits(object text):
@@ -220,10 +220,10 @@ def internal_message(dict seen, dict inputs, str topic, partition, message):
     service writes every message of this topic: anything else is someone else's, set
     apart, never applied and never a reason to stop).
 
-    >>> copy = internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)),
-    ...                      {"tsi.requests": b"r"}, "tsi.events.internal")
+    >>> key, value, headers = internal_copy(
+    ...     ("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)), {"tsi.requests": b"r"})
     >>> class Message:
-    ...     value = lambda self: b"{}"; headers = lambda self: copy["headers"]
+    ...     value = lambda self: value; headers = lambda self: headers
     ...     offset = lambda self: 40; timestamp = lambda self: (1, 1_600)
     >>> seen = {}
     >>> read = lambda seen, inputs: internal_message(seen, inputs, "internal", 0, Message())

@@ -23,7 +23,7 @@ INPUTS = {tag: topic for topic, tag in TAGS.items()}
 def write_copies(bootstrap: str, topic: str, routed: list[tuple[str, bytes, Origin]]) -> None:
     """Copies written as the service writes them: ``internal_copy`` through its sink."""
     flow = Dataflow("copies")
-    copies = [internal_copy(item, TAGS, topic) for item in routed]
+    copies = [internal_copy(item, TAGS) for item in routed]
     sink = DeliveryCheckedKafkaSink([bootstrap], topic)
     op.output("out", op.input("in", flow, TestingSource(copies)), sink)
     run_main(flow)

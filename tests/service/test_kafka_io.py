@@ -67,6 +67,20 @@ def test_sink_accepts_kafka_sink_messages(kafka_bootstrap: str) -> None:
     assert got == {0: [(b"k", b"to p0", [])], 1: [(b"k", b"to p1", [("h", b"1")])]}
 
 
+def test_sink_writes_key_value_headers_triples_to_its_topic(kafka_bootstrap: str) -> None:
+    """The internal copies' form: (key, value, headers), produced to the sink's topic."""
+    topic = create_topic(kafka_bootstrap, unique_topic("triples"))
+    items = [(b"k1", b"v1", [("o", b"r:0:1"), ("t", b"1500")]), ("k2", b"v2", []), ("k3", b"v3")]
+    run_sink(items, DeliveryCheckedKafkaSink([kafka_bootstrap], topic, timeout_s=10))
+    assert consume_all(kafka_bootstrap, topic) == {
+        0: [
+            (b"k1", b"v1", [("o", b"r:0:1"), ("t", b"1500")]),
+            (b"k2", b"v2", []),
+            (b"k3", b"v3", []),
+        ]
+    }
+
+
 def test_sink_fails_loudly_on_unknown_topic(kafka_bootstrap: str) -> None:
     topic = unique_topic("missing")  # never created; the broker does not auto-create
     sink = DeliveryCheckedKafkaSink([kafka_bootstrap], topic, add_config=QUIET, timeout_s=1)
@@ -190,9 +204,10 @@ def test_the_sink_is_told_only_of_failures_and_refuses_to_be_told_otherwise():
 @pytest.mark.parametrize(
     ("named", "bad", "error"),
     [
-        (True, ("k", b"v", "third"), r"expected a \(key, value\) tuple.*'third'"),
-        (True, b"just bytes", r"expected a \(key, value\) tuple.*just bytes"),
+        (True, ("k", b"v", "third"), r"expected a \(key, value\) or .*'third'"),
+        (True, b"just bytes", r"expected a \(key, value\) or .*just bytes"),
         (False, ("k", b"v"), r"no topic for \('k', b'v'\)"),
+        (False, ("k", b"v", [("h", b"1")]), r"no topic for \('k', b'v', \[\('h'"),
     ],
 )
 def test_a_batch_with_an_item_the_sink_cannot_write_produces_nothing(

@@ -142,9 +142,10 @@ origins = st.builds(
 )
 
 
-def read_copy(args, seen, offset=0):
-    """The internal topic's message that ``args`` (produce()'s) would make, read back."""
-    message = Message(args["value"], offset, (1, 1_000), headers=args["headers"])
+def read_copy(copy, seen, offset=0):
+    """The internal topic's message that ``copy`` (key, value, headers) would make, read
+    back."""
+    message = Message(copy[1], offset, (1, 1_000), headers=copy[2])
     return internal_message(seen, INPUTS, "internal", 3, message)
 
 
@@ -152,8 +153,8 @@ def read_copy(args, seen, offset=0):
 def test_an_internal_copy_reads_back_as_its_original_and_a_second_copy_is_dropped(originals):
     seen = {}
     for origin in originals:
-        args = internal_copy(("e:u", b"{}", origin), TAGS, "internal")
-        assert args["topic"] == "internal" and args["key"] == b"e:u"
+        args = internal_copy(("e:u", b"{}", origin), TAGS)
+        assert args[0] == b"e:u"
         where = (TAGS[origin.source], origin.partition)
         first = origin.offset > seen.get(b"%s:%d" % where, -1)
         read = read_copy(args, seen)

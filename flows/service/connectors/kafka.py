@@ -167,7 +167,7 @@ def _repartition(
         messages = op.map(
             f"{step}_message",
             up,
-            lambda batch: [internal_copy(routed, tags, topics.internal) for routed in batch],
+            lambda batch: [internal_copy(routed, tags) for routed in batch],
         )
         sink(topics.internal)(step, messages)
 
