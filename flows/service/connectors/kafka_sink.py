@@ -269,11 +269,12 @@ class DeliveryCheckedKafkaSink(DynamicSink[KafkaItem]):
     """Produce to Kafka and fail loudly unless every message is acknowledged.
 
     Items are `(key, value)` tuples (key `str | bytes | None`, value `bytes`; a `str` is
-    UTF-8 encoded), produced to `topic` with the default partitioner (same key, same
-    partition). `KafkaSinkMessage` items are accepted too, for per-message topic, partition
-    or headers. Each worker has one idempotent producer; `write_batch` produces the whole
-    batch, flushes, and raises `RuntimeError` (naming the topic, the number of messages not
-    acknowledged and the first error) if any delivery failed or did not complete in time.
+    UTF-8 encoded), or `(key, value, headers)` with a list of headers, produced to `topic`
+    with the default partitioner (same key, same partition). `KafkaSinkMessage` items are
+    accepted too, for per-message topic, partition or headers. Each worker has one
+    idempotent producer; `write_batch` produces the whole batch, flushes, and raises
+    `RuntimeError` (naming the topic, the number of messages not acknowledged and the
+    first error) if any delivery failed or did not complete in time.
     The dataflow then stops and Bytewax recovery replays the epoch: at-least-once, with the
     failed epoch's acknowledged messages written again. A message refused for what it is
     (``REFUSED_FOR_GOOD``: too large, invalid) would fail every replay the same way: with
