@@ -12,6 +12,7 @@ cdef class TimeHeap:
     cpdef tuple pop(self)
     cpdef tuple first(self)
     cpdef double first_time(self) except? -1.0
+    cdef int drop_first(self) except -1
     cdef int clear(self) except -1
     cdef int _sift_down(self, double at, PyObject* key) except -1
     cdef int _resize(self, Py_ssize_t capacity) except -1

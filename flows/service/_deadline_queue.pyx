@@ -58,13 +58,18 @@ cdef class TimeHeap:
             raise IndexError("pop from an empty TimeHeap")
         cdef double at = self._at[0]
         key = <object>self._keys[0]  # a new reference: the heap's own is given up below
-        Py_DECREF(key)
+        self.drop_first()
+        return at, key
+
+    cdef int drop_first(self) except -1:
+        """Remove the first pair (there is one), its key let go."""
+        Py_DECREF(<object>self._keys[0])
         self._size -= 1
         if self._size:
             self._sift_down(self._at[self._size], self._keys[self._size])
         if self._capacity > 16 and self._size < self._capacity // 4:
             self._resize(self._capacity // 2)  # give back what a burst took
-        return at, key
+        return 0
 
     cpdef tuple first(self):
         """The first (time, key), left in place; IndexError if empty."""
@@ -184,7 +189,7 @@ cdef class DeadlineQueue:
             wished = self._wished.get(<object>heap._keys[0])
             if wished is not None and <double>wished == heap._at[0]:
                 return heap._at[0]
-            heap.pop()
+            heap.drop_first()  # superseded
         return None
 
     def __len__(self) -> int:

@@ -245,6 +245,7 @@ cdef class _Message:
         """Read one value into ``key``; where it ends, or NULL if it is not plain."""
         cdef const char* stop
         cdef object value
+        cdef bint fraction
         if p == end:
             return NULL
         if p[0] == 34:  # "
@@ -259,10 +260,10 @@ cdef class _Message:
                 return NULL
             value, stop = None, p + 4
         else:
-            stop = _number_end(p, end)
+            stop = _number_end(p, end, &fraction)
             if stop == NULL:
                 return NULL
-            value = _number_of(p, stop - p)
+            value = _number_of(p, stop - p, fraction)
             if value is None:
                 return NULL
         Py_INCREF(value)
@@ -292,23 +293,36 @@ cdef inline const char* _string_end(const char* p, const char* end) noexcept:
 cdef int _key(const char* p, Py_ssize_t n) noexcept:
     """The number of a known key's text (``EXPERIMENT_KEY``...), or -1."""
     cdef Py_ssize_t i
-    cdef bytes name
     for i in range(N_KEYS):
-        name = _KEY_BYTES[i]
-        if len(name) == n and memcmp(<const char*>name, p, n) == 0:
+        if _KEY_LENGTHS[i] == n and memcmp(_KEY_TEXTS[i], p, n) == 0:
             return i
     return -1
 
 
-cdef tuple _KEY_BYTES = tuple(name.encode() for name in _KEY_NAMES)
+cdef tuple _KEY_BYTES = tuple(name.encode() for name in _KEY_NAMES)  # held: _KEY_TEXTS
+cdef const char* _KEY_TEXTS[N_KEYS]
+cdef Py_ssize_t _KEY_LENGTHS[N_KEYS]
+
+
+cdef void _fill_key_texts() noexcept:
+    cdef Py_ssize_t i
+    cdef bytes name
+    for i in range(N_KEYS):
+        name = _KEY_BYTES[i]
+        _KEY_TEXTS[i], _KEY_LENGTHS[i] = name, len(name)
+
+
+_fill_key_texts()
 
 
 cdef inline bint _digit(char c) noexcept:
     return 48 <= c <= 57
 
 
-cdef const char* _number_end(const char* p, const char* end) noexcept:
-    """The end of a JSON number from ``p`` (RFC 8259's grammar), or NULL."""
+cdef const char* _number_end(const char* p, const char* end, bint* fraction) noexcept:
+    """The end of a JSON number from ``p`` (RFC 8259's grammar), or NULL; ``fraction``
+    says whether it has a fraction or an exponent (a float) or not (an int)."""
+    fraction[0] = False
     if p < end and p[0] == 45:  # -
         p += 1
     if p == end or not _digit(p[0]):
@@ -319,12 +333,14 @@ cdef const char* _number_end(const char* p, const char* end) noexcept:
         while p < end and _digit(p[0]):
             p += 1
     if p < end and p[0] == 46:  # .
+        fraction[0] = True
         p += 1
         if p == end or not _digit(p[0]):
             return NULL
         while p < end and _digit(p[0]):
             p += 1
     if p < end and (p[0] == 101 or p[0] == 69):  # e E
+        fraction[0] = True
         p += 1
         if p < end and (p[0] == 43 or p[0] == 45):
             p += 1
@@ -335,7 +351,7 @@ cdef const char* _number_end(const char* p, const char* end) noexcept:
     return p
 
 
-cdef object _number_of(const char* p, Py_ssize_t n):
+cdef object _number_of(const char* p, Py_ssize_t n, bint fraction):
     """The int (at most 18 digits) or finite float a JSON number's text stands for, as
     orjson reads it; None when orjson should read it (longer, or out of range)."""
     cdef char text[MAX_NUMBER + 1]
@@ -343,10 +359,7 @@ cdef object _number_of(const char* p, Py_ssize_t n):
     cdef long long whole = 0
     cdef bint negative = p[0] == 45
     cdef double value
-    for i in range(n):
-        if not _digit(p[i]) and not (i == 0 and negative):
-            break
-    else:  # an int
+    if not fraction:
         if n - negative > 18:
             return None
         for i in range(negative, n):

@@ -99,7 +99,7 @@ class _Deliveries:
 
 def _key_value(item: tuple) -> bool:
     """Whether a tuple is (key, value) or (key, value, headers list)."""
-    return len(item) == 2 or (len(item) == 3 and type(item[2]) is list)
+    return len(item) == 2 or (len(item) == 3 and isinstance(item[2], list))
 
 
 class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
@@ -119,14 +119,15 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
 
     def _produce_args(self, item: KafkaItem) -> Produced:
         """What ``_send`` produces for ``item``: a (key, value) or (key, value, headers)
-        tuple for the sink's own topic as it is, else ``produce``'s keyword arguments;
-        TypeError or ValueError for an item it cannot write."""
-        if type(item) is tuple and _key_value(item) and self._topic is not None:
-            return item  # the common items: produced with no dict built for them
-        if type(item) is dict:  # produce()'s arguments themselves
-            args = item
+        tuple for the sink's own topic as a plain tuple, else ``produce``'s keyword
+        arguments; TypeError or ValueError for an item it cannot write."""
+        if isinstance(item, tuple) and _key_value(item):
+            args: Produced = item if type(item) is tuple else tuple(item)
+            topic = self._topic
+        elif type(item) is dict:  # produce()'s arguments themselves
+            args, topic = item, item["topic"]
         elif isinstance(item, KafkaSinkMessage):
-            args: dict[str, Any] = {
+            args = {
                 "topic": item.topic or self._topic,
                 "key": item.key,
                 "value": item.value,
@@ -136,17 +137,14 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
                 args["headers"] = item.headers
             if item.partition is not None:
                 args["partition"] = item.partition
-        elif isinstance(item, tuple) and len(item) == 2:
-            args = {"topic": self._topic, "key": item[0], "value": item[1]}
-        elif isinstance(item, tuple) and len(item) == 3 and isinstance(item[2], list):
-            args = {"topic": self._topic, "key": item[0], "value": item[1], "headers": item[2]}
+            topic = args["topic"]
         else:
             msg = (
                 "expected a (key, value) or (key, value, headers) tuple or a "
                 f"KafkaSinkMessage, got {item!r}"
             )
             raise TypeError(msg)
-        if args["topic"] is None:
+        if topic is None:
             msg = f"no topic for {item!r}: give the sink a topic or set KafkaSinkMessage.topic"
             raise ValueError(msg)
         return args
