@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import tomllib
+import weakref
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,27 @@ class Experiment:
         fresh state), which are rebuilt where it is unpickled: events carry their
         experiment from one Bytewax process to another, and a bandit does not pickle."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its definition, unpickled as the receiving process's experiment of
+        that definition (``experiment_of``): the shards there see the object their own
+        registry holds, as for the events they read themselves."""
+        return (experiment_of, (self.definition, self.__getstate__()))
+
+    @functools.cached_property
+    def definition(self) -> str:
+        """The definition as text, equal for equal definitions in any process (floats
+        written exactly, the competition by its ``to_dict``).
+
+        >>> a = Registry.from_toml('[experiments.e]\\narms = ["x", "y"]')["e"]
+        >>> b = Registry.from_toml('[experiments.e]\\narms = ["x", "y"]')["e"]
+        >>> a is b, a.definition == b.definition
+        (False, True)
+        """
+        state = self.__getstate__()
+        competition = state["competition"]
+        state["competition"] = None if competition is None else competition.to_dict()
+        return repr(sorted(state.items()))
 
     @property
     def retry_window(self) -> float:
@@ -154,6 +176,38 @@ class Experiment:
     @property
     def n_contexts(self) -> int:
         return getattr(self.competition, "n_contexts", 1)
+
+
+#: The experiments unpickled events resolve to, by definition: those of the registry each
+#: flow of this process reads (``LiveRegistry``), and those that arrived unpickled while
+#: something still holds them.
+_KNOWN: weakref.WeakValueDictionary[str, Experiment] = weakref.WeakValueDictionary()
+
+
+def experiment_of(definition: str, state: dict[str, Any]) -> Experiment:
+    """The experiment of ``definition`` in this process; one built from ``state`` if none
+    is known (kept for the next event that brings it). An event that crosses from one
+    Bytewax process to another arrives with the very object the receiving shard's
+    instances hold: without it, each such event is a registry change to follow, and
+    takes the slow path.
+
+    >>> live = LiveRegistry(Registry.from_toml('[experiments.e]\\narms = ["x", "y"]'))
+    >>> import pickle
+    >>> pickle.loads(pickle.dumps(live.current["e"])) is live.current["e"]
+    True
+    """
+    known = _KNOWN.get(definition)
+    if known is None:
+        known = object.__new__(Experiment)
+        known.__dict__.update(state)
+        _KNOWN[definition] = known
+    return known
+
+
+def _know(registry: Registry) -> None:
+    """Make ``registry``'s experiments the ones unpickled events resolve to."""
+    for experiment in registry.experiments.values():
+        _KNOWN[experiment.definition] = experiment
 
 
 def _competition(spec: Any, where: str) -> Any:
@@ -328,6 +382,7 @@ class LiveRegistry:
         self.current = registry
         self.path = path
         self._pending: Registry | None = None
+        _know(registry)
 
     def reload(self) -> str:
         """Read the file again; the new registry waits for ``apply``. Returns what happened."""
@@ -345,4 +400,5 @@ class LiveRegistry:
         if pending is None:
             return False
         self.current = pending
+        _know(pending)
         return True

@@ -5,6 +5,8 @@ a retired arm's open tickets become ``arm_retired`` dead letters; a changed comp
 keeps the arm distribution; a removed experiment's instances are archived, not dropped.
 """
 
+import pickle
+
 import numpy as np
 import orjson
 import pytest
@@ -237,3 +239,46 @@ def test_a_changed_variant_keeps_what_was_learned_and_runs_the_new_algorithm():
 def test_an_unknown_variant_is_refused_naming_it(value, shown):
     with pytest.raises(RegistryError, match=shown):
         registry("ab", f"variant = {value}")
+
+
+def test_an_unpickled_experiment_is_this_processs_own_of_its_definition():
+    """Events cross Bytewax processes pickled with their experiment: each unpickles as the
+    experiment of the same definition the receiving flow reads, or, for a definition it
+    does not know (a reload not yet applied there), as one object per definition while
+    something holds it; never as the object of another definition."""
+    text = '[experiments.e]\narms = ["a", "b"]\nper_unit = true\nseed = 81\n'
+    live = LiveRegistry(Registry.from_toml(text))
+    sent = Registry.from_toml(text)["e"]  # another process's object
+    assert sent is not live.current["e"]
+    assert pickle.loads(pickle.dumps(sent)) is live.current["e"]
+
+    changed = Registry.from_toml(text.replace("seed = 81", "seed = 82"))["e"]
+    first = pickle.loads(pickle.dumps(changed))
+    assert first is not live.current["e"] and first.seed == 82
+    assert first.definition == changed.definition
+    assert pickle.loads(pickle.dumps(changed)) is first
+    assert first.new_bandit("e\x1fu").to_dict() == changed.new_bandit("e\x1fu").to_dict()
+
+    live._pending = Registry.from_toml(text)  # a reload of the same definition, applied
+    assert live.apply()
+    assert pickle.loads(pickle.dumps(sent)) is live.current["e"]
+
+
+def test_experiments_of_different_competitions_have_different_definitions():
+    """The definition text tells apart what an experiment's bandits depend on: a
+    Markov prior's matrix, a float's last digit."""
+    base = '[experiments.e]\narms = ["a", "b"]\n'
+    texts = [
+        base,
+        base + "gamma = 1.5\n",
+        base + "gamma = 1.5000000000000002\n",
+        base + 'competition = { kind = "switching", rate = 0.001 }\n',
+        base + 'competition = { kind = "markov", transition = [[0.9, 0.1], [0.1, 0.9]], '
+        "arm_of = [0, 1] }\n",
+        base + 'competition = { kind = "markov", transition = [[0.8, 0.2], [0.1, 0.9]], '
+        "arm_of = [0, 1] }\n",
+    ]
+    definitions = [Registry.from_toml(text)["e"].definition for text in texts]
+    assert len(set(definitions)) == len(texts)
+    again = [Registry.from_toml(text)["e"].definition for text in texts]
+    assert again == definitions
