@@ -30,11 +30,14 @@ True
 5
 """
 
+import copyreg
 import dataclasses
 from types import MemberDescriptorType
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.string cimport memcpy
 
 from flows.service._int_text cimport write_int64
@@ -150,6 +153,58 @@ SELECTION = Layout(
 )
 cdef Layout _ORIGIN = ORIGIN
 cdef Layout _SELECTION = SELECTION
+
+
+# Events cross Bytewax processes pickled (its exchange of a shard's items between
+# workers). A frozen slots dataclass pickles by setting its fields one by one and
+# unpickles by calling its class: ~4 us out and ~5 us back for a Request and its Origin.
+# Registered here (``copyreg``), an event is written as its layout's number and its field
+# values, and read back by ``built`` (kept from the GC, as the batch in flight is).
+cdef tuple _PICKLED = (ORIGIN, REQUEST, FEEDBACK)
+
+
+def unpickled(Py_ssize_t kind, tuple values):
+    """The record pickled as ``(kind, values)`` (``_PICKLED[kind]``'s class).
+
+    >>> import pickle
+    >>> origin = Origin("t", 0, 5, 1.5)
+    >>> pickle.loads(pickle.dumps(origin)) == origin, pickle.dumps(origin).count(b"unpickled")
+    (True, 1)
+    """
+    if not 0 <= kind < len(_PICKLED):
+        raise ValueError(f"no record kind {kind}")
+    cdef Layout layout = _PICKLED[kind]
+    if len(values) != len(layout.slots):
+        raise ValueError(f"{layout.cls.__name__} has {len(layout.slots)} fields, got {values!r}")
+    return kept(layout.built(values))
+
+
+cdef tuple _reduced(Py_ssize_t kind, object record):
+    cdef Layout layout = _PICKLED[kind]
+    cdef Py_ssize_t i, n = len(layout.slots)
+    cdef tuple values = PyTuple_New(n)
+    for i in range(n):
+        value = layout.get(record, i)
+        Py_INCREF(value)
+        PyTuple_SET_ITEM(values, i, value)
+    return unpickled, (kind, values)
+
+
+def _reduce_origin(record):
+    return _reduced(0, record)
+
+
+def _reduce_request(record):
+    return _reduced(1, record)
+
+
+def _reduce_feedback(record):
+    return _reduced(2, record)
+
+
+copyreg.pickle(Origin, _reduce_origin)
+copyreg.pickle(Request, _reduce_request)
+copyreg.pickle(Feedback, _reduce_feedback)
 
 
 def kafka_message(message, str topic, partition) -> tuple:
