@@ -637,27 +637,49 @@ def _pass_through(
 def run_default_setup(
     bk: Broker, inp: Input, counter: Counter, registry_path: Path, workdir: Path
 ) -> dict[str, Any]:
-    """The default two-topic setup as deployed: ``python -m bytewax.run
-    flows.service.main:flow`` in a process of its own, in tail mode, copying requests and
-    feedback into its internal topic and serving from there (a bounded ``run_once`` reads
-    the two topics directly: it cannot know when the internal topic is complete). Timed
-    from its first answer to its last (their Kafka timestamps), as ``run_once``'s steady
-    rate is."""
+    """The default two-topic setup as deployed (``run_deployed`` of the two topics): it
+    copies requests and feedback into its internal topic and serves from there (a
+    bounded ``run_once`` reads the two topics directly: it cannot know when the internal
+    topic is complete)."""
+    return run_deployed(bk, inp, counter, registry_path, workdir)
+
+
+def run_deployed(
+    bk: Broker,
+    inp: Input,
+    counter: Counter,
+    registry_path: Path,
+    workdir: Path,
+    processes: int = 1,
+) -> dict[str, Any]:
+    """The service as deployed: ``python -m bytewax.run flows.service.main:flow`` in
+    ``processes`` processes of one cluster (``-i``/``-a``, one worker each), in tail mode,
+    on the combined topic or the two topics with their internal topic. Timed from its
+    first answer to its last (their Kafka timestamps), as ``run_once``'s steady rate is."""
     out = new_topics(bk.bootstrap, ("sel", "dlq"))
-    topics = {"requests": inp.topics["requests"], "feedback": inp.topics["feedback"], **out}
-    logfile = workdir / f"default-setup-{uuid.uuid4().hex[:8]}.log"
+    topics = {**inp.topics, **out}
+    internal = None if inp.mode == "events" else new_topics(bk.bootstrap, ("internal",))["internal"]
+    addresses = ";".join(f"127.0.0.1:{kafka_broker.free_port()}" for _ in range(processes))
     requests = inp.events // 2
-    with service_process(bk, RUN_DEFAULT.server, topics, registry_path, logfile) as proc:
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for index in range(processes):
+            cluster = ("-i", str(index), "-a", addresses) if processes > 1 else ()
+            logfile = workdir / f"deployed-{uuid.uuid4().hex[:8]}-{index}.log"
+            args = RUN_DEFAULT.server + cluster
+            proc = service_process(bk, args, topics, registry_path, logfile, internal)
+            procs.append((stack.enter_context(proc), logfile))
         deadline = time.perf_counter() + 300
         while counter.count(out["sel"]) < requests:
-            check_alive(proc, logfile)
+            for proc, logfile in procs:
+                check_alive(proc, logfile)
             if time.perf_counter() > deadline:
-                raise TimeoutError(f"the default setup answered {counter.count(out['sel'])}")
+                raise TimeoutError(f"the service answered {counter.count(out['sel'])}")
             time.sleep(0.2)
     first, last = answer_times(bk.bootstrap, out["sel"], requests)
     dead = counter.count(out["dlq"], 1)
     if dead:
-        log(f"  WARNING: the default setup wrote {dead} dead letters")
+        log(f"  WARNING: the service wrote {dead} dead letters")
     return {"seconds": last - first, "events_per_s": inp.events / (last - first), "dead": dead}
 
 
@@ -911,9 +933,16 @@ def profile(
 
 @contextlib.contextmanager
 def service_process(
-    bk: Broker, args: tuple[str, ...], topics: dict[str, str], registry_path: Path, logfile: Path
+    bk: Broker,
+    args: tuple[str, ...],
+    topics: dict[str, str],
+    registry_path: Path,
+    logfile: Path,
+    internal: str | None = None,
 ) -> Iterator[subprocess.Popen]:
-    """The Kafka service in a background process (tail mode), stopped at the end."""
+    """The Kafka service in a background process (tail mode), stopped at the end; in the
+    two-topic setup with the internal topic ``internal`` (the processes of one cluster
+    share it), else a new one."""
     env = dict(
         os.environ,
         TSI_REGISTRY=str(registry_path),
@@ -934,7 +963,7 @@ def service_process(
     else:  # the default two-topic setup also needs its internal topic (issue 11)
         env["TSI_TOPIC_REQUESTS"] = topics["requests"]
         env["TSI_TOPIC_FEEDBACK"] = topics["feedback"]
-        env["TSI_TOPIC_INTERNAL"] = new_topics(bk.bootstrap, ("internal",))["internal"]
+        env["TSI_TOPIC_INTERNAL"] = internal or new_topics(bk.bootstrap, ("internal",))["internal"]
     with open(logfile, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, *args], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
