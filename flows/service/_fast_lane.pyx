@@ -147,7 +147,8 @@ cdef Layout _SETTLED = Layout(Settled, ("rid", "ticket", "unit", "deadline"))
 cdef Layout _EXPIRED = Layout(Expired, ("rid", "ticket", "unit", "deadline"))
 cdef Layout _EARLY = Layout(Early, ("rid", "feedback", "deadline"))
 cdef Layout _INSTANCE = Layout(Instance, (
-    "_bandit", "_deadlines", "_entries", "_n_early", "_notices", "_packed", "experiment", "key"
+    "_bandit", "_deadlines", "_entries", "_kept", "_kept_due", "_n_early", "_notices", "_packed",
+    "experiment", "key",
 ))
 # fields: of an entry (Open; Settled has the first four, Early its own, see _entry)
 cdef enum:
@@ -161,11 +162,13 @@ cdef enum:
     BANDIT = 0
     DEADLINES = 1
     ENTRIES = 2
-    N_EARLY = 3
-    NOTICES = 4
-    PACKED = 5
-    EXPERIMENT = 6
-    KEY = 7
+    KEPT = 3
+    KEPT_DUE = 4
+    N_EARLY = 5
+    NOTICES = 6
+    PACKED = 7
+    EXPERIMENT = 8
+    KEY = 9
 # of a Ticket (a named tuple)
 cdef enum:
     T_INSTANCE = 0
@@ -206,6 +209,18 @@ cdef inline object _held(object held, str rid):
     return held if _entry(held, RID) == rid else None
 
 
+cdef inline bint _kept_has(object instance, str rid) except -1:
+    """Whether ``rid`` is among the answers an instance holds as tuples (``Instance._kept``:
+    a few for a user who came back; the Python path builds them when one is asked for)."""
+    kept = _INSTANCE.get(instance, KEPT)
+    if kept is None:
+        return False
+    for item in <tuple>kept:
+        if (<tuple>item)[1] == rid:
+            return True
+    return False
+
+
 cdef class _Experiment  # below
 
 
@@ -227,13 +242,15 @@ cdef inline object _bandit(object instance, _Experiment exp):
 
 cdef inline object _next_deadline(object instance):
     """``Instance.next_deadline``: the one entry's, or the head of the heap of two or
-    more."""
-    held = _INSTANCE.get(instance, ENTRIES)
+    more, or the kept answers' earliest if sooner."""
+    held, kept = _INSTANCE.get(instance, ENTRIES), _INSTANCE.get(instance, KEPT_DUE)
     if held is None:
-        return None
+        return kept
     if type(held) is dict:
-        return (<TimeHeap?>_INSTANCE.get(instance, DEADLINES)).first_time()
-    return _entry(held, DEADLINE)
+        due = (<TimeHeap?>_INSTANCE.get(instance, DEADLINES)).first_time()
+    else:
+        due = _entry(held, DEADLINE)
+    return due if kept is None or due < kept else kept
 cdef Py_ssize_t EARLY_FEEDBACK = FEEDBACK["early"]  # the tally's slot of early feedback
 cdef enum:
     MAX_EXPERIMENTS = 256  # experiments a lane keeps read
@@ -380,7 +397,7 @@ cdef class _Lane:
         rid = _REQUEST.get(event, REQUEST_ID)
         held = _INSTANCE.get(instance, ENTRIES)
         waiting = _held(held, rid)  # feedback that came first
-        if waiting is not None and type(waiting) is not Early:
+        if (waiting is not None and type(waiting) is not Early) or _kept_has(instance, rid):
             return None  # a retry: the Python path answers it
         context = _REQUEST.get(event, CONTEXT)
         if not (context is None if exp.n_contexts == 1 else
@@ -452,6 +469,8 @@ cdef class _Lane:
         held = _INSTANCE.get(instance, ENTRIES)
         entry = _held(held, rid)
         if entry is None:
+            if _kept_has(instance, rid):
+                return 0  # the Python path writes the duplicate_feedback dead letter
             if _INSTANCE.get(instance, N_EARLY) >= exp.early_limit:
                 return 0  # the Python path writes the early_buffer_full dead letter
             now = self._now(event)

@@ -125,13 +125,19 @@ class Instance:
     expiry) for retries.
     Idle instances are the common case with one bandit per user, so they are kept small:
     the bandit is packed into bytes while no ticket is pending, and the entries are held
-    as nothing, one entry, or (from two on) a dict with a heap of deadlines.
+    as nothing, one entry, or (from two on) a dict with a heap of deadlines. Answers kept
+    for retries that an instance brought back from rest are held as the plain tuples
+    they rested as (``_kept``), built into entries only when something reads them: a
+    user who comes back within the retry window (a request, its feedback) costs the
+    same however many answers it has kept.
     """
 
     __slots__ = (
         "_bandit",
         "_deadlines",
         "_entries",
+        "_kept",
+        "_kept_due",
         "_n_early",
         "_notices",
         "_packed",
@@ -146,6 +152,8 @@ class Instance:
         self._packed: bytes | None = None
         self._entries: Entry | dict[str, Entry] | None = None
         self._deadlines: TimeHeap | None = None  # (deadline, request_id), only beside a dict
+        self._kept: tuple[tuple, ...] | None = None  # kept answers as they rested (compact)
+        self._kept_due: float | None = None  # the earliest of their deadlines
         self._n_early = 0
         self._notices: list[Output] | None = None  # dead letters of a registry change
 
@@ -228,8 +236,25 @@ class Instance:
     def _get(self, rid: str) -> Entry | None:
         held = self._entries
         if type(held) is dict:
-            return held.get(rid)
-        return held if held is not None and held.rid == rid else None
+            found = held.get(rid)
+        else:
+            found = held if held is not None and held.rid == rid else None
+        if found is None and self._kept is not None and any(i[1] == rid for i in self._kept):
+            self._unkept()
+            return self._get(rid)
+        return found
+
+    def keep_compact(self, kept: tuple[tuple, ...]) -> None:
+        """Hold kept answers (``compact_entries`` items of kinds ``ANSWER_CODES``) as they
+        are, until something reads them (``_unkept``)."""
+        self._kept = kept
+        self._kept_due = min(item[4] for item in kept)
+
+    def _unkept(self) -> None:
+        """The kept answers held as tuples, built into entries."""
+        kept, self._kept, self._kept_due = self._kept, None, None
+        for entry in compact_to_entries(kept):
+            self._put(entry)
 
     def _put(self, entry: Entry) -> None:
         """Store ``entry``, replacing the entry of the same request_id if there is one."""
@@ -264,6 +289,8 @@ class Instance:
 
     def entries(self, kind: type | None = None) -> dict[str, Entry]:
         """The entries (of one kind: ``Open``, ``Settled`` or ``Early``) by request_id, sorted."""
+        if self._kept is not None:
+            self._unkept()
         held = self._entries
         items = held.values() if type(held) is dict else () if held is None else (held,)
         chosen = [e for e in items if kind is None or type(e) is kind]
@@ -364,7 +391,13 @@ class Instance:
         return Handled(pending=-1, applied=1)
 
     def expire(self, now: float) -> list[Output]:
-        """Close what has waited too long: tickets without feedback, feedback without request."""
+        """Close what has waited too long: tickets without feedback, feedback without
+        request; kept answers past their retry window go without a word."""
+        if self._kept_due is not None and self._kept_due <= now:
+            left = tuple(item for item in self._kept if item[4] > now)
+            self._kept, self._kept_due = None, None
+            if left:
+                self.keep_compact(left)
         out: list[Output] = []
         while self._entries is not None:
             held = self._entries
@@ -416,10 +449,11 @@ class Instance:
         )
 
     def next_deadline(self) -> float | None:
-        held = self._entries
+        held, kept = self._entries, self._kept_due
         if held is None:
-            return None
-        return self._deadlines.first_time() if type(held) is dict else held.deadline
+            return kept
+        due = self._deadlines.first_time() if type(held) is dict else held.deadline
+        return due if kept is None or due < kept else kept
 
     def _unit(self, kept: str | None) -> str | None:
         """A request's unit: implied by the key of a per-unit instance, else as kept."""
@@ -467,7 +501,7 @@ class Instance:
         """
         held = self._entries
         items = held.values() if type(held) is dict else () if held is None else (held,)
-        out = []
+        out = list(self._kept or ())  # kept answers held as tuples: as they are
         for entry in items:
             kind = _COMPACT_CODES.get(type(entry))
             if kind is None:

@@ -177,7 +177,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
             self.resting.put(entry)
             observe_restored(entry.experiment)
             return
-        if self.resting.take(entry):  # idle, or waiting on one entry: built on its next event
+        if self.resting.take(entry):  # idle, or waiting on entries: built on its next event
             observe_restored(entry.experiment, pending=open_tickets(entry))
             return
         try:
@@ -433,7 +433,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
             self.log.write([entry_of(self.instances[key]) for key in keys])
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
-        """Pack ``instances`` and hold the idle ones and those waiting on one entry as
+        """Pack ``instances`` and hold the idle ones and those waiting on entries as
         bytes (one no longer live, e.g. named twice: two closes may save a key twice, is
         left as it is)."""
         for instance in instances:

@@ -54,7 +54,10 @@ def trained(reg, rounds=300, open_requests=()):
 
 
 def one(logic):
-    """The instance of experiment ``e`` a shard's logic holds."""
+    """The instance of experiment ``e`` a shard's logic holds (built if it rests: one
+    holding kept answers rests once its snapshot is taken)."""
+    if "e" not in logic.instances:
+        logic._bind(logic.context.registry.current["e"], "e")
     return logic.instances["e"]
 
 

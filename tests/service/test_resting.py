@@ -1,5 +1,7 @@
 """An instance saved as an entry and revived is the same instance, whatever it holds."""
 
+import marshal
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,3 +94,105 @@ def test_a_shard_holds_instances_of_hundreds_of_definitions_apart():
         assert entry.data[0] == registry[f"e{i}"].packing[0]
         assert revive(entry, registry[f"e{i}"]).to_dict() == states[f"e{i}:u"]
     assert len(resting) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps, st.floats(0, 60, allow_nan=False))
+def test_an_instance_of_kept_answers_rests_whole_and_drops_them_as_if_built(script, later):
+    """An instance holding answers kept for retries and nothing else (no open ticket, no
+    waiting feedback) rests however many it holds, and comes back the same. When its
+    earliest answer comes due, the record drops what is due without building it: the
+    state is what building it, expiring them and putting it to rest again leaves."""
+    instance = lived(script)
+    entries = instance.entries().values()
+    answers_only = bool(entries) and all(
+        type(e).__name__ in {"Settled", "Expired"} for e in entries
+    )
+    state = instance.to_dict()
+    entry_of(instance)  # packs it, as a shard does before putting it to rest
+    resting = Resting()
+    rested = resting.put_instance(instance)
+    if answers_only:
+        assert rested
+    if not rested:
+        return
+    now = len(script) + later
+    entry = resting.pop("e")
+    assert revive(entry, REGISTRY["e"]).to_dict() == state
+    dropped = resting.drop_answer(entry, now, REGISTRY["e"].packing)
+    built = revive(entry, REGISTRY["e"])
+    expired = built.expire(now)
+    built.rest()
+    if not answers_only:  # an open ticket: built to expire, never dropped in its record
+        assert dropped is None
+        return
+    assert expired == []  # kept answers expire without a word
+    if dropped is None:  # nothing due
+        assert built.to_dict() == state
+        return
+    assert state_of(dropped) == built.to_dict()
+    assert resting.take(dropped)
+    left = [e.deadline for e in built.entries().values()]
+    assert [key for _, key in resting.due(min(left, default=now))] == (["e"] if left else [])
+    assert state_of(resting.pop("e")) == state_of(dropped)
+
+
+def test_kept_answers_rest_in_a_few_dozen_bytes_each():
+    script = [(kind, f"r{i}", 1.0) for i in range(20) for kind in ("request", "feedback")]
+    instance = lived(script)
+    assert len(instance.settled) == 20
+    entry_of(instance)
+    resting = Resting()
+    assert resting.put_instance(instance)
+    [record] = resting.entries()
+    assert record.kind == "packed+" and len(marshal.dumps(record.data[3])) < 20 * 80
+
+
+answer_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["request", "feedback", "expire", "rest", "read"]),
+        st.sampled_from(["r1", "r2", "r3", "r4", "n1", "n2"]),
+        st.floats(0, 12, allow_nan=False),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 4), answer_steps)
+def test_answers_held_as_tuples_behave_as_the_built_entries(n_answers, script):
+    """A user who comes back is revived with its kept answers as the tuples they rested
+    as (``Instance._kept``). Retries, duplicate and late feedback, expiry, resting again
+    and every read give what the instance with those answers built as entries gives."""
+    rids = [f"r{i}" for i in range(1, n_answers + 1)]
+    kept_by = lived([(kind, rid, 1.0) for rid in rids for kind in ("request", "feedback")])
+    kept_by.rest()
+    entry = entry_of(kept_by)
+    assert entry.kind == "packed+" and len(entry.data[3]) == n_answers
+    lazy, built = revive(entry, REGISTRY["e"]), revive(entry, REGISTRY["e"])
+    assert lazy._kept is not None and lazy._entries is None  # nothing built yet
+    built._unkept()
+    assert built._kept is None and len(built.settled) == n_answers
+    now = float(len(rids) * 2)
+    for offset, (kind, rid, dt) in enumerate(script):
+        now += dt
+        origin = Origin("t", 1, offset, now)
+        data = {"experiment": "e", "request_id": rid}
+        outs = []
+        for instance in (lazy, built):
+            if kind == "request":
+                outs.append(instance.on_request(parse_request(orjson.dumps(data), origin), now))
+            elif kind == "feedback":
+                data["loss"] = 2.0
+                event = parse_feedback(orjson.dumps(data), origin)
+                outs.append(instance.on_feedback(event, now))
+            elif kind == "expire":
+                outs.append(instance.expire(now))
+            elif kind == "rest":
+                instance.rest()
+                outs.append(instance.compact_entries() is None)
+            outs.append(instance.next_deadline())
+        assert outs[: len(outs) // 2] == outs[len(outs) // 2 :]
+        if kind == "read":
+            assert lazy.to_dict() == built.to_dict()
+    assert lazy.to_dict() == built.to_dict()
