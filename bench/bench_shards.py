@@ -25,7 +25,9 @@ instance is idle as soon as the clock moves on and the shard is woken).
 3. Memory per instance, each configuration in a fresh process: N idle instances before
    any snapshot (live bandits), N idle instances snapshotted every ``MEMORY_CHUNK``
    units (packed, as epochs do), N instances each with an open ticket (snapshotted the
-   same way), and the N resting entries of logics restarted from the logs of part 1.
+   same way), N instances each with ``ANSWERS`` answers kept for retries (of an
+   experiment that keeps them an hour: a user back that many times; then woken until
+   they rest), and the N resting entries of logics restarted from the logs of part 1.
    RSS growth (``/proc/self/statm`` after ``gc.collect()`` and ``malloc_trim(0)``) at N,
    and what tracemalloc counts (objects and numpy buffers, no allocator overhead or
    fragmentation) at most ``TRACED_MAX`` instances.
@@ -61,14 +63,18 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.logic import Routed, ShardLogic, logic_builder, shard_of
-from flows.service.registry import Registry, instance_key
+from flows.service.registry import Experiment, Registry, instance_key
 
 ARMS = ", ".join(f'"a{i}"' for i in range(10))
 REGISTRY = Registry.from_toml(
     f"[experiments.bench]\narms = [{ARMS}]\nper_unit = true\n"
     "feedback_ttl = 3600\nretry_window = 0\n"
+    f"[experiments.kept]\narms = [{ARMS}]\nper_unit = true\n"
+    "feedback_ttl = 3600\nretry_window = 3600\n"
 )
 EXPERIMENT = REGISTRY["bench"]
+KEPT = REGISTRY["kept"]  # its answers are kept an hour for retries
+ANSWERS = 5  # answers kept per user in the memory configuration "answers"
 PER_CALL = 1_000  # events per on_batch call
 CHUNK = 256_000  # units parsed at once: about PER_CALL per shard
 MEMORY_CHUNK = 50_000  # units per snapshot in the memory processes
@@ -80,6 +86,7 @@ MEMORY_KINDS = {
     "live": "idle, before any snapshot (live bandits)",
     "packed": "idle, snapshotted (packed bandits)",
     "open": "one open ticket each, snapshotted",
+    "answers": f"{ANSWERS} answers kept for retries each (a user back {ANSWERS} times)",
     "resting": "restarted from the logs (resting entries)",
 }
 try:
@@ -147,29 +154,30 @@ def unit_of(i: int) -> str:
     return f"u{i}"
 
 
-def routed(pairs: Pairs, kind: str) -> dict[str, list[Routed]]:
+def routed(pairs: Pairs, kind: str, experiment: Experiment = EXPERIMENT) -> dict[str, list[Routed]]:
     """Requests (or feedback) of ``pairs``, parsed and grouped by shard."""
     parse = parse_request if kind == "request" else parse_feedback
+    name = experiment.name
     by_shard: dict[str, list[Routed]] = {}
     for seq, (unit, rid) in enumerate(pairs):
-        body: dict[str, Any] = {"experiment": "bench", "unit": unit, "request_id": rid}
+        body: dict[str, Any] = {"experiment": name, "unit": unit, "request_id": rid}
         if kind == "feedback":
             body["loss"] = float(seq % 5)
-        key = instance_key("bench", unit)
+        key = instance_key(name, unit)
         raw = bytes(memoryview(orjson.dumps(body)))  # exact size: orjson's own buffer is ~2 KB
         event = parse(raw, Origin("bench", 0, seq))
-        by_shard.setdefault(shard_of(key), []).append((key, EXPERIMENT, event))
+        by_shard.setdefault(shard_of(key), []).append((key, experiment, event))
     return by_shard
 
 
-def serve(fleet: Fleet, pairs: Pairs, feedback: bool) -> float:
+def serve(fleet: Fleet, pairs: Pairs, feedback: bool, experiment: Experiment = EXPERIMENT) -> float:
     """Requests (and their feedback) of ``pairs`` in chunks; the seconds in the logics."""
     spent = 0.0
     for at in range(0, len(pairs), CHUNK):
         chunk = pairs[at : at + CHUNK]
-        spent += fleet.feed(routed(chunk, "request"))
+        spent += fleet.feed(routed(chunk, "request", experiment))
         if feedback:
-            spent += fleet.feed(routed(chunk, "feedback"))
+            spent += fleet.feed(routed(chunk, "feedback", experiment))
     if feedback:
         fleet.settle()
     return spent
@@ -326,12 +334,24 @@ def memory_child(kind: str, n: int, store: Path, traced: bool) -> dict:
 
 
 def fill(fleet: Fleet, n: int, kind: str) -> None:
-    """N instances of ``kind``: idle live bandits, idle packed, or one open ticket each."""
+    """N instances of ``kind``: idle live bandits, idle packed, one open ticket each, or
+    ``ANSWERS`` kept answers each (then every shard woken until what it saved rests)."""
     for at in range(0, n, MEMORY_CHUNK):
-        pairs = [(unit_of(i), "r0") for i in range(at, min(n, at + MEMORY_CHUNK))]
-        serve(fleet, pairs, feedback=kind != "open")
+        units = [unit_of(i) for i in range(at, min(n, at + MEMORY_CHUNK))]
+        if kind == "answers":
+            for k in range(ANSWERS):
+                serve(fleet, [(unit, f"r{k}") for unit in units], feedback=True, experiment=KEPT)
+                fleet.snapshot()
+            continue
+        serve(fleet, [(unit, "r0") for unit in units], feedback=kind != "open")
         if kind != "live":
             fleet.snapshot()  # packs what the chunk touched, as an epoch's close does
+    if kind == "answers":
+        for logic in fleet.logics.values():
+            for _ in range(100_000):
+                if not logic.saved:
+                    break
+                logic.on_notify()
 
 
 def memory_part(n: int, store: Path) -> list[dict]:
