@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_flow import (  # noqa: E402
-    Counter,
-    broker,
+    bench_session,
     log,
     machine_info,
     prepare_input,
-    registry_toml,
     run_deployed,
     run_passthrough,
 )
@@ -46,38 +43,30 @@ MODES = {"events": "combined events topic", "separate": "default two-topic setup
 def measure(requests: int, units: int, rounds: int, sizes: tuple[int, ...]) -> dict[str, Any]:
     """Per mode, each round's passthrough and service rates, and the medians."""
     results: dict[str, Any] = {"requests": requests, "units": units, "rounds": rounds}
-    with tempfile.TemporaryDirectory(prefix="tsi-bench-") as tmp, broker() as bk:
-        workdir = Path(tmp)
-        registry_path = workdir / "registry.toml"
-        registry_path.write_text(registry_toml())
+    with bench_session() as (bk, workdir, registry_path, counter):
         results["machine"] = machine_info(bk)
-        counter = Counter(bk.bootstrap)
-        try:
-            for mode in MODES:
-                inp = prepare_input(bk, mode, requests, units)
-                runs = []
-                for k in range(rounds):
-                    ceiling = run_passthrough(bk, inp, counter)["events_per_s"]
-                    run = {"passthrough": ceiling}
-                    for n in sizes:
-                        run[n] = run_deployed(bk, inp, counter, registry_path, workdir, n)[
-                            "events_per_s"
-                        ]
-                    log(
-                        f"{mode} round {k + 1}: passthrough {ceiling:,.0f}; "
-                        + "; ".join(f"{n} x {run[n]:,.0f} ({run[n] / ceiling:.2f})" for n in sizes)
-                    )
-                    runs.append(run)
-                results[mode] = {
-                    "runs": runs,
-                    "passthrough_events_per_s": statistics.median(r["passthrough"] for r in runs),
-                    "events_per_s": {n: statistics.median(r[n] for r in runs) for n in sizes},
-                    "ratio_to_passthrough": {
-                        n: statistics.median(r[n] / r["passthrough"] for r in runs) for n in sizes
-                    },
-                }
-        finally:
-            counter.close()
+        for mode in MODES:
+            inp = prepare_input(bk, mode, requests, units)
+            runs = []
+            for k in range(rounds):
+                ceiling = run_passthrough(bk, inp, counter)["events_per_s"]
+                run = {"passthrough": ceiling}
+                for n in sizes:
+                    deployed = run_deployed(bk, inp, counter, registry_path, workdir, n)
+                    run[n] = deployed["events_per_s"]
+                log(
+                    f"{mode} round {k + 1}: passthrough {ceiling:,.0f}; "
+                    + "; ".join(f"{n} x {run[n]:,.0f} ({run[n] / ceiling:.2f})" for n in sizes)
+                )
+                runs.append(run)
+            results[mode] = {
+                "runs": runs,
+                "passthrough_events_per_s": statistics.median(r["passthrough"] for r in runs),
+                "events_per_s": {n: statistics.median(r[n] for r in runs) for n in sizes},
+                "ratio_to_passthrough": {
+                    n: statistics.median(r[n] / r["passthrough"] for r in runs) for n in sizes
+                },
+            }
     return results
 
 

@@ -1820,6 +1820,21 @@ def jsonable(x: Any) -> Any:
 SECTIONS = ("throughput", "latency", "memory")
 
 
+@contextlib.contextmanager
+def bench_session() -> Iterator[tuple[Broker, Path, Path, Counter]]:
+    """The broker (``broker``), a work directory holding the workload's registry file,
+    and a counter of topics, for one bench run; all closed at the end."""
+    with tempfile.TemporaryDirectory(prefix="tsi-bench-") as tmp, broker() as bk:
+        workdir = Path(tmp)
+        registry_path = workdir / "registry.toml"
+        registry_path.write_text(registry_toml())
+        counter = Counter(bk.bootstrap)
+        try:
+            yield bk, workdir, registry_path, counter
+        finally:
+            counter.close()
+
+
 def chosen_plan(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> tuple[Plan, set[str], str]:
@@ -1866,28 +1881,19 @@ def main() -> None:
     t0 = time.perf_counter()
     results: dict[str, Any] = {"plan": asdict(plan), "command": command}
     registry = Registry.from_toml(registry_toml())
-    with tempfile.TemporaryDirectory(prefix="tsi-bench-") as tmp, broker() as bk:
-        workdir = Path(tmp)
-        registry_path = workdir / "registry.toml"
-        registry_path.write_text(registry_toml())
+    with bench_session() as (bk, workdir, registry_path, counter):
         results["machine"] = machine_info(bk)
-        counter = Counter(bk.bootstrap)
-        try:
-            if "throughput" in only:
-                tp = section(
-                    results, "throughput", lambda: throughput(bk, plan, registry, counter, workdir)
-                )
-                if tp:
-                    inp, unprofiled = tp["separate"]["input"], tp["separate"]["seconds"]
-                    section(
-                        results, "profile", lambda: profile(bk, registry, inp, counter, unprofiled)
-                    )
-            if "latency" in only:
-                section(results, "latency", lambda: latency(bk, plan, registry_path, workdir))
-            if "memory" in only:
-                section(results, "memory", lambda: memory(bk, plan, counter, workdir))
-        finally:
-            counter.close()
+        if "throughput" in only:
+            tp = section(
+                results, "throughput", lambda: throughput(bk, plan, registry, counter, workdir)
+            )
+            if tp:
+                inp, unprofiled = tp["separate"]["input"], tp["separate"]["seconds"]
+                section(results, "profile", lambda: profile(bk, registry, inp, counter, unprofiled))
+        if "latency" in only:
+            section(results, "latency", lambda: latency(bk, plan, registry_path, workdir))
+        if "memory" in only:
+            section(results, "memory", lambda: memory(bk, plan, counter, workdir))
     results["wall_seconds"] = time.perf_counter() - t0
     results["load_average_at_end"] = os.getloadavg()
     text = report(results)

@@ -173,11 +173,9 @@ def test_feedback_before_its_request_is_counted_out_of_the_early_buffer():
     assert counted["shared"][:4] == [5, 0, 0, 0]  # decisions, retries, pending, early
 
 
-def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
-    """Requests and feedback of a live instance do not reach the Python path."""
-    plain = [("event", ("request", "user", "u1", "r1", 0.0, None, None, None))]
-    plain += [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (2, 3)]
-    plain += [("event", ("feedback", "user", "u1", f"r{i}", 1.5, None, None, None)) for i in (2, 3)]
+def python_path_calls(monkeypatch) -> list[str]:
+    """The request ids of the events the Python path (``ShardLogic._on_event``) handles
+    from now on, in order."""
     calls = []
     original = ShardLogic._on_event
 
@@ -186,6 +184,15 @@ def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
         return original(self, *args)
 
     monkeypatch.setattr(ShardLogic, "_on_event", counted)
+    return calls
+
+
+def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
+    """Requests and feedback of a live instance do not reach the Python path."""
+    plain = [("event", ("request", "user", "u1", "r1", 0.0, None, None, None))]
+    plain += [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (2, 3)]
+    plain += [("event", ("feedback", "user", "u1", f"r{i}", 1.5, None, None, None)) for i in (2, 3)]
+    calls = python_path_calls(monkeypatch)
     outputs, states, *_ = run(plain, True, False)
     assert calls == ["r1"]  # the first builds the instance
     assert states["user\x1fu1"]["bandit"]["n_updates"] == 2
@@ -218,14 +225,7 @@ def test_events_from_another_process_take_the_lane(monkeypatch):
     now = [1_700_000_100.0]
     live = LiveRegistry(REGISTRY)
     shard = ShardLogic(FlowContext(live, lambda: now[0]))
-    calls = []
-    original = ShardLogic._on_event
-
-    def counted(self, *args):
-        calls.append(args[2].request_id)
-        return original(self, *args)
-
-    monkeypatch.setattr(ShardLogic, "_on_event", counted)
+    calls = python_path_calls(monkeypatch)
     for kind, rid in [("request", "r1"), ("request", "r2"), ("feedback", "r2"), ("request", "r3")]:
         raw = orjson.dumps(message(kind, "user", "u1", rid, 1.0, None, None, None))
         event = (parse_request if kind == "request" else parse_feedback)(raw, Origin("t"))
@@ -256,13 +256,7 @@ def test_a_user_back_with_kept_answers_is_served_by_the_lane(monkeypatch):
         send("feedback", rid)
     shard.wake()
     assert key in shard.resting and key not in shard.instances
-    calls = []
-    original = ShardLogic._on_event
-    monkeypatch.setattr(
-        ShardLogic,
-        "_on_event",
-        lambda self, *a: calls.append(a[2].request_id) or original(self, *a),
-    )
+    calls = python_path_calls(monkeypatch)
     [answer] = send("request", "r4")
     assert calls == [] and len(shard.instances[key]._kept) == 3  # still tuples
     assert send("feedback", "r4") == [] and calls == []
