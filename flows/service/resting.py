@@ -34,6 +34,12 @@ from flows.service.instance import (
 from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit
 
+#: Entries an instance may rest with. A busy shared instance keeps thousands of answers
+#: for retries: resting, every request would scan them (``Instance._kept``) and every
+#: rest write them all; it stays live, as it did before any instance rested with more
+#: than one entry. A user of a per-user experiment keeps a few.
+MAX_RESTING_ENTRIES = 64
+
 
 @dataclass(slots=True)
 class Entry:
@@ -81,7 +87,8 @@ def revive(entry: Entry, experiment: Experiment) -> Instance:
         return Instance.from_dict(experiment, entry.data)
     arms, template, packed, kept = _packed_parts(entry)
     same = (arms, template) == experiment.packing
-    if same and len(kept) > 1 and all(item[0] in ANSWER_CODES for item in kept):
+    lazy = 1 < len(kept) <= MAX_RESTING_ENTRIES
+    if same and lazy and all(item[0] in ANSWER_CODES for item in kept):
         instance = Instance(experiment, entry.key)  # a user who came back: its answers are
         instance._packed = packed  # built only if something reads them
         instance.keep_compact(kept)
@@ -192,7 +199,9 @@ class Resting:
             self._idle[entry.key] = self._index(entry.experiment, arms, template) + packed
             return True
         kept = entry.data[3] if entry.kind == "packed+" else ()
-        if not kept or (len(kept) > 1 and any(item[0] not in ANSWER_CODES for item in kept)):
+        if not kept or len(kept) > MAX_RESTING_ENTRIES:
+            return False
+        if len(kept) > 1 and any(item[0] not in ANSWER_CODES for item in kept):
             return False
         arms, template, packed, kept = entry.data
         index = self._index(entry.experiment, arms, template)
@@ -209,6 +218,9 @@ class Resting:
         packed, held = instance._packed, instance._entries
         busy = instance._notices or instance._bandit is not None
         if packed is None or busy:
+            return False
+        entries = len(held) if type(held) is dict else held is not None
+        if entries + len(instance._kept or ()) > MAX_RESTING_ENTRIES:
             return False
         experiment = instance.experiment
         index = self._index(experiment.name, *experiment.packing)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.registry import Registry
-from flows.service.resting import Resting, entry_of, revive, state_of
+from flows.service.resting import MAX_RESTING_ENTRIES, Resting, entry_of, revive, state_of
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a", "b", "c"]\nfeedback_ttl = 5\nretry_window = 8\n'
@@ -196,3 +196,18 @@ def test_answers_held_as_tuples_behave_as_the_built_entries(n_answers, script):
         if kind == "read":
             assert lazy.to_dict() == built.to_dict()
     assert lazy.to_dict() == built.to_dict()
+
+
+def test_a_busy_instance_with_many_kept_answers_stays_live():
+    """Resting, every request would scan its kept answers and every rest write them all:
+    past ``MAX_RESTING_ENTRIES`` an instance stays live, and a record of more (a shared
+    instance in a log) is built whole."""
+    many = MAX_RESTING_ENTRIES + 1
+    for n, rests in ((MAX_RESTING_ENTRIES, True), (many, False)):
+        script = [(kind, f"r{i}", 1.0) for i in range(n) for kind in ("request", "feedback")]
+        instance = lived(script)
+        entry = entry_of(instance)
+        assert Resting().put_instance(instance) is rests
+        assert Resting().take(entry) is rests
+        revived = revive(entry, REGISTRY["e"])
+        assert (revived._kept is not None) is rests and len(revived.settled) == n
