@@ -62,7 +62,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.logic import Routed, ShardLogic, logic_builder, shard_of
+from flows.service.logic import LINGER, Routed, ShardLogic, logic_builder, shard_of
 from flows.service.registry import Experiment, Registry, instance_key
 
 ARMS = ", ".join(f'"a{i}"' for i in range(10))
@@ -347,9 +347,10 @@ def fill(fleet: Fleet, n: int, kind: str) -> None:
         if kind != "live":
             fleet.snapshot()  # packs what the chunk touched, as an epoch's close does
     if kind == "answers":
+        fleet.clock.now += LINGER  # users gone longer than LINGER rest
         for logic in fleet.logics.values():
             for _ in range(100_000):
-                if not logic.saved:
+                if not (logic.saved or len(logic.lingering)):
                     break
                 logic.on_notify()
 

@@ -27,10 +27,11 @@ from typing import Any
 from bytewax.operators import StatefulBatchLogic
 
 from flows.service import _fast_lane as fast_lane
+from flows.service._deadline_queue import TimeHeap
 from flows.service._records import split_outputs
 from flows.service.deadlines import DeadlineQueue, worker_queue
 from flows.service.events import DeadLetter, Feedback, Origin, Request
-from flows.service.instance import Instance, Output
+from flows.service.instance import Expired, Instance, Output, Settled
 from flows.service.metrics import observe_expired, observe_item, observe_restored
 from flows.service.registry import Experiment, LiveRegistry, Registry, split_key
 from flows.service.resting import Entry, Resting, entry_of, open_tickets, revive
@@ -71,6 +72,11 @@ def _split(out: list[Output]) -> tuple[list[Split], bool]:
 #: generations, and without recovery it does nothing at all.
 REST_AFTER = 1.0
 SETTLE_BASE = 64
+#: Seconds an instance holding several answers kept for retries stays live after its
+#: newest answer: a user who comes back within it is served live; one gone longer rests
+#: with its answers as compact tuples (~0.7 KB a user with five against ~2.9 KB live),
+#: and its next return pays a revival and a rest (~25 us, ``bench/RESULTS.md``).
+LINGER = 60.0
 #: Seconds ahead within which a deadline counts as an instance's next change: the calls
 #: do not write such an instance ahead of the epoch's close (see ``ShardLogic._settle``).
 CHANGE_NEAR = 5.0
@@ -127,6 +133,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         self.unwritten: list[str] = []  # cooling, with a log: written a few per call
         self.saved: list[str] = []  # written at an epoch's close: to put to rest, unwritten
         self.clean: set[str] = set()  # written since they last changed (see ``_settle``)
+        self.lingering = TimeHeap()  # (when to look again, key) of those kept live (LINGER)
         self.turned = time.monotonic()  # when the generation turned
         self.log: ShardLog | None = None
         self.lane: Any = None  # what the compiled lane keeps between calls (_fast_lane)
@@ -370,7 +377,11 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
 
     def _sooner(self, due: float | None) -> float | None:
         """``due``, or sooner if instances wait to be put to rest (now) or the generation
-        should turn: a shard no event reaches still settles what its last events changed."""
+        should turn, or an instance kept live (``lingering``) is due to be looked at again:
+        a shard no event reaches still settles what its last events changed."""
+        if len(self.lingering):
+            linger = self.lingering.first_time()
+            due = linger if due is None else min(due, linger)
         if self.settling or self.saved:
             wait = 0.0
         elif self.touched or self.cooling:
@@ -418,6 +429,13 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
             self.clean.difference_update(keys)
             self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
             budget -= len(keys)
+        if len(self.lingering) and budget > 0:  # those kept live whose time has come
+            now = self._now()
+            while len(self.lingering) and budget > 0 and self.lingering.first_time() <= now:
+                _, key = self.lingering.pop()
+                budget -= 1
+                if key not in self.touched and key in self.instances:
+                    self._put_to_rest([self.instances[key]])
         if self.unwritten and budget > 0:
             keys, self.unwritten[-budget:] = self.unwritten[-budget:], []
             cooling, touched, clean, live = self.cooling, self.touched, self.clean, self.instances
@@ -435,10 +453,18 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on entries as
         bytes (one no longer live, e.g. named twice: two closes may save a key twice, is
-        left as it is)."""
+        left as it is); one holding several kept answers, the newest less than
+        ``LINGER`` old, stays live until then (``lingering``)."""
+        now = None
         for instance in instances:
             if self.instances.get(instance.key) is not instance:
                 continue
+            newest = _newest_answer(instance)
+            if newest is not None:
+                now = self._now() if now is None else now
+                if newest + LINGER > now:
+                    self.lingering.push(newest + LINGER, instance.key)
+                    continue
             instance.rest()
             if self.resting.put_instance(instance):  # its deadline, if any, goes with it
                 del self.instances[instance.key]
@@ -519,6 +545,20 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
 
     def _all_entries(self) -> list[Entry]:
         return [entry_of(i) for i in self.instances.values()] + self.resting.entries()
+
+
+def _newest_answer(instance: Instance) -> float | None:
+    """When the newest of an instance's answers kept for retries was settled, if it holds
+    several entries and no open ticket or waiting feedback (what ``LINGER`` applies to);
+    else None."""
+    held, kept = instance._entries, instance._kept
+    entries = list(held.values()) if type(held) is dict else [] if held is None else [held]
+    if len(entries) + len(kept or ()) < 2:
+        return None
+    if any(type(entry) is not Settled and type(entry) is not Expired for entry in entries):
+        return None
+    deadlines = [entry.deadline for entry in entries] + [item[4] for item in kept or ()]
+    return max(deadlines) - instance.experiment.retry_window
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from flows.service import _fast_lane
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.instance import Early, Instance
-from flows.service.logic import FlowContext, ShardLogic
+from flows.service.logic import LINGER, FlowContext, ShardLogic
 from flows.service.metrics import thread_tally
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.stream_clock import StreamClock
@@ -242,8 +242,11 @@ def test_a_user_back_with_kept_answers_is_served_by_the_lane(monkeypatch):
     (``Instance._kept``), its new request and feedback are served by the lane, and a
     retry of an old request goes to the Python path, which answers it as first."""
     now = [1_700_000_100.0]
-    shard = ShardLogic(FlowContext(LiveRegistry(REGISTRY), lambda: now[0], rest_after=0.0))
-    experiment = REGISTRY["user"]
+    registry = Registry.from_toml(
+        '[experiments.user]\narms = ["a", "b", "c"]\nper_unit = true\nretry_window = 3600\n'
+    )
+    shard = ShardLogic(FlowContext(LiveRegistry(registry), lambda: now[0], rest_after=0.0))
+    experiment = registry["user"]
     key = experiment.instance_key("u1")
 
     def send(kind, rid):
@@ -254,6 +257,10 @@ def test_a_user_back_with_kept_answers_is_served_by_the_lane(monkeypatch):
     first = {rid: send("request", rid) for rid in ("r1", "r2", "r3")}
     for rid in first:
         send("feedback", rid)
+    shard.wake()
+    assert key in shard.instances  # back within LINGER of its newest answer: kept live
+    assert shard.notify_at().timestamp() == now[0] + LINGER  # woken then, events or not
+    now[0] += LINGER
     shard.wake()
     assert key in shard.resting and key not in shard.instances
     calls = python_path_calls(monkeypatch)
