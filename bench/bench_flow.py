@@ -634,16 +634,6 @@ def _pass_through(
     return {"seconds": seconds, "events_per_s": events / seconds}, out
 
 
-def run_default_setup(
-    bk: Broker, inp: Input, counter: Counter, registry_path: Path, workdir: Path
-) -> dict[str, Any]:
-    """The default two-topic setup as deployed (``run_deployed`` of the two topics): it
-    copies requests and feedback into its internal topic and serves from there (a
-    bounded ``run_once`` reads the two topics directly: it cannot know when the internal
-    topic is complete)."""
-    return run_deployed(bk, inp, counter, registry_path, workdir)
-
-
 def run_deployed(
     bk: Broker,
     inp: Input,
@@ -654,8 +644,10 @@ def run_deployed(
 ) -> dict[str, Any]:
     """The service as deployed: ``python -m bytewax.run flows.service.main:flow`` in
     ``processes`` processes of one cluster (``-i``/``-a``, one worker each), in tail mode,
-    on the combined topic or the two topics with their internal topic. Timed from its
-    first answer to its last (their Kafka timestamps), as ``run_once``'s steady rate is."""
+    on the combined topic or the two topics with their internal topic (the default setup,
+    which a bounded ``run_once`` cannot show: it reads the two topics directly, as it
+    cannot know when the internal topic is complete). Timed from its first answer to its
+    last (their Kafka timestamps), as ``run_once``'s steady rate is."""
     out = new_topics(bk.bootstrap, ("sel", "dlq"))
     topics = {**inp.topics, **out}
     internal = None if inp.mode == "events" else new_topics(bk.bootstrap, ("internal",))["internal"]
@@ -724,7 +716,7 @@ def throughput_repeat(
     hops = run_passthrough_two_hops(bk, inp, counter) if inp.mode == "separate" else None
     r = run_once(bk, registry, inp, counter)
     if hops is not None:
-        default = run_default_setup(bk, inp, counter, workdir / "registry.toml", workdir)
+        default = run_deployed(bk, inp, counter, workdir / "registry.toml", workdir)
         r["default_setup_events_per_s"] = default["events_per_s"]
         r["default_setup_dead_letters"] = default["dead"]
         r["default_setup_ratio_to_passthrough"] = default["events_per_s"] / ceiling["events_per_s"]

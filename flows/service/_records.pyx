@@ -32,6 +32,7 @@ True
 
 import copyreg
 import dataclasses
+import functools
 from types import MemberDescriptorType
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -179,7 +180,9 @@ def unpickled(Py_ssize_t kind, tuple values):
     return kept(layout.built(values))
 
 
-cdef tuple _reduced(Py_ssize_t kind, object record):
+def _reduced(Py_ssize_t kind, object record):
+    """``copyreg``'s reduction of ``record``, of kind ``kind``: ``unpickled`` and its
+    arguments."""
     cdef Layout layout = _PICKLED[kind]
     cdef Py_ssize_t i, n = len(layout.slots)
     cdef tuple values = PyTuple_New(n)
@@ -190,21 +193,8 @@ cdef tuple _reduced(Py_ssize_t kind, object record):
     return unpickled, (kind, values)
 
 
-def _reduce_origin(record):
-    return _reduced(0, record)
-
-
-def _reduce_request(record):
-    return _reduced(1, record)
-
-
-def _reduce_feedback(record):
-    return _reduced(2, record)
-
-
-copyreg.pickle(Origin, _reduce_origin)
-copyreg.pickle(Request, _reduce_request)
-copyreg.pickle(Feedback, _reduce_feedback)
+for _kind, _layout in enumerate(_PICKLED):  # a kind's number is its place in _PICKLED
+    copyreg.pickle((<Layout>_layout).cls, functools.partial(_reduced, _kind))
 
 
 def kafka_message(message, str topic, partition) -> tuple:

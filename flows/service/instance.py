@@ -256,6 +256,23 @@ class Instance:
         for entry in compact_to_entries(kept):
             self._put(entry)
 
+    def _live(self) -> Iterable[Entry]:
+        """The entries held as objects (not the kept answers held as tuples)."""
+        held = self._entries
+        return held.values() if type(held) is dict else () if held is None else (held,)
+
+    def newest_answer(self) -> float | None:
+        """When the newest of the answers kept for retries was settled, if the instance
+        holds several entries and all are kept answers (what ``logic.LINGER`` applies
+        to); else None."""
+        live, kept = list(self._live()), self._kept or ()
+        if len(live) + len(kept) < 2:
+            return None
+        if any(type(entry) is not Settled and type(entry) is not Expired for entry in live):
+            return None
+        deadlines = [entry.deadline for entry in live] + [item[4] for item in kept]
+        return max(deadlines) - self.experiment.retry_window
+
     def _put(self, entry: Entry) -> None:
         """Store ``entry``, replacing the entry of the same request_id if there is one."""
         old = self._get(entry.rid)
@@ -291,9 +308,7 @@ class Instance:
         """The entries (of one kind: ``Open``, ``Settled`` or ``Early``) by request_id, sorted."""
         if self._kept is not None:
             self._unkept()
-        held = self._entries
-        items = held.values() if type(held) is dict else () if held is None else (held,)
-        chosen = [e for e in items if kind is None or type(e) is kind]
+        chosen = [e for e in self._live() if kind is None or type(e) is kind]
         return {e.rid: e for e in sorted(chosen, key=lambda e: e.rid)}
 
     def awaits_feedback(self) -> bool:
@@ -499,10 +514,8 @@ class Instance:
         >>> inst.compact_entries()
         (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None), None, 9.0),)
         """
-        held = self._entries
-        items = held.values() if type(held) is dict else () if held is None else (held,)
         out = list(self._kept or ())  # kept answers held as tuples: as they are
-        for entry in items:
+        for entry in self._live():
             kind = _COMPACT_CODES.get(type(entry))
             if kind is None:
                 return None

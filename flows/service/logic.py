@@ -31,7 +31,7 @@ from flows.service._deadline_queue import TimeHeap
 from flows.service._records import split_outputs
 from flows.service.deadlines import DeadlineQueue, worker_queue
 from flows.service.events import DeadLetter, Feedback, Origin, Request
-from flows.service.instance import Expired, Instance, Output, Settled
+from flows.service.instance import Instance, Output
 from flows.service.metrics import observe_expired, observe_item, observe_restored
 from flows.service.registry import Experiment, LiveRegistry, Registry, split_key
 from flows.service.resting import Entry, Resting, entry_of, open_tickets, revive
@@ -459,7 +459,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         for instance in instances:
             if self.instances.get(instance.key) is not instance:
                 continue
-            newest = _newest_answer(instance)
+            newest = instance.newest_answer()
             if newest is not None:
                 now = self._now() if now is None else now
                 if newest + LINGER > now:
@@ -545,20 +545,6 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
 
     def _all_entries(self) -> list[Entry]:
         return [entry_of(i) for i in self.instances.values()] + self.resting.entries()
-
-
-def _newest_answer(instance: Instance) -> float | None:
-    """When the newest of an instance's answers kept for retries was settled, if it holds
-    several entries and no open ticket or waiting feedback (what ``LINGER`` applies to);
-    else None."""
-    held, kept = instance._entries, instance._kept
-    entries = list(held.values()) if type(held) is dict else [] if held is None else [held]
-    if len(entries) + len(kept or ()) < 2:
-        return None
-    if any(type(entry) is not Settled and type(entry) is not Expired for entry in entries):
-        return None
-    deadlines = [entry.deadline for entry in entries] + [item[4] for item in kept or ()]
-    return max(deadlines) - instance.experiment.retry_window
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:

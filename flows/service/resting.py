@@ -87,8 +87,7 @@ def revive(entry: Entry, experiment: Experiment) -> Instance:
         return Instance.from_dict(experiment, entry.data)
     arms, template, packed, kept = _packed_parts(entry)
     same = (arms, template) == experiment.packing
-    lazy = 1 < len(kept) <= MAX_RESTING_ENTRIES
-    if same and lazy and all(item[0] in ANSWER_CODES for item in kept):
+    if same and 1 < len(kept) <= MAX_RESTING_ENTRIES and _answers_only(kept):
         instance = Instance(experiment, entry.key)  # a user who came back: its answers are
         instance._packed = packed  # built only if something reads them
         instance.keep_compact(kept)
@@ -112,6 +111,11 @@ def revive(entry: Entry, experiment: Experiment) -> Instance:
     if instance._bandit is not None:
         instance.rest()
     return instance
+
+
+def _answers_only(kept: tuple[tuple, ...]) -> bool:
+    """Whether the compact entries ``kept`` are all answers kept for retries."""
+    return all(item[0] in ANSWER_CODES for item in kept)
 
 
 def _packed_parts(entry: Entry) -> tuple[Any, Any, bytes, tuple]:
@@ -201,7 +205,7 @@ class Resting:
         kept = entry.data[3] if entry.kind == "packed+" else ()
         if not kept or len(kept) > MAX_RESTING_ENTRIES:
             return False
-        if len(kept) > 1 and any(item[0] not in ANSWER_CODES for item in kept):
+        if len(kept) > 1 and not _answers_only(kept):
             return False
         arms, template, packed, kept = entry.data
         index = self._index(entry.experiment, arms, template)
@@ -265,7 +269,7 @@ class Resting:
         if entry.kind != "packed+":
             return None
         arms, template, packed, kept = entry.data
-        if any(item[0] not in ANSWER_CODES for item in kept) or (arms, template) != packing:
+        if not _answers_only(kept) or (arms, template) != packing:
             return None
         left = tuple(item for item in kept if item[4] > now)
         if len(left) == len(kept):  # nothing due

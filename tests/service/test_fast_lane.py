@@ -119,8 +119,7 @@ def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
             key = experiment.instance_key(event.unit)
             outputs.append(shard.handle([(key, experiment, event)]))
         for instance in shard.instances.values():  # what the early buffer's limit counts
-            held = instance._entries  # read as it is: ``entries()`` would build kept answers
-            held = held.values() if type(held) is dict else () if held is None else (held,)
+            held = instance._live()  # as held: ``entries()`` would build kept answers
             waiting = sum(type(entry) is Early for entry in held)
             assert instance._n_early == waiting, (instance.key, instance._n_early, waiting)
     states = {key: instance.to_dict() for key, instance in sorted(shard.instances.items())}
