@@ -53,12 +53,13 @@ cdef extern from *:
     static PyObject *tsi_allocated(PyTypeObject *cls) {
         return cls->tp_alloc(cls, 0);
     }
-    static int tsi_set(PyObject *slot, PyObject *made, PyObject *value) {
-        return Py_TYPE(slot)->tp_descr_set(slot, made, value);
+    static inline void tsi_fill(PyObject *made, Py_ssize_t offset, PyObject *value) {
+        Py_INCREF(value);
+        *(PyObject **)((char *)made + offset) = value;
     }
     """
     object _allocated "tsi_allocated" (type cls)
-    int _set "tsi_set" (object slot, object made, object value) except -1
+    void _fill "tsi_fill" (object made, Py_ssize_t offset, object value) noexcept
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
@@ -68,9 +69,11 @@ cdef extern from "Python.h":
     ctypedef struct PyMemberDef:
         int type
         Py_ssize_t offset
+        int flags
     ctypedef struct PyMemberDescrObject:
         PyMemberDef *d_member
     enum: T_OBJECT_EX
+    enum: READONLY
 
 cdef extern from *:
     """
@@ -95,6 +98,7 @@ cdef class Layout:
         if names != fields or not plain or not all(
             type(slot) is MemberDescriptorType
             and (<PyMemberDescrObject*>slot).d_member.type == T_OBJECT_EX
+            and not (<PyMemberDescrObject*>slot).d_member.flags & READONLY
             for slot in slots
         ) or len(slots) > MAX_FIELDS:
             raise ImportError(f"compiled code reads {cls.__name__}{fields}, the class has {names}")
@@ -104,12 +108,13 @@ cdef class Layout:
 
     cdef object built(self, tuple values):
         """A new record with ``values`` in field order (their number is the caller's to
-        get right: each compiled caller passes a literal tuple)."""
+        get right: each compiled caller passes a literal tuple), written at the slots'
+        offsets into the fresh, zeroed record: what each slot's descriptor would do
+        (``PyMember_SetOne`` of a writable object slot), without its calls."""
         cdef object made = _allocated(self.cls)
-        cdef tuple slots = self.slots
         cdef Py_ssize_t i
-        for i in range(len(slots)):
-            _set(slots[i], made, values[i])
+        for i in range(len(self.slots)):
+            _fill(made, self.offsets[i], values[i])
         return made
 
     cdef object get(self, object record, Py_ssize_t i):
