@@ -297,7 +297,8 @@ cdef class _Lane:
     read, its experiments as read; during a batch, the shard's logic and what it counted
     (the logic is let go after each batch: no cycle between the two)."""
 
-    cdef object logic, context, instances, deadlines, stream, clock, tally
+    cdef object logic, context, deadlines, stream, clock, tally
+    cdef dict instances
     cdef set touched
     cdef dict experiments
     cdef _Experiment last_experiment  # the one read last: a shard often serves one
@@ -530,7 +531,7 @@ cdef class _Lane:
                 self.tallied()
                 served = logic._wake() if type(event) is str else \
                     logic._on_event(key, experiment, event)
-            out += served
+            out.extend(served)
         self.told()
         return out
 
