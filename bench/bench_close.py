@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_engine import BATCH, messages  # noqa: E402
 
 from flows.service.collector import settle_heap  # noqa: E402
-from flows.service.dataflow import Guards, by_shard, parse_and_route  # noqa: E402
+from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.events import Origin, parse_event  # noqa: E402
 from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
@@ -59,8 +59,8 @@ class Shards:
             for raw, _ in msgs[start : start + BATCH]:
                 batch.append((raw, Origin("events", 0, self.offset, now)))
                 self.offset += 1
-            routed, _ = parse_and_route(parse_event, Guards(), self.registry, batch)
-            for shard, events in by_shard(routed):
+            shards, _ = parse_and_route(parse_event, Guards(), self.registry, batch)
+            for shard, events in shards:
                 logic = self.logics.get(shard)
                 if logic is None:
                     logic = self.logics[shard] = ShardLogic(self.context)

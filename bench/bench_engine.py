@@ -12,8 +12,8 @@ each request followed by its feedback; the two topics: all requests, then all fe
 in batches of ``BATCH`` messages as one ``consume`` brings them, through the same
 functions the dataflow's steps call:
 
-- ``parse_and_route``: bytes to routed events (``flows.service.dataflow``, compiled lane);
-- ``by_shard``: one item per shard;
+- ``parse_and_route``: bytes to routed events, one item per shard
+  (``flows.service.dataflow``, compiled lane);
 - ``shards``: each shard's ``ShardLogic.on_batch`` (the compiled fast lane, and the
   answers written as JSON keyed by instance, dead letters apart; the row
   ``shards, Python path`` runs the reference path it is tested against; the row
@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_flow import registry_toml, workload  # noqa: E402
 
 from flows.service.collector import settle_heap  # noqa: E402
-from flows.service.dataflow import Guards, by_shard, parse_and_route  # noqa: E402
+from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.deadlines import WAKE_UP, worker_queue  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
 from flows.service.logic import (  # noqa: E402
@@ -79,7 +79,7 @@ from tsi_core import Bandit  # noqa: E402
 BATCH = 1000  # what one consume brings at most (the Kafka source's batch_size)
 UNITS = 10_000
 REPEATS = 5
-STAGES = ("parse_and_route", "by_shard", "shards")
+STAGES = ("parse_and_route", "shards")
 AT_REST = "shards, every instance revived (rest_after 0)"
 EXPIRING = "shards, revived, every answer expiring (retry_window 0.5 s)"
 STREAM_STEP = 0.05  # seconds a batch on the clock, when answers expire
@@ -120,16 +120,14 @@ def engine_run(
             clock[0] = now + start // BATCH * STREAM_STEP
         batch = [(raw, Origin(kind, 0, start + i, now)) for i, (raw, _) in enumerate(chunk)]
         t0 = time.process_time()
-        routed, dead = parse_and_route(parsers[kind], guards, context.registry, batch)
+        items, dead = parse_and_route(parsers[kind], guards, context.registry, batch)
         t1 = time.process_time()
-        items = by_shard(routed)
-        t2 = time.process_time()
         serve(shards, context, items, woken=retry_window is not None)
-        t3 = time.process_time()
+        t2 = time.process_time()
         if dead:
             raise RuntimeError(f"the workload made dead letters: {dead[:3]}")
         if start >= warm:
-            for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1), strict=True):
                 spent[stage] += seconds
             timed += len(batch)
             calls += len(items)

@@ -98,7 +98,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
-from flows.service.dataflow import PARSERS, Guards, _parse_and_route, by_shard
+from flows.service.dataflow import PARSERS, Guards, _parse_and_route
 from flows.service.events import Origin, Request, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.logic import Routed
@@ -531,8 +531,8 @@ class _EchoShard(StatefulBatchLogic):
 
 def shape_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
     """The second rung: the service's shape with no state. The stack of ``stack_flow``
-    plus the service's own compiled parsing and routing (``parse_and_route``), its split
-    by shard and Bytewax's keyed stateful step, whose shards keep nothing
+    plus the service's own compiled parsing and routing into one item per shard
+    (``parse_and_route``) and Bytewax's keyed stateful step, whose shards keep nothing
     (``_EchoShard``). What the service spends beyond it is its shards' state: instances,
     tickets, draws, the kernel, deadlines, metrics."""
     live = LiveRegistry(Registry.from_toml(registry_toml()))
@@ -542,7 +542,7 @@ def shape_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
     for name, source in wiring.inputs.items():
         batches, _errors = source(flow, f"{name}_in")
         routed.append(_parse_and_route(name, batches, PARSERS[name], Guards(), live, refused))
-    shards = op.flat_map("by_shard", op.merge("routed", *routed), by_shard)
+    shards = op.merge("routed", *routed)  # one item per shard
     answers = op.stateful_batch("shards", shards, lambda _resume: _EchoShard())
     wiring.selections("out", op.map("answers", answers, lambda kv: kv[1]))
     return flow
@@ -1525,7 +1525,7 @@ def ladder_table(tp: dict[str, Any]) -> list[str]:
             "stack",
         ),
         (
-            "shape: + the compiled parsing and routing, the split by shard, the keyed stateful "
+            "shape: + the compiled parsing and routing by shard, the keyed stateful "
             "step; shards keep nothing (`shape_flow`)",
             "shape",
         ),

@@ -9,7 +9,7 @@ Run from the repository root (about 3 minutes; it starts the project's broker un
 ``shape_flow``); this bench splits the same runs by step. Each Python-level step the
 dataflow calls once per item is wrapped in a timer of the calling thread's CPU time
 (``time.thread_time``) for the run: the sources' ``next_batch``, the compiled parsing and
-routing, the split by shard, the shards' ``on_batch`` (which writes their answers' JSON;
+routing into one item per shard, the shards' ``on_batch`` (which writes their answers' JSON;
 and the timer calls Bytewax makes of a bounded flow's shards: ``notify_at`` after each
 call, ``on_notify``, ``snapshot``), the dead letters' JSON, the sinks' ``write_batch``.
 What is left of the worker's CPU is Bytewax's own (its operators, the items between them)
@@ -51,9 +51,7 @@ from flows.service.registry import Registry  # noqa: E402
 #: a flow is built, so a wrapper set before ``run_once`` builds it is the one called.
 STEPS = (
     ("Kafka sources: next_batch", kafka_source._ObservedPartition, "next_batch"),
-    ("parse and route (compiled)", dataflow, "parse_and_route"),
-    ("split by shard", dataflow, "by_shard"),
-    ("split by shard", bench_flow, "by_shard"),  # the shape rung's own import of it
+    ("parse and route by shard (compiled)", dataflow, "parse_and_route"),
     ("shards: on_batch", logic.ShardLogic, "on_batch"),
     ("shards: on_batch", bench_flow._EchoShard, "on_batch"),
     ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "notify_at"),

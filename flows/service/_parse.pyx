@@ -24,9 +24,11 @@ one byte off that form) is read by orjson into a dict, as before. Measured by ca
 >>> from flows.service.registry import Registry
 >>> registry = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> batch = [(b'{"experiment":"home","request_id":"r1"}', Origin("t")), (b'[]', Origin("t"))]
->>> routed, dead = parse_and_route(parse_request, route, 3600.0, registry, batch)
->>> [(shard, key, event.request_id) for shard, (key, _, event) in routed], dead[0].reason
-([('shard-208', 'home', 'r1')], 'not_an_object')
+>>> shards, dead = parse_and_route(parse_request, route, 3600.0, registry, batch)
+>>> [(shard, [(key, e.request_id) for key, _, e in events]) for shard, events in shards]
+[('shard-208', [('home', 'r1')])]
+>>> dead[0].reason
+'not_an_object'
 """
 
 from cpython.dict cimport PyDict_GetItemWithError
@@ -376,8 +378,8 @@ cdef object _number_of(const char* p, Py_ssize_t n, bint fraction):
 
 
 cdef class _Lane:
-    """One batch's fast lane: ``taken`` is a message's (shard, (key, experiment, event)),
-    or None when the Python path must decide."""
+    """One batch's fast lane: ``taken`` is a message's (key, experiment, event), its
+    shard in ``shard``, or None when the Python path must decide."""
 
     cdef Kind kind
     cdef double window
@@ -387,6 +389,7 @@ cdef class _Lane:
     cdef str name
     cdef bint per_unit
     cdef object experiment_id, unit, request_id, ts  # the message at hand's common fields
+    cdef object shard  # the shard of the message taken last
     cdef _Message message
 
     def __cinit__(self, Kind kind, object window, object registry):
@@ -444,9 +447,11 @@ cdef class _Lane:
         )))
 
     cdef object _routed(self, object key, object event):
-        """(shard, (key, experiment, event)), none of it walked by the cyclic GC: a batch in
-        flight holds strings, numbers and records only (see ``_records.kept``)."""
-        return kept((_shard(key), kept((key, self.experiment, kept(event)))))
+        """(key, experiment, event), its shard in ``shard``; none of it walked by the
+        cyclic GC: a batch in flight holds strings, numbers and records only (see
+        ``_records.kept``)."""
+        self.shard = _shard(key)
+        return kept((key, self.experiment, kept(event)))
 
     cdef bint _common(self, _Message data, Py_ssize_t* known) except -1:
         """Reads the identifiers and ``ts`` into the lane; False if one is not plain."""
@@ -521,11 +526,13 @@ def has_lane(parse) -> bool:
     return type(parse) is ParseBySource or parse in FAST_PARSERS
 
 
-def parse_and_route(parse, route, window, registry, batch):
-    """``dataflow.parse_and_route(parse, guards, live, batch)`` for a parser with a lane
-    (``has_lane``) and no skipped offsets: ``window`` is ``guards.ts_window``,
+def parse_and_route(parse, route, window, registry, batch, bint grouped=True):
+    """``dataflow.parse_and_route(parse, guards, live, batch, grouped)`` for a parser with
+    a lane (``has_lane``) and no skipped offsets: ``window`` is ``guards.ts_window``,
     ``registry`` is ``live.current``, and ``route`` is ``dataflow.route``, called with
-    the Python parser's events."""
+    the Python parser's events. The routed events come grouped by shard, as
+    ``dataflow.by_shard`` groups them, or (not ``grouped``) as (key, experiment, event)
+    in the batch's order."""
     cdef _Lane lane, requests_lane = None, feedback_lane = None
     cdef object requests = None
     if type(parse) is ParseBySource:  # each message's kind is its origin's
@@ -534,7 +541,9 @@ def parse_and_route(parse, route, window, registry, batch):
         feedback_lane = _Lane(FEEDBACK, window, registry)
     else:
         lane = _Lane(FAST_PARSERS[parse], window, registry)
-    cdef list routed = [], dead = []
+    cdef dict shards = {}
+    cdef list dead = [], routed = []
+    cdef PyObject* events
     for raw, origin in batch:
         if requests is not None:
             lane = requests_lane if origin.source == requests else feedback_lane
@@ -542,12 +551,22 @@ def parse_and_route(parse, route, window, registry, batch):
             item = lane.taken(raw, origin)
         except Exception:  # orjson's refusal, or anything else the reference decides
             item = None
-        if item is None:
+        if item is not None:
+            shard = lane.shard
+        else:
             item = parse(raw, origin, ts_window=window)
             if not isinstance(item, DeadLetter):
                 item = route(registry, item)
-        if isinstance(item, DeadLetter):
-            dead.append(item)
-        else:
+            if isinstance(item, DeadLetter):
+                dead.append(item)
+                continue
+            shard, item = item
+        if not grouped:
             routed.append(item)
-    return routed, dead
+            continue
+        events = PyDict_GetItemWithError(shards, shard)
+        if events is NULL:
+            shards[shard] = [item]
+        else:
+            (<list>events).append(item)
+    return (list(shards.items()) if grouped else routed), dead

@@ -1,9 +1,9 @@
 """The one dataflow builder: Kafka, files and tests differ only in sources and sinks.
 
 ```
-requests ─ parse+route ─┐                                   ┌─ selections ─ sink
-feedback ─ parse+route ─┼─ merge ─ by shard ─ stateful+serialise ─┤
- (events ─ parse+route)─┘                 (per shard)             └─ dead letters (+ refusals)
+requests ─ parse+route by shard ─┐                          ┌─ selections ─ sink
+feedback ─ parse+route by shard ─┼─ merge ─ stateful+serialise ─┤
+ (events ─ parse+route by shard)─┘        (per shard)           └─ dead letters (+ refusals)
 ```
 
 Items are batches: a source emits what one read brought (one ``consume`` of a Kafka
@@ -154,15 +154,21 @@ def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] |
 
 
 def parse_and_route(
-    parse: Callable[..., object], guards: Guards, live: LiveRegistry, batch: Batch
-) -> tuple[list[tuple[str, Routed]], list[DeadLetter]]:
-    """A batch of messages as routed events and dead letters (each message one or the
-    other, in order). The standard parsers' batches take the compiled fast lane
-    (``flows.service._parse``), and so do the internal topic's (``ParseBySource``); the
-    lane hands every message it cannot decide exactly to the Python parser and ``route``."""
+    parse: Callable[..., object],
+    guards: Guards,
+    live: LiveRegistry,
+    batch: Batch,
+    grouped: bool = True,
+) -> tuple[list, list[DeadLetter]]:
+    """A batch of messages as routed events grouped by shard (``by_shard``; not
+    ``grouped``: each (key, experiment, event) in the batch's order) and dead letters
+    (each message one or the other). The standard parsers' batches take the compiled
+    fast lane (``flows.service._parse``), and so do the internal topic's
+    (``ParseBySource``); the lane hands every message it cannot decide exactly to the
+    Python parser and ``route``."""
     registry, skip, window = live.current, guards.skip, guards.ts_window
     if not skip and _parse.has_lane(parse):
-        return _parse.parse_and_route(parse, route, window, registry, batch)
+        return _parse.parse_and_route(parse, route, window, registry, batch, grouped)
     routed, dead = [], []
     for raw, origin in batch:
         event = guards.skipped(raw, origin) if skip else None
@@ -171,7 +177,9 @@ def parse_and_route(
         if not isinstance(event, DeadLetter):
             event = route(registry, event)
         (dead if isinstance(event, DeadLetter) else routed).append(event)
-    return routed, dead
+    if not grouped:
+        return [item for _, item in routed], dead
+    return by_shard(routed), dead
 
 
 def _parse_and_route(
@@ -181,13 +189,17 @@ def _parse_and_route(
     guards: Guards,
     live: LiveRegistry,
     dead: list[Stream[Batch]],
-) -> Stream[Batch]:
-    """Parse and route each batch; refusals join ``dead``."""
-    both = op.map(
-        f"parse_{name}", messages, functools.partial(parse_and_route, parse, guards, live)
-    )
-    routed, refused = unzip_batches(both, f"routed_{name}", f"refused_{name}")
-    dead.append(refused)
+    per_shard: bool = True,
+) -> Stream:
+    """Parse and route each batch; refusals join ``dead``. The routed events go on as
+    one item per shard (``per_shard``: what the shards take), else as one item per batch,
+    in its order (what the internal topic's copies are written from: its reader drops a
+    copy whose input offset is below one it has read, ``_InternalPartition``)."""
+    parse_batch = functools.partial(parse_and_route, parse, guards, live, grouped=per_shard)
+    both = op.map(f"parse_{name}", messages, parse_batch)
+    items = (lambda b: b[0]) if per_shard else (lambda b: [b[0]] if b[0] else [])
+    routed = op.flat_map(f"routed_{name}", both, items)
+    dead.append(op.flat_map(f"refused_{name}", both, lambda b: [b[1]] if b[1] else []))
     return routed
 
 
@@ -215,7 +227,7 @@ def _through_internal_topic(
     copies = op.map(
         "internal_copy",
         op.merge("to_internal", *routed),
-        lambda batch: [(key, event.raw, event.origin) for _, (key, _, event) in batch],
+        lambda batch: [(key, event.raw, event.origin) for key, _, event in batch],
     )
     wiring.repartition.sink("internal_out", copies)
     messages, errors = wiring.repartition.source(flow, "internal_in")
@@ -226,7 +238,8 @@ def _through_internal_topic(
 
 
 def by_shard(batch: Batch) -> list[tuple[str, list[Routed]]]:
-    """A batch of routed events as one item per shard, each shard's events in order."""
+    """Routed events, each (shard, routed), as one item per shard, each shard's events
+    in order (the compiled lane of ``parse_and_route`` groups them the same way)."""
     shards: dict[str, list[Routed]] = {}
     for shard, routed in batch:
         events = shards.get(shard)
@@ -335,10 +348,11 @@ def build_flow(
         messages, source_errors = source(flow, f"{name}_in")
         if source_errors is not None:
             dead.append(source_errors)
-        routed.append(_parse_and_route(name, messages, parse, guards, live, dead))
+        per_shard = wiring.repartition is None
+        routed.append(_parse_and_route(name, messages, parse, guards, live, dead, per_shard))
     if wiring.repartition is not None:
         routed = [_through_internal_topic(flow, wiring, routed, guards, live, dead)]
-    shards = [op.flat_map("by_shard", op.merge("routed", *routed), by_shard)]
+    shards = [op.merge("routed", *routed)]
     if wiring.wake_ups is not None:
         shards.append(_wake_ups(flow, wiring.wake_ups, clock if stream is None else stream.now))
     builder = logic_builder(

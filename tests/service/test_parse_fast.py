@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flows.service import _parse, dataflow
-from flows.service.dataflow import Guards, parse_and_route, route
+from flows.service.dataflow import Guards, by_shard, parse_and_route, route
 from flows.service.events import (
     DEFAULT_TS_WINDOW,
     MAX_MESSAGE_BYTES,
@@ -28,7 +28,7 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.registry import Experiment, LiveRegistry, Registry
+from flows.service.registry import UNIT_SEPARATOR, Experiment, LiveRegistry, Registry
 
 REGISTRY = Registry.from_toml(
     """
@@ -50,14 +50,15 @@ ORIGIN = Origin("tsi.requests", 2, 40)
 
 
 def reference(parse, window, batch):
-    """The Python path: ``dataflow.parse_and_route`` without the lane."""
+    """The Python path: ``dataflow.parse_and_route`` without the lane (its routed events
+    grouped by shard, in order)."""
     routed, dead = [], []
     for raw, origin in batch:
         event = parse(raw, origin, ts_window=window)
         if not isinstance(event, DeadLetter):
             event = route(REGISTRY, event)
         (dead if isinstance(event, DeadLetter) else routed).append(event)
-    return routed, dead
+    return by_shard(routed), dead
 
 
 def fast(parse, window, batch, routing=route):
@@ -327,10 +328,9 @@ def test_the_lanes_events_are_not_walked_by_the_collector(parse, raw):
     """The lane's routed events (the young generation's bulk while a batch is in flight)
     are left out of the collector's walks: they hold no container but the experiment,
     so they close no cycle."""
-    [item], _ = fast(parse, DEFAULT_TS_WINDOW, [(raw, ORIGIN)], counting([]))
-    _shard, routed = item
+    [(_shard, [routed])], _ = fast(parse, DEFAULT_TS_WINDOW, [(raw, ORIGIN)], counting([]))
     _key, experiment, event = routed
-    assert not any(gc.is_tracked(x) for x in (item, routed, event))
+    assert not any(gc.is_tracked(x) for x in (routed, event))
     fields = [f.name for f in dataclasses.fields(event) if f.name != "origin"]  # the source's
     assert not any(gc.is_tracked(getattr(event, name)) for name in fields)
     assert isinstance(experiment, Experiment)  # tracked, and long-lived: it holds no event
@@ -430,6 +430,27 @@ def test_each_refusal_is_the_python_parsers(parse, raw, reason):
     assert_same(got, reference(parse, DEFAULT_TS_WINDOW, batch))
 
 
+@pytest.mark.parametrize("lane", [True, False])
+def test_ungrouped_events_keep_the_batchs_order_across_shards(lane):
+    """What the internal topic's copies are written from: its reader drops a copy whose
+    input offset is below one it has read, so a batch's events must stay in order
+    (grouped by shard they would not: these 60 units fall in many shards)."""
+    raws = [
+        b'{"experiment":"per_user","unit":"u%d","request_id":"r%d"}' % (i % 60, i)
+        for i in range(300)
+    ]
+    batch = [(raw, Origin("t", 0, i)) for i, raw in enumerate(raws)]
+    guards = Guards() if lane else Guards(skip=frozenset({("t", 0, 10_000)}))
+    live = LiveRegistry(REGISTRY)
+    routed, dead = parse_and_route(parse_request, guards, live, batch, grouped=False)
+    shards, _ = parse_and_route(parse_request, guards, live, batch)
+    assert dead == [] and len(shards) > 20
+    assert [event.origin.offset for _, _, event in routed] == list(range(300))
+    keys = [f"per_user{UNIT_SEPARATOR}u{i % 60}" for i in range(300)]
+    assert [key for key, _, _ in routed] == keys
+    assert sorted(map(exact, routed)) == sorted(exact(r) for _, rs in shards for r in rs)
+
+
 def test_a_ts_outside_a_narrow_window_is_refused_inside_it_taken():
     now = time.time()
     batch = [
@@ -445,8 +466,15 @@ def test_a_ts_outside_a_narrow_window_is_refused_inside_it_taken():
 def test_a_mixed_batch_keeps_its_order_and_each_message_in_one_list():
     raws = [raw for _, raw in plain_messages()[:5]] + [raw for _, raw, _ in REFUSALS[:8]]
     batch = [(raw, Origin("t", 0, i)) for i, raw in enumerate(raws * 3)]
-    got = fast(parse_request, DEFAULT_TS_WINDOW, batch)
-    assert len(got[0]) + len(got[1]) == len(batch)
+    shards, dead = got = fast(parse_request, DEFAULT_TS_WINDOW, batch)
+    offsets = [event.origin.offset for _, events in shards for _, _, event in events]
+    offsets += [letter.origin.offset for letter in dead]
+    assert sorted(offsets) == list(range(len(batch)))  # each message once
+    for _, events in shards:  # a shard's events in the batch's order
+        assert [e.origin.offset for _, _, e in events] == sorted(
+            e.origin.offset for _, _, e in events
+        )
+    assert len({shard for shard, _ in shards}) == len(shards)  # one group a shard
     assert_same(got, reference(parse_request, DEFAULT_TS_WINDOW, batch))
 
 
@@ -481,7 +509,7 @@ def test_parse_and_route_takes_the_lane_for_standard_parsers_without_skips(
         raw = raw if parse is parse_event else raw.replace(b'"type":"feedback",', b"")
     batch = [(raw, Origin("t", 0, i)) for i in range(3)]
     got = parse_and_route(parse, guards, LiveRegistry(REGISTRY), batch)
-    assert len(calls) == (0 if lane else 3) and len(got[0]) == 3
+    assert len(calls) == (0 if lane else 3) and [len(events) for _, events in got[0]] == [3]
     assert_same(got, reference(parse, guards.ts_window, batch))
 
 
@@ -491,7 +519,7 @@ def test_a_skipped_offset_is_still_a_skipped_dead_letter():
     routed, dead = parse_and_route(
         parse_request, Guards(skip=frozenset({("t", 0, 2)})), LiveRegistry(REGISTRY), batch
     )
-    assert len(routed) == 1 and [d.reason for d in dead] == ["skipped"]
+    assert [len(events) for _, events in routed] == [1] and [d.reason for d in dead] == ["skipped"]
 
 
 def test_the_modules_examples_hold():
