@@ -328,6 +328,24 @@ cdef object _not_a_copy(message, str topic, partition, str problem):
     return DeadLetter("not_a_copy", detail, raw or b"", origin)
 
 
+def producible(list items) -> bool:
+    """Whether the Kafka sink can produce every item as it is: each a tuple (key, value)
+    or (key, value, headers list) (``kafka_sink._key_value``), as the shards' answers and
+    the internal topic's copies are; a sink with a topic then skips its per-item check.
+
+    >>> producible([("k", b"v"), ("k", b"v", [("h", b"1")])]), producible([("k", b"v", "x")])
+    (True, False)
+    """
+    cdef Py_ssize_t n
+    for item in items:
+        if type(item) is not tuple:
+            return False
+        n = len(<tuple>item)
+        if n != 2 and not (n == 3 and isinstance((<tuple>item)[2], list)):
+            return False
+    return True
+
+
 def split_outputs(list outputs) -> tuple:
     """A shard's outputs as selections, serialised (``Selection.to_json``) and keyed by
     instance, and dead letters (``flows.service.dataflow.split_outputs``)."""

@@ -6,10 +6,12 @@ import gc
 import pickle
 
 import pytest
+from bytewax.connectors.kafka import KafkaSinkMessage
 from hypothesis import given
 from hypothesis import strategies as st
 
 from flows.service import _records
+from flows.service.connectors.kafka_sink import _CheckedPartition
 from flows.service.events import (
     DeadLetter,
     Feedback,
@@ -342,3 +344,40 @@ def test_events_cross_processes_pickled_as_their_fields_and_come_back_equal(batc
 def test_a_bad_pickled_record_is_refused_by_name(kind, fields, problem):
     with pytest.raises(ValueError, match=problem):
         _records.unpickled(kind, fields)
+
+
+class _Pair(tuple):
+    """A tuple subclass: the sink writes it, through its per-item check."""
+
+
+SINK_ITEMS = [
+    ("k", b"v"),
+    (None, b"v"),
+    ("k", b"v", [("h", b"1")]),
+    ("k", b"v", []),
+    ("k", b"v", "headers"),
+    ("k", b"v", (("h", b"1"),)),
+    ("k",),
+    ("k", b"v", [], "extra"),
+    ["k", b"v"],
+    _Pair(("k", b"v")),
+    {"topic": "t", "key": "k", "value": b"v"},
+    KafkaSinkMessage(b"k", b"v"),
+    b"just bytes",
+]
+
+
+@given(st.lists(st.sampled_from(SINK_ITEMS), max_size=6))
+def test_a_batch_is_producible_as_it_is_only_if_the_sinks_check_keeps_every_item(items):
+    """``producible`` lets the sink skip ``_produce_args`` item by item: true exactly when
+    every item is a plain tuple that the check would hand to ``produce`` unchanged (the
+    check passes a dict on too, as ``produce``'s keyword arguments: not this fast path)."""
+    part = _CheckedPartition(producer=None, topic="t", client_errors=[])
+
+    def unchanged(item):
+        try:
+            return type(item) is tuple and part._produce_args(item) is item
+        except (TypeError, ValueError):
+            return False
+
+    assert _records.producible(items) == all(unchanged(item) for item in items)

@@ -21,6 +21,7 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, Producer
 
+from flows.service._records import producible
 from flows.service.metrics import note_broker_contact
 
 Key = str | bytes | None
@@ -166,7 +167,10 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
             items = [item for batch in items for item in batch]
         if not items:
             return
-        batch = [self._produce_args(item) for item in items]  # bad items fail before producing
+        if self._topic is not None and producible(items):  # the common batch, checked in C
+            batch = items
+        else:  # bad items fail before producing
+            batch = [self._produce_args(item) for item in items]
         reports = self._send(batch)
         if reports.refused and self._replace is not None:
             self._write_refused(reports)
