@@ -234,6 +234,19 @@ def kafka_batch(list messages, str topic, partition, convert, on_error, int eof_
     return out, last, eof
 
 
+def messages_only(list batch) -> bool:
+    """Whether a consumed batch holds messages only (``kafka_batch``'s (bytes, Origin)
+    tuples), no error item: the common batch, which then needs no splitting.
+
+    >>> messages_only([(b"{}", Origin("t"))]), messages_only([(b"{}", Origin("t")), "error"])
+    (True, False)
+    """
+    for item in batch:
+        if type(item) is not tuple:
+            return False
+    return True
+
+
 #: The headers an internal copy carries: its input's tag, partition and offset (b"r:0:17"),
 #: and the time Kafka stamped the input with, in ms.
 cdef str _NAMED = "o"

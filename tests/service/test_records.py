@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flows.service import _records
+from flows.service.connectors.kafka import _split_batch
 from flows.service.connectors.kafka_sink import _CheckedPartition
 from flows.service.events import (
     DeadLetter,
@@ -381,3 +382,18 @@ def test_a_batch_is_producible_as_it_is_only_if_the_sinks_check_keeps_every_item
             return False
 
     assert _records.producible(items) == all(unchanged(item) for item in items)
+
+
+@given(st.lists(st.sampled_from(["message", "letter"]), max_size=8))
+def test_a_consumed_batch_splits_into_its_messages_and_letters_in_order(kinds):
+    """Messages only: the batch itself goes on (``messages_only``); else each item goes
+    to its list, in order, as the item-by-item split did."""
+    letter = DeadLetter("not_a_copy", "x", b"", Origin("t"))
+    batch = [
+        (b"%d" % i, Origin("t", 0, i)) if kind == "message" else letter
+        for i, kind in enumerate(kinds)
+    ]
+    messages, letters = _split_batch(batch)
+    assert messages == [item for item in batch if type(item) is tuple]
+    assert letters == [item for item in batch if type(item) is DeadLetter]
+    assert _records.messages_only(batch) == (letters == [])

@@ -10,7 +10,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from confluent_kafka import OFFSET_BEGINNING
 
-from flows.service._records import internal_copy
+from flows.service._records import internal_copy, messages_only
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink, Replacement
 from flows.service.connectors.kafka_source import (
     PartitionsChanged,
@@ -133,6 +133,8 @@ def _split_batches(step: str, batches: Stream) -> tuple[Stream, Stream]:
 
 def _split_batch(batch: list[Any]) -> tuple[list[Message], list[DeadLetter]]:
     """A consumed batch as messages (bytes, Origin) and dead letters for Kafka's errors."""
+    if messages_only(batch):  # the common batch, checked in C
+        return batch, []
     messages, errors = [], []
     for item in batch:
         if type(item) is tuple:
