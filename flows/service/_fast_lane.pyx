@@ -36,6 +36,7 @@ tally update per event, 11.7k with these.
 
 from cpython.pythread cimport PyThread_get_thread_ident
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from libc.math cimport INFINITY
 
 from time import time
 
@@ -240,17 +241,21 @@ cdef inline object _bandit(object instance, _Experiment exp):
     return bandit
 
 
-cdef inline object _next_deadline(object instance):
+cdef inline double _next_deadline(object instance) except? -1.0:
     """``Instance.next_deadline``: the one entry's, or the head of the heap of two or
-    more, or the kept answers' earliest if sooner."""
+    more, or the kept answers' earliest if sooner; infinity for None (compared as a C
+    double: no float object made or compared per event)."""
+    cdef double due
     held, kept = _INSTANCE.get(instance, ENTRIES), _INSTANCE.get(instance, KEPT_DUE)
     if held is None:
-        return kept
-    if type(held) is dict:
+        due = INFINITY
+    elif type(held) is dict:
         due = (<TimeHeap?>_INSTANCE.get(instance, DEADLINES)).first_time()
     else:
         due = _entry(held, DEADLINE)
-    return due if kept is None or due < kept else kept
+    if kept is not None and <double>kept < due:
+        return kept
+    return due
 cdef Py_ssize_t EARLY_FEEDBACK = FEEDBACK["early"]  # the tally's slot of early feedback
 cdef enum:
     MAX_EXPERIMENTS = 256  # experiments a lane keeps read
@@ -542,7 +547,7 @@ cdef class _Lane:
         cdef _Experiment exp = self._experiment(experiment)
         cdef bint is_request = type(event) is Request
         cdef int done
-        due = _next_deadline(instance)
+        cdef double due = _next_deadline(instance), after
         handled = None  # what the Python metrics count, for the less plain cases
         try:
             if is_request:
@@ -565,7 +570,7 @@ cdef class _Lane:
         self.touched.add(key)
         after = _next_deadline(instance)
         if bound or after != due:  # else the shard's queue holds its wake-up
-            self.deadlines.want(key, after)
+            self.deadlines.want(key, None if after == INFINITY else after)
         if handled is None:
             self.count(exp, done, event, _monotonic() - started)
         else:
