@@ -277,6 +277,8 @@ cdef class _Experiment:
     # counted in this batch, not yet in the tally: metrics.observe_item's slots
     cdef long decisions, pending, applied, early, early_feedback, instances
     cdef bint counted
+    cdef list counters  # the experiment's counters in the tally ``counters_of``
+    cdef object counters_of
 
     def __init__(self, experiment):
         self.source = experiment  # held: its id, the lane's key, is not reused meanwhile
@@ -616,15 +618,24 @@ cdef class _Lane:
         cdef _Experiment exp
         if not self.counted:
             return 0
+        cdef list c
         tally = self.tally
         for exp in self.counted:
-            c = tally.experiments.get(exp.name) or tally.experiment(exp.name)
-            c[DECISIONS] += exp.decisions
-            c[PENDING] += exp.pending
-            c[APPLIED] += exp.applied
-            c[EARLY] += exp.early
-            c[EARLY_FEEDBACK] += exp.early_feedback
-            c[INSTANCES] += exp.instances
+            if exp.counters_of is not tally:  # a tally's counters lists are never replaced
+                exp.counters, exp.counters_of = tally.experiment(exp.name), tally
+            c = exp.counters
+            if exp.decisions:
+                c[DECISIONS] += exp.decisions
+            if exp.pending:
+                c[PENDING] += exp.pending
+            if exp.applied:
+                c[APPLIED] += exp.applied
+            if exp.early:
+                c[EARLY] += exp.early
+            if exp.early_feedback:
+                c[EARLY_FEEDBACK] += exp.early_feedback
+            if exp.instances:
+                c[INSTANCES] += exp.instances
             exp.decisions = exp.pending = exp.applied = exp.early = exp.early_feedback = 0
             exp.instances = 0
             exp.counted = False

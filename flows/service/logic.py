@@ -379,17 +379,18 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         """``due``, or sooner if instances wait to be put to rest (now) or the generation
         should turn, or an instance kept live (``lingering``) is due to be looked at again:
         a shard no event reaches still settles what its last events changed."""
-        if len(self.lingering):
+        if len(self.lingering):  # (conditionals, not min and max: this runs every call)
             linger = self.lingering.first_time()
-            due = linger if due is None else min(due, linger)
+            due = linger if due is None or linger < due else due
         if self.settling or self.saved:
             wait = 0.0
         elif self.touched or self.cooling:
-            wait = max(0.0, self.turned + self.context.rest_after - time.monotonic())
+            wait = self.turned + self.context.rest_after - time.monotonic()
+            wait = wait if wait > 0.0 else 0.0
         else:
             return due
         settle = self._now() + wait
-        return settle if due is None else min(due, settle)
+        return settle if due is None or settle < due else due
 
     def _settle(self, handled: int) -> None:
         """Put to rest the instances no event changed for a generation: at most
