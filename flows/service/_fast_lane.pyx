@@ -624,18 +624,12 @@ cdef class _Lane:
             if exp.counters_of is not tally:  # a tally's counters lists are never replaced
                 exp.counters, exp.counters_of = tally.experiment(exp.name), tally
             c = exp.counters
-            if exp.decisions:
-                c[DECISIONS] += exp.decisions
-            if exp.pending:
-                c[PENDING] += exp.pending
-            if exp.applied:
-                c[APPLIED] += exp.applied
-            if exp.early:
-                c[EARLY] += exp.early
-            if exp.early_feedback:
-                c[EARLY_FEEDBACK] += exp.early_feedback
-            if exp.instances:
-                c[INSTANCES] += exp.instances
+            _add(c, DECISIONS, exp.decisions)
+            _add(c, PENDING, exp.pending)
+            _add(c, APPLIED, exp.applied)
+            _add(c, EARLY, exp.early)
+            _add(c, EARLY_FEEDBACK, exp.early_feedback)
+            _add(c, INSTANCES, exp.instances)
             exp.decisions = exp.pending = exp.applied = exp.early = exp.early_feedback = 0
             exp.instances = 0
             exp.counted = False
@@ -648,6 +642,13 @@ cdef class _Lane:
         if self.last_ts is not None:
             tally.last_ts, self.last_ts = self.last_ts, None
         return 0
+
+
+cdef inline int _add(list counters, Py_ssize_t slot, long n) except -1:
+    """``counters[slot] += n``, skipped for 0 (most of a call's counts)."""
+    if n:
+        counters[slot] += n
+    return 0
 
 
 def handle(logic, list events) -> list:
