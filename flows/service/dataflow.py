@@ -1,7 +1,7 @@
 """The one dataflow builder: Kafka, files and tests differ only in sources and sinks.
 
 ```
-requests ─ parse+route by shard ─┐                          ┌─ selections ─ sink
+requests ─ parse+route by shard ─┐                              ┌─ selections ─ sink
 feedback ─ parse+route by shard ─┼─ merge ─ stateful+serialise ─┤
  (events ─ parse+route by shard)─┘        (per shard)           └─ dead letters (+ refusals)
 ```
