@@ -341,20 +341,27 @@ cdef object _not_a_copy(message, str topic, partition, str problem):
     return DeadLetter("not_a_copy", detail, raw or b"", origin)
 
 
+cpdef bint key_value(tuple item):
+    """Whether a tuple is what the Kafka sink writes to its topic: (key, value) or (key,
+    value, headers list).
+
+    >>> key_value(("k", b"v")), key_value(("k", b"v", [("h", b"1")])), key_value(("k", b"v", "x"))
+    (True, True, False)
+    """
+    cdef Py_ssize_t n = len(item)
+    return n == 2 or (n == 3 and isinstance(item[2], list))
+
+
 def producible(list items) -> bool:
-    """Whether the Kafka sink can produce every item as it is: each a tuple (key, value)
-    or (key, value, headers list) (``kafka_sink._key_value``), as the shards' answers and
-    the internal topic's copies are; a sink with a topic then skips its per-item check.
+    """Whether the Kafka sink can produce every item as it is: each a plain tuple it
+    writes (``key_value``), as the shards' answers and the internal topic's copies are;
+    a sink with a topic then skips its per-item check.
 
     >>> producible([("k", b"v"), ("k", b"v", [("h", b"1")])]), producible([("k", b"v", "x")])
     (True, False)
     """
-    cdef Py_ssize_t n
     for item in items:
-        if type(item) is not tuple:
-            return False
-        n = len(<tuple>item)
-        if n != 2 and not (n == 3 and isinstance((<tuple>item)[2], list)):
+        if type(item) is not tuple or not key_value(<tuple>item):
             return False
     return True
 

@@ -21,7 +21,7 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, Producer
 
-from flows.service._records import producible
+from flows.service._records import key_value, producible
 from flows.service.metrics import note_broker_contact
 
 Key = str | bytes | None
@@ -98,11 +98,6 @@ class _Deliveries:
         return len(self.errors) + len(self.refused)
 
 
-def _key_value(item: tuple) -> bool:
-    """Whether a tuple is (key, value) or (key, value, headers list)."""
-    return len(item) == 2 or (len(item) == 3 and isinstance(item[2], list))
-
-
 class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
     def __init__(
         self,
@@ -122,7 +117,7 @@ class _CheckedPartition(StatelessSinkPartition[KafkaItem]):
         """What ``_send`` produces for ``item``: a (key, value) or (key, value, headers)
         tuple for the sink's own topic as a plain tuple, else ``produce``'s keyword
         arguments; TypeError or ValueError for an item it cannot write."""
-        if isinstance(item, tuple) and _key_value(item):
+        if isinstance(item, tuple) and key_value(item):
             args: Produced = item if type(item) is tuple else tuple(item)
             topic = self._topic
         elif type(item) is dict:  # produce()'s arguments themselves
