@@ -26,7 +26,7 @@ one byte off that form) is read by orjson into a dict, as before. Measured by ca
 >>> batch = [(b'{"experiment":"home","request_id":"r1"}', Origin("t")), (b'[]', Origin("t"))]
 >>> shards, dead = parse_and_route(parse_request, route, 3600.0, registry, batch)
 >>> [(shard, [(key, e.request_id) for key, _, e in events]) for shard, events in shards]
-[('shard-208', [('home', 'r1')])]
+[('shard-016-of-032', [('home', 'r1')])]
 >>> dead[0].reason
 'not_an_object'
 """

@@ -9,7 +9,7 @@ routed). Each event is guarded: an unexpected error becomes a dead letter for th
 and the dataflow keeps running.
 
 >>> shard_of("home:u1") == shard_of("home:u1"), shard_of("home:u1", shards=1)
-(True, 'shard-000')
+(True, 'shard-000-of-001')
 """
 
 from __future__ import annotations
@@ -46,18 +46,42 @@ Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experi
 Split = tuple[list[tuple[str, bytes]], list[DeadLetter]]
 
 #: Shards per flow. Fixed: an instance's shard must not change while its state is kept.
-#: More shards than workers spread them evenly; each holds 1/SHARDS of the instances.
-SHARDS = 256
+#: More shards than workers spread them over the workers; fewer shards bring each shard
+#: call more events (a call costs ~40 us of Bytewax and Python besides its events: at 256
+#: shards a consumed batch gave each ~11 events, at 32 ~90; the worker's CPU went from
+#: 14.9 to 11.8 us an event, bench/RESULTS.md). 32 serves up to 32 workers.
+SHARDS = 32
+
+
+def shard_name(index: int, shards: int) -> str:
+    """The name (Bytewax key, log file) of shard ``index`` of ``shards``: it says the
+    layout, so a store written with another shard count is recognised by its names.
+
+    >>> shard_name(7, 32)
+    'shard-007-of-032'
+    """
+    return f"shard-{index:03d}-of-{shards:03d}"
 
 
 def shard_of(key: str, shards: int = SHARDS) -> str:
     """The shard (Bytewax key) of an instance key: a stable hash, never the salted
     built-in ``hash``."""
     index = zlib.crc32(key.encode()) % shards
-    return SHARD_NAMES[index] if shards == SHARDS else f"shard-{index:03d}"
+    return SHARD_NAMES[index] if shards == len(SHARD_NAMES) else shard_name(index, shards)
 
 
-SHARD_NAMES = tuple(f"shard-{index:03d}" for index in range(SHARDS))
+SHARD_NAMES = tuple(shard_name(index, SHARDS) for index in range(SHARDS))
+
+
+def of_this_layout(shard: str) -> bool:
+    """Whether ``shard`` is one of this flow's shards (not of a store written with another
+    shard count: before 2026-11-28 tsi used 256 shards named ``shard-NNN``).
+
+    >>> of_this_layout(SHARD_NAMES[0]), of_this_layout("shard-100")
+    (True, False)
+    """
+    index = shard[6:9]  # shard-NNN-of-MMM
+    return index.isdigit() and int(index) < SHARDS and shard == shard_name(int(index), SHARDS)
 
 
 def _split(out: list[Output]) -> tuple[list[Split], bool]:
@@ -138,6 +162,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         self.log: ShardLog | None = None
         self.lane: Any = None  # what the compiled lane keeps between calls (_fast_lane)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
+        self.foreign: list[Entry] = []  # a shard of another shard count: kept as they are
         if resume:
             self._start(resume["shard"], resume)
 
@@ -168,13 +193,22 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
                 self.log.compact(list(entries.values()))
         else:
             entries = {}
-        for entry in entries.values():
-            self._resume(entry)
+        if not of_this_layout(shard):  # no event is routed here: held as they are
+            self.foreign = list(entries.values())
+            detail = (
+                f"{len(entries)} instances kept unserved: {shard} is a shard of another shard "
+                f"count (this flow has {SHARDS}); move the state with `tsi state export` and "
+                "`tsi state import`, which put each instance in its shard"
+            )
+            self._lost(detail, "foreign_shard")
+        else:
+            for entry in entries.values():
+                self._resume(entry)
         self._wish()
 
-    def _lost(self, detail: str) -> None:
+    def _lost(self, detail: str, reason: str = "state_lost") -> None:
         log.error("%s: %s", self.shard, detail)
-        letter = DeadLetter("state_lost", detail, b"", Origin("recovery"), self.shard)
+        letter = DeadLetter(reason, detail, b"", Origin("recovery"), self.shard)
         self.problems.append(letter)
 
     def _resume(self, entry: Entry) -> None:
@@ -545,7 +579,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         return state
 
     def _all_entries(self) -> list[Entry]:
-        return [entry_of(i) for i in self.instances.values()] + self.resting.entries()
+        live = [entry_of(i) for i in self.instances.values()]
+        return live + self.resting.entries() + self.foreign
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:

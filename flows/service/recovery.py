@@ -20,10 +20,16 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from flows.service.logic import shard_of
+from flows.service.logic import SHARDS, of_this_layout, shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
-from flows.service.shard_store import ShardLog, read_payloads, read_records, write_seed
+from flows.service.shard_store import (
+    LOG_FILE,
+    ShardLog,
+    read_payloads,
+    read_records,
+    write_seed,
+)
 
 STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
@@ -112,6 +118,28 @@ def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "t
     for shard, entries in by_shard.items():
         write_seed(store, shard, entries)
     return len(states)
+
+
+def check_shard_layout(recovery_dir: str | Path) -> None:
+    """Refuse a store written with another shard count (``ConfigError`` saying how to move
+    it): its instances would not reach the shards that hold them. Its shards are known
+    by their names (``logic.shard_name``; before 2026-11-28 tsi used 256 shards, named
+    ``shard-NNN``)."""
+    store = shard_store(recovery_dir)
+    names = set()
+    for path in store.iterdir() if store.is_dir() else ():
+        match = LOG_FILE.fullmatch(path.name)
+        name = match["shard"] if match else path.stem if path.suffix == ".seed" else None
+        if name is not None and not of_this_layout(name):
+            names.add(name)
+    if names:
+        shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+        raise ConfigError(
+            f"recovery directory {recovery_dir} holds shards of another shard count ({shown}; "
+            f"this tsi has {SHARDS}): move its state into a new directory with "
+            f"`tsi state export FILE --recovery-dir {recovery_dir}` and "
+            "`tsi state import FILE --recovery-dir NEW_DIR`, then run from NEW_DIR"
+        )
 
 
 def committed_inputs(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, Any]:

@@ -33,6 +33,7 @@ from flows.service.metrics import note_broker_contact
 from flows.service.process import Service
 from flows.service.recovery import (
     check_recovery_dir,
+    check_shard_layout,
     input_offsets,
     seed_from_per_instance_snapshots,
     seeded_inputs,
@@ -64,6 +65,7 @@ def prepare(options: Settings) -> Service:
         parts = None
         if options.recovery_dir is not None:
             parts = check_recovery_dir(options.recovery_dir, options.processes)
+            check_shard_layout(options.recovery_dir)
             seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
         inputs, outputs = service_topics(options.topics)
         limits = check_kafka_topics(

@@ -1,9 +1,15 @@
-"""Upgrading a recovery directory written before shards (one Bytewax key per instance)."""
+"""Upgrading recovery directories of earlier releases: written before shards (one Bytewax
+key per instance), or with another shard count."""
 
+import collections
+import dataclasses
+import shutil
+import zlib
 from datetime import timedelta
 
 import bytewax.operators as op
 import orjson
+import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.operators import StatefulLogic
 from bytewax.recovery import RecoveryConfig, init_db_dir
@@ -13,8 +19,17 @@ from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import build_flow
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.instance import Instance
-from flows.service.recovery import read_states, seed_from_per_instance_snapshots, shard_store
+from flows.service.logic import SHARD_NAMES, SHARDS, of_this_layout, shard_name, shard_of
+from flows.service.recovery import (
+    check_shard_layout,
+    read_states,
+    seed_from_per_instance_snapshots,
+    shard_store,
+)
 from flows.service.registry import Registry, instance_key
+from flows.service.settings import ConfigError, Settings
+from flows.service.startup import StartupError, prepare
+from flows.tools.state import export_state, import_state
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\n')
 KEY = instance_key("e", "u1")
@@ -57,3 +72,87 @@ def test_per_instance_snapshots_of_the_release_before_shards_are_carried_over(tm
     assert served_key == KEY and orjson.loads(answer)["round"] == 6 and not dead  # it went on
     assert seed_from_per_instance_snapshots(recovery) == 0  # once
     assert read_states(recovery)[KEY]["bandit"]["n_updates"] == 5
+
+
+def legacy_shard_of(key, shards=256):
+    """How the release before 2026-11-28 named an instance's shard (256, ``shard-NNN``)."""
+    return f"shard-{zlib.crc32(key.encode()) % shards:03d}"
+
+
+def serve_once(recovery, messages, monkeypatch=None):
+    """One run of the flow over ``messages`` with ``recovery``; (selections, dead letters)
+    as parsed JSON. With ``monkeypatch``, the run routes and names shards as the release
+    before did (the Python parser: the compiled one is fixed at import)."""
+    selections, dead = [], []
+    origins = [(raw, Origin("t", 0, i)) for i, raw in enumerate(messages)]
+    wiring = memory_wiring(origins, [], selections, dead)
+    if monkeypatch is not None:
+        monkeypatch.setattr("flows.service.dataflow.shard_of", legacy_shard_of)
+        monkeypatch.setattr("flows.service.logic.shard_of", legacy_shard_of)
+        monkeypatch.setattr("flows.service.logic.of_this_layout", lambda shard: True)
+        slow = lambda raw, origin, **kw: parse_request(raw, origin, **kw)  # noqa: E731
+        wiring = dataclasses.replace(wiring, parsers={"requests": slow})
+    flow = build_flow(REGISTRY, wiring, store=shard_store(recovery))
+    run_main(flow, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
+    if monkeypatch is not None:
+        monkeypatch.undo()
+    return [orjson.loads(v) for _, v in selections], [orjson.loads(v) for _, v in dead]
+
+
+def test_a_store_of_the_256_shard_release_is_refused_kept_and_moved(tmp_path, monkeypatch):
+    """A store written with another shard count: ``tsi run`` refuses it naming the way out;
+    a flow started on it anyway keeps its instances unchanged and says so in a dead
+    letter per shard (never a crash, never a silent reset); export and import put every
+    instance in its shard of this release, and their rounds go on."""
+    old = tmp_path / "old"
+    old.mkdir()
+    init_db_dir(old, 1)
+    units = [f"u{i}" for i in range(40)]
+    first = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r1"}) for u in units]
+    answers, dead = serve_once(old, first, monkeypatch)
+    assert [a["round"] for a in answers] == [1] * 40 and not dead
+    shards = {legacy_shard_of(instance_key("e", u)) for u in units}
+    assert len(shards) > 30 and not any(of_this_layout(s) for s in shards)
+
+    with pytest.raises(ConfigError, match="shards of another shard count") as refused:
+        check_shard_layout(old)
+    assert "tsi state export" in str(refused.value) and "tsi state import" in str(refused.value)
+    assert str(old) in str(refused.value) and "\n" not in str(refused.value)
+    registry = tmp_path / "registry.toml"
+    registry.write_text('[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\n')
+    nowhere = Settings(registry, brokers=["127.0.0.1:1"], recovery_dir=old, connect_timeout=0.1)
+    with pytest.raises(StartupError, match="shards of another shard count"):
+        prepare(nowhere)  # before any broker is asked
+    before = read_states(old)
+    assert sorted(before) == sorted(instance_key("e", u) for u in units)
+
+    stray = tmp_path / "stray"  # run on a copy anyway (``python -m bytewax.run``)
+    shutil.copytree(old, stray)
+    _, letters = serve_once(stray, [])
+    assert sorted(d["instance"] for d in letters) == sorted(shards)
+    assert {d["reason"] for d in letters} == {"foreign_shard"}
+    assert "tsi state import" in letters[0]["detail"]
+    assert read_states(stray) == before  # kept as they were
+
+    export_state([old], tmp_path / "state.tsi")
+    import_state(tmp_path / "state.tsi", [tmp_path / "new"])
+    check_shard_layout(tmp_path / "new")  # accepted
+    init_db_dir(tmp_path / "new", 1)  # as ``tsi run`` does for a directory with no partitions
+    second = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r2"}) for u in units]
+    answers, dead = serve_once(tmp_path / "new", second)
+    assert [a["round"] for a in answers] == [2] * 40 and not dead  # each went on
+    assert {shard_of(instance_key("e", u)) for u in units} <= set(SHARD_NAMES)
+
+
+def test_shard_names_say_their_layout():
+    """This release's names are recognised, the 256-shard release's and other counts' not,
+    and the hash spreads keys over every shard."""
+    assert all(of_this_layout(name) for name in SHARD_NAMES) and len(SHARD_NAMES) == SHARDS
+    others = ["shard-000", "shard-031", "shard-255", shard_name(3, SHARDS * 2), "x", ""]
+    assert not any(of_this_layout(name) for name in others)
+    assert shard_name(SHARDS, SHARDS) not in SHARD_NAMES and not of_this_layout(
+        shard_name(SHARDS, SHARDS)
+    )
+    counts = collections.Counter(shard_of(instance_key("e", f"u{i}")) for i in range(32_000))
+    assert set(counts) == set(SHARD_NAMES)
+    assert max(counts.values()) < 1.1 * 32_000 / SHARDS  # within 10% of an even spread

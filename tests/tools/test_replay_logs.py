@@ -185,7 +185,7 @@ def test_lines_that_share_an_origin_are_still_accounted_for():
 
 
 def interleaved(n: int, units: int = 300) -> list[bytes]:
-    """Requests of many users (all 256 shards), answered in order a few lines later (1 ms a
+    """Requests of many users (every shard), answered in order a few lines later (1 ms a
     line: 10^4 lines within the time to live); every 50th line broken."""
     lines, waiting = [], []
     for k in range(n):
