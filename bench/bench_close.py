@@ -4,13 +4,13 @@ Run from the repository root (under a minute)::
 
     .venv/bin/python bench/bench_close.py
 
-256 ``ShardLogic`` objects with a shard store (``flows.service.shard_store``) are fed as the
-dataflow feeds them, on ``bench_engine``'s workload (10 arms, per-unit instances over
+``SHARDS`` (32) ``ShardLogic`` objects with a shard store (``flows.service.shard_store``)
+are fed as the dataflow feeds them, on ``bench_engine``'s workload (10 arms, per-unit instances over
 10,000 units, each request followed by its feedback, batches of 1,000 messages). An epoch
 serves ``PAIRS`` requests and their feedback: the first half before a generation turns
 (a second passes: the calls after the turn do what they do then, until nothing is left
 for them), the second half after it. Then every shard's ``snapshot()``, the close, is
-timed (wall clock, all 256), with the instances it found changed. Median of ``REPEATS``
+timed (wall clock, all of them), with the instances it found changed. Median of ``REPEATS``
 epochs on the same shards, after one epoch of warm-up. No Kafka, no Bytewax.
 """
 
@@ -33,7 +33,7 @@ from bench_engine import BATCH, messages  # noqa: E402
 from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.events import Origin, parse_event  # noqa: E402
-from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
+from flows.service.logic import SHARDS, FlowContext, ShardLogic  # noqa: E402
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.stream_clock import StreamClock  # noqa: E402
 
@@ -42,7 +42,7 @@ REPEATS = 5
 
 
 class Shards:
-    """The 256 shards of one flow over a store directory, fed in batches."""
+    """The shards of one flow over a store directory, fed in batches."""
 
     def __init__(self, store: Path, registry: LiveRegistry) -> None:
         self.registry = registry
@@ -120,7 +120,7 @@ def main() -> None:
     print(f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
     print(f"- {args.pairs:,} requests and their feedback an epoch, a generation turning halfway")
     print(
-        f"- the close of 256 shards: **{statistics.median(seconds) * 1e3:.1f} ms** (median of "
+        f"- the close of {SHARDS} shards: **{statistics.median(seconds) * 1e3:.1f} ms** (median of "
         f"{args.repeats}; runs {', '.join(f'{s * 1e3:.1f}' for s in seconds)}), "
         f"{changed:,.0f} instances changed"
     )

@@ -28,7 +28,7 @@ Two references are measured in the same run: ``orjson.loads`` of every message (
 alone), and the kernel's ``Bandit.select`` + ``update`` per request and feedback pair
 (the algorithm alone, one bandit per unit). Beside them, what Bytewax's ``stateful_batch``
 costs per call of a shard that does nothing (a flow through it against the same flow
-through a ``map``, every one of the 256 shards once per activation), shared by the events
+through a ``map``, every shard once per activation), shared by the events
 a shard call gets in the engine run. CPU time (``time.process_time``) of each
 stage summed over the batches after a warm-up fifth; median of ``REPEATS`` interleaved
 repeats, each on fresh shards; the cyclic GC set up as in the service's process

@@ -5,10 +5,10 @@ Run from the repository root::
     .venv/bin/python bench/bench_shards.py --quick      # 5 x 10^4 instances (~1 min)
     .venv/bin/python bench/bench_shards.py              # 10^6 instances (~10 min)
 
-No Bytewax: 256 ``ShardLogic`` objects (``flows.service.logic``), one per shard, are built
-with ``logic_builder(..., store=DIR)`` and fed directly, events grouped per shard (at
-most ``PER_CALL`` per ``on_batch``, then ``notify_at`` as Bytewax calls it), on a
-per-unit experiment of 10 arms (feedback_ttl 3600 s, retry_window 0: an answered
+No Bytewax: ``SHARDS`` (32) ``ShardLogic`` objects (``flows.service.logic``), one per
+shard, are built with ``logic_builder(..., store=DIR)`` and fed directly, events grouped
+per shard (at most ``PER_CALL`` per ``on_batch``, then ``notify_at`` as Bytewax calls it),
+on a per-unit experiment of 10 arms (feedback_ttl 3600 s, retry_window 0: an answered
 instance is idle as soon as the clock moves on and the shard is woken).
 
 1. Snapshot bytes: N units each get a request and its feedback, then every shard
@@ -62,7 +62,14 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.logic import LINGER, Routed, ShardLogic, logic_builder, shard_of
+from flows.service.logic import (
+    LINGER,
+    SHARDS,
+    Routed,
+    ShardLogic,
+    logic_builder,
+    shard_of,
+)
 from flows.service.registry import Experiment, Registry, instance_key
 
 ARMS = ", ".join(f'"a{i}"' for i in range(10))
@@ -76,7 +83,7 @@ EXPERIMENT = REGISTRY["bench"]
 KEPT = REGISTRY["kept"]  # its answers are kept an hour for retries
 ANSWERS = 5  # answers kept per user in the memory configuration "answers"
 PER_CALL = 1_000  # events per on_batch call
-CHUNK = 256_000  # units parsed at once: about PER_CALL per shard
+CHUNK = 256_000  # units parsed at once
 MEMORY_CHUNK = 50_000  # units per snapshot in the memory processes
 TRACED_MAX = 100_000  # instances of the tracemalloc runs
 EPOCHS = (2_000, 20_000)
@@ -108,7 +115,7 @@ class Clock:
 
 
 class Fleet:
-    """The 256 shard logics of one flow, over one store directory."""
+    """The shard logics of one flow, over one store directory."""
 
     def __init__(self, store: Path, clock: Clock, markers: Markers | None = None) -> None:
         self.clock = clock
@@ -400,7 +407,7 @@ def report_machine(m: dict, n: int, repeats: int) -> str:
     load = " / ".join(f"{x:.2f}" for x in m["load_start"])
     end = " / ".join(f"{x:.2f}" for x in m["load_end"])
     return (
-        f"## Shards: snapshot bytes, restart time, memory ({n:,} instances, 256 shards)\n\n"
+        f"## Shards: snapshot bytes, restart time, memory ({n:,} instances, {SHARDS} shards)\n\n"
         f"- {m['date']}; CPU {m['cpu']} ({m['cores']} logical, {m['usable_cores']} usable)\n"
         f"- {m['platform']}; Python {m['python']}\n"
         f"- load average (1, 5, 15 min) {load} at the start, {end} at the end\n"
@@ -428,14 +435,14 @@ def report_snapshots(part: dict) -> str:
         "touched": base["instances"],
         "appended_bytes": base["base_bytes"],
         "bytes_per_instance": base["base_bytes_per_instance"],
-        "shards_written": 256,
+        "shards_written": SHARDS,
     }
     rows = [snapshot_row("bases (the whole state)", base | first)]
     for row in part["epochs"]:
         what = "request + feedback" if row["feedback"] else "request, ticket left open"
         rows.append(snapshot_row("feedback closing them" if row.get("closing") else what, row))
     head = ["epoch", "instances touched", "bytes appended", "bytes / instance"]
-    head += ["shards written", "snapshot s (256 shards)", "events/s (on_batch)"]
+    head += ["shards written", f"snapshot s ({SHARDS} shards)", "events/s (on_batch)"]
     share = ", ".join(f"{r['appended_bytes'] / base['base_bytes']:.2%}" for r in part["epochs"])
     return (
         "### 1. Snapshot bytes per epoch\n\n"
