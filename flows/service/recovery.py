@@ -23,13 +23,7 @@ from typing import Any
 from flows.service.logic import SHARDS, of_this_layout, shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
-from flows.service.shard_store import (
-    LOG_FILE,
-    ShardLog,
-    read_payloads,
-    read_records,
-    write_seed,
-)
+from flows.service.shard_store import ShardLog, read_payloads, read_records, shards_in, write_seed
 
 STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
@@ -125,13 +119,7 @@ def check_shard_layout(recovery_dir: str | Path) -> None:
     it): its instances would not reach the shards that hold them. Its shards are known
     by their names (``logic.shard_name``; before 2026-11-28 tsi used 256 shards, named
     ``shard-NNN``)."""
-    store = shard_store(recovery_dir)
-    names = set()
-    for path in store.iterdir() if store.is_dir() else ():
-        match = LOG_FILE.fullmatch(path.name)
-        name = match["shard"] if match else path.stem if path.suffix == ".seed" else None
-        if name is not None and not of_this_layout(name):
-            names.add(name)
+    names = {name for name in shards_in(shard_store(recovery_dir)) if not of_this_layout(name)}
     if names:
         shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
         raise ConfigError(

@@ -144,6 +144,24 @@ class ShardLog:
         return self.marker
 
 
+def shards_in(directory: Path) -> set[str]:
+    """The shards that have a log or a seed in ``directory`` (none if it is missing).
+
+    >>> import tempfile; where = Path(tempfile.mkdtemp())
+    >>> _ = write_seed(where, "s1", []); _ = ShardLog(where, "s2").compact([])
+    >>> sorted(shards_in(where))
+    ['s1', 's2']
+    """
+    names = set()
+    for path in directory.iterdir() if directory.is_dir() else ():
+        match = LOG_FILE.fullmatch(path.name)
+        if match:
+            names.add(match["shard"])
+        elif path.suffix == ".seed":
+            names.add(path.stem)
+    return names
+
+
 def write_seed(directory: Path, shard: str, entries: list[Entry]) -> Path:
     """Write the base a shard starts from while Bytewax has no marker of it (an upgrade
     from per-instance snapshots, an import); written whole, then renamed into place."""
