@@ -57,6 +57,7 @@ from flows.service._records cimport (
     TIME,
     UNIT,
     Layout,
+    field,
     kept,
 )
 from flows.service import _records as records
@@ -181,17 +182,17 @@ if Ticket._fields[:4] != ("instance", "round", "arm", "prob"):
                       f"the class has {Ticket._fields}")
 
 
-cdef inline object _entry(object held, Py_ssize_t field):
-    """Field ``field`` (RID, TICKET, ENTRY_UNIT or DEADLINE; for Early only RID and
+cdef inline object _entry(object held, Py_ssize_t slot):
+    """Field ``slot`` (RID, TICKET, ENTRY_UNIT or DEADLINE; for Early only RID and
     DEADLINE) of an entry of any kind."""
     kind = type(held)
     if kind is Open:
-        return _OPEN.get(held, field)
+        return field(_OPEN, held, slot)
     if kind is Settled:
-        return _SETTLED.get(held, field)
+        return field(_SETTLED, held, slot)
     if kind is Early:
-        return _EARLY.get(held, EARLY_DEADLINE if field == DEADLINE else field)
-    return _EXPIRED.get(held, field)
+        return field(_EARLY, held, EARLY_DEADLINE if slot == DEADLINE else slot)
+    return field(_EXPIRED, held, slot)
 
 
 cdef inline object _ticket(object ticket, Py_ssize_t field):
@@ -213,7 +214,7 @@ cdef inline object _held(object held, str rid):
 cdef inline bint _kept_has(object instance, str rid) except -1:
     """Whether ``rid`` is among the answers an instance holds as tuples (``Instance._kept``:
     a few for a user who came back; the Python path builds them when one is asked for)."""
-    kept = _INSTANCE.get(instance, KEPT)
+    kept = field(_INSTANCE, instance, KEPT)
     if kept is None:
         return False
     for item in <tuple>kept:
@@ -230,13 +231,13 @@ cdef inline object _bandit(object instance, _Experiment exp):
     is unpacked here (``Bandit.unpack`` without tickets is ``_bandit.unpacked``), three
     Python calls fewer an event of a user who came back; a new bandit, or one whose open
     ticket goes back in, by the property."""
-    bandit = _INSTANCE.get(instance, BANDIT)
+    bandit = field(_INSTANCE, instance, BANDIT)
     if bandit is not None:
         return bandit
-    packed = _INSTANCE.get(instance, PACKED)
-    if packed is None or type(_INSTANCE.get(instance, ENTRIES)) is Open:
+    packed = field(_INSTANCE, instance, PACKED)
+    if packed is None or type(field(_INSTANCE, instance, ENTRIES)) is Open:
         return instance.bandit
-    bandit = _unpacked(Bandit, packed, exp.template(), _INSTANCE.get(instance, KEY))
+    bandit = _unpacked(Bandit, packed, exp.template(), field(_INSTANCE, instance, KEY))
     instance._bandit, instance._packed = bandit, None
     return bandit
 
@@ -246,11 +247,11 @@ cdef inline double _next_deadline(object instance) except? -1.0:
     more, or the kept answers' earliest if sooner; infinity for None (compared as a C
     double: no float object made or compared per event)."""
     cdef double due
-    held, kept = _INSTANCE.get(instance, ENTRIES), _INSTANCE.get(instance, KEPT_DUE)
+    held, kept = field(_INSTANCE, instance, ENTRIES), field(_INSTANCE, instance, KEPT_DUE)
     if held is None:
         due = INFINITY
     elif type(held) is dict:
-        due = (<TimeHeap?>_INSTANCE.get(instance, DEADLINES)).first_time()
+        due = (<TimeHeap?>field(_INSTANCE, instance, DEADLINES)).first_time()
     else:
         due = _entry(held, DEADLINE)
     if kept is not None and <double>kept < due:
@@ -367,14 +368,14 @@ cdef class _Lane:
     cdef double _now(self, object event) except? -1.0:
         """``ShardLogic._time_of`` off event time: the Kafka timestamp (noted as served)
         on stream time, else the clock; kept as ``now`` for the metrics."""
-        origin = _REQUEST.get(event, REQUEST_ORIGIN) if type(event) is Request else \
-            _FEEDBACK.get(event, FEEDBACK_ORIGIN)
-        at = _ORIGIN.get(origin, TIME) if self.stream_time else None
+        origin = field(_REQUEST, event, REQUEST_ORIGIN) if type(event) is Request else \
+            field(_FEEDBACK, event, FEEDBACK_ORIGIN)
+        at = field(_ORIGIN, origin, TIME) if self.stream_time else None
         if at is None:
             self.now = self.clock()
         else:
             self.now = at
-            self._note(_ORIGIN.get(origin, SOURCE), _ORIGIN.get(origin, PARTITION), self.now)
+            self._note(field(_ORIGIN, origin, SOURCE), field(_ORIGIN, origin, PARTITION), self.now)
         return self.now
 
     cdef int _note(self, object source, object partition, double at) except -1:
@@ -402,24 +403,24 @@ cdef class _Lane:
         """The selection of a new request, or None when the Python path must decide;
         ``waited`` says whether it applied feedback that waited for it."""
         self.waited = False
-        rid = _REQUEST.get(event, REQUEST_ID)
-        held = _INSTANCE.get(instance, ENTRIES)
+        rid = field(_REQUEST, event, REQUEST_ID)
+        held = field(_INSTANCE, instance, ENTRIES)
         waiting = _held(held, rid)  # feedback that came first
         if (waiting is not None and type(waiting) is not Early) or _kept_has(instance, rid):
             return None  # a retry: the Python path answers it
-        context = _REQUEST.get(event, CONTEXT)
+        context = field(_REQUEST, event, CONTEXT)
         if not (context is None if exp.n_contexts == 1 else
                 type(context) is int and 0 <= context < exp.n_contexts):
             return None  # the Python path writes the dead letter
         bandit = _bandit(instance, exp)
         now = self._now(event)
         ticket = bandit.select(context, uniform_draw(exp.seed, key, rid))
-        origin = _REQUEST.get(event, REQUEST_ORIGIN)
-        if type(_ORIGIN.get(origin, SOURCE)) is str:
+        origin = field(_REQUEST, event, REQUEST_ORIGIN)
+        if type(field(_ORIGIN, origin, SOURCE)) is str:
             kept(origin)
         if type(_ticket(ticket, T_INSTANCE)) is str:
             kept(ticket)
-        unit = _REQUEST.get(event, UNIT)
+        unit = field(_REQUEST, event, UNIT)
         entry_unit = None if exp.per_unit else unit
         entry = kept(_OPEN.built((rid, ticket, entry_unit, now + exp.ttl, origin)))
         arm = _ticket(ticket, T_ARM)
@@ -430,15 +431,15 @@ cdef class _Lane:
         if waiting is None:
             self.put(instance, held, rid, entry, now + exp.ttl, 0)
             return answer
-        feedback = _EARLY.get(waiting, 1)
-        named = _FEEDBACK.get(feedback, ARM)
+        feedback = field(_EARLY, waiting, 1)
+        named = field(_FEEDBACK, feedback, ARM)
         if named is not None and named != arm and named != exp.arms[arm]:
             instance._put(entry)  # the Python path writes the arm_mismatch dead letter
             return instance.apply_waiting(Handled([answer], pending=1), waiting, now)
         # Instance.apply_waiting: the open entry in place of the waiting feedback, which
         # is applied now
         self.put(instance, held, rid, entry, now + exp.ttl, -1)
-        self.settle(instance, exp, rid, ticket, entry_unit, _FEEDBACK.get(feedback, LOSS), now)
+        self.settle(instance, exp, rid, ticket, entry_unit, field(_FEEDBACK, feedback, LOSS), now)
         self.waited = True
         return answer
 
@@ -448,7 +449,7 @@ cdef class _Lane:
         (``Instance.on_feedback`` past its checks)."""
         _bandit(instance, exp).update(ticket, loss)
         settled = kept(_SETTLED.built((rid, ticket, unit, now + exp.retry_window)))
-        self.put(instance, _INSTANCE.get(instance, ENTRIES), rid, settled,
+        self.put(instance, field(_INSTANCE, instance, ENTRIES), rid, settled,
                  now + exp.retry_window, 0)
         return 0
 
@@ -462,24 +463,24 @@ cdef class _Lane:
             instance._entries = entry
         elif type(held) is dict:
             (<dict>held)[rid] = entry
-            (<TimeHeap?>_INSTANCE.get(instance, DEADLINES)).add(deadline, rid)
+            (<TimeHeap?>field(_INSTANCE, instance, DEADLINES)).add(deadline, rid)
         else:
             instance._put(entry)  # a second entry: the table and heap are built there
             return 0  # and the count of waiting feedback kept
         if early:
-            instance._n_early = _INSTANCE.get(instance, N_EARLY) + early
+            instance._n_early = field(_INSTANCE, instance, N_EARLY) + early
         return 0
 
     cdef int feedback(self, object instance, _Experiment exp, object event) except -1:
         """Apply the feedback of an open ticket (APPLIED), keep feedback that came before
         its request (EARLY), or leave it to the Python path (0)."""
-        rid = _FEEDBACK.get(event, REQUEST_ID)
-        held = _INSTANCE.get(instance, ENTRIES)
+        rid = field(_FEEDBACK, event, REQUEST_ID)
+        held = field(_INSTANCE, instance, ENTRIES)
         entry = _held(held, rid)
         if entry is None:
             if _kept_has(instance, rid):
                 return 0  # the Python path writes the duplicate_feedback dead letter
-            if _INSTANCE.get(instance, N_EARLY) >= exp.early_limit:
+            if field(_INSTANCE, instance, N_EARLY) >= exp.early_limit:
                 return 0  # the Python path writes the early_buffer_full dead letter
             now = self._now(event)
             early = kept(_EARLY.built((rid, event, now + exp.ttl)))
@@ -487,15 +488,15 @@ cdef class _Lane:
             return KEPT_EARLY
         if type(entry) is not Open:
             return 0
-        ticket = _OPEN.get(entry, TICKET)
-        named = _FEEDBACK.get(event, ARM)
+        ticket = field(_OPEN, entry, TICKET)
+        named = field(_FEEDBACK, event, ARM)
         if named is not None:
             arm = _ticket(ticket, T_ARM)
             if named != arm and named != exp.arms[arm]:
                 return 0  # the Python path writes the arm_mismatch dead letter
         now = self._now(event)
-        self.settle(instance, exp, rid, ticket, _OPEN.get(entry, ENTRY_UNIT),
-                    _FEEDBACK.get(event, LOSS), now)
+        self.settle(instance, exp, rid, ticket, field(_OPEN, entry, ENTRY_UNIT),
+                    field(_FEEDBACK, event, LOSS), now)
         return APPLIED_NOW
 
     cdef list serve(self, object logic, list events):
@@ -530,8 +531,8 @@ cdef class _Lane:
                         counted = self.counting(self._experiment(experiment))
                         counted.instances += 1
                 if not (self.event_time or instance is None
-                        or _INSTANCE.get(instance, NOTICES) is not None
-                        or experiment is not _INSTANCE.get(instance, EXPERIMENT)):
+                        or field(_INSTANCE, instance, NOTICES) is not None
+                        or experiment is not field(_INSTANCE, instance, EXPERIMENT)):
                     served = self.serve_one(key, instance, experiment, event, bound)
             if served is None:
                 self.told()
@@ -599,7 +600,7 @@ cdef class _Lane:
             exp.early += 1
             exp.early_feedback += 1
         (self.processing_request if is_request else self.processing_feedback).add(spent)
-        ts = _REQUEST.get(event, REQUEST_TS) if is_request else _FEEDBACK.get(event, FEEDBACK_TS)
+        ts = field(_REQUEST, event, REQUEST_TS) if is_request else field(_FEEDBACK, event, FEEDBACK_TS)
         if ts is not None:
             self.last_ts = ts
             (self.age_request if is_request else self.age_feedback).add(max(self.now - ts, 0.0))

@@ -13,6 +13,26 @@ cdef class Layout:
     cdef object get(self, object record, Py_ssize_t i)
 
 
+cdef extern from *:
+    """
+    static inline PyObject *tsi_slot_at(PyObject *record, Py_ssize_t offset) {
+        return *(PyObject **)((char *)record + offset);
+    }
+    """
+    void *_slot_at "tsi_slot_at" (object record, Py_ssize_t offset) noexcept
+
+
+cdef inline object field(Layout layout, object record, Py_ssize_t i):
+    """``layout.get(record, i)`` compiled into the module that reads it: the slot read
+    where the caller is, the call only for another class or an empty slot (its error)."""
+    cdef void *value
+    if type(record) is layout.cls:
+        value = _slot_at(record, layout.offsets[i])
+        if value != NULL:
+            return <object>value
+    return layout.get(record, i)
+
+
 cdef object kept(object record)
 
 

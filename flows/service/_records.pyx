@@ -9,7 +9,8 @@ a field added there must be added to the compiled code, or the import fails), an
 ``built`` then fills a new instance slot by slot, ~0.1 us, equal to the constructor's.
 ``get`` reads a field at its slot's offset (~15 machine instructions where an attribute
 read from compiled code, which looks the descriptor up in the type, took ~115): the
-fast lane reads some 20 fields an event.
+fast lane reads some 20 fields an event, through ``field`` (``_records.pxd``), the same
+read compiled into the reading module, with no call when the record is of the class.
 
 ``kept`` marks a record the service keeps per ticket (an entry, its ticket, its origin)
 as one the cyclic GC need not walk: these hold only strings, numbers and each other, so
@@ -75,14 +76,6 @@ cdef extern from "Python.h":
     enum: T_OBJECT_EX
     enum: READONLY
 
-cdef extern from *:
-    """
-    static inline PyObject *tsi_slot_at(PyObject *record, Py_ssize_t offset) {
-        return *(PyObject **)((char *)record + offset);
-    }
-    """
-    PyObject *_slot_at "tsi_slot_at" (object record, Py_ssize_t offset)
-
 
 cdef class Layout:
     """The slots of a dataclass's ``fields`` (or of a plain class's ``__slots__``),
@@ -120,7 +113,7 @@ cdef class Layout:
     cdef object get(self, object record, Py_ssize_t i):
         """Field ``i`` of ``record``: read at its slot's offset when ``record`` is of the
         class (what the slot's descriptor does, without looking it up), else by name."""
-        cdef PyObject *value
+        cdef void *value
         if type(record) is not self.cls:
             return getattr(record, self.names[i])
         value = _slot_at(record, self.offsets[i])
@@ -375,7 +368,7 @@ def split_outputs(list outputs) -> tuple:
             dead.append(out)
         elif type(out) is Selection:
             selections.append(
-                kept((_SELECTION.get(out, SELECTION_INSTANCE), _selection_json(out)))
+                kept((field(_SELECTION, out, SELECTION_INSTANCE), _selection_json(out)))
             )
         else:
             selections.append((out.instance, out.to_json()))
