@@ -42,6 +42,7 @@ from time import time
 
 from flows.service.events import Feedback, Request
 from flows.service._draw import uniform_draw
+from flows.service._answer_book cimport AnswerBook
 from flows.service._deadline_queue cimport TimeHeap
 from flows.service._records cimport (
     ARM,
@@ -149,8 +150,8 @@ cdef Layout _SETTLED = Layout(Settled, ("rid", "ticket", "unit", "deadline"))
 cdef Layout _EXPIRED = Layout(Expired, ("rid", "ticket", "unit", "deadline"))
 cdef Layout _EARLY = Layout(Early, ("rid", "feedback", "deadline"))
 cdef Layout _INSTANCE = Layout(Instance, (
-    "_bandit", "_deadlines", "_entries", "_kept", "_kept_due", "_n_early", "_notices", "_packed",
-    "experiment", "key",
+    "_bandit", "_deadlines", "_entries", "_kept", "_n_early", "_notices", "_packed", "experiment",
+    "key",
 ))
 # fields: of an entry (Open; Settled has the first four, Early its own, see _entry)
 cdef enum:
@@ -165,12 +166,11 @@ cdef enum:
     DEADLINES = 1
     ENTRIES = 2
     KEPT = 3
-    KEPT_DUE = 4
-    N_EARLY = 5
-    NOTICES = 6
-    PACKED = 7
-    EXPERIMENT = 8
-    KEY = 9
+    N_EARLY = 4
+    NOTICES = 5
+    PACKED = 6
+    EXPERIMENT = 7
+    KEY = 8
 # of a Ticket (a named tuple)
 cdef enum:
     T_INSTANCE = 0
@@ -212,15 +212,10 @@ cdef inline object _held(object held, str rid):
 
 
 cdef inline bint _kept_has(object instance, str rid) except -1:
-    """Whether ``rid`` is among the answers an instance holds as tuples (``Instance._kept``:
-    a few for a user who came back; the Python path builds them when one is asked for)."""
+    """Whether ``rid`` is among the answers an instance keeps in its book
+    (``Instance._kept``; the Python path builds one into an entry when it is asked for)."""
     kept = field(_INSTANCE, instance, KEPT)
-    if kept is None:
-        return False
-    for item in <tuple>kept:
-        if (<tuple>item)[1] == rid:
-            return True
-    return False
+    return kept is not None and (<AnswerBook?>kept).has(rid)
 
 
 cdef class _Experiment  # below
@@ -247,15 +242,15 @@ cdef inline double _next_deadline(object instance) except? -1.0:
     more, or the kept answers' earliest if sooner; infinity for None (compared as a C
     double: no float object made or compared per event)."""
     cdef double due
-    held, kept = field(_INSTANCE, instance, ENTRIES), field(_INSTANCE, instance, KEPT_DUE)
+    held, kept = field(_INSTANCE, instance, ENTRIES), field(_INSTANCE, instance, KEPT)
     if held is None:
         due = INFINITY
     elif type(held) is dict:
         due = (<TimeHeap?>field(_INSTANCE, instance, DEADLINES)).first_time()
     else:
         due = _entry(held, DEADLINE)
-    if kept is not None and <double>kept < due:
-        return kept
+    if kept is not None and (<AnswerBook?>kept).due < due:
+        return (<AnswerBook>kept).due
     return due
 cdef Py_ssize_t EARLY_FEEDBACK = FEEDBACK["early"]  # the tally's slot of early feedback
 cdef enum:
@@ -439,15 +434,33 @@ cdef class _Lane:
         # Instance.apply_waiting: the open entry in place of the waiting feedback, which
         # is applied now
         self.put(instance, held, rid, entry, now + exp.ttl, -1)
-        self.settle(instance, exp, rid, ticket, entry_unit, field(_FEEDBACK, feedback, LOSS), now)
+        self.settle(instance, exp, entry, rid, ticket, entry_unit,
+                    field(_FEEDBACK, feedback, LOSS), now)
         self.waited = True
         return answer
 
-    cdef int settle(self, object instance, _Experiment exp, str rid, object ticket,
-                    object unit, object loss, double now) except -1:
-        """Apply ``loss`` to the open ticket of ``rid`` and keep its answer for retries
-        (``Instance.on_feedback`` past its checks)."""
+    cdef int settle(self, object instance, _Experiment exp, object entry, str rid,
+                    object ticket, object unit, object loss, double now) except -1:
+        """Apply ``loss`` to the open ticket ``entry`` of ``rid`` and keep its answer for
+        retries (``Instance.on_feedback`` past its checks): in the instance's book, or as
+        an entry where it does not fit."""
+        cdef AnswerBook book
         _bandit(instance, exp).update(ticket, loss)
+        kept_now = field(_INSTANCE, instance, KEPT)
+        book = AnswerBook() if kept_now is None else kept_now
+        if book.keep("s", rid, ticket, unit, now + exp.retry_window):
+            if kept_now is None:
+                instance._kept = book
+            held = field(_INSTANCE, instance, ENTRIES)
+            if type(held) is not dict:  # ``Instance._drop`` of the open ticket
+                instance._entries = None
+            else:  # its deadline stays in the heap, stale (skipped when it comes due)
+                del (<dict>held)[rid]
+                if len(<dict>held) == 1:  # back to one entry: no table, no heap
+                    for one in (<dict>held).values():
+                        instance._entries = one
+                    instance._deadlines = None
+            return 0
         settled = kept(_SETTLED.built((rid, ticket, unit, now + exp.retry_window)))
         self.put(instance, field(_INSTANCE, instance, ENTRIES), rid, settled,
                  now + exp.retry_window, 0)
@@ -495,7 +508,7 @@ cdef class _Lane:
             if named != arm and named != exp.arms[arm]:
                 return 0  # the Python path writes the arm_mismatch dead letter
         now = self._now(event)
-        self.settle(instance, exp, rid, ticket, field(_OPEN, entry, ENTRY_UNIT),
+        self.settle(instance, exp, entry, rid, ticket, field(_OPEN, entry, ENTRY_UNIT),
                     field(_FEEDBACK, event, LOSS), now)
         return APPLIED_NOW
 

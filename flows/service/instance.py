@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from flows.service import _draw
+from flows.service._answer_book import AnswerBook
 from flows.service._deadline_queue import TimeHeap
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.service.registry import Experiment, split_key
@@ -126,10 +127,11 @@ class Instance:
     Idle instances are the common case with one bandit per user, so they are kept small:
     the bandit is packed into bytes while no ticket is pending, and the entries are held
     as nothing, one entry, or (from two on) a dict with a heap of deadlines. Answers kept
-    for retries that an instance brought back from rest are held as the plain tuples
-    they rested as (``_kept``), built into entries only when something reads them: a
-    user who comes back within the retry window (a request, its feedback) costs the
-    same however many answers it has kept.
+    for retries are held apart, in C rows (``_kept``, an ``AnswerBook`` of up to
+    ``LIMIT``; beyond that as entries), and one is built into an entry only when
+    something reads it (a retry, duplicate or late feedback): a user who comes back
+    within the retry window (a request, its feedback) costs the same however many
+    answers it has kept.
     """
 
     __slots__ = (
@@ -137,7 +139,6 @@ class Instance:
         "_deadlines",
         "_entries",
         "_kept",
-        "_kept_due",
         "_n_early",
         "_notices",
         "_packed",
@@ -152,8 +153,7 @@ class Instance:
         self._packed: bytes | None = None
         self._entries: Entry | dict[str, Entry] | None = None
         self._deadlines: TimeHeap | None = None  # (deadline, request_id), only beside a dict
-        self._kept: tuple[tuple, ...] | None = None  # kept answers as they rested (compact)
-        self._kept_due: float | None = None  # the earliest of their deadlines
+        self._kept: AnswerBook | None = None  # kept answers (never an empty book)
         self._n_early = 0
         self._notices: list[Output] | None = None  # dead letters of a registry change
 
@@ -239,25 +239,43 @@ class Instance:
             found = held.get(rid)
         else:
             found = held if held is not None and held.rid == rid else None
-        if found is None and self._kept is not None and any(i[1] == rid for i in self._kept):
-            self._unkept()
-            return self._get(rid)
+        if found is None and self._kept is not None and rid in self._kept:
+            [found] = compact_to_entries((self._kept.pop(rid),))  # built as it is read
+            if not self._kept:
+                self._kept = None
+            self._put(found)
         return found
 
     def keep_compact(self, kept: tuple[tuple, ...]) -> None:
-        """Hold kept answers (``compact_entries`` items of kinds ``ANSWER_CODES``) as they
-        are, until something reads them (``_unkept``)."""
-        self._kept = kept
-        self._kept_due = min(item[4] for item in kept)
+        """Hold kept answers (``compact_entries`` items of kinds ``ANSWER_CODES``) in the
+        book, or as entries if they do not fit it."""
+        book = AnswerBook.of(kept)
+        if book is None:
+            for entry in compact_to_entries(kept):
+                self._put(entry)
+        elif book:
+            self._kept = book
+
+    def _keep_answer(self, kind: str, entry: Open, deadline: float) -> bool:
+        """Keep the answer of ``entry`` in the book (False: it does not fit; nothing done)."""
+        book = self._kept
+        if book is None:
+            book = AnswerBook()
+        if type(deadline) is not float or not book.add(
+            kind, entry.rid, entry.ticket, entry.unit, deadline
+        ):
+            return False
+        self._kept = book
+        return True
 
     def _unkept(self) -> None:
-        """The kept answers held as tuples, built into entries."""
-        kept, self._kept, self._kept_due = self._kept, None, None
-        for entry in compact_to_entries(kept):
+        """The kept answers held in the book, built into entries."""
+        kept, self._kept = self._kept, None
+        for entry in compact_to_entries(tuple(kept or ())):
             self._put(entry)
 
     def _live(self) -> Iterable[Entry]:
-        """The entries held as objects (not the kept answers held as tuples)."""
+        """The entries held as objects (not the kept answers held in the book)."""
         held = self._entries
         return held.values() if type(held) is dict else () if held is None else (held,)
 
@@ -270,7 +288,7 @@ class Instance:
             return None
         if any(type(entry) is not Settled and type(entry) is not Expired for entry in live):
             return None
-        deadlines = [entry.deadline for entry in live] + [item[4] for item in kept]
+        deadlines = [entry.deadline for entry in live] + ([kept.newest()] if kept else [])
         return max(deadlines) - self.experiment.retry_window
 
     def _put(self, entry: Entry) -> None:
@@ -305,8 +323,9 @@ class Instance:
             self._deadlines = None
 
     def entries(self, kind: type | None = None) -> dict[str, Entry]:
-        """The entries (of one kind: ``Open``, ``Settled`` or ``Early``) by request_id, sorted."""
-        if self._kept is not None:
+        """The entries (of one kind: ``Open``, ``Settled`` or ``Early``) by request_id,
+        sorted; the kept answers built into entries first when they are asked for."""
+        if self._kept is not None and kind is not Open and kind is not Early:
             self._unkept()
         chosen = [e for e in self._live() if kind is None or type(e) is kind]
         return {e.rid: e for e in sorted(chosen, key=lambda e: e.rid)}
@@ -402,17 +421,20 @@ class Instance:
             )
             return Handled([self._dead(feedback, "arm_mismatch", detail)])
         self.bandit.update(entry.ticket, feedback.loss)
-        self._put(Settled(rid, entry.ticket, entry.unit, now + self.experiment.retry_window))
+        deadline = now + self.experiment.retry_window
+        if self._keep_answer("s", entry, deadline):
+            self._drop(entry)
+        else:
+            self._put(Settled(rid, entry.ticket, entry.unit, deadline))
         return Handled(pending=-1, applied=1)
 
     def expire(self, now: float) -> list[Output]:
         """Close what has waited too long: tickets without feedback, feedback without
         request; kept answers past their retry window go without a word."""
-        if self._kept_due is not None and self._kept_due <= now:
-            left = tuple(item for item in self._kept if item[4] > now)
-            self._kept, self._kept_due = None, None
-            if left:
-                self.keep_compact(left)
+        if self._kept is not None and self._kept.due <= now:
+            self._kept.expire(now)
+            if not self._kept:
+                self._kept = None
         out: list[Output] = []
         while self._entries is not None:
             held = self._entries
@@ -464,7 +486,7 @@ class Instance:
         )
 
     def next_deadline(self) -> float | None:
-        held, kept = self._entries, self._kept_due
+        held, kept = self._entries, None if self._kept is None else self._kept.due
         if held is None:
             return kept
         due = self._deadlines.first_time() if type(held) is dict else held.deadline
@@ -514,7 +536,7 @@ class Instance:
         >>> inst.compact_entries()
         (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None), None, 9.0),)
         """
-        out = list(self._kept or ())  # kept answers held as tuples: as they are
+        out = list(self._kept or ())  # the kept answers first, as compact tuples
         for entry in self._live():
             kind = _COMPACT_CODES.get(type(entry))
             if kind is None:

@@ -15,7 +15,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service import _fast_lane
+from flows.service import _answer_book, _fast_lane
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.instance import Early, Instance
 from flows.service.logic import LINGER, FlowContext, ShardLogic
@@ -172,6 +172,46 @@ def test_feedback_before_its_request_is_counted_out_of_the_early_buffer():
     assert counted["shared"][:4] == [5, 0, 0, 0]  # decisions, retries, pending, early
 
 
+def test_answers_past_the_books_limit_are_kept_as_entries_and_served_the_same():
+    """An instance with more answers than its book holds (a shared one): the first
+    ``LIMIT`` in the book, the rest as entries; retries and duplicate feedback of both,
+    their expiry, and a new request after it, through the lane as through the Python path."""
+    limit = _answer_book.LIMIT
+    n = limit + 6
+    pairs = [
+        ("event", (kind, "shared", "u1", f"r{i}", float(i), None, None, None))
+        for i in range(n)
+        for kind in ("request", "feedback")
+    ]
+    again = [
+        ("event", (kind, "shared", "u1", f"r{i}", 0.0, None, None, None))
+        for i in (0, limit - 1, limit, n - 1)
+        for kind in ("request", "feedback")
+    ]
+    script = pairs + again + [("wait", 2.0)] + again + [("wait", 7.0)] + again
+    for stream_time in (False, True):
+        fast, slow = run(script, True, stream_time), run(script, False, stream_time)
+        assert fast == slow
+        outputs = fast[0]
+        retried = [out for out in outputs[2 * n : 2 * n + 8]]
+        assert [len(out) for out in retried] == [1] * 8  # an answer, a duplicate's letter
+        assert [out[0].reason for out in retried[1::2]] == ["duplicate_feedback"] * 4
+        assert retried[::2] == [outputs[2 * i] for i in (0, limit - 1, limit, n - 1)]
+        fresh = outputs[-8:]  # after the retry window: new selections, applied feedback
+        assert [out[0].round for out in fresh[::2]] == [n + 1, n + 2, n + 3, n + 4]
+        assert fresh[1::2] == [[]] * 4
+
+    shared = REGISTRY["shared"]
+    instance = Instance(shared, shared.instance_key(None))
+    for i in range(n):
+        rid = f"r{i}"
+        raw = orjson.dumps(message("request", "shared", None, rid, 0.0, None, None, None))
+        instance.on_request(parse_request(raw, Origin("t")), now=1.0)
+        raw = orjson.dumps(message("feedback", "shared", None, rid, 1.0, None, None, None))
+        instance.on_feedback(parse_feedback(raw, Origin("t")), now=1.0)
+    assert len(instance._kept) == limit and len(list(instance._live())) == n - limit
+
+
 def python_path_calls(monkeypatch) -> list[str]:
     """The request ids of the events the Python path (``ShardLogic._on_event``) handles
     from now on, in order."""
@@ -237,8 +277,8 @@ def test_events_from_another_process_take_the_lane(monkeypatch):
 
 
 def test_a_user_back_with_kept_answers_is_served_by_the_lane(monkeypatch):
-    """A user who rested with several kept answers comes back: its answers stay tuples
-    (``Instance._kept``), its new request and feedback are served by the lane, and a
+    """A user who rested with several kept answers comes back: its answers stay in its
+    book (``Instance._kept``), its new request and feedback are served by the lane, and a
     retry of an old request goes to the Python path, which answers it as first."""
     now = [1_700_000_100.0]
     registry = Registry.from_toml(
@@ -264,8 +304,9 @@ def test_a_user_back_with_kept_answers_is_served_by_the_lane(monkeypatch):
     assert key in shard.resting and key not in shard.instances
     calls = python_path_calls(monkeypatch)
     [answer] = send("request", "r4")
-    assert calls == [] and len(shard.instances[key]._kept) == 3  # still tuples
+    assert calls == [] and len(shard.instances[key]._kept) == 3  # none built
     assert send("feedback", "r4") == [] and calls == []
+    assert len(shard.instances[key]._kept) == 4  # and r4's answer
     assert send("request", "r2") == first["r2"] and calls == ["r2"]  # a retry, answered the same
     [duplicate] = send("feedback", "r1")
     assert duplicate.reason == "duplicate_feedback" and calls == ["r2", "r1"]
