@@ -41,7 +41,7 @@ from libc.math cimport INFINITY
 from time import time
 
 from flows.service.events import Feedback, Request
-from flows.service._draw import uniform_draw
+from flows.service._draw cimport uniform_draw
 from flows.service._answer_book cimport AnswerBook
 from flows.service._deadline_queue cimport TimeHeap
 from flows.service._records cimport (

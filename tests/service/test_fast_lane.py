@@ -22,6 +22,7 @@ from flows.service.logic import LINGER, FlowContext, ShardLogic
 from flows.service.metrics import thread_tally
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.stream_clock import StreamClock
+from tsi_core import Bandit
 
 REGISTRY = Registry.from_toml(
     """
@@ -317,13 +318,20 @@ def test_an_error_in_the_lane_is_the_events_dead_letter(monkeypatch):
     script = [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (1, 2)]
     reference, *_ = run(script, True, False)
 
-    def explode(*_args):
-        raise RuntimeError("disk on fire")
+    select, calls = Bandit.select, []
 
-    monkeypatch.setattr(_fast_lane, "uniform_draw", explode)
+    def explode(self, *args, **kwargs):  # the first selection made, the second fails
+        calls.append(args or kwargs)
+        if len(calls) > 1:
+            raise RuntimeError("disk on fire")
+        return select(self, *args, **kwargs)
+
+    monkeypatch.setattr(Bandit, "select", explode)
     [_, [dead]], states, *_ = run(script, True, False)
     assert dead.reason == "internal_error" and "disk on fire" in dead.detail
     assert len(states["user\x1fu1"]["open"]) == 1 and len(reference[1]) == 1
+    # r1 by the Python path (keywords), r2 by the lane (positional)
+    assert calls == [{"context": None, "u": calls[0]["u"]}, (None, calls[1][1])]
 
 
 def test_the_modules_example_holds():
