@@ -7,7 +7,6 @@ cdef struct Answer:
     PyObject *rid  # a str
     PyObject *unit  # a str, or NULL for None
     PyObject *instance  # the ticket's instance (a str)
-    Py_hash_t hash  # of rid
     long long round
     long long context  # the ticket's context; -1 for None
     long long arm
@@ -19,6 +18,7 @@ cdef struct Answer:
 
 cdef class AnswerBook:
     cdef Answer *answers
+    cdef Py_hash_t *hashes  # each row's ``hash``, side by side: what a scan reads
     cdef Py_ssize_t n, capacity
     cdef readonly double due  # the earliest deadline; infinity when empty
 

@@ -4,15 +4,16 @@
 After its feedback (or its expiry) a request's answer is kept ``retry_window`` seconds
 (an hour by default), to answer a retry the same way and to name duplicate or late
 feedback. Held as entry objects (a ``Settled``, its ``Ticket``, its numbers, a slot in
-the instance's dict and heap) an answer took ~450 bytes and a few allocations; a busy
-service keeps an hour of them. Here it is one 80-byte row: the request_id and unit
-strings it already had, the ticket's numbers in C. At most ``LIMIT`` rows: the answers
-of an instance beyond that (a busy shared instance) are kept as entries, with their
-heap, as before. A row comes out as the compact tuple of ``Instance.compact_entries``
+the instance's dict and heap) an answer took ~430 bytes and a few allocations; a busy
+service keeps an hour of them. Here it is one 80-byte row and its hash: the request_id
+and unit strings it already had, the ticket's numbers in C. At most ``LIMIT`` rows: the
+answers of an instance beyond that (a busy shared instance) are kept as entries, with
+their heap, as before. A row comes out as the compact tuple of ``Instance.compact_entries``
 (kind, rid, ticket as a tuple, unit, deadline), the same values bit for bit.
 
-Rows are found by a scan of their hashes (at most ``LIMIT``), kept in the order they
-came, and dropped at their deadline by ``expire``.
+Rows are found by a scan of their hashes (at most ``LIMIT``, in an array of their own:
+a request of a user with 15 answers reads two cache lines, not 15 rows), kept in the
+order they came, and dropped at their deadline by ``expire``.
 
 >>> book = AnswerBook()
 >>> book.add("s", "r1", ("home", 1, 0, 0.5, 0.5, None), None, 10.0)
@@ -59,6 +60,7 @@ cdef class AnswerBook:
         for i in range(self.n):
             self._release(&self.answers[i])
         PyMem_Free(self.answers)
+        PyMem_Free(self.hashes)
 
     cdef void _release(self, Answer *row) noexcept:
         Py_DECREF(<object>row.rid)
@@ -71,9 +73,10 @@ cdef class AnswerBook:
         cdef Py_ssize_t i
         cdef Answer *row
         for i in range(self.n):
-            row = &self.answers[i]
-            if row.hash == h and (row.rid == <PyObject*>rid or <str>row.rid == rid):
-                return i
+            if self.hashes[i] == h:
+                row = &self.answers[i]
+                if row.rid == <PyObject*>rid or <str>row.rid == rid:
+                    return i
         return -1
 
     cdef bint has(self, str rid) except -1:
@@ -105,7 +108,7 @@ cdef class AnswerBook:
         Py_INCREF(rid)
         Py_XINCREF(row.unit)
         Py_INCREF(instance)
-        row.hash = hash(rid)
+        self.hashes[self.n] = hash(rid)
         row.round, row.arm, row.prob, row.weight_share = round_, arm, prob, weight_share
         row.context = context
         row.deadline = deadline
@@ -120,7 +123,12 @@ cdef class AnswerBook:
         cdef Answer *grown = <Answer*>PyMem_Realloc(self.answers, capacity * sizeof(Answer))
         if grown == NULL:
             raise MemoryError()
-        self.answers, self.capacity = grown, capacity
+        self.answers = grown
+        cdef Py_hash_t *hashes = <Py_hash_t*>PyMem_Realloc(
+            self.hashes, capacity * sizeof(Py_hash_t))
+        if hashes == NULL:
+            raise MemoryError()
+        self.hashes, self.capacity = hashes, capacity
         return 0
 
     cdef object _item(self, Py_ssize_t i):
@@ -134,6 +142,7 @@ cdef class AnswerBook:
     cdef void _remove(self, Py_ssize_t i) noexcept:
         self._release(&self.answers[i])
         memmove(&self.answers[i], &self.answers[i + 1], (self.n - i - 1) * sizeof(Answer))
+        memmove(&self.hashes[i], &self.hashes[i + 1], (self.n - i - 1) * sizeof(Py_hash_t))
         self.n -= 1
 
     cdef void _recount(self) noexcept:
