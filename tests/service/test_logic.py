@@ -3,11 +3,11 @@
 import orjson
 from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
-from flows.service import _fast_lane
 from flows.service.events import DeadLetter, Origin, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.logic import logic_builder
 from flows.service.registry import Registry
+from tsi_core import Bandit
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
 
@@ -34,7 +34,7 @@ def test_an_unexpected_error_becomes_a_dead_letter_and_the_logic_lives_on(monkey
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(Instance, "on_request", explode)  # the Python path
-    monkeypatch.setattr(_fast_lane, "uniform_draw", explode)  # the compiled lane
+    monkeypatch.setattr(Bandit, "select", explode)  # the compiled lane's selection
     [([], [dead])], keep = logic.on_batch([item(logic, "e", request("r2"))])
     assert isinstance(dead, DeadLetter) and dead.reason == "internal_error"
     assert "disk on fire" in dead.detail and keep is StatefulLogic.RETAIN
