@@ -38,6 +38,7 @@ repeats, each on fresh shards; the cyclic GC set up as in the service's process
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -61,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_flow import registry_toml, workload  # noqa: E402
 
-from flows.service.collector import settle_heap  # noqa: E402
+from flows.service.collector import YOUNG_COLLECTION_THRESHOLD, settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.deadlines import WAKE_UP, worker_queue  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
@@ -275,12 +276,36 @@ def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def count_run(mode: str, pairs: int) -> None:
+    """One engine run for an instruction counter (``--count``): what it does depends on
+    nothing but the messages. No instance is put to rest (under valgrind the clock runs
+    ~50 times slower, and instances rest that a real run keeps live), and what lives at
+    the start is frozen once, as ``settle_heap`` does, without its timed freezer thread.
+    Two runs of different ``pairs`` give the cost of the pairs between them (with a fixed
+    ``PYTHONHASHSEED`` two runs of the same build agree to ~0.01%)::
+
+        export PYTHONHASHSEED=0
+        valgrind --tool=callgrind .venv/bin/python bench/bench_engine.py --count events --pairs 2000
+        valgrind --tool=callgrind .venv/bin/python bench/bench_engine.py --count events --pairs 8000
+    """
+    msgs = messages(mode, pairs)
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
+    engine_run(msgs, True, rest_after=1e9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=100_000, help="requests per mode")
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "engine_results.json")
+    parser.add_argument("--count", choices=TOPICS, help="one run of MODE for valgrind, no output")
     args = parser.parse_args()
+    if args.count:
+        count_run(args.count, args.pairs)
+        return
     figures = measure(args.pairs, args.repeats)
     print(report(figures, args.pairs, args.repeats))
     args.out.write_text(json.dumps({"pairs": args.pairs, "figures": figures}, indent=2) + "\n")
