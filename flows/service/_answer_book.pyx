@@ -83,7 +83,8 @@ cdef class AnswerBook:
         return self.find(rid) >= 0
 
     cdef bint keep(self, str kind, str rid, object ticket, object unit, double deadline) except -1:
-        """Add an answer; False (nothing done) when the book is full, ``rid`` is in it,
+        """Add the answer of ``rid``, which the caller knows is not in the book (its open
+        ticket was found, or ``add`` looked); False (nothing done) when the book is full
         or a value is not one a row holds exactly (then the caller keeps an entry)."""
         cdef long long round_, arm, context = -1
         if self.n >= _LIMIT or (kind != "s" and kind != "x"):
@@ -96,8 +97,6 @@ cdef class AnswerBook:
                 and type(prob) is float and type(weight_share) is float
                 and (fields[5] is None or _count(fields[5], &context))
                 and (unit is None or type(unit) is str)):
-            return False
-        if self.find(rid) >= 0:
             return False
         if self.n == self.capacity:
             self._grow()
@@ -153,8 +152,8 @@ cdef class AnswerBook:
                 self.due = self.answers[i].deadline
 
     def add(self, str kind, str rid, object ticket, object unit, double deadline) -> bool:
-        """Keep an answer (see ``keep``)."""
-        return self.keep(kind, rid, ticket, unit, deadline)
+        """Keep an answer (see ``keep``); False also when ``rid`` is in the book."""
+        return self.find(rid) < 0 and self.keep(kind, rid, ticket, unit, deadline)
 
     def pop(self, str rid) -> tuple | None:
         """The answer of ``rid`` as a compact tuple, taken out of the book; None if absent."""
@@ -217,7 +216,7 @@ cdef class AnswerBook:
                     and type(item[0]) is str and type(item[4]) is float):
                 return None
             kind, rid, ticket, unit, deadline = item
-            if not book.keep(kind, rid, ticket, unit, deadline):
+            if not book.add(kind, rid, ticket, unit, deadline):
                 return None
         return book
 

@@ -434,16 +434,15 @@ cdef class _Lane:
         # Instance.apply_waiting: the open entry in place of the waiting feedback, which
         # is applied now
         self.put(instance, held, rid, entry, now + exp.ttl, -1)
-        self.settle(instance, exp, entry, rid, ticket, entry_unit,
-                    field(_FEEDBACK, feedback, LOSS), now)
+        self.settle(instance, exp, rid, ticket, entry_unit, field(_FEEDBACK, feedback, LOSS), now)
         self.waited = True
         return answer
 
-    cdef int settle(self, object instance, _Experiment exp, object entry, str rid,
-                    object ticket, object unit, object loss, double now) except -1:
-        """Apply ``loss`` to the open ticket ``entry`` of ``rid`` and keep its answer for
-        retries (``Instance.on_feedback`` past its checks): in the instance's book, or as
-        an entry where it does not fit."""
+    cdef int settle(self, object instance, _Experiment exp, str rid, object ticket,
+                    object unit, object loss, double now) except -1:
+        """Apply ``loss`` to the open ticket of ``rid`` and keep its answer for retries
+        (``Instance.on_feedback`` past its checks): in the instance's book (``rid`` is not
+        in it: the lane found its open ticket), or as an entry where it does not fit."""
         cdef AnswerBook book
         _bandit(instance, exp).update(ticket, loss)
         kept_now = field(_INSTANCE, instance, KEPT)
@@ -508,7 +507,7 @@ cdef class _Lane:
             if named != arm and named != exp.arms[arm]:
                 return 0  # the Python path writes the arm_mismatch dead letter
         now = self._now(event)
-        self.settle(instance, exp, entry, rid, ticket, field(_OPEN, entry, ENTRY_UNIT),
+        self.settle(instance, exp, rid, ticket, field(_OPEN, entry, ENTRY_UNIT),
                     field(_FEEDBACK, event, LOSS), now)
         return APPLIED_NOW
 
@@ -613,7 +612,8 @@ cdef class _Lane:
             exp.early += 1
             exp.early_feedback += 1
         (self.processing_request if is_request else self.processing_feedback).add(spent)
-        ts = field(_REQUEST, event, REQUEST_TS) if is_request else field(_FEEDBACK, event, FEEDBACK_TS)
+        ts = field(_REQUEST, event, REQUEST_TS) if is_request else \
+            field(_FEEDBACK, event, FEEDBACK_TS)
         if ts is not None:
             self.last_ts = ts
             (self.age_request if is_request else self.age_feedback).add(max(self.now - ts, 0.0))
