@@ -279,23 +279,28 @@ cdef class BanditCore:
         return self.pending_at(round_)
 
     cdef int hold(self, ticket) except -1:
+        if not isinstance(ticket, Ticket):
+            raise TicketError(f"expected a Ticket, got {ticket!r}")
         held = self._pending
         if held is None:
             self._pending = ticket  # the common case of one pending ticket needs no table
         elif type(held) is dict:
-            held[ticket[1]] = ticket
+            (<dict>held)[field(ticket, 1)] = ticket
         else:
-            self._pending = {held[1]: held, ticket[1]: ticket}
+            self._pending = {field(held, 1): held, field(ticket, 1): ticket}
         return 0
 
     cdef int settle(self, ticket) except -1:
+        """Forget a pending ticket (``check_pending`` passed): back to no table when one
+        is left."""
         held = self._pending
         if type(held) is not dict:
             self._pending = None  # an idle instance keeps no ticket table
             return 0
-        del held[ticket[1]]
-        if len(held) == 1:
-            self._pending = next(iter(held.values()))
+        del (<dict>held)[field(ticket, 1)]
+        if len(<dict>held) == 1:
+            for one in (<dict>held).values():
+                self._pending = one
         return 0
 
     cdef object pending_at(self, round_):
@@ -313,8 +318,11 @@ cdef class BanditCore:
             raise TicketError(
                 f"ticket of instance {ticket[0]!r} given to instance {self.instance_id!r}"
             )
-        if self._pending is ticket:
-            return 0
+        held = self._pending
+        if held is ticket or (
+            type(held) is dict and (<dict>held).get(field(ticket, 1)) is ticket
+        ):
+            return 0  # the ticket it handed out (the common case: no comparison)
         if self.pending_at(field(ticket, 1)) != ticket:
             raise TicketError(
                 f"ticket round {ticket[1]} is not pending here "

@@ -2,6 +2,7 @@
 
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -226,6 +227,28 @@ def test_pending_tickets_settle_in_any_order_through_one_and_many():
         b.update(first, 1.0)
     b.update(third, 2.0)
     assert b.pending == () and b.n_updates == 2
+
+
+def test_pending_tickets_are_matched_by_value_not_identity_and_altered_ones_refused():
+    # the table of two or more pending tickets finds the handed-out object by identity
+    # first; an equal copy (a pickled or restored ticket) still settles, an altered one not
+    b = Bandit(3, seed=1, instance_id="x")
+    tickets = [b.select() for _ in range(4)]
+    copy = pickle.loads(pickle.dumps(tickets[2]))
+    assert copy == tickets[2] and copy is not tickets[2]
+    altered = tickets[1]._replace(prob=tickets[1].prob / 2)
+    before = b.to_dict()
+    with pytest.raises(TicketError, match="round 2 is not pending"):
+        b.update(altered, 1.0)
+    assert b.to_dict() == before
+    b.update(copy, 1.0)
+    b.update(tickets[0], 0.5)
+    assert b.pending == (tickets[1], tickets[3])
+    b.discard(tickets[3])
+    assert b.pending == (tickets[1],) and type(b._pending) is type(tickets[1])
+    with pytest.raises(TicketError, match=r"expected a Ticket, got \(0, 1\)"):
+        b._hold((0, 1))
+    assert b.pending == (tickets[1],)
 
 
 @pytest.mark.parametrize("competition", [Fixed(), Switching(rate=0.01), Contextual(2)])
