@@ -471,14 +471,24 @@ cdef class _Lane:
         instance's entries) if any: the one entry, or into the table of two or more and
         its heap of deadlines; ``early`` is what the instance's count of waiting feedback
         gains (1: an Early entry where there was none; -1: one replaced)."""
+        cdef TimeHeap heap
         if held is None or (type(held) is not dict and _entry(held, RID) == rid):
             instance._entries = entry
         elif type(held) is dict:
             (<dict>held)[rid] = entry
             (<TimeHeap?>field(_INSTANCE, instance, DEADLINES)).add(deadline, rid)
-        else:
-            instance._put(entry)  # a second entry: the table and heap are built there
+        elif field(_INSTANCE, instance, BANDIT) is None:
+            # a second entry beside a packed bandit: ``Instance._put`` unpacks it while
+            # the one entry can still hand back its ticket
+            instance._put(entry)
             return 0  # and the count of waiting feedback kept
+        else:  # a second entry: from here on a table and a heap (``Instance._put``)
+            heap = TimeHeap()
+            old_rid = _entry(held, RID)
+            heap.add(_entry(held, DEADLINE), old_rid)
+            heap.add(deadline, rid)
+            instance._entries = {old_rid: held, rid: entry}
+            instance._deadlines = heap
         if early:
             instance._n_early = field(_INSTANCE, instance, N_EARLY) + early
         return 0
