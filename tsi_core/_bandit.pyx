@@ -10,7 +10,7 @@ C interface: the same numbers ``Generator.random()`` returns.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.object cimport PyTypeObject
+from cpython.object cimport PyObject, PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_SET_ITEM
@@ -44,6 +44,8 @@ cdef extern from *:
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t n)
+    bint PyObject_GC_IsTracked(object op)
+    void PyObject_GC_UnTrack(void* op)
 
 
 cdef inline void put(object ticket, Py_ssize_t i, object item):
@@ -63,6 +65,20 @@ cdef inline object new_ticket(object instance, int64_t round_, int64_t arm, doub
     put(ticket, 4, p)
     put(ticket, 5, context)
     return ticket
+
+
+cdef inline bint _atomic(object ticket):
+    """Whether a ticket holds only a str, ints, floats and None: then a table of such
+    tickets cannot be part of a reference cycle, and is kept out of the cyclic GC's
+    walks (CPython tracks a dict from the first tuple subclass put in it, tracked or
+    not; an instance with many pending tickets kept one such dict walked at every
+    collection)."""
+    context = field(ticket, 5)
+    return (
+        type(field(ticket, 0)) is str and type(field(ticket, 1)) is int
+        and type(field(ticket, 2)) is int and type(field(ticket, 3)) is float
+        and type(field(ticket, 4)) is float and (context is None or type(context) is int)
+    )
 
 
 cdef inline object field(object ticket, Py_ssize_t i):
@@ -285,9 +301,15 @@ cdef class BanditCore:
         if held is None:
             self._pending = ticket  # the common case of one pending ticket needs no table
         elif type(held) is dict:
+            tracked = PyObject_GC_IsTracked(held)
             (<dict>held)[field(ticket, 1)] = ticket
+            if not tracked and _atomic(ticket):
+                PyObject_GC_UnTrack(<PyObject*>held)
         else:
-            self._pending = {field(held, 1): held, field(ticket, 1): ticket}
+            table = {field(held, 1): held, field(ticket, 1): ticket}
+            if _atomic(held) and _atomic(ticket):
+                PyObject_GC_UnTrack(<PyObject*>table)
+            self._pending = table
         return 0
 
     cdef int settle(self, ticket) except -1:

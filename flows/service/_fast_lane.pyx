@@ -476,6 +476,7 @@ cdef class _Lane:
             instance._entries = entry
         elif type(held) is dict:
             (<dict>held)[rid] = entry
+            kept(held)  # see below
             (<TimeHeap?>field(_INSTANCE, instance, DEADLINES)).add(deadline, rid)
         elif field(_INSTANCE, instance, BANDIT) is None:
             # a second entry beside a packed bandit: ``Instance._put`` unpacks it while
@@ -487,7 +488,10 @@ cdef class _Lane:
             old_rid = _entry(held, RID)
             heap.add(_entry(held, DEADLINE), old_rid)
             heap.add(deadline, rid)
-            instance._entries = {old_rid: held, rid: entry}
+            # a dict holding a record is tracked by the cyclic GC (and again at each
+            # insert), even when its records are not (``kept``); no cycle can pass
+            # through an instance's entries (none refers back), so it is not walked
+            instance._entries = kept({old_rid: held, rid: entry})
             instance._deadlines = heap
         if early:
             instance._n_early = field(_INSTANCE, instance, N_EARLY) + early

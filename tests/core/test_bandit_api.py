@@ -1,8 +1,10 @@
 """Public API of Bandit: tickets, bad input (clear errors, no state change), snapshots."""
 
+import gc
 import json
 import math
 import pickle
+import weakref
 
 import numpy as np
 import pytest
@@ -331,3 +333,25 @@ def test_impossible_switching_weights_are_refused_in_snapshots_and_packed_bytes(
     blob[-32:] = np.asarray(weights, dtype="<f8").tobytes()
     with pytest.raises(ValueError, match="switching weights must be finite"):
         Bandit.unpack(bytes(blob), b, "s")
+
+
+def test_a_table_of_pending_tickets_is_out_of_the_gc_unless_a_ticket_could_form_a_cycle():
+    b = Bandit(3, seed=1, instance_id="x")
+    tickets = [b.select() for _ in range(3)]
+    assert type(b._pending) is dict and not gc.is_tracked(b._pending)
+
+    class Named(str):  # an instance id that can refer back to its bandit: a cycle
+        pass
+
+    odd = Named("y")
+    held = Bandit(3, seed=1, instance_id="y")
+    odd.owner = held
+    for round_ in (1, 2):
+        held._hold(Ticket(odd, round_, 0, 0.5, 0.5))
+    assert gc.is_tracked(held._pending)  # walked: the cycle is found and collected
+    gone = weakref.ref(odd)
+    del odd, held
+    gc.collect()
+    assert gone() is None
+    b.update(tickets[1], 1.0)
+    assert not gc.is_tracked(b._pending) and len(b.pending) == 2

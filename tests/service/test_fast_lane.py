@@ -387,3 +387,30 @@ def test_a_shard_and_its_kept_lane_are_freed_by_reference_counting():
     finally:
         if collecting:
             gc.enable()
+
+
+def test_tables_of_several_entries_are_not_walked_by_the_cyclic_gc():
+    """Requests ahead of their feedback leave an instance several open tickets: its table
+    of entries and its bandit's table of pending tickets hold only records kept from the
+    GC, so neither is tracked (a dict is tracked from the first record put in it)."""
+    live = LiveRegistry(REGISTRY)
+    shard = ShardLogic(FlowContext(live, lambda: 1_700_000_100.0))
+    experiment = live.current["user"]
+    key = experiment.instance_key("u1")
+
+    def handle(kind, rid):
+        raw = orjson.dumps(message(kind, "user", "u1", rid, 1.0, None, None, None))
+        parse = parse_request if kind == "request" else parse_feedback
+        return shard.handle([(key, experiment, parse(raw, Origin("t")))])
+
+    for rid in ("r1", "r2", "r3", "r4"):  # r1 builds the instance, the others take the lane
+        handle("request", rid)
+    handle("feedback", "r2")
+    instance = shard.instances[key]
+    entries, pending = instance._entries, instance._bandit._pending
+    assert type(entries) is dict and sorted(entries) == ["r1", "r3", "r4"]
+    assert type(pending) is dict and len(pending) == 3
+    assert not gc.is_tracked(entries) and not gc.is_tracked(pending)
+    for rid in ("r1", "r3"):
+        handle("feedback", rid)
+    assert instance._entries.rid == "r4" and instance._bandit.pending == (instance._entries.ticket,)
