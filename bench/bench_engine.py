@@ -8,9 +8,11 @@ The service's throughput is the stack's cost per event (Kafka clients, Bytewax, 
 connectors; ``bench/bench_flow.py`` measures it with its ``stack_flow``) plus the
 engine's. This bench times the engine alone, in this process, on the workload of
 ``bench_flow.py`` (10 arms, per-unit instances, 10,000 units; the combined ``events`` topic:
-each request followed by its feedback; the two topics: all requests, then all feedback),
-in batches of ``BATCH`` messages as one ``consume`` brings them, through the same
-functions the dataflow's steps call:
+each request followed by its feedback; the two topics: all requests, then all feedback;
+and ``feedback late``: the events topic with each feedback ``LATE`` requests after its
+request, so that it finds its open ticket out of the caches, as a service's users who
+answer after a while do), in batches of ``BATCH`` messages as one ``consume`` brings
+them, through the same functions the dataflow's steps call:
 
 - ``parse_and_route``: bytes to routed events, one item per shard
   (``flows.service.dataflow``, compiled lane);
@@ -60,7 +62,13 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_flow import registry_toml, workload  # noqa: E402
+from bench_flow import (  # noqa: E402
+    feedback_value,
+    loss_of,
+    registry_toml,
+    request_value,
+    workload,
+)
 
 from flows.service.collector import YOUNG_COLLECTION_THRESHOLD, settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
@@ -85,12 +93,34 @@ AT_REST = "shards, every instance revived (rest_after 0)"
 EXPIRING = "shards, revived, every answer expiring (retry_window 0.5 s)"
 STREAM_STEP = 0.05  # seconds a batch on the clock, when answers expire
 TOPICS = {"events": {"events": "ev"}, "two topics": {"requests": "rq", "feedback": "fb"}}
+LATE = 20_000  # requests between a request and its feedback in the mode "feedback late"
+MODES = (*TOPICS, "feedback late")
 
 
 def messages(mode: str, pairs: int) -> list[tuple[bytes, str]]:
     """(bytes, kind) of ``pairs`` requests and their feedback, in the mode's order."""
+    if mode == "feedback late":
+        return [(raw, "events") for raw in late_feedback(pairs, LATE)]
     kinds = {"ev": "events", "rq": "requests", "fb": "feedback"}
     return [(raw, kinds[topic]) for topic, _, raw in workload(TOPICS[mode], pairs, UNITS)]
+
+
+def late_feedback(pairs: int, late: int) -> list[bytes]:
+    """The combined topic's events with each request's feedback ``late`` requests after
+    it: every instance holds ``late / UNITS`` open tickets on average, and its feedback
+    finds them out of the caches (a service whose users answer after a while).
+
+    >>> [orjson.loads(raw)["request_id"] for raw in late_feedback(3, 1)]
+    ['r0', 'r1', 'r0', 'r2', 'r1', 'r2']
+    """
+    out = []
+    for i in range(pairs + late):
+        if i < pairs:
+            out.append(request_value(f"u{i % UNITS}", f"r{i}", typed=True))
+        if 0 <= i - late < pairs:
+            j = i - late
+            out.append(feedback_value(f"u{j % UNITS}", f"r{j}", loss_of(j), typed=True))
+    return out
 
 
 def engine_run(
@@ -223,7 +253,7 @@ def measure(pairs: int, repeats: int) -> dict[str, Any]:
     def note(name: str, seconds: float, n: int) -> None:
         runs.setdefault(name, []).append(seconds / n * 1e6)
 
-    corpus = {mode: messages(mode, pairs) for mode in TOPICS}
+    corpus = {mode: messages(mode, pairs) for mode in MODES}
     settle_heap()  # as the service's process does at start (the corpus is not walked)
     for _ in range(repeats):
         for mode, msgs in corpus.items():
@@ -254,21 +284,21 @@ def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
         f"{platform.python_version()}; {pairs:,} requests and their feedback per mode, "
         f"{UNITS:,} units, batches of {BATCH}; CPU time, median of {repeats} interleaved "
         f"repeats (warm-up fifth not timed); load average {os.getloadavg()[0]:.2f}\n",
-        "| Stage (us/event) | events topic | two topics |",
-        "|---|---:|---:|",
+        f"| Stage (us/event) | events topic | two topics | events, feedback {LATE:,} late |",
+        "|---|---:|---:|---:|",
     ]
     for stage in (*STAGES, "shards, Python path", AT_REST, EXPIRING, "orjson.loads"):
-        cells = [f"{us[f'{mode}/{stage}']:.2f}" for mode in TOPICS]
+        cells = [f"{us[f'{mode}/{stage}']:.2f}" for mode in MODES]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
-    totals = [sum(us[f"{mode}/{stage}"] for stage in STAGES) for mode in TOPICS]
+    totals = [sum(us[f"{mode}/{stage}"] for stage in STAGES) for mode in MODES]
     lines.append("| **engine, all stages** | " + " | ".join(f"**{t:.2f}**" for t in totals) + " |")
     lines.append(
-        f"| kernel: select + update, per event | {us['kernel']:.2f} | {us['kernel']:.2f} |"
+        "| kernel: select + update, per event | " + " | ".join([f"{us['kernel']:.2f}"] * 3) + " |"
     )
-    floor = [us[f"{mode}/orjson.loads"] + us["kernel"] for mode in TOPICS]
+    floor = [us[f"{mode}/orjson.loads"] + us["kernel"] for mode in MODES]
     ratios = " | ".join(f"{t / f:.1f}" for t, f in zip(totals, floor, strict=True))
     lines.append(f"| engine / (orjson.loads + kernel) | {ratios} |")
-    per_call = [us[f"{mode}/events per shard call"] for mode in TOPICS]
+    per_call = [us[f"{mode}/events per shard call"] for mode in MODES]
     lines.append("| events per shard call | " + " | ".join(f"{n:.1f}" for n in per_call) + " |")
     empty = us["bytewax per shard call"]
     shares = " | ".join(f"{empty / n:.2f}" for n in per_call)
@@ -301,7 +331,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=100_000, help="requests per mode")
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "engine_results.json")
-    parser.add_argument("--count", choices=TOPICS, help="one run of MODE for valgrind, no output")
+    parser.add_argument("--count", choices=MODES, help="one run of MODE for valgrind, no output")
     args = parser.parse_args()
     if args.count:
         count_run(args.count, args.pairs)
