@@ -289,14 +289,15 @@ cdef class BanditCore:
         return (held,)
 
     def _hold(self, ticket):
+        """Hold a ticket from outside (a restore, a migration); ``select`` holds its own."""
+        if not isinstance(ticket, Ticket):
+            raise TicketError(f"expected a Ticket, got {ticket!r}")
         self.hold(ticket)
 
     def _pending_at(self, round_):
         return self.pending_at(round_)
 
     cdef int hold(self, ticket) except -1:
-        if not isinstance(ticket, Ticket):
-            raise TicketError(f"expected a Ticket, got {ticket!r}")
         held = self._pending
         if held is None:
             self._pending = ticket  # the common case of one pending ticket needs no table
