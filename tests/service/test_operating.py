@@ -379,3 +379,24 @@ def test_partitions_added_at_run_time_end_the_service_cleanly_and_a_restart_read
     assert done.returncode == 0, done.stderr
     served = sorted(s["request_id"] for s in messages(kafka_bootstrap, names["sel"]))
     assert served == ["new1", "new2", "r0", "r1"]  # read from the new partitions, none twice
+
+
+def test_several_workers_in_one_process_serve_every_request(kafka_bootstrap, tmp_path):
+    # Each worker lists the input's partitions on the same source object: a count summed
+    # over the listings (6 for 3) read as "partitions added" and ended the flow at once,
+    # which `tsi run` ends with "restart": a loop for any --workers above 1.
+    registry = tmp_path / "registry.toml"
+    registry.write_text(shop("ab"))
+    names = service_topics(kafka_bootstrap, partitions=3)
+    ids = [f"r{i}" for i in range(30)]
+    events = []
+    for i, rid in enumerate(ids):
+        [request] = requests([rid], unit=f"u{i % 7}")
+        events += [request, {**request, "type": "feedback", "loss": i % 3}]
+    produce(kafka_bootstrap, names["ev"], events)
+    args = run_args(kafka_bootstrap, names, registry, "--recovery-dir", tmp_path / "rec")
+    done = tsi("run", *args, "--workers", "2", "--stop-at-end")
+    assert done.returncode == 0, done.stderr
+    served = sorted(s["request_id"] for s in messages(kafka_bootstrap, names["sel"]))
+    assert served == sorted(ids)
+    assert messages(kafka_bootstrap, names["dlq"]) == []

@@ -8,6 +8,7 @@ a consumer group when given one.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -192,11 +193,10 @@ class ObservedKafkaSource(KafkaSource):
         self.partition_counts: dict[str, int] = {}
 
     def list_parts(self) -> list[str]:
-        """Bytewax's listing, remembering each topic's partition count."""
+        """Bytewax's listing, remembering each topic's partition count. Every worker of a
+        process lists on this same object: the count is each listing's, not their sum."""
         parts = super().list_parts()
-        for part in parts:
-            topic = part.split("-", 1)[1]
-            self.partition_counts[topic] = self.partition_counts.get(topic, 0) + 1
+        self.partition_counts = dict(collections.Counter(part.split("-", 1)[1] for part in parts))
         return parts
 
     def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
