@@ -59,7 +59,8 @@ STEPS = (
     ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "snapshot"),
     ("dead letters' JSON", dataflow, "_letters_json"),
     ("wake-up source: next_batch", deadlines._WakeUps, "next_batch"),
-    ("Kafka sinks: write_batch", kafka_sink._CheckedPartition, "write_batch"),
+    ("Kafka sinks: write_batch, snapshot", kafka_sink._CheckedPartition, "write_batch"),
+    ("Kafka sinks: write_batch, snapshot", kafka_sink._CheckedPartition, "snapshot"),
 )
 GC = "cyclic GC (also inside the steps)"
 REST = "the rest: Bytewax's operators and items"

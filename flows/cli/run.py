@@ -230,6 +230,7 @@ def serve(
                 tail=not settings.stop_at_end,
                 recovery=settings.recovery_dir or False,
                 fresh=settings.fresh,
+                process=cluster.process_id or 0,
             ),
             cluster.workers,
             cluster.process_id,

@@ -17,20 +17,42 @@ from flows.service.settings import Settings
 def _recovery_dir() -> str | bool:
     """The recovery directory ``bytewax.run`` was started with (-r or its env var), or
     False."""
+    given = _option("-r", "--recovery-directory")
+    return given or os.environ.get("BYTEWAX_RECOVERY_DIRECTORY") or False
+
+
+def _option(short: str, long: str) -> str | None:
+    """The value of ``bytewax.run``'s option ``short``/``long`` in this process's
+    arguments, or None."""
     args = sys.argv[1:]
     for i, arg in enumerate(args):
-        if arg in ("-r", "--recovery-directory") and i + 1 < len(args):
+        if arg in (short, long) and i + 1 < len(args):
             return args[i + 1]
-        if arg.startswith("--recovery-directory="):
+        if arg.startswith(f"{long}="):
             return arg.partition("=")[2]
-    return os.environ.get("BYTEWAX_RECOVERY_DIRECTORY") or False
+    return None
+
+
+def _process_id() -> int:
+    """This process's id as ``bytewax.run`` reads it (-i, its env var, or the pod's
+    ordinal in a StatefulSet), 0 when alone."""
+    given = _option("-i", "--process-id") or os.environ.get("BYTEWAX_PROCESS_ID")
+    if given is None and "BYTEWAX_POD_NAME" in os.environ:
+        prefix = os.environ.get("BYTEWAX_STATEFULSET_NAME", "") + "-"
+        given = os.environ["BYTEWAX_POD_NAME"].removeprefix(prefix)
+    try:
+        return int(given) if given is not None else 0
+    except ValueError:
+        return 0  # bytewax.run refuses it itself
 
 
 def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
         service = Service.from_settings(settings)
-        flow = service.flow(tail=not settings.stop_at_end, recovery=_recovery_dir())
+        flow = service.flow(
+            tail=not settings.stop_at_end, recovery=_recovery_dir(), process=_process_id()
+        )
         try:
             start_process(
                 settings.metrics_port,

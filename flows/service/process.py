@@ -53,13 +53,18 @@ class Service:
             object.__setattr__(self, "registry", LiveRegistry(self.registry))
 
     def flow(
-        self, tail: bool = True, recovery: bool | str | Path = True, fresh: bool = False
+        self,
+        tail: bool = True,
+        recovery: bool | str | Path = True,
+        fresh: bool = False,
+        process: int = 0,
     ) -> Dataflow:
         """The Kafka dataflow. ``recovery``: the recovery directory (the shards keep their
         logs in it), True for snapshots of whole shards, or False: no snapshots, and the
         flow starts from the group's offsets (the end where it has none). A new recovery
         store reads the topics from their start, or with ``fresh`` (an accepted reset) from
-        the consumer group's committed offsets."""
+        the consumer group's committed offsets. ``process``: this process's index in its
+        cluster."""
         consumer = dict(self.consumer_config)
         start = OFFSET_STORED if fresh or not recovery else OFFSET_BEGINNING
         if not recovery:
@@ -74,6 +79,7 @@ class Service:
             starting_offset=start,
             on_epoch=self._epoch_closed,
             seeded=None if isinstance(recovery, bool) else seeded_inputs(recovery),
+            process=process,
         )
         store = None if isinstance(recovery, bool) else shard_store(recovery)
         return build_flow(

@@ -25,7 +25,7 @@ def write_copies(bootstrap: str, topic: str, routed: list[tuple[str, bytes, Orig
     flow = Dataflow("copies")
     copies = [internal_copy(item, TAGS) for item in routed]
     sink = DeliveryCheckedKafkaSink([bootstrap], topic)
-    op.output("out", op.input("in", flow, TestingSource(copies)), sink)
+    sink.output("out", op.input("in", flow, TestingSource(copies)))
     run_main(flow)
 
 

@@ -13,7 +13,7 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
+from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink, partition_name
 from flows.service.connectors.kafka_source import kafka_messages
 from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
 
@@ -23,7 +23,10 @@ QUIET = {"log_level": 0}  # librdkafka logs every failed connection attempt to s
 def run_sink(items: list, sink, batch_size: int = 50) -> None:
     flow = Dataflow("sink_test")
     stream = op.input("in", flow, TestingSource(items, batch_size=batch_size))
-    op.output("out", stream, sink)
+    if isinstance(sink, DeliveryCheckedKafkaSink):
+        sink.output("out", stream)
+    else:
+        op.output("out", stream, sink)
     run_main(flow)
 
 
@@ -217,11 +220,12 @@ def test_a_batch_with_an_item_the_sink_cannot_write_produces_nothing(
     are not written either (the flow fails; recovery replays the whole batch)."""
     topic = create_topic(kafka_bootstrap, unique_topic("bad-item"))
     sink = DeliveryCheckedKafkaSink([kafka_bootstrap], topic if named else None, timeout_s=10)
-    part = sink.build("s", 0, 1)
+    part = sink.build_part("s", "p0000", None)
     good = ("k", b"v") if named else KafkaSinkMessage(b"k", b"v", topic=topic)
     with pytest.raises((TypeError, ValueError), match=error):
         part.write_batch([good, bad, good])
-    part.write_batch([good])  # flushed: anything the bad batch had queued would be there
+    part.write_batch([good])
+    part.snapshot()  # acknowledged: anything the bad batch had queued would be there
     assert consume_all(kafka_bootstrap, topic) == {0: [(b"k", b"v", [])]}
 
 
@@ -287,3 +291,30 @@ def test_source_commits_each_finished_epoch_to_its_group(kafka_bootstrap):
     sizes = {p: len(m) for p, m in consume_all(kafka_bootstrap, topic).items()}
     # at the end of the input every epoch is done: the group's offsets are the topic's ends
     assert ends == sizes and all(sizes.values())
+
+
+def test_a_write_returns_before_the_broker_answers_and_the_epochs_snapshot_waits_for_it(
+    kafka_bootstrap,
+):
+    """The worker does not wait for the broker after each batch; the snapshot Bytewax
+    takes before it commits an epoch does, so no epoch is committed unwritten."""
+    topic = create_topic(kafka_bootstrap, unique_topic("epoch"))
+    sink = DeliveryCheckedKafkaSink([kafka_bootstrap], topic, {"linger.ms": 60_000}, batched=True)
+    part = sink.build_part("s", "p0000", None)
+    started = time.monotonic()
+    part.write_batch([[("k", b"v1"), ("k", b"v2")], [("k", b"v3")]])
+    assert time.monotonic() - started < 1.0  # not held for linger.ms
+    assert consume_all(kafka_bootstrap, topic) == {0: []}  # still in the producer
+    part.snapshot()
+    assert consume_all(kafka_bootstrap, topic) == {
+        0: [(b"k", b"v1", []), (b"k", b"v2", []), (b"k", b"v3", [])]
+    }
+    part.snapshot()  # nothing new: returns at once
+    part.close()
+
+
+def test_each_process_writes_through_its_own_sink_partition():
+    sinks = [DeliveryCheckedKafkaSink(["127.0.0.1:1"], "t", process=p) for p in range(12)]
+    names = sorted(part for sink in sinks for part in sink.list_parts())
+    assert names == [partition_name(p) for p in range(12)]  # sorted as the processes are
+    assert [sinks[0].part_fn(name) for name in names] == list(range(12))

@@ -381,3 +381,25 @@ def test_a_bad_metrics_port_is_a_config_error(value):
     assert (
         Settings.from_env({"TSI_REGISTRY": "r.toml", "TSI_METRICS_PORT": " "}).metrics_port is None
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], {}, 0),
+        (["-i", "2"], {}, 2),
+        (["--process-id=3"], {"BYTEWAX_PROCESS_ID": "1"}, 3),
+        ([], {"BYTEWAX_PROCESS_ID": "1"}, 1),
+        ([], {"BYTEWAX_POD_NAME": "tsi-4", "BYTEWAX_STATEFULSET_NAME": "tsi"}, 4),
+    ],
+)
+def test_the_bytewax_run_entry_point_reads_its_process_id_as_bytewax_run_does(
+    monkeypatch, argv, env, expected
+):
+    """Its sinks write through the partition of that process (none crosses processes)."""
+    for name in ("BYTEWAX_PROCESS_ID", "BYTEWAX_POD_NAME", "BYTEWAX_STATEFULSET_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("sys.argv", ["bytewax.run", "flows.service.main:flow", *argv])
+    assert flows.service.main._process_id() == expected

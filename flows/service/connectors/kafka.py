@@ -50,6 +50,7 @@ def kafka_wiring(
     starting_offset: int = OFFSET_BEGINNING,
     on_epoch: Callable[[], None] | None = None,
     seeded: dict[str, Any] | None = None,
+    process: int = 0,
 ) -> Wiring:
     """Read and write Kafka; the message key of every output is the instance id.
 
@@ -59,7 +60,8 @@ def kafka_wiring(
     ``starting_offset`` starts from them) and call ``on_epoch`` when an epoch closes. A
     dead letter the broker refuses for good (too large) is written as its
     ``minimal_dead_letter`` instead. ``seeded``: where input partitions without resume
-    state start (an imported store, ``flows.service.recovery.seeded_inputs``).
+    state start (an imported store, ``flows.service.recovery.seeded_inputs``). ``process``:
+    this process's index in its cluster (its sinks write through their partition of it).
     """
 
     options = {
@@ -74,9 +76,9 @@ def kafka_wiring(
 
     def sink(topic: str, replace: Replacement | None = None) -> Callable[[str, Stream], None]:
         checked = DeliveryCheckedKafkaSink(
-            brokers, topic, producer_config, replace=replace, batched=True
+            brokers, topic, producer_config, replace=replace, batched=True, process=process
         )
-        return lambda step, up: op.output(step, up, checked)
+        return checked.output
 
     inputs = (
         {"events": source(topics.events)}
