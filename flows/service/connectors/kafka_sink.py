@@ -119,7 +119,7 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
         self._topic = topic
         self._client_errors = client_errors  # filled by the producer's error_cb
         self._replace = replace
-        self._reports = _Deliveries()  # of the messages produced since the last check
+        self._reports = _Deliveries()  # of the messages produced since the last snapshot
         self._sent = 0  # how many
 
     def _produce_args(self, item: KafkaItem) -> Produced:
@@ -162,12 +162,7 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
 
     def write_batch(self, items: list[KafkaItem]) -> None:
         """Produce all items (every one checked first: a bad item fails the batch before
-        anything is produced); ``snapshot`` makes sure of them.
-
-        With ``replace``, a message refused for good (too large, invalid) is written as the
-        stand-in ``replace`` builds for it instead; a stand-in refused too is logged with
-        its bytes at ERROR level, the last resort (the flow must not loop on it).
-        """
+        anything is produced); ``snapshot`` makes sure of them."""
         if self._batched:
             items = [item for batch in items for item in batch]
         if not items:
@@ -182,15 +177,15 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
 
     def snapshot(self) -> None:
         """Bytewax's call when an epoch this partition wrote in closes, before it commits
-        the epoch: every message produced since the last call is acknowledged, or this
-        raises (``check``)."""
-        self.check()
+        the epoch: wait until every message produced so far has its report (through
+        broker outages of any length unless ``timeout_s``), and raise ``RuntimeError``
+        (naming the topic, the number of messages not acknowledged and the first error)
+        if any failed.
 
-    def check(self) -> None:
-        """Wait until every message produced so far has its report (through broker
-        outages of any length unless ``timeout_s``), write stand-ins for those refused for
-        good, and raise ``RuntimeError`` (naming the topic, the number of messages not
-        acknowledged and the first error) if any failed."""
+        With ``replace``, a message refused for good (too large, invalid) is written as the
+        stand-in ``replace`` builds for it instead; a stand-in refused too is logged with
+        its bytes at ERROR level, the last resort (the flow must not loop on it).
+        """
         if not self._sent:
             return
         self._wait_for_reports(self._sent)
@@ -210,7 +205,7 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
             if self._client_errors:
                 msg += f"; last client error: {self._client_errors[-1]}"
             raise RuntimeError(msg)
-        self._client_errors.clear()  # report only errors seen since the last good check
+        self._client_errors.clear()  # report only errors seen since the last good snapshot
         note_broker_contact(True)
 
     def _write_refused(self, reports: _Deliveries) -> None:
@@ -292,12 +287,12 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
 
     def close(self) -> None:
         """At the end of the input: wait (at most ``_CLOSE_S``) for what is still queued,
-        then ``check``."""
+        then ``snapshot``."""
         left = self._producer.flush(_CLOSE_S)
         if left:
             msg = f"Kafka sink for topic {self._topic}: {left} messages still queued at close"
             raise RuntimeError(msg)
-        self.check()
+        self.snapshot()
 
 
 def partition_name(process: int) -> str:
@@ -391,7 +386,9 @@ class DeliveryCheckedKafkaSink(FixedPartitionedSink[KafkaItem, None]):
         process)."""
         return int(item_key[1:])
 
-    def producer_config(self, step_id: str = "sink", part: str = "p0000") -> dict[str, Any]:
+    def producer_config(
+        self, step_id: str = "sink", part: str = partition_name(0)
+    ) -> dict[str, Any]:
         """The librdkafka configuration a partition's producer is built with."""
         config: dict[str, Any] = {
             "bootstrap.servers": ",".join(self._brokers),
