@@ -96,6 +96,17 @@ def _split(out: list[Output]) -> tuple[list[Split], bool]:
 #: generations, and without recovery it does nothing at all.
 REST_AFTER = 1.0
 SETTLE_BASE = 64
+#: New instances (keys the shard holds no state for) after which its generation turns before
+#: ``REST_AFTER`` has passed. A flood of new users (an experiment's launch, a bench's
+#: load) then keeps about three generations of them live, ~0.7-1 KB of Python objects
+#: each, instead of ``REST_AFTER`` seconds' worth at the input's rate. The peak matters
+#: after it has passed: CPython keeps the pools a peak filled (an arena goes back to the
+#: system only when emptied entirely), and they stay in the RSS beside the resting
+#: instances: after 10^6 new users at 30-55k a second, 52-90 MB of empty pools in 70-122
+#: arenas (``sys._debugmallocstats``), ~75 B an instance (``bench/RESULTS.md``).
+#: Instances built from their resting bytes do not count: users coming back often would
+#: otherwise turn generations that put them to rest again, every event a revival.
+NEW_PER_GENERATION = 256
 #: Seconds an instance holding several answers kept for retries stays live after its
 #: newest answer: a user who comes back within it is served live; one gone longer rests
 #: with its answers as compact tuples (~0.7 KB a user with five against ~2.9 KB live),
@@ -159,6 +170,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         self.clean: set[str] = set()  # written since they last changed (see ``_settle``)
         self.lingering = TimeHeap()  # (when to look again, key) of those kept live (LINGER)
         self.turned = time.monotonic()  # when the generation turned
+        self.created = 0  # new instances in this generation (NEW_PER_GENERATION)
         self.log: ShardLog | None = None
         self.lane: Any = None  # what the compiled lane keeps between calls (_fast_lane)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
@@ -316,6 +328,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         that cannot be revived is kept as it was, and the error raised."""
         if entry is None:
             instance = Instance(experiment, key)
+            self.created += 1
         else:
             try:
                 instance = revive(entry, experiment)
@@ -427,7 +440,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         return settle if due is None or settle < due else due
 
     def _settle(self, handled: int) -> None:
-        """Put to rest the instances no event changed for a generation: at most
+        """Put to rest the instances no event changed for a generation (``REST_AFTER``
+        seconds, or fewer if ``NEW_PER_GENERATION`` new instances came first): at most
         ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
         calls and keeps up with the keys they touch. With a log, what is put to rest is
         written first unless it is ``clean`` (written since it last changed: a key
@@ -440,8 +454,8 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         they would cost twice the bytes."""
         writing = self.log is not None and self.context.snapshots
         clock = time.monotonic()
-        if clock - self.turned >= self.context.rest_after:
-            self.turned = clock
+        if clock - self.turned >= self.context.rest_after or self.created >= NEW_PER_GENERATION:
+            self.turned, self.created = clock, 0
             self.clean -= self.touched
             self.settling += self.cooling - self.touched
             self.cooling = set(self.touched)  # the lane holds this set: cleared, kept

@@ -3,6 +3,7 @@
 import orjson
 from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
+from flows.service import logic as logic_module
 from flows.service.events import DeadLetter, Origin, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.logic import logic_builder
@@ -101,3 +102,41 @@ def test_a_shard_no_event_reaches_is_woken_to_put_its_instances_to_rest():
     assert 500.0 < logic.notify_at().timestamp() <= 500.5  # the generation turns first
     logic.settling.append("e")
     assert logic.notify_at().timestamp() == 500.0
+
+
+def requests_of(logic, keys):
+    return [item(logic, key, request(f"r-{key}"))[0] for key in keys]
+
+
+def test_a_flood_of_new_instances_keeps_a_few_generations_live(monkeypatch):
+    """New keys turn the generation before its time is up, so a flood of new users does
+    not keep ``REST_AFTER`` seconds' worth of them live; on time alone all would be."""
+    monkeypatch.setattr(logic_module, "NEW_PER_GENERATION", 50)
+    peaks = {}
+    for turning in (True, False):
+        if not turning:
+            monkeypatch.setattr(logic_module, "NEW_PER_GENERATION", 10**9)
+        logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9)(None)
+        peak = 0
+        for call in range(100):
+            out = logic.handle(requests_of(logic, [f"u{call}-{i}" for i in range(20)]))
+            assert len(out) == 20
+            peak = max(peak, len(logic.instances))
+        assert len(logic.instances) + len(logic.resting) == 2_000
+        peaks[turning] = peak
+    assert peaks[True] <= 4 * 50 and peaks[False] == 2_000
+
+
+def test_users_coming_back_do_not_turn_generations(monkeypatch):
+    """Only new keys count: 400 users coming back in turn (more than a generation's new
+    keys) are put to rest once, while they are new, and then stay live."""
+    monkeypatch.setattr(logic_module, "NEW_PER_GENERATION", 50)
+    logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9)(None)
+    users = [f"u{i}" for i in range(400)]
+    logic.handle(requests_of(logic, users[:200]))
+    logic.handle(requests_of(logic, users[200:]))
+    for _ in range(5):  # the first round is the first to see them rest
+        for start in range(0, 400, 20):
+            logic.handle(requests_of(logic, users[start : start + 20]))
+    assert len(logic.instances) == 400 and len(logic.resting) == 0
+    assert all(logic.instances[u].bandit.n_updates == 0 for u in users)
