@@ -205,6 +205,14 @@ RUN_RECOVERY_S1_FEEDBACK = LatencyConfig(
     "1 s",
     feedback=True,
 )
+# no epoch closes within the measured window: what recovery costs the calls, apart from
+# the closes' pauses
+RUN_RECOVERY_NO_CLOSE_FEEDBACK = LatencyConfig(
+    "diagnostic: tsi run --recovery-dir DIR --snapshot-every 60 (no close measured), + feedback",
+    ("-m", "flows.cli", "run", "--recovery-dir", "{recovery}", "--snapshot-every", "60"),
+    "60 s",
+    feedback=True,
+)
 RUN_DEFAULT_FEEDBACK = LatencyConfig(
     "python -m bytewax.run flows.service.main:flow, + feedback",
     RUN_DEFAULT.server,
@@ -239,6 +247,7 @@ FULL = Plan(
         RUN_EVENTS_FEEDBACK,
         RUN_RECOVERY_FEEDBACK,
         RUN_RECOVERY_S1_FEEDBACK,
+        RUN_RECOVERY_NO_CLOSE_FEEDBACK,
         NO_SNAPSHOT,
         NO_SNAPSHOT_NO_GC,
     ),
