@@ -135,6 +135,7 @@ def test_users_coming_back_do_not_turn_generations(monkeypatch):
     users = [f"u{i}" for i in range(400)]
     logic.handle(requests_of(logic, users[:200]))
     logic.handle(requests_of(logic, users[200:]))
+    assert len(logic.resting) > 0  # the new ones turned generations: the first rested
     for _ in range(5):  # the first round is the first to see them rest
         for start in range(0, 400, 20):
             logic.handle(requests_of(logic, users[start : start + 20]))
