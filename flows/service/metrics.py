@@ -103,6 +103,7 @@ from prometheus_client.utils import floatToGoString
 
 from flows.service.events import DeadLetter, Request, Selection
 from flows.service.instance import Early, Open
+from flows.service.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
 
 __all__ = [
     "READINESS",
@@ -397,9 +398,15 @@ class Readiness:
      last error 50 s ago: 1/1 brokers are down')
     """
 
-    def __init__(self, timeout: float = 60.0, clock: Callable[[], float] = time) -> None:
+    def __init__(
+        self,
+        timeout: float = 60.0,
+        clock: Callable[[], float] = time,
+        stream: StreamClock | None = None,
+    ) -> None:
         self.timeout = timeout
         self.clock = clock
+        self.stream = stream  # expiry held back longer than the timeout: not ready
         self.started = clock()
         self.last_epoch: float | None = None
         self.last_contact: float | None = None
@@ -438,17 +445,32 @@ class Readiness:
             problem += f", last error {_ago(now, error[0])} ago: {_one_line(error[1])}"
         return problem
 
+    def _expiry_problem(self, now: float, hold: Hold | None) -> str | None:
+        if hold is None or now - hold.still_since <= self.timeout:
+            return None
+        return (
+            f"{hold.describe()}: stream time still for {_ago(now, hold.still_since)}, no "
+            "ticket expires (see tsi_expiry_held_back)"
+        )
+
     def status(self, now: float | None = None) -> tuple[bool, str]:
         """(ready, reason): the reason is one line, naming every problem when not ready."""
         now = self.clock() if now is None else now
         epoch, contact, error = self.last_epoch, self.last_contact, self.last_error
-        problems = (self._epoch_problem(now, epoch), self._broker_problem(now, contact, error))
+        hold = None if self.stream is None else self.stream.holding()
+        problems = (
+            self._epoch_problem(now, epoch),
+            self._broker_problem(now, contact, error),
+            self._expiry_problem(now, hold),
+        )
         reason = "; ".join(p for p in problems if p)
         ready = not reason and epoch is not None and contact is not None
         if ready:
             reason = (
                 f"last epoch {_ago(now, epoch)} ago, Kafka broker reached {_ago(now, contact)} ago"
             )
+            if hold is not None:
+                reason += f"; {hold.describe()} for {_ago(now, hold.still_since)}"
         if ready is not self._was_ready:
             self._was_ready = ready
             report = log.info if ready else log.warning
@@ -456,7 +478,8 @@ class Readiness:
         return ready, reason
 
 
-READINESS = Readiness()  # the process's readiness, fed by the note_* functions below
+#: the process's readiness, fed by the note_* functions below
+READINESS = Readiness(stream=STREAM_CLOCK)
 
 
 def note_epoch_completed(now: float | None = None) -> None:
@@ -556,7 +579,7 @@ class _ProgressCollector:
     """The progress gauges and ``tsi_ready``, read when Prometheus scrapes."""
 
     def describe(self) -> list[Metric]:
-        return list(self._families(False, 0.0, 0.0, {}))
+        return list(self._families(False, 0.0, 0.0, {}, None))
 
     def collect(self) -> Iterator[Metric]:
         with _tallies_lock:
@@ -564,11 +587,16 @@ class _ProgressCollector:
         last_event = max((t.last_event for t in tallies), default=0.0)
         last_ts = max((t.last_ts for t in tallies), default=0.0)
         ready, _ = READINESS.status()
-        return self._families(ready, last_event, last_ts, dict(_lag))
+        hold = STREAM_CLOCK.holding()
+        return self._families(ready, last_event, last_ts, dict(_lag), hold)
 
     @staticmethod
     def _families(
-        ready: bool, last_event: float, last_ts: float, lag: dict[tuple[str, int], int]
+        ready: bool,
+        last_event: float,
+        last_ts: float,
+        lag: dict[tuple[str, int], int],
+        hold: Hold | None,
     ) -> Iterable[Metric]:
         state = READINESS
         yield _gauge("tsi_ready", "1 while /ready answers 200 (progress), else 0.", ready)
@@ -589,6 +617,19 @@ class _ProgressCollector:
         for (topic, partition), behind in sorted(lag.items()):
             metric.add_metric([topic, str(partition)], behind)
         yield metric
+        yield _gauge("tsi_expiry_delay_seconds",
+                     "How far the stream time that tickets expire on is behind the wall clock "
+                     "(+Inf: nothing can expire yet).",
+                     0.0 if hold is None else time() - hold.stream_time)  # fmt: skip
+        held = GaugeMetricFamily(
+            "tsi_expiry_held_back",
+            "1 for each input partition holding expiry back: 'behind' (messages left to "
+            f"read) or 'no position' (end not known yet; idle after {IDLE_AFTER:g} s).",
+            labels=["topic", "partition", "position"],
+        )
+        for topic, partition, position in () if hold is None else hold.partitions:
+            held.add_metric([topic, str(partition), position], 1.0)
+        yield held
 
 
 REGISTRY.register(_ProgressCollector())

@@ -3,23 +3,33 @@ while the service is down or behind (downtime and lag lose nothing that arrives 
 
 Each input message carries the time Kafka stamped it with; a ticket's deadline is its
 request's time plus the time to live. A ticket expires when the stream has moved past its
-deadline: while source partitions have messages left to read, the stream time is the
-oldest of the newest times served from each of them (one that has served nothing yet, or
-the internal topic's, whose events are served under their input's name, holds it back
-entirely); once every partition is caught up (it has read what it held at start and is
-within ``CAUGHT_UP_LAG`` messages of its end), it is the wall clock. Until the sources have
-said where they stand (their first statistics, a second after start), nothing expires.
+deadline. Each source partition of the process is in one of three positions:
 
->>> clock = StreamClock(wall=lambda: 100.0)
->>> clock.note_served("t", 0, 40.0); clock.note_served("t", 1, 55.0)
->>> clock.note_position("t", 0, caught_up=False); clock.now()  # t[0] is behind
-40.0
->>> clock.note_position("u", 0, caught_up=False); clock.now()  # behind, nothing served
+- **caught up**: it has read what it held at start and is within ``CAUGHT_UP_LAG``
+  messages of its end (an empty partition is caught up): it holds nothing back;
+- **behind**: it has messages left to read: the stream time is at most the newest time
+  served from it (one that has served nothing yet, or the internal topic's, whose events
+  are served under their input's name, holds it back entirely);
+- **no position**: its end is not known yet (a partition registers before its first
+  statistics; librdkafka reports an empty partition's end only after its first fetch). It
+  holds the stream time back for at most ``idle_after`` seconds, then counts as idle, as a
+  Flink source split does after its idleness timeout: an empty or silent partition can
+  never stop expiry for good.
+
+When nothing holds it back the stream time is the wall clock. ``holding`` says what holds
+it back and since when it has not moved, for ``/ready`` and the metrics.
+
+>>> now = [100.0]
+>>> clock = StreamClock(wall=lambda: now[0], idle_after=30.0)
+>>> clock.expect("t", 0); clock.expect("t", 1)
+>>> clock.now()  # neither has said where it stands
 -inf
->>> for topic, partition in (("t", 0), ("t", 1), ("u", 0)):
-...     clock.note_position(topic, partition, caught_up=True)
->>> clock.now()
-100.0
+>>> clock.note_served("t", 0, 40.0); clock.note_position("t", 0, caught_up=False)
+>>> clock.note_position("t", 1, caught_up=True); clock.now()  # t[0] is behind
+40.0
+>>> clock.note_position("t", 0, caught_up=None); now[0] = 131.0  # t[0]: no position
+>>> clock.now()  # for longer than idle_after: idle
+131.0
 """
 
 from __future__ import annotations
@@ -28,17 +38,53 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+
+#: Seconds a partition without a known position may hold the stream time back.
+IDLE_AFTER = 30.0
+
+CAUGHT_UP, BEHIND, NO_POSITION = "caught up", "behind", "no position"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What holds the stream time back: the partitions and why, the stream time, and the
+    wall time since which it has not moved."""
+
+    partitions: tuple[tuple[str, int, str], ...]  # (topic, partition, position)
+    stream_time: float
+    still_since: float
+
+    def describe(self) -> str:
+        """One line: ``expiry held back by t[0] (behind), u[1] (no position)``."""
+        shown = ", ".join(f"{t}[{p}] ({why})" for t, p, why in self.partitions[:5])
+        more = len(self.partitions) - 5
+        return "expiry held back by " + shown + (f" and {more} more" if more > 0 else "")
 
 
 class StreamClock:
     """The stream time of one process (its workers share it)."""
 
-    def __init__(self, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, wall: Callable[[], float] = time.time, idle_after: float = IDLE_AFTER
+    ) -> None:
         self._wall = wall
+        self.idle_after = idle_after
         self._served: dict[tuple[str, int], float] = {}  # input partition -> newest time
-        self._behind: set[tuple[str, int]] = set()  # source partitions with more to read
-        self._known = False  # a source has reported its position
+        # source partition -> (position, wall time it took that position)
+        self._positions: dict[tuple[str, int], tuple[str, float]] = {}
+        self._reached = (-math.inf, wall())  # (the newest stream time, when it was reached)
         self._lock = threading.Lock()
+
+    def expect(self, topic: str, partition: int) -> None:
+        """A source partition of this process starts: it has no position yet."""
+        with self._lock:
+            self._positions[(topic, partition)] = (NO_POSITION, self._wall())
+
+    def forget(self, topic: str, partition: int) -> None:
+        """A source partition closed: it holds nothing back any more."""
+        with self._lock:
+            self._positions.pop((topic, partition), None)
 
     def note_served(self, topic: str, partition: int | None, at: float) -> None:
         """An event of (topic, partition) stamped ``at`` was served."""
@@ -46,24 +92,42 @@ class StreamClock:
         if at > self._served.get(key, -math.inf):
             self._served[key] = at
 
-    def note_position(self, topic: str, partition: int, caught_up: bool) -> None:
-        """Whether a source partition has read all there is (from its statistics)."""
+    def note_position(self, topic: str, partition: int, caught_up: bool | None) -> None:
+        """Where a source partition stands (from its statistics): caught up, behind
+        (False), or not known (None)."""
+        position = NO_POSITION if caught_up is None else CAUGHT_UP if caught_up else BEHIND
         with self._lock:
-            self._known = True
-            if caught_up:
-                self._behind.discard((topic, partition))
-            else:
-                self._behind.add((topic, partition))
+            old = self._positions.get((topic, partition))
+            if old is None or old[0] != position:
+                self._positions[(topic, partition)] = (position, self._wall())
 
     def now(self) -> float:
         """The time the stream has reached."""
-        if not self._known:
-            return -math.inf
+        wall = self._wall()
+        holding = self._holding(wall)
+        reached = (
+            wall if not holding else min(self._served.get(p[:2], -math.inf) for p in holding)
+        )
+        if reached > self._reached[0]:
+            self._reached = (reached, wall)
+        return reached
+
+    def holding(self) -> Hold | None:
+        """What holds the stream time back now, or None when it is the wall clock."""
+        now = self.now()
+        holding = self._holding(self._wall())
+        if not holding:
+            return None
+        return Hold(tuple(holding), now, self._reached[1])
+
+    def _holding(self, wall: float) -> list[tuple[str, int, str]]:
         with self._lock:
-            behind = list(self._behind)
-        if not behind:
-            return self._wall()
-        return min(self._served.get(partition, -math.inf) for partition in behind)
+            positions = list(self._positions.items())
+        return sorted(
+            (topic, partition, position)
+            for (topic, partition), (position, since) in positions
+            if position == BEHIND or (position == NO_POSITION and wall - since < self.idle_after)
+        )
 
 
 STREAM_CLOCK = StreamClock()

@@ -82,6 +82,7 @@ class _ObservedPartition(_KafkaSourcePartition):
         self._on_epoch = on_epoch
         self._commits = commit
         self._done: int | None = None  # the offset of the previous snapshot
+        STREAM_CLOCK.expect(self._topic, self._part_idx)
 
     def next_batch(self) -> list[Any]:
         """What one ``consume`` read: Bytewax's items, or (batched) one item holding them
@@ -122,18 +123,27 @@ class _ObservedPartition(_KafkaSourcePartition):
         except ValueError:
             stats = {}
         observe_kafka_stats(stats, self._offset)  # never raises
-        try:  # is this partition caught up? (stream time: flows.service.stream_clock)
+        STREAM_CLOCK.note_position(self._topic, self._part_idx, self._caught_up(stats))
+
+    def _caught_up(self, stats: dict[str, Any]) -> bool | None:
+        """Whether this partition has read all there is (stream time,
+        ``flows.service.stream_clock``), or None while its end is not known: librdkafka
+        reports an empty partition's end (``hi_offset``) only after its first fetch."""
+        try:
             partitions = stats["topics"][self._topic]["partitions"]
             self._check_count(partitions)
             mine = partitions[str(self._part_idx)]
-            end, start = mine["hi_offset"], mine.get("lo_offset", -1)
-            position = self._offset if self._offset >= 0 else start
-            if self._backlog_end is None:  # what was there at start must be read first
-                self._backlog_end = end
-            caught_up = 0 <= self._backlog_end <= position and end - position <= CAUGHT_UP_LAG
-            STREAM_CLOCK.note_position(self._topic, self._part_idx, end >= 0 and caught_up)
+            end = mine["hi_offset"]
+            starts = (mine.get("lo_offset", -1), mine.get("committed_offset", -1))
         except (KeyError, TypeError, ValueError):
-            STREAM_CLOCK.note_position(self._topic, self._part_idx, caught_up=False)
+            return None
+        if end < 0:
+            return None
+        if self._offset < 0:  # nothing read yet: caught up if there is nothing to read
+            return end in starts
+        if self._backlog_end is None:  # what was there at start must be read first
+            self._backlog_end = end
+        return self._backlog_end <= self._offset and end - self._offset <= CAUGHT_UP_LAG
 
     def _check_count(self, partitions: dict[str, Any]) -> None:
         count = sum(1 for pid in partitions if int(pid) >= 0)
@@ -167,6 +177,7 @@ class _ObservedPartition(_KafkaSourcePartition):
     def close(self) -> None:
         """At the end of the input every epoch is done: commit the last snapshot's offset."""
         self._commit(asynchronous=False)
+        STREAM_CLOCK.forget(self._topic, self._part_idx)
         super().close()
 
 

@@ -1,0 +1,83 @@
+"""An operator's first hour with ``tsi run`` on the real broker, as the README tells it:
+fresh topics from ``tsi topics create``, requests whose feedback never comes, a second
+process started on the same recovery directory, Ctrl-C and SIGTERM."""
+
+import urllib.error
+import urllib.request
+
+from flows.testing.kafka_broker import consume_all, unique_topic
+from tests.service.test_operating import (
+    free_port,
+    messages,
+    produce,
+    requests,
+    start,
+    tsi,
+    wait_for,
+)
+
+TTL_REGISTRY = """
+[experiments.shop]
+arms = ["a", "b", "c"]
+per_unit = true
+feedback_ttl = 3
+"""
+
+
+def default_topics(bootstrap, partitions=3):
+    """The default two-topic setup, created as the README says (``tsi topics create``)."""
+    names = {n: unique_topic(n) for n in ("req", "fb", "sel", "dlq", "int")}
+    options = [
+        *("--brokers", bootstrap, "--requests-topic", names["req"]),
+        *("--feedback-topic", names["fb"], "--selections-topic", names["sel"]),
+        *("--dlq-topic", names["dlq"], "--internal-topic", names["int"]),
+    ]
+    done = tsi("topics", "create", *options, "--partitions", partitions)
+    assert done.returncode == 0, done.stderr
+    return names, options
+
+
+def scrape(port, path="/metrics"):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except urllib.error.URLError:  # not listening yet
+        return 0, ""
+
+
+def metric(text, prefix):
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_tickets_expire_in_a_process_started_while_input_partitions_are_empty(
+    kafka_bootstrap, tmp_path
+):
+    names, options = default_topics(kafka_bootstrap)
+    (tmp_path / "registry.toml").write_text(TTL_REGISTRY)
+    port = free_port()
+    proc = start(
+        "--registry", tmp_path / "registry.toml", *options,
+        "--recovery-dir", tmp_path / "rec", "--metrics-port", port, "--snapshot-every", "1",
+        log_file=tmp_path / "run.log",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: scrape(port, "/ready")[0] == 200, proc, what="readiness")
+        # one unit: one requests partition gets them all, the others and feedback stay empty
+        produce(kafka_bootstrap, names["req"], requests([f"r{i}" for i in range(20)]))
+        expired = 'tsi_feedback_total{experiment="shop",outcome="expired_ticket"}'
+        wait_for(lambda: metric(scrape(port)[1], expired) == 20, proc, 60, "expiry")
+        text = scrape(port)[1]
+        assert metric(text, "tsi_pending_tickets") == 0
+        assert metric(text, "tsi_expiry_held_back{") == 0
+        assert metric(text, "tsi_expiry_delay_seconds") < 5
+        wait_for(lambda: len(messages(kafka_bootstrap, names["dlq"])) >= 20, proc, 30, "DLQ")
+    finally:
+        proc.kill()
+        proc.wait()
+    letters = messages(kafka_bootstrap, names["dlq"])
+    assert sorted(d["reason"] for d in letters) == ["ticket_expired"] * 20
+    answered = [m for part in consume_all(kafka_bootstrap, names["sel"]).values() for m in part]
+    assert len(answered) == 20
