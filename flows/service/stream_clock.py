@@ -10,6 +10,10 @@ deadline. Each source partition of the process is in one of three positions:
 - **behind**: it has messages left to read: the stream time is at most the newest time
   served from it (one that has served nothing yet, or the internal topic's, whose events
   are served under their input's name, holds it back entirely);
+- **copies in flight** (an input partition read through the internal topic): events read
+  from it and copied are not all served yet: it holds the stream time at the newest time
+  served from it, until they are, or for ``idle_after`` seconds after its last copy (a
+  copy the reader refuses is never served);
 - **no position**: its end is not known yet (a partition registers before its first
   statistics; librdkafka reports an empty partition's end only after its first fetch). It
   holds the stream time back for at most ``idle_after`` seconds, then counts as idle, as a
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 IDLE_AFTER = 30.0
 
 CAUGHT_UP, BEHIND, NO_POSITION = "caught up", "behind", "no position"
+IN_FLIGHT = "copies in flight"
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class StreamClock:
         self._wall = wall
         self.idle_after = idle_after
         self._served: dict[tuple[str, int], float] = {}  # input partition -> newest time
+        # input partition -> (newest time copied to the internal topic, wall time then)
+        self._copied: dict[tuple[str, int], tuple[float, float]] = {}
         # source partition -> (position, wall time it took that position)
         self._positions: dict[tuple[str, int], tuple[str, float]] = {}
         self._reached = (-math.inf, wall())  # (the newest stream time, when it was reached)
@@ -91,6 +98,14 @@ class StreamClock:
         key = (topic, partition or 0)
         if at > self._served.get(key, -math.inf):
             self._served[key] = at
+
+    def note_copied(self, topic: str, partition: int | None, at: float) -> None:
+        """An event of (topic, partition) stamped ``at`` was copied to the internal topic:
+        it is served when read back."""
+        key = (topic, partition or 0)
+        old = self._copied.get(key)
+        if old is None or at > old[0]:
+            self._copied[key] = (at, self._wall())
 
     def note_position(self, topic: str, partition: int, caught_up: bool | None) -> None:
         """Where a source partition stands (from its statistics): caught up, behind
@@ -123,11 +138,19 @@ class StreamClock:
     def _holding(self, wall: float) -> list[tuple[str, int, str]]:
         with self._lock:
             positions = list(self._positions.items())
-        return sorted(
+        copied = list(self._copied.items())
+        holding = [
             (topic, partition, position)
             for (topic, partition), (position, since) in positions
             if position == BEHIND or (position == NO_POSITION and wall - since < self.idle_after)
-        )
+        ]
+        holding += [
+            (topic, partition, IN_FLIGHT)
+            for (topic, partition), (at, when) in copied
+            if at > self._served.get((topic, partition), -math.inf)
+            and wall - when < self.idle_after
+        ]
+        return sorted(holding)
 
 
 STREAM_CLOCK = StreamClock()

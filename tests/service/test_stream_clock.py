@@ -96,3 +96,25 @@ def test_readiness_stays_ready_while_a_backlog_is_read_and_the_stream_time_moves
         readiness.note_broker(True)
         ready, reason = readiness.status()
         assert ready, reason
+
+
+def test_copies_in_flight_to_the_internal_topic_hold_their_input_until_served():
+    clock, now = clock_at(idle_after=30.0)
+    clock.expect("fb", 0)
+    clock.note_position("fb", 0, caught_up=True)  # read to its end: copied, not yet served
+    clock.note_copied("fb", 0, 900.0)
+    assert clock.now() == -math.inf
+    assert clock.holding().partitions == (("fb", 0, "copies in flight"),)
+    clock.note_served("fb", 0, 850.0)
+    assert clock.now() == 850.0
+    clock.note_served("fb", 0, 900.0)  # every copy served
+    assert clock.now() == now[0]
+
+
+def test_a_copy_never_served_holds_its_input_only_for_the_idle_time():
+    clock, now = clock_at(idle_after=30.0)
+    clock.note_copied("fb", 0, 900.0)  # e.g. refused when read back
+    now[0] += 29.0
+    assert clock.now() == -math.inf
+    now[0] += 1.0
+    assert clock.now() == now[0]
