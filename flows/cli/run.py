@@ -21,12 +21,12 @@ from flows.cli.base import (
 )
 from flows.service.allocator import TRIM_EVERY
 from flows.service.connectors.kafka import Topics
-from flows.service.connectors.kafka_source import PartitionsChanged
 from flows.service.metrics import MetricsPortError
 from flows.service.process import run as run_flow
 from flows.service.settings import DEFAULT_GROUP, Settings
 from flows.service.shard_store import MIN_EPOCHS
 from flows.service.startup import ServiceLog, StartupError, describe_start, prepare
+from flows.service.stopping import Stop
 
 REGISTRY_OPTION = typer.Option(
     ..., envvar="TSI_REGISTRY", help="Experiments registry (TOML); SIGHUP reloads it."
@@ -242,6 +242,7 @@ def serve(
             ready_timeout=settings.ready_after(snapshot_every),
             on_reload=service.reload_registry,
             trim_every=settings.malloc_trim,
+            say=service_log.say,
         )
     except MetricsPortError as exc:
         service_log.say(f"tsi run: {exc}")
@@ -249,6 +250,8 @@ def serve(
     except Exception as exc:
         service_log.stopped(exc)
         raise typer.Exit(1) from None
-    if PartitionsChanged.detail is not None:  # a clean end that asks to be started again
-        service_log.say(f"tsi run: {PartitionsChanged.detail}")
+    if Stop.restart:  # a clean end that asks to be started again
+        service_log.say(f"tsi run: {Stop.reason}")
         raise typer.Exit(RESTART)
+    if Stop.asked():
+        service_log.say(f"tsi run: stopped ({Stop.reason}): the last epoch is committed")

@@ -9,9 +9,10 @@ import os
 import sys
 from typing import Any
 
+from flows.service.dir_lock import hold_directory
 from flows.service.metrics import MetricsPortError
 from flows.service.process import Service, start_process
-from flows.service.settings import Settings
+from flows.service.settings import ConfigError, Settings
 
 
 def _recovery_dir() -> str | bool:
@@ -50,17 +51,18 @@ def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
         service = Service.from_settings(settings)
-        flow = service.flow(
-            tail=not settings.stop_at_end, recovery=_recovery_dir(), process=_process_id()
-        )
+        recovery = _recovery_dir()
+        flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=_process_id())
         try:
+            if recovery:
+                hold_directory(recovery)  # one writer per directory
             start_process(
                 settings.metrics_port,
                 settings.ready_after(1.0),
                 service.reload_registry,
                 settings.malloc_trim,
             )
-        except MetricsPortError as exc:
+        except (MetricsPortError, ConfigError) as exc:
             raise SystemExit(f"tsi: {exc}") from None
         return flow
     raise AttributeError(name)

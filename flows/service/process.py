@@ -27,6 +27,7 @@ from flows.service.metrics import note_epoch_completed, serve_metrics
 from flows.service.recovery import seeded_inputs, shard_store
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.settings import DEFAULT_GROUP, Settings, client_config
+from flows.service.stopping import Stop, on_signals
 from flows.service.stream_clock import STREAM_CLOCK
 
 log = logging.getLogger("tsi")
@@ -65,6 +66,7 @@ class Service:
         store reads the topics from their start, or with ``fresh`` (an accepted reset) from
         the consumer group's committed offsets. ``process``: this process's index in its
         cluster."""
+        Stop.reset()
         consumer = dict(self.consumer_config)
         start = OFFSET_STORED if fresh or not recovery else OFFSET_BEGINNING
         if not recovery:
@@ -127,6 +129,7 @@ def run(
     ready_timeout: float = 60.0,
     on_reload: Callable[[], None] | None = None,
     trim_every: float = TRIM_EVERY,
+    say: Callable[[str], None] = print,
 ) -> None:
     """Run the flow in this process (one process of a cluster when ``addresses`` is given).
 
@@ -134,7 +137,9 @@ def run(
     snapshotted every ``snapshot_every`` seconds; a restart resumes from the last one.
     With ``metrics_port``, Prometheus metrics are served on it (``/metrics``, ``/ready``
     after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
-    SIGHUP (``Service.reload_registry``); freed memory goes back every ``trim_every`` s.
+    SIGHUP (``Service.reload_registry``); freed memory goes back every ``trim_every`` s;
+    SIGINT and SIGTERM end it cleanly (``flows.service.stopping``; ``say`` prints the line
+    of a forced exit). The flow returns once it has ended; ``Stop`` says why.
     """
     recovery = None
     if recovery_dir is not None:
@@ -143,7 +148,7 @@ def run(
             directory.mkdir(parents=True, exist_ok=True)
             init_db_dir(directory, max(1, len(addresses or [None])))
         recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
-    start_process(metrics_port, ready_timeout, on_reload, trim_every)
+    start_process(metrics_port, ready_timeout, on_reload, trim_every, say)
     cli_main(
         flow,
         workers_per_process=workers,
@@ -159,12 +164,16 @@ def start_process(
     ready_timeout: float,
     on_reload: Callable[[], None] | None,
     trim_every: float = TRIM_EVERY,
+    say: Callable[[str], None] = print,
 ) -> None:
     """What every service process does before its flow runs, whichever way it was started:
-    serve metrics and probes, reload the registry on SIGHUP, settle the start-up heap, and
-    hand freed memory back every ``trim_every`` seconds (``flows.service.allocator``)."""
+    serve metrics and probes, reload the registry on SIGHUP, end cleanly on SIGINT and
+    SIGTERM (``flows.service.stopping``; ``say`` prints a forced exit's line), settle the
+    start-up heap, and hand freed memory back every ``trim_every`` seconds
+    (``flows.service.allocator``)."""
     if on_reload is not None:
         signal.signal(signal.SIGHUP, lambda *_: on_reload())
+    on_signals(say=say)
     if metrics_port is not None:
         serve_metrics(metrics_port, ready_timeout=ready_timeout)
     settle_heap()

@@ -29,6 +29,7 @@ from flows.service.connectors.kafka_admin import check_topics as check_kafka_top
 from flows.service.connectors.kafka_config import settings_lines, with_rate_limited_logs
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
+from flows.service.dir_lock import hold_directory
 from flows.service.metrics import note_broker_contact
 from flows.service.process import Service
 from flows.service.recovery import (
@@ -64,6 +65,7 @@ def prepare(options: Settings) -> Service:
         registry = LiveRegistry(Registry.load(options.registry), options.registry)
         parts = None
         if options.recovery_dir is not None:
+            hold_directory(options.recovery_dir)  # one writer: refused while another runs
             parts = check_recovery_dir(options.recovery_dir, options.processes)
             check_shard_layout(options.recovery_dir)
             seeded_inputs(options.recovery_dir)  # an imported store's positions can be read

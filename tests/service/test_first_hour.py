@@ -2,9 +2,14 @@
 fresh topics from ``tsi topics create``, requests whose feedback never comes, a second
 process started on the same recovery directory, Ctrl-C and SIGTERM."""
 
+import signal
+import time
 import urllib.error
 import urllib.request
 
+import orjson
+
+from flows.service.recovery import read_states
 from flows.testing.kafka_broker import consume_all, unique_topic
 from tests.service.test_operating import (
     free_port,
@@ -81,3 +86,74 @@ def test_tickets_expire_in_a_process_started_while_input_partitions_are_empty(
     assert sorted(d["reason"] for d in letters) == ["ticket_expired"] * 20
     answered = [m for part in consume_all(kafka_bootstrap, names["sel"]).values() for m in part]
     assert len(answered) == 20
+
+
+def serve(tmp_path, options, port, recovery="rec", log="run.log"):
+    return start(
+        "--registry", tmp_path / "registry.toml", *options, "--recovery-dir", tmp_path / recovery,
+        "--metrics-port", port, "--snapshot-every", "0.5",
+        log_file=tmp_path / log,
+    )  # fmt: skip
+
+
+def selections(bootstrap, topic):
+    return [orjson.loads(v) for part in consume_all(bootstrap, topic).values() for _, v, _ in part]
+
+
+def test_a_second_process_on_the_same_recovery_directory_is_refused_in_one_line(
+    kafka_bootstrap, tmp_path
+):
+    names, options = default_topics(kafka_bootstrap)
+    (tmp_path / "registry.toml").write_text(TTL_REGISTRY.replace("feedback_ttl = 3", ""))
+    port = free_port()
+    first = serve(tmp_path, options, port)
+    try:
+        wait_for(lambda: scrape(port, "/ready")[0] == 200, first, what="readiness")
+        second = tsi(
+            "run", "--registry", tmp_path / "registry.toml", *options,
+            "--recovery-dir", tmp_path / "rec", "--log-file", tmp_path / "second.log",
+        )  # fmt: skip
+        assert second.returncode == 2
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is in use by another process" in lines[0], lines
+        produce(kafka_bootstrap, names["req"], requests([f"r{i}" for i in range(10)]))
+        wait_for(lambda: len(selections(kafka_bootstrap, names["sel"])) >= 10, first)
+        time.sleep(2.0)  # a second writer would answer each request a second time
+    finally:
+        first.kill()
+        first.wait()
+    answers = selections(kafka_bootstrap, names["sel"])
+    assert sorted(a["request_id"] for a in answers) == sorted(f"r{i}" for i in range(10))
+
+
+APPLIED = 'tsi_feedback_total{experiment="shop",outcome="applied"}'
+
+
+def serve_then_stop(bootstrap, tmp_path, names, options, unit, sig):
+    """Start, serve 30 requests of ``unit`` with their feedback, stop with ``sig``: the
+    stop's exit status and the lines the terminal got."""
+    port = free_port()
+    proc = serve(tmp_path, options, port)
+    ids = [f"{unit}-{i}" for i in range(30)]
+    produce(bootstrap, names["req"], requests(ids, unit=unit))
+    feedback = [{**event, "type": "feedback", "loss": 1.0} for event in requests(ids, unit)]
+    produce(bootstrap, names["fb"], feedback)
+    wait_for(lambda: metric(scrape(port)[1], APPLIED) == len(ids), proc, what="feedback")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err.strip().splitlines()
+
+
+def test_ctrl_c_and_sigterm_stop_cleanly_with_the_epoch_committed(kafka_bootstrap, tmp_path):
+    names, options = default_topics(kafka_bootstrap)
+    (tmp_path / "registry.toml").write_text(TTL_REGISTRY.replace("feedback_ttl = 3", ""))
+    for unit, sig in (("u1", signal.SIGINT), ("u2", signal.SIGTERM)):
+        status, lines = serve_then_stop(kafka_bootstrap, tmp_path, names, options, unit, sig)
+        assert status == 0, lines
+        assert len(lines) == 2 and lines[1] == (
+            f"tsi run: stopped ({sig.name} received): the last epoch is committed"
+        ), lines
+    log = (tmp_path / "run.log").read_text()
+    assert "Traceback" not in log and "panic" not in log.lower()
+    states = read_states(tmp_path / "rec")  # every feedback in the committed state, once
+    assert sum(s["bandit"]["n_updates"] for s in states.values()) == 60

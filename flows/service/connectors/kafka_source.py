@@ -30,6 +30,7 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 from flows.service._records import internal_message, kafka_batch
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.metrics import note_broker_contact, observe_kafka_stats
+from flows.service.stopping import Stop
 from flows.service.stream_clock import STREAM_CLOCK
 
 log = logging.getLogger(__name__)
@@ -49,15 +50,6 @@ SOURCE_DEFAULTS: dict[str, Any] = {
 #: service started and is this close to its end: under steady traffic a few messages are
 #: always in flight, and a lag building up is far longer.
 CAUGHT_UP_LAG = 1000
-
-
-class PartitionsChanged:
-    """Set when a source sees its topic's partition count differ from the one the flow was
-    built with: Bytewax 0.21.1 lists partitions only at start, so the sources then end the
-    flow cleanly (their input stops; every epoch finishes) and ``tsi run`` asks for a restart,
-    which reads the new partitions (from their start)."""
-
-    detail: str | None = None
 
 
 class _ObservedPartition(_KafkaSourcePartition):
@@ -87,7 +79,7 @@ class _ObservedPartition(_KafkaSourcePartition):
     def next_batch(self) -> list[Any]:
         """What one ``consume`` read: Bytewax's items, or (batched) one item holding them
         as (bytes, Origin) messages and ``KafkaError``s."""
-        if PartitionsChanged.detail is not None:
+        if Stop.asked():  # a clean end: Bytewax finishes and commits the epoch
             raise StopIteration
         if not self._batched:
             return super().next_batch()
@@ -148,12 +140,15 @@ class _ObservedPartition(_KafkaSourcePartition):
     def _check_count(self, partitions: dict[str, Any]) -> None:
         count = sum(1 for pid in partitions if int(pid) >= 0)
         changed = self._built_with is not None and count != self._built_with
-        if changed and PartitionsChanged.detail is None:
-            PartitionsChanged.detail = (
+        if changed and not Stop.asked():
+            # Bytewax 0.21.1 lists partitions only at start: end cleanly and ask for a
+            # restart (``tsi run`` exits 3), which reads the new partitions from their start
+            Stop.ask(
                 f"topic {self._topic} has {count} partitions, the flow was built with "
-                f"{self._built_with}: ending cleanly; restart to read them"
+                f"{self._built_with}: ending cleanly; restart to read them",
+                restart=True,
             )
-            log.error(PartitionsChanged.detail)
+            log.error(Stop.reason)
 
     def snapshot(self) -> int | None:
         offset = super().snapshot()
