@@ -108,6 +108,15 @@ FRESH_OPTION = typer.Option(
     "state starts empty and the input resumes from the group's offsets (without it, tsi "
     "run refuses to start over silently).",
 )
+REBUILD_OPTION = typer.Option(
+    False,
+    "--rebuild",
+    envvar="TSI_REBUILD",
+    help="The way out of a damaged recovery directory: start from an empty one (move the "
+    "damaged one aside) and rebuild every bandit's state by reading the inputs from their "
+    "start, as far as the broker still holds them; answers already sent are sent again, "
+    "identical.",
+)
 MALLOC_TRIM_OPTION = typer.Option(
     TRIM_EVERY,
     "--malloc-trim",
@@ -151,6 +160,7 @@ def run_service(
     skip_offset: list[str] = SKIP_OFFSET_OPTION,
     ts_window: float | None = TS_WINDOW_OPTION,
     fresh: bool = FRESH_OPTION,
+    rebuild: bool = REBUILD_OPTION,
     malloc_trim: float = MALLOC_TRIM_OPTION,
     log_file: Path | None = LOG_FILE_OPTION,
 ) -> None:
@@ -179,6 +189,7 @@ def run_service(
         ready_timeout,
         fresh,
         malloc_trim,
+        rebuild=rebuild,
     )
     serve(settings, Cluster(workers, process_id, cluster), snapshot_every, backup_every, log_file)
 

@@ -29,6 +29,11 @@ STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
 SHARD_STORE = "shards"  # the folder of the shards' logs in a recovery directory
 INPUTS_SEED = "inputs.positions"  # in it: where an imported store's inputs start
+#: The way out of a damaged recovery directory, named by every message that finds one.
+REBUILD_HINT = (
+    "README, 'A damaged recovery directory': stop the service, mv DIR DIR.damaged, then "
+    "tsi run --rebuild rebuilds the state from what the topics still hold"
+)
 
 
 def _committed_steps(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, str, Any]]:
@@ -219,7 +224,8 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
     if processes == 1 and missing:
         raise ConfigError(
             f"recovery directory {directory} lacks {', '.join(missing)} of its {count} "
-            "partitions (restore them, or start afresh with an empty directory)"
+            f"partitions (restore them from a backup, or move it aside and start with --rebuild: "
+            f"{REBUILD_HINT})"
         )
     return [parts[i] for i in sorted(parts)]
 
@@ -251,7 +257,7 @@ def _partition_count(file: Path, index: int) -> int:
     except sqlite3.Error as exc:
         raise ConfigError(
             f"recovery partition {file} cannot be read by sqlite ({exc}): restore it from a "
-            "backup, or start afresh with an empty directory"
+            f"backup, or move the directory aside and start with --rebuild ({REBUILD_HINT})"
         ) from None
     if len(rows) != 1 or rows[0][0] != index:
         raise ConfigError(

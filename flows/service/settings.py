@@ -62,6 +62,7 @@ class Settings:
     ready_timeout: float | None = None
     fresh: bool = False  # accept an empty recovery store although the group made progress
     malloc_trim: float = TRIM_EVERY  # seconds between hand-backs of freed memory (allocator)
+    rebuild: bool = False  # rebuild the state from the inputs' start into an empty store
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -91,6 +92,7 @@ class Settings:
             metrics_port=_port(env.get("TSI_METRICS_PORT", "")),
             ready_timeout=_number(env, "TSI_READY_TIMEOUT"),
             malloc_trim=_seconds(env, "TSI_MALLOC_TRIM", TRIM_EVERY),
+            rebuild=env.get("TSI_REBUILD", "0") == "1",
         )
 
     def guards(self, dead_letter_raw: int | None = None) -> Guards:

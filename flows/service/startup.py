@@ -33,6 +33,7 @@ from flows.service.dir_lock import hold_directory
 from flows.service.metrics import note_broker_contact
 from flows.service.process import Service
 from flows.service.recovery import (
+    REBUILD_HINT,
     check_recovery_dir,
     check_shard_layout,
     input_offsets,
@@ -53,6 +54,11 @@ class StartupError(Exception):
 
 def prepare(options: Settings) -> Service:
     """The service, once every check passed (``StartupError`` otherwise)."""
+    if options.fresh and options.rebuild:
+        raise StartupError(
+            "--fresh (state starts empty, the input resumes from the group's offsets) and "
+            "--rebuild (the state is rebuilt from the inputs' start) contradict each other"
+        )
     if (options.recovery_dir is None) == (not options.no_recovery):
         raise StartupError(
             "give --recovery-dir DIR (state and offsets survive restarts) or --no-recovery "
@@ -66,6 +72,11 @@ def prepare(options: Settings) -> Service:
         parts = None
         if options.recovery_dir is not None:
             hold_directory(options.recovery_dir)  # one writer: refused while another runs
+            if options.rebuild and any(Path(options.recovery_dir).iterdir()):
+                raise StartupError(
+                    f"--rebuild starts from an empty recovery directory, and "
+                    f"{options.recovery_dir} is not: move it aside first ({REBUILD_HINT})"
+                )
             parts = check_recovery_dir(options.recovery_dir, options.processes)
             check_shard_layout(options.recovery_dir)
             seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
@@ -120,14 +131,19 @@ def check_no_silent_reset(
     where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(committed.items())[:4])
     imported = input_offsets(seeded_inputs(options.recovery_dir))
     if not parts and not imported:
+        if options.rebuild:
+            log.warning(
+                "rebuilding (--rebuild) from the inputs' start: group %r was at %s", group, where
+            )
+            return
         if options.fresh:
             log.warning("starting afresh (--fresh): consumer group %r was at %s", group, where)
             return
         raise StartupError(
             f"recovery directory {options.recovery_dir} is empty but consumer group {group!r} "
-            f"has committed progress ({where}): restore the directory from its backup, or "
-            "accept a reset with --fresh (state starts empty, the input resumes from the "
-            "group's offsets)"
+            f"has committed progress ({where}): restore the directory from its backup, "
+            "rebuild the state from what the topics still hold with --rebuild, or accept a "
+            "reset with --fresh (state starts empty, the input resumes from the group's offsets)"
         )
     stored = store_offsets(options.recovery_dir) if parts else imported
     behind = [(tp, o, stored.get(tp, 0)) for tp, o in committed.items() if stored.get(tp, 0) < o]
@@ -137,7 +153,7 @@ def check_no_silent_reset(
             f"recovery directory {options.recovery_dir} is behind consumer group {group!r} "
             f"on {topic}[{partition}] (offset {store_at} < {group_at}): its latest "
             "snapshots are lost (a deleted file or write-ahead log?); restore it from its "
-            "backup, or empty it and start with --fresh"
+            f"backup, or move it aside and start with --rebuild ({REBUILD_HINT})"
         )
 
 
@@ -179,8 +195,10 @@ class ServiceLog:
         """The service stopped on an error: the whole story to the log, one line to the
         terminal."""
         log.error("the service stopped", exc_info=exc)
+        cause = root_cause(exc)[:300]
         where = f"; the full report is in {self.path}" if self.path else ""
-        self.say(f"tsi run: the service stopped: {root_cause(exc)[:300]}{where}")
+        way_out = f" ({REBUILD_HINT})" if "resume" in cause else ""  # Bytewax's recovery
+        self.say(f"tsi run: the service stopped: {cause}{way_out}{where}")
 
 
 def root_cause(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ import orjson
 
 from flows.service.recovery import read_states
 from flows.testing.kafka_broker import consume_all, unique_topic
+from tests.service.streams import comparable
 from tests.service.test_operating import (
     free_port,
     messages,
@@ -157,3 +158,40 @@ def test_ctrl_c_and_sigterm_stop_cleanly_with_the_epoch_committed(kafka_bootstra
     assert "Traceback" not in log and "panic" not in log.lower()
     states = read_states(tmp_path / "rec")  # every feedback in the committed state, once
     assert sum(s["bandit"]["n_updates"] for s in states.values()) == 60
+
+
+def test_a_damaged_recovery_directory_is_refused_and_rebuild_restores_every_state(
+    kafka_bootstrap, tmp_path
+):
+    names, options = default_topics(kafka_bootstrap)
+    (tmp_path / "registry.toml").write_text(TTL_REGISTRY.replace("feedback_ttl = 3", ""))
+    for unit in ("u1", "u2"):
+        status, lines = serve_then_stop(
+            kafka_bootstrap, tmp_path, names, options, unit, signal.SIGTERM
+        )
+        assert status == 0, lines
+    served = {a["request_id"]: a for a in selections(kafka_bootstrap, names["sel"])}
+    before = {key: comparable(state) for key, state in read_states(tmp_path / "rec").items()}
+    assert sum(state[0]["n_updates"] for state in before.values()) == 60
+    (tmp_path / "rec" / "part-0.sqlite3").write_bytes(b"damaged" * 100)
+    args = ["run", "--registry", tmp_path / "registry.toml", *options]
+    refused = tsi(*args, "--recovery-dir", tmp_path / "rec")
+    assert refused.returncode == 2
+    assert "--rebuild" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    not_empty = tsi(*args, "--recovery-dir", tmp_path / "rec", "--rebuild")
+    assert not_empty.returncode == 2 and "move it aside" in not_empty.stderr
+    (tmp_path / "rec").rename(tmp_path / "rec.damaged")
+    port = free_port()
+    proc = serve(tmp_path, [*options, "--rebuild"], port)
+    try:
+        wait_for(lambda: metric(scrape(port)[1], APPLIED) == 60, proc, what="the rebuild")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        proc.kill()
+    after = {key: comparable(state) for key, state in read_states(tmp_path / "rec").items()}
+    assert after == before
+    answers = selections(kafka_bootstrap, names["sel"])
+    assert len(answers) == 120  # every answer sent again, identical
+    assert all(answer == served[answer["request_id"]] for answer in answers)
