@@ -203,7 +203,7 @@ def dockerignored(path: str, patterns: list[tuple[bool, str]]) -> bool:
 def imported_local_packages() -> set[str]:
     """Top-level packages of this repository imported by the installed code."""
     local = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"}
-    found = {"flows"}  # the console script: tsi = flows.cli:app
+    found = {"flows"}  # the console script: tsi = flows.cli:main
     todo = ["flows"]
     while todo:
         for source in (ROOT / todo.pop()).rglob("*.py"):
