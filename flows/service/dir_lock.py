@@ -25,13 +25,13 @@ class DirectoryInUseError(ConfigError):
 
 
 def hold_directory(path: str | Path, what: str = "recovery directory") -> None:
-    """Lock ``path`` (created if missing) for this process, or raise
-    ``DirectoryInUseError`` in one line when another process holds it."""
+    """Lock ``path`` for this process, or raise ``DirectoryInUseError`` in one line when
+    another process holds it. A missing directory is nobody's yet: nothing to lock (whoever
+    creates it locks it then)."""
     directory = Path(path).resolve()
-    if directory in _held:
+    if directory in _held or not directory.exists():
         return
     try:
-        directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be opened: {exc.strerror}") from None

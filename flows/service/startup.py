@@ -72,7 +72,8 @@ def prepare(options: Settings) -> Service:
         parts = None
         if options.recovery_dir is not None:
             hold_directory(options.recovery_dir)  # one writer: refused while another runs
-            if options.rebuild and any(Path(options.recovery_dir).iterdir()):
+            store = Path(options.recovery_dir)
+            if options.rebuild and store.exists() and any(store.iterdir()):
                 raise StartupError(
                     f"--rebuild starts from an empty recovery directory, and "
                     f"{options.recovery_dir} is not: move it aside first ({REBUILD_HINT})"
