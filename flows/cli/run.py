@@ -21,9 +21,10 @@ from flows.cli.base import (
 )
 from flows.service.allocator import TRIM_EVERY
 from flows.service.connectors.kafka import Topics
+from flows.service.dir_lock import hold_directory
 from flows.service.metrics import MetricsPortError
 from flows.service.process import run as run_flow
-from flows.service.settings import DEFAULT_GROUP, Settings
+from flows.service.settings import DEFAULT_GROUP, ConfigError, Settings
 from flows.service.shard_store import MIN_EPOCHS
 from flows.service.startup import ServiceLog, StartupError, describe_start, prepare
 from flows.service.stopping import Stop
@@ -230,7 +231,12 @@ def serve(
     service_log = ServiceLog(log_file)
     try:
         service_log.start()
+        if settings.recovery_dir is not None:  # one writer per directory and process id
+            hold_directory(settings.recovery_dir, cluster.process_id or 0)
         service = prepare(settings)
+    except ConfigError as exc:
+        service_log.say(f"tsi run: {exc}")
+        raise typer.Exit(2) from None
     except StartupError as exc:
         service_log.say(f"tsi run: {exc}")
         raise typer.Exit(2) from None

@@ -51,11 +51,11 @@ def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
         service = Service.from_settings(settings)
-        recovery = _recovery_dir()
-        flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=_process_id())
+        recovery, process = _recovery_dir(), _process_id()
+        flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=process)
         try:
             if recovery:
-                hold_directory(recovery)  # one writer per directory
+                hold_directory(recovery, process)  # one writer per directory and process
             start_process(
                 settings.metrics_port,
                 settings.ready_after(1.0),

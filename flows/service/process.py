@@ -23,7 +23,7 @@ from flows.service.allocator import TRIM_EVERY, start_trimming
 from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, build_flow
-from flows.service.dir_lock import hold_directory
+from flows.service.dir_lock import hold_directory, is_empty
 from flows.service.metrics import note_epoch_completed, serve_metrics
 from flows.service.recovery import seeded_inputs, shard_store
 from flows.service.registry import LiveRegistry, Registry
@@ -145,9 +145,9 @@ def run(
     recovery = None
     if recovery_dir is not None:
         directory = Path(recovery_dir)
-        if not directory.exists() or not any(directory.iterdir()):
-            directory.mkdir(parents=True, exist_ok=True)
-            hold_directory(directory)  # one writer per directory (flows.service.dir_lock)
+        directory.mkdir(parents=True, exist_ok=True)
+        hold_directory(directory, process_id or 0)  # one writer (flows.service.dir_lock)
+        if is_empty(directory):
             init_db_dir(directory, max(1, len(addresses or [None])))
         recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
     start_process(metrics_port, ready_timeout, on_reload, trim_every, say)

@@ -20,6 +20,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from flows.service.dir_lock import is_lock_file
 from flows.service.logic import SHARDS, of_this_layout, shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
@@ -202,7 +203,7 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
         raise ConfigError(f"recovery directory {directory} is not writable by this user")
     parts: dict[int, Path] = {}
     for entry in sorted(directory.iterdir()):
-        if entry.name == SHARD_STORE and entry.is_dir():
+        if (entry.name == SHARD_STORE and entry.is_dir()) or is_lock_file(entry):
             continue
         match = PARTITION_FILE.fullmatch(entry.name)
         if match is None or not entry.is_file():

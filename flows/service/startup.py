@@ -29,7 +29,7 @@ from flows.service.connectors.kafka_admin import check_topics as check_kafka_top
 from flows.service.connectors.kafka_config import settings_lines, with_rate_limited_logs
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
-from flows.service.dir_lock import hold_directory
+from flows.service.dir_lock import is_empty
 from flows.service.metrics import note_broker_contact
 from flows.service.process import Service
 from flows.service.recovery import (
@@ -71,9 +71,7 @@ def prepare(options: Settings) -> Service:
         registry = LiveRegistry(Registry.load(options.registry), options.registry)
         parts = None
         if options.recovery_dir is not None:
-            hold_directory(options.recovery_dir)  # one writer: refused while another runs
-            store = Path(options.recovery_dir)
-            if options.rebuild and store.exists() and any(store.iterdir()):
+            if options.rebuild and not is_empty(options.recovery_dir):
                 raise StartupError(
                     f"--rebuild starts from an empty recovery directory, and "
                     f"{options.recovery_dir} is not: move it aside first ({REBUILD_HINT})"
