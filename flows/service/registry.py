@@ -16,7 +16,9 @@ renamed_arms = { green = "lime" }   # optional: arm "green" is now called "lime"
 ```
 
 Arms are matched by name when the registry changes under learned state (see
-``Experiment.arm_map`` and the README's "Changing an experiment").
+``Experiment.arm_map`` and the README's "Changing an experiment"). Anything else, at the
+top level or in an experiment's table, is refused, naming it (a misspelt
+``[experiment.NAME]`` would otherwise drop that experiment).
 
 >>> r = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> r["home"].instance_key(None), r["home"].feedback_ttl
@@ -25,12 +27,16 @@ Arms are matched by name when the registry changes under learned state (see
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
+import json
 import math
 import pickle
+import re
 import tomllib
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -244,14 +250,49 @@ KNOWN_SETTINGS = frozenset(
 )
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _shown(key: str) -> str:
+    """A TOML key as written in the file: bare, or quoted (one line whatever it holds)."""
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+
+
+def _guess(key: str, known: Collection[str]) -> str | None:
+    """The known name ``key`` most likely misspells, if any."""
+    close = difflib.get_close_matches(key.lower(), sorted(known), n=1)
+    return close[0] if close else None
+
+
+def _check_top_level(data: dict[str, Any]) -> None:
+    """Refuse any top-level table or key but ``[experiments]``, naming each one."""
+    named = []
+    for key in sorted(set(data) - {"experiments"}):
+        if isinstance(data[key], dict):
+            guess = _guess(key, ["experiments"])
+            hint = f" (did you mean [{guess}]?)" if guess else ""
+            named.append(f"table [{_shown(key)}]{hint}")
+        else:
+            hint = " (an experiment's setting)" if key in KNOWN_SETTINGS else ""
+            named.append(f"key {_shown(key)}{hint}")
+    if named:
+        raise RegistryError(
+            f"unknown {', '.join(named)}: the registry holds [experiments.NAME] tables only"
+        )
+
+
 def _experiment(name: str, table: Any) -> Experiment:
     """One ``[experiments.NAME]`` table, checked (``RegistryError`` naming the problem)."""
     where = f"experiment {name!r}"
     if not isinstance(table, dict):
-        raise RegistryError(f"{where} must be a table")
-    unknown = sorted(set(table) - KNOWN_SETTINGS)
+        raise RegistryError(f"{where} must be a table of settings ([experiments.NAME])")
+    unknown = []
+    for key in sorted(set(table) - KNOWN_SETTINGS):
+        guess = _guess(key, KNOWN_SETTINGS)
+        unknown.append(_shown(key) + (f" (did you mean {guess}?)" if guess else ""))
     if unknown:
-        raise RegistryError(f"{where}: unknown setting(s) {unknown}")
+        plural = "s" if len(unknown) > 1 else ""
+        raise RegistryError(f"{where}: unknown setting{plural} {', '.join(unknown)}")
     if not name or len(name) > 256 or UNIT_SEPARATOR in name:
         raise RegistryError(f"{where}: invalid experiment name")
     arms = _arms(table.get("arms"), where)
@@ -355,6 +396,9 @@ class Registry:
 
     @classmethod
     def from_dict(cls, data: Any) -> Registry:
+        """The registry of a parsed TOML document (``RegistryError`` naming the problem)."""
+        if isinstance(data, dict):
+            _check_top_level(data)
         tables = data.get("experiments") if isinstance(data, dict) else None
         if not isinstance(tables, dict) or not tables:
             raise RegistryError("the registry needs at least one [experiments.NAME] table")
@@ -376,6 +420,30 @@ class Registry:
         return cls.from_toml(text)
 
 
+def changes(old: Registry, new: Registry) -> str:
+    """What replacing ``old`` by ``new`` changes: experiments added, removed and edited
+    (another definition), or "no change".
+
+    >>> old = Registry.from_toml('[experiments.a]\\narms = ["x"]\\n[experiments.b]\\narms = ["x"]')
+    >>> new = Registry.from_toml('[experiments.a]\\narms = ["y"]\\n[experiments.c]\\narms = ["x"]')
+    >>> changes(old, new)
+    "added 'c'; removed 'b'; edited 'a'"
+    >>> changes(old, old)
+    'no change'
+    """
+    before, after = old.experiments, new.experiments
+    kept = before.keys() & after.keys()
+    named = {
+        "added": after.keys() - before.keys(),
+        "removed": before.keys() - after.keys(),
+        "edited": {n for n in kept if before[n].definition != after[n].definition},
+    }
+    said = [
+        f"{what} {', '.join(map(repr, sorted(names)))}" for what, names in named.items() if names
+    ]
+    return "; ".join(said) or "no change"
+
+
 class LiveRegistry:
     """The registry a running flow reads: ``current``, replaced whole by ``reload``.
 
@@ -395,14 +463,19 @@ class LiveRegistry:
         _know(registry)
 
     def reload(self) -> str:
-        """Read the file again; the new registry waits for ``apply``. Returns what happened."""
+        """Read the file again; the new registry waits for ``apply``. Returns what happened,
+        in one line: the problem, or what changes against the current registry."""
         if self.path is None:
             return "registry reload ignored: the registry was not read from a file"
         try:
-            self._pending = Registry.load(self.path)
+            pending = Registry.load(self.path)
         except RegistryError as exc:
             return f"registry reload refused, the running registry stays: {exc}"
-        return f"registry {self.path} reloaded: applied when the current epoch closes"
+        self._pending = pending
+        return (
+            f"registry {self.path} reloaded, applied when the current epoch closes: "
+            f"{changes(self.current, pending)}"
+        )
 
     def apply(self) -> bool:
         """Make a reloaded registry current; True if there was one."""

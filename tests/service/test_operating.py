@@ -171,7 +171,8 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
             return False
 
     units = [f"u{i}" for i in range(8)]
-    proc = start(*args, log_file=tmp_path / "run.log")
+    log = tmp_path / "run.log"
+    proc = start(*args, log_file=log)
     try:
         for unit in units:  # each user learns; some tickets stay open
             produce(
@@ -190,6 +191,19 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
         wait_for(lambda: len(answered("b-")) == 80, proc)
         assert set(answered("b-").values()) <= {"a", "lime", "c", "d", "e"}
         assert "lime" in answered("b-").values()
+        assert "reloaded, applied when the current epoch closes: edited 'shop'" in log.read_text()
+        # a misspelt header ([experiment.shop]) would drop 'shop': refused, 'shop' stays
+        live = shop(["a", "lime", "c", "d", "e"], 'renamed_arms = { b = "lime" }')
+        other = '[experiments.other]\narms = ["x"]\n'
+        registry.write_text(other + live.replace("[experiments.shop]", "[experiment.shop]"))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "unknown table [experiment]" in log.read_text(), proc, seconds=10)
+        [refused] = [line for line in log.read_text().splitlines() if "reload refused" in line]
+        assert "running registry stays: unknown table [experiment] (did you mean" in refused
+        time.sleep(1.0)  # an epoch closes: nothing to apply
+        produce(kafka_bootstrap, names["ev"], [r for u in units for r in requests([f"t-{u}"], u)])
+        wait_for(lambda: len(answered("t-")) == 8, proc)
+        assert set(answered("t-").values()) <= {"a", "lime", "c", "d", "e"}
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -214,7 +228,7 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
     reasons = {d["reason"] for d in letters}
     assert reasons <= {"arm_retired"}, reasons  # no internal_error, no crash
     retired = {orjson.loads(base64.b64decode(d["raw_b64"]))["request_id"] for d in letters}
-    before = {**answered("a-"), **answered("b-")}
+    before = {**answered("a-"), **answered("b-"), **answered("t-")}
     assert retired <= {rid for rid, arm in before.items() if arm == "c"}
     # the experiment removed: its instances are archived, its events dead-lettered
     registry.write_text('[experiments.other]\narms = ["x"]\n')
