@@ -14,7 +14,9 @@ from flows.service.registry import Registry, RegistryError
 
 @app.command("inspect")
 def inspect_command(
-    recovery_dir: Path = typer.Option(..., help="The service's recovery directory."),
+    recovery_dir: list[Path] = typer.Option(
+        ..., help="The service's recovery directory (give one per process of a cluster)."
+    ),
     instance: list[str] = typer.Argument(
         None, help="Instances: 'experiment' or 'experiment/unit', shell wildcards allowed."
     ),
@@ -22,21 +24,25 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table."),
     limit: int = typer.Option(50, min=1, help="Show at most this many instances."),
 ) -> None:
-    """The current allocation (q) and counters of instances, from a recovery directory."""
-    from flows.service.recovery import read_states
+    """The current allocation (q) and counters of instances, from a recovery directory
+    (a cluster's: every process's, `--recovery-dir vol-0/recovery --recovery-dir
+    vol-1/recovery`)."""
+    from flows.service.recovery import NotOneClusterError, read_states
     from flows.tools.inspect import InspectError, describe, render, select_instances
 
     try:
         reg = Registry.load(registry) if registry is not None else None
-        if not recovery_dir.is_dir():
-            raise UserError(f"recovery directory {recovery_dir} does not exist")
+        missing = [d for d in recovery_dir if not d.is_dir()]
+        if missing:
+            raise UserError(f"recovery directory {missing[0]} does not exist")
         states = read_states(recovery_dir)
         keys = select_instances(states, instance or ["*"])
         views = [describe(k, states[k], reg) for k in keys[:limit]]
-    except (RegistryError, InspectError, UserError, FileNotFoundError) as exc:
+    except (RegistryError, InspectError, UserError, FileNotFoundError, NotOneClusterError) as exc:
         fail("inspect", str(exc))
     except sqlite3.Error as exc:
-        fail("inspect", f"{recovery_dir} is not a readable recovery directory: {exc}")
+        where = ", ".join(map(str, recovery_dir))
+        fail("inspect", f"{where} is not a readable recovery directory: {exc}")
     if as_json:
         for v in views:
             typer.echo(orjson.dumps(v.to_dict()).decode())

@@ -15,12 +15,12 @@ import os
 import pickle
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from flows.service.dir_lock import is_lock_file
+from flows.service.dir_lock import is_empty, is_lock_file
 from flows.service.logic import SHARDS, of_this_layout, shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
@@ -37,13 +37,76 @@ REBUILD_HINT = (
 )
 
 
-def _committed_steps(recovery_dir: str | Path, step_pattern: str) -> Iterator[tuple[str, str, Any]]:
-    """(step id, state key, snapshot or None if deleted) of every step matching
-    ``step_pattern`` (SQL LIKE), as of each partition's committed epoch: what a restart
-    resumes from."""
-    files = sorted(Path(recovery_dir).glob("part-*.sqlite3"))
+RecoveryDirs = str | Path | Sequence[str | Path]  # one directory, or one per process
+
+
+class NotOneClusterError(ValueError):
+    """Recovery directories that are not the whole set of one cluster's (a directory left
+    out, or one of another cluster): a person's mistake, said in one line."""
+
+
+def _directories(recovery_dirs: RecoveryDirs) -> list[Path]:
+    if isinstance(recovery_dirs, str | Path):
+        return [Path(recovery_dirs)]
+    return [Path(d) for d in recovery_dirs]
+
+
+def _partitions(directory: Path) -> list[tuple[Path, int, int, int | None]]:
+    """(file, index, count, committed epoch or None) of each Bytewax partition in
+    ``directory``; ``FileNotFoundError`` when it holds none."""
+    files = sorted(directory.glob("part-*.sqlite3"))
     if not files:
-        raise FileNotFoundError(f"no recovery partitions (part-*.sqlite3) in {recovery_dir}")
+        raise FileNotFoundError(f"no recovery partitions (part-*.sqlite3) in {directory}")
+    found = []
+    for path in files:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            committed = db.execute("SELECT MAX(commit_epoch) FROM commits").fetchone()[0]
+            for index, count in db.execute("SELECT part_index, part_count FROM parts"):
+                found.append((path, int(index), int(count), committed))
+    return found
+
+
+def resumed_partitions(recovery_dirs: RecoveryDirs) -> list[Path]:
+    """The partition files a restart of the cluster resumes from, over the recovery
+    directories of all its processes: of each partition, the copy that holds commits (a
+    cluster's directory holds a copy of every partition, and its process writes some of
+    them). [] when nothing is committed yet (an imported store). ``NotOneClusterError`` when the
+    directories are not one cluster's whole set: counts differ, a partition is committed
+    in two directories, or in none while others are (a directory left out)."""
+    dirs = _directories(recovery_dirs)
+    copies = [(d, *part) for d in dirs for part in _partitions(d)]
+    counts = {(d, count) for d, _, _, count, _ in copies}
+    if len({count for _, count in counts}) > 1:
+        shown = ", ".join(f"{d} of {count}" for d, count in sorted(counts))
+        raise NotOneClusterError(
+            f"the recovery directories hold partitions of different clusters ({shown})"
+        )
+    count = copies[0][3]
+    committed: dict[int, list[tuple[Path, Path]]] = {}
+    for directory, path, index, _, epoch in copies:
+        if epoch is not None:
+            committed.setdefault(index, []).append((directory, path))
+    twice = sorted((i, held) for i, held in committed.items() if len(held) > 1)
+    if twice:
+        index, held = twice[0]
+        raise NotOneClusterError(
+            f"partition {index} is committed in both {held[0][0]} and {held[1][0]}: these "
+            "recovery directories are not of one cluster"
+        )
+    missing = [i for i in range(count) if i not in committed]
+    if committed and missing:
+        where = ", ".join(str(d) for d in dirs)
+        raise NotOneClusterError(
+            f"partition {missing[0]} of {count} is committed in none of {where}: give the "
+            "recovery directory of every process of the cluster"
+        )
+    return [committed[i][0][1] for i in sorted(committed)]
+
+
+def _committed_steps(files: list[Path], step_pattern: str) -> Iterator[tuple[str, str, Any]]:
+    """(step id, state key, snapshot or None if deleted) of every step matching
+    ``step_pattern`` (SQL LIKE) in the partition ``files``, as of each partition's
+    committed epoch: what a restart resumes from."""
     for path in files:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             committed = db.execute("SELECT MAX(commit_epoch) FROM commits").fetchone()[0]
@@ -59,39 +122,70 @@ def _committed_steps(recovery_dir: str | Path, step_pattern: str) -> Iterator[tu
             yield step, key, None if blob is None else pickle.loads(blob)
 
 
+def _committed_here(directory: str | Path) -> list[Path]:
+    """The partitions of ``directory`` that hold commits (a cluster's process: those it
+    writes)."""
+    return [path for path, _, _, epoch in _partitions(Path(directory)) if epoch is not None]
+
+
 def shard_store(recovery_dir: str | Path) -> Path:
     """Where the shards of a recovery directory keep their logs."""
     return Path(recovery_dir) / SHARD_STORE
 
 
-def read_states(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
+def read_states(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
     """{instance key: its ``Instance.to_dict()``} as of the latest committed snapshot of
-    each shard (its log up to the committed marker), over all partitions of the directory.
-    Shards never snapshotted yet show their seed (an upgrade, ``tsi state import``)."""
-    entries = committed_entries(recovery_dir, flow_id)
+    each shard (its log up to the committed marker), over the recovery directories of
+    all the cluster's processes. Shards never snapshotted yet show their seed (an
+    upgrade, ``tsi state import``)."""
+    entries = committed_entries(recovery_dirs, flow_id)
     return {key: state_of(entry) for key, entry in entries.items()}
 
 
-def committed_entries(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, Entry]:
-    """{instance key: its saved ``Entry``} as a restart would resume them (``read_states``)."""
+def committed_entries(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[str, Entry]:
+    """{instance key: its saved ``Entry``} as a restart would resume them (``read_states``).
+
+    A shard's marker lies in the partition Bytewax hashed it to, which a process of a
+    cluster other than the one serving the shard (and keeping its log) may hold: its log
+    is looked for in every directory given."""
+    dirs = _directories(recovery_dirs)
     entries: dict[str, Entry] = {}
     marked = set()
-    for _, shard_key, shard in _committed_steps(recovery_dir, f"{flow_id}.{STATE_STEP}"):
+    steps = _committed_steps(resumed_partitions(dirs), f"{flow_id}.{STATE_STEP}")
+    for _, shard_key, shard in steps:
         if not shard:
             continue
         marked.add(shard_key)
         if "entries" in shard:
             entries.update((entry.key, entry) for entry in shard["entries"])
         else:
-            path = ShardLog(shard_store(recovery_dir), shard_key).path(shard["store"]["gen"])
+            path = _log_of(dirs, shard_key, shard["store"]["gen"])
             found, _, problem = read_records(path, shard["store"]["end"])
             if problem is not None:
                 raise ValueError(f"shard {shard_key}: {problem}")
             entries.update(found)
-    for seed in sorted(shard_store(recovery_dir).glob("*.seed")):
-        if seed.stem not in marked:
-            entries.update(read_records(seed, None)[0])
+    for directory in dirs:  # an import seeds every directory with the same seeds
+        for seed in sorted(shard_store(directory).glob("*.seed")):
+            if seed.stem not in marked:
+                entries.update(read_records(seed, None)[0])
     return entries
+
+
+def _log_of(dirs: list[Path], shard: str, gen: int) -> Path:
+    """The log of ``shard``'s generation ``gen``: in exactly one of the directories."""
+    name = ShardLog(Path(), shard).path(gen).name
+    found = [shard_store(d) / name for d in dirs if (shard_store(d) / name).exists()]
+    if len(found) > 1:
+        raise NotOneClusterError(
+            f"shard {shard}: its log {name} is in both {found[0].parent.parent} and "
+            f"{found[1].parent.parent}: these recovery directories are not of one cluster"
+        )
+    if not found:
+        raise NotOneClusterError(
+            f"shard {shard}: its log {name} is in none of {', '.join(map(str, dirs))}: give "
+            "the recovery directory of every process of the cluster"
+        )
+    return found[0]
 
 
 def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "tsi") -> int:
@@ -103,10 +197,11 @@ def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "t
     store = shard_store(recovery_dir)
     if store.exists() and any(store.iterdir()):
         return 0
-    if any(True for _ in _committed_steps(recovery_dir, f"{flow_id}.{STATE_STEP}")):
+    here = _committed_here(recovery_dir)
+    if any(True for _ in _committed_steps(here, f"{flow_id}.{STATE_STEP}")):
         return 0
     states: dict[str, dict[str, Any]] = {}
-    for _, key, state in _committed_steps(recovery_dir, f"{flow_id}.{PER_INSTANCE_STEP}"):
+    for _, key, state in _committed_steps(here, f"{flow_id}.{PER_INSTANCE_STEP}"):
         if state is None:
             states.pop(key, None)
         else:
@@ -136,22 +231,38 @@ def check_shard_layout(recovery_dir: str | Path) -> None:
         )
 
 
-def committed_inputs(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, Any]:
+def committed_inputs(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[str, Any]:
     """{"step id/partition": state} of the Kafka inputs (their next offsets; the internal
-    topic's also the source offsets it has seen), as of the committed epoch."""
+    topic's also the source offsets it has seen), as of the committed epoch, over the
+    recovery directories of all the cluster's processes."""
+    return _inputs_in(resumed_partitions(recovery_dirs), flow_id)
+
+
+def resumed_inputs(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[str, Any]:
+    """Where a restart resumes each input partition: its committed state, else the
+    position ``tsi state import`` seeded (``seeded_inputs``)."""
+    seeded = {k: v for d in _directories(recovery_dirs) for k, v in seeded_inputs(d).items()}
+    return {**seeded, **committed_inputs(recovery_dirs, flow_id)}
+
+
+def _inputs_in(files: list[Path], flow_id: str) -> dict[str, Any]:
     steps = (f"{flow_id}.%_in.kafka_input", f"{flow_id}.internal_in")
     return {
         f"{step}/{key}": state
         for pattern in steps
-        for step, key, state in _committed_steps(recovery_dir, pattern)
+        for step, key, state in _committed_steps(files, pattern)
         if state is not None
     }
 
 
-def store_offsets(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[tuple[str, int], int]:
-    """{(topic, partition): next offset} of the Kafka inputs, as of the committed epoch:
-    where a restart resumes reading."""
-    return input_offsets(committed_inputs(recovery_dir, flow_id))
+def store_offsets(
+    recovery_dir: str | Path, flow_id: str = "tsi"
+) -> dict[tuple[str, int], int] | None:
+    """{(topic, partition): next offset} of the Kafka inputs whose committed state
+    ``recovery_dir`` holds (a cluster's process: those in the partitions it writes): where
+    a restart resumes reading them. None when it holds no commit yet."""
+    here = _committed_here(recovery_dir)
+    return input_offsets(_inputs_in(here, flow_id)) if here else None
 
 
 def input_offsets(inputs: dict[str, Any]) -> dict[tuple[str, int], int]:
@@ -188,10 +299,13 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
     An empty list: the directory is missing (it can be created) or empty, and `run`
     initialises it. Refused: ``path`` is not a directory or not writable; an entry that is
     not a Bytewax partition (``part-N.sqlite3``, with its ``-wal``/``-shm`` files); a
-    partition sqlite cannot read (corrupt) or of another initialisation (a different
-    partition count); with one process (``processes == 1``), a missing partition. A
-    cluster may spread its partitions over the processes' directories, so then each
-    directory may hold some of them.
+    directory holding something but no partition (the shards' state alone: nothing Bytewax
+    could resume); a partition sqlite cannot read (corrupt) or of another initialisation
+    (a different partition count); with one process (``processes == 1``), a missing
+    partition; partitions of a cluster of another number of processes (``tsi run`` and
+    ``tsi state import`` make one partition per process). A cluster may spread its
+    partitions over the processes' directories, so then each directory may hold some of
+    them.
     """
     directory = Path(path)
     if not directory.exists():
@@ -220,6 +334,13 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
             f"recovery directory {directory} mixes partitions of different initialisations "
             f"({found})"
         )
+    if not parts and not is_empty(directory):
+        held = ", ".join(sorted(p.name for p in directory.iterdir() if not is_lock_file(p)))
+        raise ConfigError(
+            f"recovery directory {directory} holds {held} but no Bytewax recovery partitions "
+            "(part-N.sqlite3): import the state again into a new directory (`tsi state "
+            f"import` makes both), or, if its partitions were deleted, see {REBUILD_HINT}"
+        )
     count = next(iter(counts.values()), 0)
     missing = [f"part-{i}.sqlite3" for i in range(count) if i not in parts]
     if processes == 1 and missing:
@@ -227,6 +348,14 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
             f"recovery directory {directory} lacks {', '.join(missing)} of its {count} "
             f"partitions (restore them from a backup, or move it aside and start with --rebuild: "
             f"{REBUILD_HINT})"
+        )
+    if parts and count != processes:
+        raise ConfigError(
+            f"recovery directory {directory} is of a cluster of {count} process"
+            f"{'es' if count > 1 else ''} (its partitions) and this one has {processes}: "
+            f"move the state with `tsi state export FILE --recovery-dir DIR...` (every "
+            f"process's directory) and `tsi state import FILE --recovery-dir NEW_DIR...` "
+            "(README, 'Another number of processes')"
         )
     return [parts[i] for i in sorted(parts)]
 
