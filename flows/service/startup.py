@@ -120,16 +120,18 @@ def check_no_silent_reset(
 ) -> None:
     """Refuse a recovery store that would silently start over: empty (or missing) while
     the consumer group committed progress, or behind the group's commits (its latest
-    snapshots are lost; for a store just imported, ``tsi state import``, the positions it
-    was given). ``--fresh`` accepts an empty store (state starts empty; the input resumes
-    from the group's offsets)."""
+    snapshots are lost; for a store imported and not committed since, ``tsi state
+    import``, the positions it was given: the same group goes on from them). A process of
+    a cluster compares the inputs its directory holds. ``--fresh`` accepts an empty store
+    (state starts empty; the input resumes from the group's offsets)."""
     group = options.group_id
     committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
     if not committed:
         return
     where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(committed.items())[:4])
     imported = input_offsets(seeded_inputs(options.recovery_dir))
-    if not parts and not imported:
+    stored = store_offsets(options.recovery_dir) if parts else None  # None: no commit yet
+    if stored is None and not imported:
         if options.rebuild:
             log.warning(
                 "rebuilding (--rebuild) from the inputs' start: group %r was at %s", group, where
@@ -144,15 +146,22 @@ def check_no_silent_reset(
             "rebuild the state from what the topics still hold with --rebuild, or accept a "
             "reset with --fresh (state starts empty, the input resumes from the group's offsets)"
         )
-    stored = store_offsets(options.recovery_dir) if parts else imported
+    if stored is None:  # imported, nothing committed since: the positions it was given
+        stored = imported
+        why = "the state file is older than the service's last epochs: export and import again"
+    else:
+        why = (
+            "its latest snapshots are lost (a deleted file or write-ahead log?); restore it "
+            f"from its backup, or move it aside and start with --rebuild ({REBUILD_HINT})"
+        )
+    if options.processes > 1:  # a process's directory holds some of the cluster's inputs
+        committed = {tp: o for tp, o in committed.items() if tp in stored}
     behind = [(tp, o, stored.get(tp, 0)) for tp, o in committed.items() if stored.get(tp, 0) < o]
     if behind:
         (topic, partition), group_at, store_at = sorted(behind)[0]
         raise StartupError(
             f"recovery directory {options.recovery_dir} is behind consumer group {group!r} "
-            f"on {topic}[{partition}] (offset {store_at} < {group_at}): its latest "
-            "snapshots are lost (a deleted file or write-ahead log?); restore it from its "
-            f"backup, or move it aside and start with --rebuild ({REBUILD_HINT})"
+            f"on {topic}[{partition}] (offset {store_at} < {group_at}): {why}"
         )
 
 
