@@ -26,7 +26,12 @@ def export_command(
     file: Path = typer.Argument(..., help="The state file to write."),
     recovery_dir: list[Path] = _DIRS,
 ) -> None:
-    """Write the committed state of a stopped service to FILE."""
+    """Write the committed state of a stopped service to FILE.
+
+    Give the recovery directory of every process of the service (a shard's log and its
+    marker may lie in two of them), e.g.
+    `tsi state export state.tsi --recovery-dir vol-0/recovery --recovery-dir vol-1/recovery`.
+    """
     from flows.tools.state import export_state
 
     missing = [str(d) for d in recovery_dir if not d.is_dir()]
@@ -46,13 +51,24 @@ def export_command(
 def import_command(
     file: Path = typer.Argument(..., help="A file `tsi state export` wrote."),
     recovery_dir: list[Path] = _DIRS,
+    processes: int | None = typer.Option(
+        None,
+        min=1,
+        help="Processes of the new cluster (default: one per --recovery-dir; with one "
+        "directory, the processes that share it).",
+    ),
 ) -> None:
-    """Seed new, empty recovery directories with FILE; `tsi run` then starts from it."""
-    from flows.tools.state import StateFileError, import_state
+    """Make new recovery directories from FILE; `tsi run` then starts from them as is.
+
+    One directory per process of the new cluster, e.g.
+    `tsi state import state.tsi --recovery-dir vol-0/recovery --recovery-dir vol-1/recovery`;
+    start the cluster with the same consumer group (no --fresh).
+    """
+    from flows.tools.state import import_state
 
     try:
-        moved = import_state(file, recovery_dir)
-    except (StateFileError, OSError) as exc:
+        moved = import_state(file, recovery_dir, processes)
+    except (OSError, ValueError) as exc:
         fail("state import", str(exc))
     typer.echo(
         f"imported {moved.instances:,} instances and {moved.input_partitions} input positions "

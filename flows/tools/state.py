@@ -2,10 +2,15 @@
 
 Bytewax ties a recovery store to the cluster that initialised it (its partitions, its
 processes); the bandits' state and the input positions are not tied to it. To run with
-another number of processes or workers: stop the service cleanly, export the state of
-every process's recovery directory into one file, import the file into the new, empty
-directories, and start. Each shard starts from its seed and each input partition from
-the position the old store had committed, so no feedback is lost or applied twice.
+another number of processes or workers: stop the service, export the state of every
+process's recovery directory into one file, import the file into new, empty directories
+(one per process of the new cluster, or one they share), and start the new cluster as
+usual, with the same consumer group. Each shard starts from its seed and each input
+partition from the position the old store had committed, so no feedback is lost or
+applied twice.
+
+Both commands hold the recovery lock (``flows.service.dir_lock``) of every directory they
+touch while they work: a directory a running service holds is refused.
 
 The file is a sequence of records (``flows.service.shard_store.encode``): a header (the
 format, the input positions, the number of instances), then the instances' entries.
@@ -14,17 +19,27 @@ It is a pickle, like the store it comes from: import only files you made.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.service.dir_lock import (
+    LOCK_PREFIX,
+    LOCK_SUFFIX,
+    DirectoryInUseError,
+    hold_directory,
+    is_empty,
+    is_lock_file,
+    release_directory,
+)
 from flows.service.logic import shard_of
 from flows.service.recovery import (
     INPUTS_SEED,
     PARTITION_FILE,
     committed_entries,
-    committed_inputs,
+    resumed_inputs,
     shard_store,
 )
 from flows.service.resting import Entry
@@ -36,7 +51,7 @@ CHUNK = 10_000  # entries per record
 
 
 class StateFileError(ValueError):
-    """A state file or a target directory that cannot be used, and why."""
+    """A state file or a directory that cannot be used, and why."""
 
 
 @dataclass(frozen=True)
@@ -48,13 +63,14 @@ class Moved:
 
 
 def export_state(recovery_dirs: Iterable[Path], path: Path, flow_id: str = "tsi") -> Moved:
-    """Write the committed state of the recovery directories (one per process of a
-    cluster) to ``path``."""
-    entries: dict[str, Entry] = {}
-    inputs: dict[str, Any] = {}
-    for directory in recovery_dirs:
-        entries.update(committed_entries(directory, flow_id))
-        inputs.update(committed_inputs(directory, flow_id))
+    """Write the committed state of a stopped service to ``path``: the recovery directories
+    of all its processes (a shard's log and marker may lie in two of them). Refused
+    (``StateFileError``) while a service holds one of them, or when they are not one
+    cluster's whole set (``ValueError``)."""
+    dirs = _distinct(recovery_dirs)
+    with _stopped(dirs, {d: _partition_count(d) for d in dirs}):
+        entries = committed_entries(dirs, flow_id)
+        inputs = resumed_inputs(dirs, flow_id)
     header = {"format": FORMAT, "version": VERSION, "inputs": inputs, "instances": len(entries)}
     held = list(entries.values())
     partial = path.with_name(path.name + ".partial")
@@ -83,37 +99,117 @@ def read_state_file(path: Path) -> tuple[dict[str, Any], list[Entry]]:
     return header, entries
 
 
-def import_state(path: Path, recovery_dirs: Iterable[Path]) -> Moved:
-    """Seed each new recovery directory (one per process of the new cluster) with the
-    state ``path`` holds: every shard's seed in each (a shard is read by the process that
-    serves it), and the input positions."""
+def import_state(path: Path, recovery_dirs: Iterable[Path], processes: int | None = None) -> Moved:
+    """Make new recovery directories that a cluster of ``processes`` processes starts from
+    as is: one directory per process (``processes`` defaults to their number), or one they
+    all share. Each gets every shard's seed (a shard is read by the process serving it),
+    the input positions and Bytewax's recovery partitions, one per process, as ``tsi
+    run`` initialises an empty directory. Nothing is written unless every directory is
+    new (missing, or empty) and free."""
+    dirs = _distinct(recovery_dirs)
+    count = processes or len(dirs)
+    if len(dirs) > 1 and count != len(dirs):
+        raise StateFileError(
+            f"{len(dirs)} recovery directories for {count} processes: give one directory "
+            "per process, or one directory they all share"
+        )
     header, entries = read_state_file(path)
     by_shard: dict[str, list[Entry]] = {}
     for entry in entries:
         by_shard.setdefault(shard_of(entry.key), []).append(entry)
-    directories = list(recovery_dirs)
-    for directory in directories:
-        _check_new(directory)
-    for directory in directories:
-        store = shard_store(directory)
-        for shard, held in by_shard.items():
-            write_seed(store, shard, held)
-        seed = store / INPUTS_SEED
-        seed.with_suffix(".partial").write_bytes(encode([header["inputs"]]))
-        seed.with_suffix(".partial").replace(seed)
+    with _stopped(dirs, dict.fromkeys(dirs, count)):
+        for directory in dirs:
+            _check_new(directory)
+        for directory in dirs:
+            store = shard_store(directory)
+            store.mkdir(exist_ok=True)
+            for shard, held in by_shard.items():
+                write_seed(store, shard, held)
+            seed = store / INPUTS_SEED
+            seed.with_suffix(".partial").write_bytes(encode([header["inputs"]]))
+            seed.with_suffix(".partial").replace(seed)
+            _init_partitions(directory, count)
     return Moved(len(entries), len(header["inputs"]))
 
 
-def _check_new(directory: Path) -> None:
-    """A directory to import into must be new: no Bytewax partition, no shard log."""
-    if not directory.exists():
-        return
-    used = [p.name for p in directory.iterdir() if PARTITION_FILE.fullmatch(p.name)]
-    store = shard_store(directory)
-    if store.exists():
-        used += [f"{store.name}/{p.name}" for p in store.iterdir()]
-    if used:
+def _init_partitions(directory: Path, count: int) -> None:
+    """Bytewax's recovery partitions, last: a directory with them is a whole import."""
+    from bytewax.recovery import init_db_dir
+
+    init_db_dir(directory, count)
+
+
+def _distinct(recovery_dirs: Iterable[Path]) -> list[Path]:
+    """The directories, each once (``StateFileError`` if one is given twice)."""
+    dirs = [Path(d) for d in recovery_dirs]
+    seen: dict[Path, Path] = {}
+    for directory in dirs:
+        if directory.resolve() in seen:
+            raise StateFileError(f"recovery directory {directory} is given twice")
+        seen[directory.resolve()] = directory
+    return dirs
+
+
+def _partition_count(directory: Path) -> int:
+    """How many partitions ``directory`` holds (at least 1: process ids to lock)."""
+    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+    return max(1, sum(1 for n in names if (m := PARTITION_FILE.fullmatch(n)) and not m[2]))
+
+
+@contextmanager
+def _stopped(dirs: list[Path], processes: dict[Path, int]) -> Iterator[None]:
+    """Hold the recovery lock of each directory for every process id that may use it
+    (``processes[d]`` of them, and any a lock file names), creating missing directories
+    (removed again if the body fails before writing in them); ``StateFileError`` while a
+    service holds one: "stop the service first"."""
+    created = []
+    with ExitStack() as held:
+        try:
+            for directory in dirs:
+                ids = set(range(processes[directory])) | _lock_ids(directory)
+                for process in sorted(ids):
+                    _hold(directory, process)
+                    held.callback(release_directory, directory, process)
+            for directory in dirs:
+                if not directory.exists():
+                    directory.mkdir(parents=True)
+                    created.append(directory)
+                    for process in range(processes[directory]):
+                        _hold(directory, process)
+                        held.callback(release_directory, directory, process)
+            yield
+        except BaseException:
+            for directory in created:
+                if is_empty(directory):
+                    for lock in directory.iterdir():
+                        lock.unlink()
+                    directory.rmdir()
+            raise
+
+
+def _hold(directory: Path, process: int) -> None:
+    try:
+        hold_directory(directory, process)
+    except DirectoryInUseError:
         raise StateFileError(
-            f"recovery directory {directory} is in use ({', '.join(sorted(used)[:3])}): "
-            "import into new, empty directories"
-        )
+            f"recovery directory {directory} is in use by a running tsi process (process id "
+            f"{process}): stop the service first"
+        ) from None
+
+
+def _lock_ids(directory: Path) -> set[int]:
+    """The process ids the lock files in ``directory`` name."""
+    files = [p for p in directory.iterdir() if is_lock_file(p)] if directory.is_dir() else []
+    ids = (f.name[len(LOCK_PREFIX) : -len(LOCK_SUFFIX)] for f in files)
+    return {int(i) for i in ids if i.isdigit()}
+
+
+def _check_new(directory: Path) -> None:
+    """A directory to import into must be new: nothing in it but lock files."""
+    if is_empty(directory):
+        return
+    used = sorted(p.name for p in directory.iterdir() if not is_lock_file(p))
+    raise StateFileError(
+        f"recovery directory {directory} is in use (it holds {', '.join(used[:3])}): import "
+        "into new, empty directories"
+    )
