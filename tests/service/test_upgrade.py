@@ -136,8 +136,7 @@ def test_a_store_of_the_256_shard_release_is_refused_kept_and_moved(tmp_path, mo
 
     export_state([old], tmp_path / "state.tsi")
     import_state(tmp_path / "state.tsi", [tmp_path / "new"])
-    check_shard_layout(tmp_path / "new")  # accepted
-    init_db_dir(tmp_path / "new", 1)  # as ``tsi run`` does for a directory with no partitions
+    check_shard_layout(tmp_path / "new")  # accepted; the import made its partitions
     second = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r2"}) for u in units]
     answers, dead = serve_once(tmp_path / "new", second)
     assert [a["round"] for a in answers] == [2] * 40 and not dead  # each went on
