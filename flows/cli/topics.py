@@ -19,27 +19,48 @@ from flows.cli.base import (
     fail,
 )
 from flows.service.connectors.kafka import Topics
-from flows.service.settings import ConfigError, client_config
+from flows.service.settings import DEFAULT_GROUP, ConfigError, client_config
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create and check the service's Kafka topics.")
 app.add_typer(topics_app, name="topics")
 
 _TIMEOUT = typer.Option(30.0, min=0.1, help="Seconds to wait for the brokers.")
+_GROUP_ID = typer.Option(
+    DEFAULT_GROUP,
+    envvar="TSI_GROUP_ID",
+    help="The consumer group tsi run commits its finished epochs' offsets to (its "
+    "--group-id): its lag on the topics the service reads is shown ('' to leave it out).",
+)
 
 
-def _service_topic_names(
+def _topics(
     requests: str,
     feedback: str,
     events: str | None,
     selections: str,
     dlq: str,
     internal: str = Topics.internal,
-) -> list[str]:
+) -> Topics:
+    """The service's topics as the options name them ('' for none)."""
+    return Topics(requests, feedback, selections, dlq, events or None, internal or None)
+
+
+def _service_topic_names(*options: str | None) -> list[str]:
+    """Every topic the service reads or writes: inputs, then outputs."""
     from flows.service.connectors.kafka_admin import service_topics
 
-    topics = Topics(requests, feedback, selections, dlq, events or None, internal or None)
-    inputs, outputs = service_topics(topics)
+    inputs, outputs = service_topics(_topics(*options))
     return inputs + outputs
+
+
+def _read_topics(*options: str | None) -> list[str]:
+    """The topics the service reads, whose offsets it commits to its group: the inputs,
+    and the internal topic it copies them into (when it has one)."""
+    from flows.service.connectors.kafka_admin import service_topics
+
+    topics = _topics(*options)
+    inputs, _ = service_topics(topics)
+    return inputs + ([topics.internal] if topics.repartitioned else [])
 
 
 @topics_app.command("create")
@@ -104,24 +125,49 @@ def topics_check(
     selections_topic: str = SELECTIONS_TOPIC,
     dlq_topic: str = DLQ_TOPIC,
     internal_topic: str = INTERNAL_TOPIC,
+    group_id: str = _GROUP_ID,
     timeout: float = _TIMEOUT,
 ) -> None:
-    """Each of the service's topics: partitions, replication, max.message.bytes or missing.
+    """Each of the service's topics: partitions, replication, max.message.bytes or missing;
+    then the consumer group's lag on every partition the service reads: the offset it
+    committed, the partition's end, and the messages between them.
 
     Exit status 2 when a topic is missing.
     """
-    from flows.service.connectors.kafka_admin import TopicError, topic_infos
+    from flows.service.connectors.kafka_admin import TopicError, group_lag, topic_infos
 
-    names = _service_topic_names(
-        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic, internal_topic
-    )
+    options = (requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic)
+    names = _service_topic_names(*options, internal_topic)
     try:
         consumer, _ = client_config(kafka_config)
         infos = topic_infos(brokers.split(","), consumer, names, timeout)
+        read = [t for t in _read_topics(*options, internal_topic) if infos.get(t) is not None]
+        lags = group_lag(brokers.split(","), consumer, group_id, read, timeout) if group_id else []
     except (ConfigError, TopicError) as exc:
         fail("topics", str(exc))
     for name, info in infos.items():
         typer.echo(f"{name}: {'missing' if info is None else info.summary()}")
+    for line in _lag_lines(group_id, read, lags):
+        typer.echo(line)
     missing = [name for name, info in infos.items() if info is None]
     if missing:
         fail("topics", f"missing topic(s) {', '.join(missing)}; create them: tsi topics create")
+
+
+def _lag_lines(group: str, read: list[str], lags: list) -> list[str]:
+    """What ``tsi topics check`` says of the group's lag on the topics the service reads."""
+    if not group:
+        return ["no consumer group given (--group-id ''): lag not shown"]
+    if not read:
+        return []
+    if all(lag.committed is None for lag in lags):
+        return [
+            f"consumer group {group!r} has committed nothing on {', '.join(read)}: tsi run "
+            "commits each finished epoch's offsets, so it has not finished one with this "
+            "group (is --group-id / TSI_GROUP_ID the one tsi run uses?)"
+        ]
+    total = sum(lag.lag or 0 for lag in lags)
+    lines = [f"consumer group {group!r}, lag on the topics the service reads:"]
+    lines += [f"  {lag.summary()}" for lag in lags]
+    lines.append(f"  total lag: {total} message{'' if total == 1 else 's'}")
+    return lines

@@ -340,27 +340,104 @@ def group_offsets(
 ) -> dict[tuple[str, int], int]:
     """{(topic, partition): offset} the consumer ``group`` committed on ``topics`` (partitions
     without a commit are left out; a group that never committed gives {})."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    settings = {**connection_settings(config), "bootstrap.servers": ",".join(brokers)}
-    consumer = Consumer({**settings, "group.id": group, "enable.auto.commit": False})
-    deadline = time.monotonic() + timeout
+    consumer = _group_consumer(brokers, config, group)
     try:
-        known = consumer.list_topics(timeout=timeout).topics
-        parts = [TopicPartition(t, p) for t in topics if t in known for p in known[t].partitions]
-        while True:  # a group's coordinator may still be loading ("not coordinator")
-            try:
-                committed = consumer.committed(parts, timeout=timeout) if parts else []
-                break
-            except KafkaException as exc:
-                err = exc.args[0]
-                again = err.retriable() or err.code() in _COORDINATOR_MOVING
-                if not again or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        parts = _partitions(consumer, topics, timeout)
+        committed = _committed(consumer, parts, timeout)
     except KafkaException as exc:
         message = f"cannot read consumer group {group!r}'s offsets: {_reason(exc)}"
         raise TopicError(message) from None
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """A consumer group's position on one partition (``tsi topics check``)."""
+
+    topic: str
+    partition: int
+    committed: int | None  # the next offset the group reads; None: it committed nothing here
+    start: int  # the oldest offset the partition still holds
+    end: int  # the high watermark: the offset the next message will get
+
+    @property
+    def lag(self) -> int | None:
+        """Messages the group has yet to read (None when it committed nothing here)."""
+        return None if self.committed is None else max(0, self.end - self.committed)
+
+    def summary(self) -> str:
+        """``tsi.requests[0]: committed 40, end 50, lag 10``."""
+        where = f"{self.topic}[{self.partition}]"
+        if self.committed is None:
+            held = self.end - self.start
+            return f"{where}: nothing committed, end {self.end} ({held} message(s) held)"
+        return f"{where}: committed {self.committed}, end {self.end}, lag {self.lag}"
+
+
+def group_lag(
+    brokers: Sequence[str],
+    config: Mapping[str, Any],
+    group: str,
+    topics: Iterable[str],
+    timeout: float = 10.0,
+) -> list[PartitionLag]:
+    """Per partition of ``topics`` (those that exist), the offset ``group`` committed, the
+    partition's end and the lag between them; `TopicError` (one line) when the brokers do
+    not say."""
+    consumer = _group_consumer(brokers, config, group)
+    try:
+        parts = _partitions(consumer, topics, timeout)
+        committed = _committed(consumer, parts, timeout)
+        lags = []
+        for tp in committed:
+            start, end = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+            position = tp.offset if tp.offset >= 0 else None
+            lags.append(PartitionLag(tp.topic, tp.partition, position, start, end))
+    except KafkaException as exc:
+        message = f"cannot read consumer group {group!r}'s lag: {_reason(exc)}"
+        raise TopicError(message) from None
+    finally:
+        consumer.close()
+    return lags
+
+
+def _group_consumer(brokers: Sequence[str], config: Mapping[str, Any], group: str) -> Any:
+    """A consumer of ``group`` that only asks (it never subscribes, so it never joins it)."""
+    from confluent_kafka import Consumer
+
+    settings = {**connection_settings(config), "bootstrap.servers": ",".join(brokers)}
+    try:
+        return Consumer(
+            {**settings, "group.id": group, "enable.auto.commit": False, "log_level": 0}
+        )
+    except KafkaException as exc:
+        raise TopicError(f"Kafka client settings refused: {_reason(exc)}") from None
+
+
+def _partitions(consumer: Any, topics: Iterable[str], timeout: float) -> list[Any]:
+    """Every partition of the ``topics`` that exist, in topic and partition order."""
+    from confluent_kafka import TopicPartition
+
+    known = consumer.list_topics(timeout=timeout).topics
+    return [
+        TopicPartition(t, p)
+        for t in dict.fromkeys(topics)
+        if t in known
+        for p in sorted(known[t].partitions)
+    ]
+
+
+def _committed(consumer: Any, parts: list[Any], timeout: float) -> list[Any]:
+    """The group's committed offsets of ``parts`` (negative where it committed nothing)."""
+    deadline = time.monotonic() + timeout
+    while True:  # a group's coordinator may still be loading ("not coordinator")
+        try:
+            return consumer.committed(parts, timeout=timeout) if parts else []
+        except KafkaException as exc:
+            err = exc.args[0]
+            again = err.retriable() or err.code() in _COORDINATOR_MOVING
+            if not again or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
