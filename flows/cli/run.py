@@ -24,7 +24,7 @@ from flows.service.connectors.kafka import Topics
 from flows.service.dir_lock import hold_directory
 from flows.service.metrics import MetricsPortError
 from flows.service.process import run as run_flow
-from flows.service.settings import DEFAULT_GROUP, ConfigError, Settings
+from flows.service.settings import DEFAULT_GROUP, DEFAULT_METRICS_HOST, ConfigError, Settings
 from flows.service.shard_store import MIN_EPOCHS
 from flows.service.startup import ServiceLog, StartupError, describe_start, prepare
 from flows.service.stopping import Stop
@@ -76,6 +76,12 @@ METRICS_PORT_OPTION = typer.Option(
     envvar="TSI_METRICS_PORT",
     help="Serve Prometheus metrics (/metrics), readiness (/ready) and liveness "
     "(/healthz) on this port; off by default.",
+)
+METRICS_HOST_OPTION = typer.Option(
+    DEFAULT_METRICS_HOST,
+    envvar="TSI_METRICS_HOST",
+    help="Address the metrics and probes are served on: 0.0.0.0 (default) is every IPv4 "
+    "interface, as container and Kubernetes probes need; 127.0.0.1 keeps them on this host.",
 )
 READY_TIMEOUT_OPTION = typer.Option(
     None,
@@ -156,6 +162,7 @@ def run_service(
     connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     stop_at_end: bool = STOP_AT_END_OPTION,
     metrics_port: int | None = METRICS_PORT_OPTION,
+    metrics_host: str = METRICS_HOST_OPTION,
     ready_timeout: float | None = READY_TIMEOUT_OPTION,
     group_id: str = GROUP_ID_OPTION,
     skip_offset: list[str] = SKIP_OFFSET_OPTION,
@@ -191,6 +198,7 @@ def run_service(
         fresh,
         malloc_trim,
         rebuild=rebuild,
+        metrics_host=metrics_host,
     )
     serve(settings, Cluster(workers, process_id, cluster), snapshot_every, backup_every, log_file)
 
@@ -256,6 +264,7 @@ def serve(
             snapshot_every,
             backup_every,
             metrics_port=settings.metrics_port,
+            metrics_host=settings.metrics_host,
             ready_timeout=settings.ready_after(snapshot_every),
             on_reload=service.reload_registry,
             trim_every=settings.malloc_trim,

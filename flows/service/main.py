@@ -61,6 +61,7 @@ def __getattr__(name: str) -> Any:
                 settings.ready_after(1.0),
                 service.reload_registry,
                 settings.malloc_trim,
+                metrics_host=settings.metrics_host,
             )
         except (MetricsPortError, ConfigError) as exc:
             raise SystemExit(f"tsi: {exc}") from None

@@ -2,7 +2,8 @@
 
 The metrics live in ``prometheus_client``'s default registry (``REGISTRY``), with its
 process and Python collectors, and are served by ``serve_metrics`` (``tsi run
---metrics-port``, or ``TSI_METRICS_PORT`` for ``python -m bytewax.run flows.service.main:flow``).
+--metrics-port``, or ``TSI_METRICS_PORT`` for ``python -m bytewax.run flows.service.main:flow``),
+on every IPv4 interface unless ``--metrics-host`` / ``TSI_METRICS_HOST`` names another address.
 Bytewax workers are threads of one process and share the metrics; each process of a
 cluster serves its own (sum them in Prometheus).
 
@@ -106,6 +107,7 @@ from flows.service.instance import Early, Open
 from flows.service.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
 
 __all__ = [
+    "DEFAULT_HOST",
     "READINESS",
     "REGISTRY",
     "MetricsPortError",
@@ -638,8 +640,17 @@ REGISTRY.register(_ProgressCollector())
 # ------------------------------------------------------------------------------ HTTP server
 
 
+#: The metrics server's address when none is given: every IPv4 interface, so that probes
+#: and scrapers reach it on a container's or pod's own address (``--metrics-host``).
+DEFAULT_HOST = "0.0.0.0"
+_HOST_HINT = (
+    "give one with --metrics-host / TSI_METRICS_HOST: 0.0.0.0 (every IPv4 interface), "
+    "127.0.0.1 (this machine only), :: (IPv6) or an address of this machine"
+)
+
+
 class MetricsPortError(OSError):
-    """The metrics port cannot be bound: said in one line, naming what to change."""
+    """The metrics port or host cannot be bound: said in one line, naming what to change."""
 
     @classmethod
     def of(cls, addr: str, port: int, exc: OSError) -> MetricsPortError:
@@ -647,6 +658,12 @@ class MetricsPortError(OSError):
         hint = "choose another with --metrics-port / TSI_METRICS_PORT"
         if exc.errno == errno.EADDRINUSE:
             error = cls(f"metrics port {port} is already in use ({where}); {hint}")
+        elif isinstance(exc, socket.gaierror):
+            error = cls(f"metrics host {addr!r} is not a known address ({where}); {_HOST_HINT}")
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            error = cls(
+                f"metrics host {addr!r} is not an address of this machine ({where}); {_HOST_HINT}"
+            )
         else:
             error = cls(f"cannot serve metrics on port {port} ({where}); {hint}")
         error.errno = exc.errno
@@ -701,13 +718,14 @@ _servers_lock = threading.Lock()
 
 def serve_metrics(
     port: int,
-    addr: str = "0.0.0.0",
+    addr: str = DEFAULT_HOST,
     ready_timeout: float = 60.0,
     *,
     readiness: Readiness | None = None,
 ) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``/metrics``, ``/ready`` and ``/healthz`` from a daemon thread; returns
-    (server, thread). Raises ``MetricsPortError`` (one line) when the port cannot be bound.
+    """Serve ``/metrics``, ``/ready`` and ``/healthz`` on ``addr`` (a host name or an IPv4
+    or IPv6 address of this machine) from a daemon thread; returns (server, thread).
+    Raises ``MetricsPortError`` (one line) when the host or port cannot be bound.
 
     ``ready_timeout`` (seconds) is set on ``readiness`` (default ``READINESS``). Port 0
     picks a free port (``server.server_port``). Asking again for a port this process
@@ -723,6 +741,8 @@ def serve_metrics(
         raise ValueError(msg)
     state = READINESS if readiness is None else readiness
     state.timeout = float(ready_timeout)
+    if not addr or addr != addr.strip():
+        raise MetricsPortError(f"metrics host {addr!r} is not a host name or address; {_HOST_HINT}")
     with _servers_lock:
         if port and (addr, port) in _servers:
             return _servers[(addr, port)]

@@ -24,7 +24,7 @@ from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, build_flow
 from flows.service.dir_lock import hold_directory, is_empty
-from flows.service.metrics import note_epoch_completed, serve_metrics
+from flows.service.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
 from flows.service.recovery import seeded_inputs, shard_store
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.settings import DEFAULT_GROUP, Settings, client_config
@@ -131,13 +131,14 @@ def run(
     on_reload: Callable[[], None] | None = None,
     trim_every: float = TRIM_EVERY,
     say: Callable[[str], None] = print,
+    metrics_host: str = DEFAULT_HOST,
 ) -> None:
     """Run the flow in this process (one process of a cluster when ``addresses`` is given).
 
     With ``recovery_dir`` (created and initialised when empty) state and input offsets are
     snapshotted every ``snapshot_every`` seconds; a restart resumes from the last one.
-    With ``metrics_port``, Prometheus metrics are served on it (``/metrics``, ``/ready``
-    after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
+    With ``metrics_port``, Prometheus metrics are served on it at ``metrics_host`` (``/metrics``,
+    ``/ready`` after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
     SIGHUP (``Service.reload_registry``); freed memory goes back every ``trim_every`` s;
     SIGINT and SIGTERM end it cleanly (``flows.service.stopping``; ``say`` prints the line
     of a forced exit). The flow returns once it has ended; ``Stop`` says why.
@@ -150,7 +151,7 @@ def run(
         if is_empty(directory):
             init_db_dir(directory, max(1, len(addresses or [None])))
         recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
-    start_process(metrics_port, ready_timeout, on_reload, trim_every, say)
+    start_process(metrics_port, ready_timeout, on_reload, trim_every, say, metrics_host)
     cli_main(
         flow,
         workers_per_process=workers,
@@ -167,6 +168,7 @@ def start_process(
     on_reload: Callable[[], None] | None,
     trim_every: float = TRIM_EVERY,
     say: Callable[[str], None] = print,
+    metrics_host: str = DEFAULT_HOST,
 ) -> None:
     """What every service process does before its flow runs, whichever way it was started:
     serve metrics and probes, reload the registry on SIGHUP, end cleanly on SIGINT and
@@ -177,6 +179,6 @@ def start_process(
         signal.signal(signal.SIGHUP, lambda *_: on_reload())
     on_signals(say=say)
     if metrics_port is not None:
-        serve_metrics(metrics_port, ready_timeout=ready_timeout)
+        serve_metrics(metrics_port, addr=metrics_host, ready_timeout=ready_timeout)
     settle_heap()
     start_trimming(trim_every)

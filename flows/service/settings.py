@@ -10,6 +10,7 @@ environment alike (each option has the environment variable below).
 | ``TSI_RECOVERY_DIR`` / ``TSI_NO_RECOVERY`` | recovery directory, or running without one | |
 | ``TSI_STOP_AT_END`` | ``1``: stop at the end of the input topics (replays, tests) | ``0`` |
 | ``TSI_METRICS_PORT`` | serve metrics, ``/ready`` and ``/healthz`` on this port | off |
+| ``TSI_METRICS_HOST`` | the address they are served on (``127.0.0.1``: local only) | ``0.0.0.0`` |
 | ``TSI_READY_TIMEOUT`` | seconds without progress before ``/ready`` fails | 60 |
 | ``TSI_GROUP_ID`` | consumer group the finished epochs' offsets are committed to | ``tsi`` |
 | ``TSI_SKIP_OFFSETS`` | ``TOPIC:PARTITION:OFFSET,...`` messages to skip (as dead letters) | none |
@@ -33,6 +34,7 @@ from flows.service.connectors.kafka import Topics
 from flows.service.connectors.kafka_config import KafkaSettingsError, load_client_settings
 from flows.service.dataflow import Guards, parse_skips
 from flows.service.events import DEFAULT_DEAD_LETTER_RAW, DEFAULT_TS_WINDOW, raw_limit_for
+from flows.service.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 
 DEFAULT_BROKERS = "127.0.0.1:9092"
 DEFAULT_GROUP = "tsi"
@@ -63,6 +65,7 @@ class Settings:
     fresh: bool = False  # accept an empty recovery store although the group made progress
     malloc_trim: float = TRIM_EVERY  # seconds between hand-backs of freed memory (allocator)
     rebuild: bool = False  # rebuild the state from the inputs' start into an empty store
+    metrics_host: str = DEFAULT_METRICS_HOST  # the address metrics and probes are served on
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -93,6 +96,7 @@ class Settings:
             ready_timeout=_number(env, "TSI_READY_TIMEOUT"),
             malloc_trim=_seconds(env, "TSI_MALLOC_TRIM", TRIM_EVERY),
             rebuild=env.get("TSI_REBUILD", "0") == "1",
+            metrics_host=env.get("TSI_METRICS_HOST", "").strip() or DEFAULT_METRICS_HOST,
         )
 
     def guards(self, dead_letter_raw: int | None = None) -> Guards:
