@@ -5,14 +5,16 @@ Run from the repository root (about 4 minutes; it starts the project's broker un
 
     .venv/bin/python bench/bench_cluster.py       # raw figures in bench/cluster_results.json
 
-``bench_flow.py`` measures one process against the raw confluent-kafka passthrough. A
+``bench_flow.py`` measures one process against references doing the service's work. A
 cluster spreads the shards over its processes (``-i``/``-a``, one worker each): each
 process reads some of the input partitions and hands every event of a shard it does not
-hold to the process that does, pickled (Bytewax's exchange). Each round runs the raw
-passthrough and then the service as 1, 2, ... processes (``bench_flow.run_deployed``: tail
-mode, no recovery, the combined events topic and the default two-topic setup); the
-figures are each round's steady events/s and their ratio to that round's passthrough,
-medians over the rounds. On a host whose cores the broker and the load share, a second
+hold to the process that does, pickled (Bytewax's exchange). Each round runs the Python
+reference (``bench_flow.run_reference``: every input consumed, one answer per request,
+pipelined; two hops for the default two-topic setup, as its internal topic makes it) and
+then the service as 1, 2, ... processes (``bench_flow.run_deployed``: tail mode, no
+recovery, the combined events topic and the default two-topic setup); the figures are
+each round's steady events/s and their ratio to that round's reference, medians over the
+rounds (every round counted). On a host whose cores the broker and the load share, a second
 process competes with them: read the figures with the machine they were measured on.
 """
 
@@ -34,7 +36,7 @@ from bench_flow import (  # noqa: E402
     machine_info,
     prepare_input,
     run_deployed,
-    run_passthrough,
+    run_reference,
 )
 
 MODES = {"events": "combined events topic", "separate": "default two-topic setup"}
@@ -49,13 +51,14 @@ def measure(requests: int, units: int, rounds: int, sizes: tuple[int, ...]) -> d
             inp = prepare_input(bk, mode, requests, units)
             runs = []
             for k in range(rounds):
-                ceiling = run_passthrough(bk, inp, counter)["events_per_s"]
+                hops = 2 if mode == "separate" else 1
+                ceiling = run_reference(bk, inp, counter, "python", hops)
                 run = {"passthrough": ceiling}
                 for n in sizes:
                     deployed = run_deployed(bk, inp, counter, registry_path, workdir, n)
                     run[n] = deployed["events_per_s"]
                 log(
-                    f"{mode} round {k + 1}: passthrough {ceiling:,.0f}; "
+                    f"{mode} round {k + 1}: reference {ceiling:,.0f}; "
                     + "; ".join(f"{n} x {run[n]:,.0f} ({run[n] / ceiling:.2f})" for n in sizes)
                 )
                 runs.append(run)
@@ -78,7 +81,7 @@ def report(results: dict[str, Any], sizes: tuple[int, ...]) -> str:
         f"Python {m['python']}, Bytewax {m['bytewax']}, confluent-kafka {m['confluent_kafka']}, "
         f"at {m['git_commit']}",
         "",
-        "| setup | passthrough, events/s | "
+        "| setup | Python reference, events/s | "
         + " | ".join(f"{n} process{'es' if n > 1 else ''}" for n in sizes)
         + " |",
         "|---|---:|" + "---:|" * len(sizes),

@@ -14,9 +14,11 @@
 ``python bench/flow_helpers.py passthrough HOPS``
     The latency reference: raw confluent-kafka, no Bytewax, no service. Requests are read
     (``TSI_TOPIC_REQUESTS``; feedback, ``TSI_TOPIC_FEEDBACK``, read and dropped) and
-    written back as they came to the selections topic, with the service's delivery check
-    (each batch flushed). With HOPS=2 they first cross ``TSI_TOPIC_INTERNAL``, as the
-    default two-topic setup's events do. One thread, every read non-blocking.
+    written back as they came to the selections topic, with the service's producer settings
+    (idempotence, ``acks=all``, ``linger.ms=1``; ``poll(0)``, no flush: the service's sink
+    waits for its acknowledgements at the epoch's close). With HOPS=2 they first cross
+    ``TSI_TOPIC_INTERNAL``, as the default two-topic setup's events do. One thread, every
+    read non-blocking.
 
 ``python bench/flow_helpers.py floor N``
     Bytewax's own memory per key: N keys through ``op.stateful`` with a logic that keeps
@@ -84,7 +86,9 @@ def passthrough(hops: int) -> None:
 
     env = os.environ
     brokers = env["KAFKA_BOOTSTRAP_SERVERS"]
-    producer = Producer({"bootstrap.servers": brokers, "linger.ms": 5, "acks": "all"})
+    producer = Producer(
+        {"bootstrap.servers": brokers, "enable.idempotence": True, "acks": "all", "linger.ms": 1}
+    )
 
     def reader(topics: list[str]) -> Consumer:
         consumer = Consumer(
@@ -111,7 +115,7 @@ def passthrough(hops: int) -> None:
 
 
 def _copy(consumer: Any, producer: Any, to: str, copies: bool, requests: str | None) -> bool:
-    """One non-blocking read written to ``to``, flushed; True when there was nothing to
+    """One non-blocking read written to ``to``; True when there was nothing to
     read. ``copies``: every message is written with a header naming its input (as the
     service's internal copies are); else only requests are (the answers): those of topic
     ``requests``, or copies whose header names a request."""
@@ -124,8 +128,7 @@ def _copy(consumer: Any, producer: Any, to: str, copies: bool, requests: str | N
             producer.produce(to, message.value(), message.key(), headers=[("o", tag)])
         elif message.topic() == requests or (message.headers() or [("o", b"")])[0][1] == b"r":
             producer.produce(to, message.value(), message.key())
-    if messages:
-        producer.flush()
+    producer.poll(0)
     return not messages
 
 
