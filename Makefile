@@ -2,13 +2,14 @@
 # `make demo` installs the runtime and the demo's plotting only; `make test` and the
 # benchmarks add the test tools and the lab (peer libraries, scikit-learn); `make test`
 # also installs Chromium (Debian package `chromium`), the browser the HTML report's test
-# renders REPORT.html in.
+# renders REPORT.html in; `make bench-flow` installs kcat (Debian package `kcat`), its
+# C-level reference.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.runtime-installed
 LAB := $(VENV)/.lab-installed
 
-.PHONY: demo test chromium bench bench-flow bench-arena
+.PHONY: demo test chromium kcat bench bench-flow bench-arena
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -34,6 +35,12 @@ chromium:
 		SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
 		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium; }
 
+# kcat (librdkafka's own client), the C-level reference of bench/bench_flow.py
+kcat:
+	@command -v kcat >/dev/null 2>&1 || { \
+		SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends kcat; }
+
 test: $(LAB) chromium  ## the whole test suite, lint included
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
@@ -41,7 +48,7 @@ test: $(LAB) chromium  ## the whole test suite, lint included
 bench: $(LAB)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py
 
-bench-flow: $(LAB)  ## the service on a real broker and step by step, as a cluster, the engine alone, waiting tickets, the shards' logs at 10^6, an epoch's close (~35 min)
+bench-flow: $(LAB) kcat  ## the service on a real broker and step by step, as a cluster, the engine alone, waiting tickets, the shards' logs at 10^6, an epoch's close (~60 min)
 	$(PY) bench/bench_flow.py
 	$(PY) bench/bench_steps.py
 	$(PY) bench/bench_cluster.py
