@@ -3,7 +3,9 @@
 Writes ``selections.jsonl`` and ``dead_letters.jsonl`` in the order of the lines that
 caused them, ``pending_at_end.jsonl`` (what the end of the log closed: open tickets,
 feedback still waiting for its request), and a report. The log is read as it goes; the
-report keeps what it plots in memory (``--no-report`` for logs too big for that).
+report keeps what it plots in memory (``--no-report`` for logs too big for that). A
+replay in which every line became a dead letter exits with status 2 (after writing all
+of it), saying how many of each reason and what the first one was.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import orjson
 import typer
 
 from flows.cli.base import app, fail, progress_bar
+from flows.service.connectors.kafka import Topics
 from flows.service.events import Feedback
 from flows.service.registry import Registry, RegistryError
 
 if TYPE_CHECKING:
     from flows.tools.replay import Replayed
+    from flows.tools.replay_input import TopicLog
 
 
 @app.command()
@@ -32,7 +36,22 @@ def replay(
     events: Path | None = typer.Option(None, help="Combined log (field 'type'), in order."),
     requests: Path | None = typer.Option(None, help="Requests log (merged by 'ts')."),
     feedback: Path | None = typer.Option(None, help="Feedback log (merged by 'ts')."),
-    topic: str | None = typer.Option(None, help="Kafka topic of combined events to replay."),
+    topic: list[str] = typer.Option(
+        [],
+        help="Kafka topic to replay: the combined one, or repeated for the two input topics "
+        "(merged by time), or the service's internal topic (its copies).",
+    ),
+    requests_topic: str = typer.Option(
+        Topics.requests, envvar="TSI_TOPIC_REQUESTS", help="Which --topic holds requests."
+    ),
+    feedback_topic: str = typer.Option(
+        Topics.feedback, envvar="TSI_TOPIC_FEEDBACK", help="Which --topic holds feedback."
+    ),
+    internal_topic: str = typer.Option(
+        Topics.internal,
+        envvar="TSI_TOPIC_INTERNAL",
+        help="Which --topic is the service's internal topic (read as its copies).",
+    ),
     brokers: str = typer.Option(
         "127.0.0.1:9092", envvar="KAFKA_BOOTSTRAP_SERVERS", help="Kafka brokers (with --topic)."
     ),
@@ -46,29 +65,35 @@ def replay(
 
     The same log and seed give the same selections, byte for byte, in the order of the
     log. Lines without 'ts' take the previous event's time; 'ts' outside 1970 to ~5100
-    is a dead letter (ts_out_of_range).
+    is a dead letter (ts_out_of_range). The service's two-topic setup replays as
+    '--topic tsi.requests --topic tsi.feedback' or '--topic tsi.events.internal' (the
+    order it served in); the topic names are tsi run's (TSI_TOPIC_*).
     """
-    from flows.tools.replay_input import ReplayError
+    from flows.tools.replay_input import ReplayError, TopicLog
 
-    sources = [events is not None, requests is not None or feedback is not None, topic is not None]
+    sources = [events is not None, requests is not None or feedback is not None, bool(topic)]
     if sum(sources) != 1 or (sources[1] and (requests is None or feedback is None)):
         fail("replay", "give --events, or --requests with --feedback, or --topic")
     if requests is not None and feedback is not None and requests.resolve() == feedback.resolve():
         fail("replay", "--requests and --feedback must be two different files")
     try:
+        topics = None
+        if topic:
+            names = (requests_topic, feedback_topic, internal_topic or None)
+            topics = TopicLog(tuple(topic), *names)
         reg = Registry.load(registry)
         messages, kinds = _open_log(
-            events, requests, feedback, topic, brokers, from_offset, to_offset
+            events, requests, feedback, topics, brokers, from_offset, to_offset
         )
         out.mkdir(parents=True, exist_ok=True)
     except (RegistryError, ReplayError) as exc:
         fail("replay", str(exc))
     except OSError as exc:
         fail("replay", f"cannot write to {out}: {exc.strerror}")
-    _write_inputs(out, registry, events, requests, feedback, topic, brokers)
+    _write_inputs(out, registry, events, requests, feedback, topic or None, brokers)
     kept = _Kept() if report else None
     result = _run(messages, kinds, reg, seed, out, kept)
-    source = events or topic or f"{requests} and {feedback}"
+    source = events or ", ".join(topic) or f"{requests} and {feedback}"
     summary = (
         f"{result.events:,} lines from {source}: {result.served:,} selections, "
         f"{result.applied_feedback:,} feedback applied, {sum(result.reasons.values()):,} dead "
@@ -78,13 +103,43 @@ def replay(
         context = _context(events, seed)
         summary += f"; report: {_report(kept, out, summary, reg, context)}"
     typer.echo(summary)
+    if result.events and not result.served and not result.applied_feedback:
+        said = _all_dead(result, out)
+        if topics is not None and topics.combined:
+            said += (
+                f" ({', '.join(topics.combined)} read as combined events: name the service's "
+                "topics with --requests-topic, --feedback-topic, --internal-topic, as for tsi run)"
+            )
+        fail("replay", said)
+
+
+def _all_dead(result: Replayed, out: Path) -> str:
+    """What to say when every line became a dead letter: how many of each reason, and
+    the first letter's reason and detail (from the files written in ``out``).
+
+    >>> from collections import Counter
+    >>> from flows.tools.replay import Replayed
+    >>> _all_dead(Replayed(events=3, reasons=Counter(missing_field=3)), Path("/nowhere"))
+    'every one of the 3 lines became a dead letter (3 missing_field); see /nowhere'
+    """
+    counts = result.reasons + result.at_end_reasons
+    reasons = ", ".join(f"{n:,} {reason}" for reason, n in counts.most_common())
+    said = f"every one of the {result.events:,} lines became a dead letter ({reasons})"
+    for name in ("dead_letters.jsonl", "pending_at_end.jsonl"):
+        try:
+            with (out / name).open("rb") as file:
+                first = orjson.loads(file.readline())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        return f"{said}, the first {first['reason']}: {first['detail']}; see {out}"
+    return f"{said}; see {out}"
 
 
 def _write_inputs(out: Path, registry: Path, *sources: Any) -> None:
     """``inputs.json``: what was replayed (absolute paths), for ``tsi evaluate OUT``."""
-    names = ("events", "requests", "feedback", "topic", "brokers")
+    names = ("events", "requests", "feedback", "topics", "brokers")
     given = dict(zip(names, sources, strict=True))
-    if given["topic"] is None:
+    if given["topics"] is None:
         given["brokers"] = None
     manifest = {
         name: str(value.resolve()) if isinstance(value, Path) else value
@@ -134,14 +189,15 @@ def _open_log(
     events: Path | None,
     requests: Path | None,
     feedback: Path | None,
-    topic: str | None,
+    topics: TopicLog | None,
     brokers: str,
     from_offset: int | None,
     to_offset: int | None,
 ) -> tuple[Any, dict[str, str]]:
     """The messages to replay, read as they are needed, and the kind of each source file
-    (empty for one log). Files are checked first: a missing one is an error now."""
-    from flows.tools.replay_input import ReplayError, kafka_range, merge_by_time, read_lines
+    or topic (empty for one combined log). Files are checked first: a missing one is an
+    error now."""
+    from flows.tools.replay_input import ReplayError, merge_by_time, read_lines
 
     for path in (events, requests, feedback):
         if path is not None:
@@ -151,8 +207,8 @@ def _open_log(
                 raise ReplayError(f"cannot read {path}: {exc.strerror}") from None
     if events is not None:
         return _started(read_lines(events)), {}
-    if topic is not None:
-        return _started(kafka_range(brokers, topic, from_offset, to_offset)), {}
+    if topics is not None:
+        return _started(topics.read(brokers, from_offset, to_offset)), topics.kinds
     kinds = {str(requests): "request", str(feedback): "feedback"}
     return _started(merge_by_time(read_lines(requests), read_lines(feedback))), kinds
 

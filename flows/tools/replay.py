@@ -3,9 +3,12 @@
 **Input, read lazily** (``flows.tools.replay_input``). The combined events file as it
 is; or requests and feedback merged by ``ts`` (``merge_by_time``, a heap merge: each file
 keeps its own order, a line without a valid ``ts`` keeps the time of the line before it in
-its file, ties go to the requests); or a Kafka topic range merged across partitions by
-Kafka timestamp (``kafka_range``, a k-way merge). Nothing holds the whole log: memory is
-one epoch of outputs plus the instances' own state.
+its file, ties go to the requests); or Kafka topic ranges merged across partitions and
+topics by Kafka timestamp (``kafka_range``, a k-way merge): a combined topic, the two
+input topics (each of one kind, ``TopicLog``), or the service's internal topic, its
+copies read as the service reads them (each as its original; a second copy dropped; a
+message that is no copy its ``not_a_copy`` dead letter). Nothing holds the whole log:
+memory is one epoch of outputs plus the instances' own state.
 
 **Time.** Every line is handled at its event time (``flows.service.logic.ShardLogic``
 expires an instance's deadlines when its next event passes them):
@@ -192,6 +195,8 @@ class _Run:
         else:  # lines of the same origin (not from the readers here): first come, first traced
             self.positions[origin] = deque((held, self.read))
         self.read += 1
+        if type(raw) is DeadLetter:  # what the reader made of it (no internal copy)
+            return raw
         event = self.parsers.get(origin.source, parse_event)(raw, origin, ts_window=math.inf)
         if type(event) is DeadLetter:
             return event
@@ -352,9 +357,10 @@ def replay(
     """Run ``messages`` through the serving dataflow on event time (see the module).
 
     ``kinds`` maps a message's origin source to ``request`` or ``feedback`` (logs without
-    a ``type`` field); other messages are read as the combined stream. ``seed`` replaces
-    every experiment's seed (the hashed draws). ``outputs`` writes the outputs as they
-    come instead of keeping them. Raises ``ReplayError`` if the log cannot be read.
+    a ``type`` field); other messages are read as the combined stream. A message whose
+    bytes are a ``DeadLetter`` is that dead letter (what the reader made of it). ``seed``
+    replaces every experiment's seed (the hashed draws). ``outputs`` writes the outputs as
+    they come instead of keeping them. Raises ``ReplayError`` if the log cannot be read.
     Messages are ordered by their origins: lines sharing one may come out in another order.
     """
     if seed is not None:

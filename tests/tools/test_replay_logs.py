@@ -342,23 +342,26 @@ def _letters(path: Path) -> list[bytes]:
 
 
 @pytest.mark.parametrize(
-    "content",
+    ("content", "status"),
     [
-        b"",
-        b"\n\n",
-        b"garbage\n\xff\xfe\n[1]\n",
-        req(["a", "list"]) + b"\n" + fb({"an": "object"}) + b"\n" + req(True) + b"\n",
-        req("r", 1e308) + b"\n" + req("r", "NaN") + b"\n" + req("r", NO_TS) + b"\n",
-        fb("only-feedback") + b"\n",
+        (b"", 0),
+        (b"\n\n", 0),
+        (b"garbage\n\xff\xfe\n[1]\n", 2),
+        (req(["a", "list"]) + b"\n" + fb({"an": "object"}) + b"\n" + req(True) + b"\n", 2),
+        (req("r", 1e308) + b"\n" + req("r", "NaN") + b"\n" + req("r", NO_TS) + b"\n", 0),
+        (fb("only-feedback") + b"\n", 2),
     ],
     ids=["empty", "blank", "broken", "odd-ids", "odd-ts", "only-feedback"],
 )
-def test_the_cli_replays_any_log_with_its_outputs_and_a_report(tmp_path, content):
+def test_the_cli_replays_any_log_with_its_outputs_and_a_report(tmp_path, content, status):
+    """Any log is replayed to the end; one whose every line became a dead letter (what
+    the end of the log closed included) exits 2, saying so."""
     log, registry, out = tmp_path / "log.jsonl", tmp_path / "r.toml", tmp_path / "out"
     log.write_bytes(content)
     registry.write_text(TOML)
     done = cli("replay", "--registry", registry, "--events", log, "--out", out)
-    assert done.exit_code == 0, done.output
+    assert done.exit_code == status, done.output
+    assert ("became a dead letter" in done.stderr) == (status == 2)
     assert "Traceback" not in done.output
     written = sum(
         len((out / name).read_bytes().splitlines())

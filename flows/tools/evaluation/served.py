@@ -208,9 +208,10 @@ def served_directory(directory: Path) -> Served:
         inputs = replayed.get("events") or replayed.get("feedback")
         requests = replayed.get("requests")
         if inputs is None:
+            topics = ", ".join(replayed.get("topics") or ["?"])
             raise EvaluationError(
-                f"{directory}: replayed from Kafka topic {replayed.get('topic')!r}: evaluate "
-                "with --selections and --brokers/--events-topic"
+                f"{directory}: replayed from Kafka ({topics}): evaluate the service's topics "
+                "with --brokers, --selections-topic and --events-topic or --feedback-topic"
             )
         lines = read_file_lines(Path(inputs))
         extra = None if requests is None else read_file_lines(Path(requests))
