@@ -10,6 +10,7 @@ import typer
 
 from flows.cli.base import app, fail
 from flows.service.registry import Registry, RegistryError
+from flows.tools.evaluation.estimators import MIN_ESS
 
 if TYPE_CHECKING:
     from flows.tools.evaluation.compare import Comparison
@@ -43,13 +44,19 @@ def evaluate(
     switches: int | None = typer.Option(None, min=0, help="Switches of the competitor."),
     level: float = typer.Option(0.95, min=0.5, max=0.999, help="Confidence level."),
     seed: int = typer.Option(0, min=0, help="Evaluation seed (the policy's draws)."),
+    min_ess: float = typer.Option(
+        MIN_ESS,
+        help="Effective sample size (Kish's, of the importance weights) below which an "
+        "estimate is shown as 'insufficient data', not ranked against the served policy.",
+    ),
     out: Path | None = typer.Option(None, help="Also write REPORT.md, a plot and JSON here."),
 ) -> None:
     """Counterfactual evaluation of registry configurations on logged data.
 
     Reads a log written for evaluation, or what the service, tsi demo or tsi replay wrote
     (selections joined with feedback inside the command): files, a demo directory, or
-    the Kafka topics.
+    the Kafka topics. Every off-policy estimate shows its effective sample size (ESS);
+    below --min-ess it says "insufficient data" instead of a figure.
     """
     from flows.tools.evaluation import EvaluationError
     from flows.tools.evaluation.compare import compare, configurations
@@ -62,7 +69,7 @@ def evaluate(
     try:
         data, paths = read_inputs(given, registry)
         chosen = configurations([(str(p), Registry.load(p)) for p in paths], variant)
-        result = compare(data.log, chosen, experiment, switches, level, seed, data.served)
+        result = compare(data.log, chosen, experiment, switches, level, seed, data.served, min_ess)
     except (RegistryError, EvaluationError) as exc:
         fail("evaluate", str(exc))
     text = result.to_markdown()

@@ -200,10 +200,12 @@ def plot_dead_letters(stream: ServedLog, path: Path) -> Path:
 
 def plot_evaluation(evaluation: Any, path: Path) -> Path:
     """``tsi evaluate``: cumulative regret over the log (full information), or the running
-    mean loss of the replayed policy against the logged policy (bandit logs)."""
+    mean loss of the replayed policy against the logged policy (bandit logs); a replay
+    whose ESS is below its ``min_ess`` is titled insufficient data, without its interval."""
     results = list(evaluation)
     fig, axes = _panels(len(results), 3.8, 5.5)
     for ax, r in zip(axes, results, strict=False):
+        title = r.experiment
         if r.kind == "full-information":
             ax.plot(np.cumsum(r.curve_regret_fixed), label="regret vs best fixed arm")
             ax.set_ylabel("cumulative expected regret")
@@ -213,10 +215,14 @@ def plot_evaluation(evaluation: Any, path: Path) -> Path:
             running = np.cumsum(accepted) / np.arange(1, len(accepted) + 1)
             ax.plot(running, label=f"configuration ({r.method})")
             ax.axhline(r.logged.value, color="grey", linestyle="--", label="logged policy")
-            ax.axhspan(r.policy.low, r.policy.high, alpha=0.2, label=f"{r.policy.level:.0%} CI")
+            if r.policy.enough(r.min_ess):
+                level = f"{r.policy.level:.0%} CI"
+                ax.axhspan(r.policy.low, r.policy.high, alpha=0.2, label=level)
+            else:
+                title += f": insufficient data (ESS {r.policy.ess:g} < {r.min_ess:g})"
             ax.set_ylabel("mean loss so far")
             ax.set_xlabel("accepted events")
-        ax.set_title(r.experiment)
+        ax.set_title(title)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return save(fig, path)

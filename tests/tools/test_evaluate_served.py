@@ -211,3 +211,59 @@ def test_a_replay_directory_is_evaluated_from_the_logs_it_names(demo_dir, tmp_pa
     assert result.exit_code == 0, result.output
     figures = orjson.loads((tmp_path / "ev" / "evaluation.json").read_bytes())
     assert list(figures["configurations"]) == [str((demo_dir / "registry.toml").resolve())]
+
+
+def test_an_estimate_on_too_few_events_says_insufficient_data_with_its_ess(tmp_path):
+    """A served log of 12 requests: the replay accepts about 6, IPS weighs 12 events. None
+    of the configuration's estimates is shown as a figure beside the served value; each
+    shows its effective sample size; below a lower --min-ess the figures come back."""
+    selections, feedback, registry = (tmp_path / n for n in ("s.jsonl", "f.jsonl", "r.toml"))
+    selections.write_bytes(
+        b"".join(
+            orjson.dumps({"experiment": "e", "unit": None, "request_id": f"r{i}", "arm": i % 2,
+                          "arm_name": "ab"[i % 2], "prob": 0.5, "round": i}) + b"\n"
+            for i in range(12)
+        )
+    )  # fmt: skip
+    feedback.write_bytes(
+        b"".join(
+            orjson.dumps({"experiment": "e", "request_id": f"r{i}", "loss": float(i % 2 + i % 3)})
+            + b"\n"
+            for i in range(12)
+        )
+    )
+    registry.write_text('[experiments.e]\narms = ["a", "b"]\n')
+    args = ["evaluate", "--selections", selections, "--feedback", feedback, "--registry", registry]
+
+    def run(*extra: object) -> tuple[str, dict]:
+        out = tmp_path / f"out{len(extra)}"
+        result = CliRunner().invoke(app, [str(a) for a in (*args, *extra, "--out", out)])
+        assert result.exit_code == 0, result.output
+        figures = orjson.loads((out / "evaluation.json").read_bytes())
+        return result.output, figures["configurations"][str(registry)]["experiments"]["e"]
+
+    text, figures = run()
+    accepted = figures["policy"]["n"]
+    assert 0 < accepted < 12 and figures["policy"]["ess"] == accepted
+    weights_ess = figures["ips"]["ess"]
+    assert weights_ess == figures["snips"]["ess"] == figures["effective_sample_size"]
+    assert 0 < weights_ess <= 12
+    assert figures["min_ess"] == 100
+    assert [figures[e]["sufficient"] for e in ("policy", "ips", "snips")] == [False] * 3
+    [row] = [line for line in text.splitlines() if line.startswith(f"| {registry} |")]
+    ess = f"{weights_ess:.1f}".removesuffix(".0")
+    assert row == (
+        f"| {registry} | insufficient data | ESS {accepted} < 100 | {accepted} | {accepted} | "
+        f"insufficient data | insufficient data | {ess} |"
+    )
+    served = f"{np.mean([float(i % 2 + i % 3) for i in range(12)]):.6g}"
+    assert f"| served policy (what it got) | {served} | [" in text  # the served value stays
+    assert "Kish's effective sample size (Σw)²/Σw²" in text and "--min-ess 100" in text
+    assert f"| IPS | insufficient data | ESS {ess} < 100 | 12 | {ess} |" in text
+
+    text, figures = run("--min-ess", 1)
+    assert "| insufficient data |" not in text and figures["policy"]["sufficient"]
+    assert f"| {figures['policy']['value']:.6g} | [" in text
+    result = CliRunner().invoke(app, [str(a) for a in (*args, "--min-ess", -1)])
+    assert result.exit_code == 2
+    assert result.output == "tsi evaluate: min_ess (--min-ess) must be a number >= 0, got -1.0\n"

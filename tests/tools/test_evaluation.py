@@ -18,6 +18,7 @@ from flows.tools.evaluation import (
     evaluate,
     ips_estimate,
     load_log,
+    mean_estimate,
     read_log,
     snips_estimate,
 )
@@ -298,6 +299,26 @@ def test_ips_of_a_fixed_policy_is_unbiased_with_honest_intervals():
 def test_effective_sample_size():
     assert effective_sample_size(np.ones(50)) == pytest.approx(50)
     assert effective_sample_size([1.0, 0.0, 0.0, 0.0]) == pytest.approx(1)
+    assert effective_sample_size([0.0, 0.0]) == 0.0
+    # Kish: (1 + 2 + 3)² / (1 + 4 + 9), whatever the weights' scale
+    assert effective_sample_size([1.0, 2.0, 3.0]) == pytest.approx(36 / 14, rel=1e-15)
+    assert effective_sample_size([10.0, 20.0, 30.0]) == pytest.approx(36 / 14, rel=1e-15)
+
+
+def test_every_estimate_carries_the_ess_of_its_own_weights(tmp_path):
+    weights, losses = [1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 1.0, 9.0]
+    assert ips_estimate(weights, losses).ess == pytest.approx(36 / 14, rel=1e-15)
+    assert snips_estimate(weights, losses).ess == pytest.approx(36 / 14, rel=1e-15)
+    assert mean_estimate(losses).ess == 4.0  # every term weighs 1
+    log = load_log(write(tmp_path / "nu.jsonl", bandit_rows(600, np.array([0.2, 0.3, 0.5]), 2)))
+    result = evaluate(log, REGISTRY, min_ess=50)["home"]
+    w = result.weights
+    assert result.ips.ess == pytest.approx(w.sum() ** 2 / (w**2).sum(), rel=1e-12)
+    assert result.snips.ess == result.ips.ess < 600
+    assert result.policy.ess == result.policy.n == len(result.accepted_rows)
+    assert result.logged.ess == 600 and result.min_ess == 50
+    with pytest.raises(EvaluationError, match=r"\(--min-ess\) must be a number >= 0, got -1"):
+        evaluate(log, REGISTRY, min_ess=-1)
 
 
 def test_several_experiments_and_the_experiment_filter():

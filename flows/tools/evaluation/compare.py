@@ -22,10 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.service.registry import Registry
-from flows.tools.evaluation.estimators import Estimate
+from flows.tools.evaluation.estimators import MIN_ESS, Estimate
 from flows.tools.evaluation.logs import EvaluationError, Log
 from flows.tools.evaluation.policy import evaluate
-from flows.tools.evaluation.results import BanditLogResult, Evaluation, fmt_estimate, markdown_table
+from flows.tools.evaluation.results import (
+    BanditLogResult,
+    Evaluation,
+    ess_note,
+    fmt_ess,
+    fmt_estimate,
+    markdown_table,
+)
 from flows.tools.evaluation.served import Served
 from tsi_core.variant import variant_of
 
@@ -103,34 +110,36 @@ class Comparison:
             )
         first = results[0][1]
         rows = [_bandit_row(label, r) for label, r in results]
-        rows.append(
-            ("served policy (what it got)", *fmt_estimate(first.logged), str(first.rounds), "", "")
-        )
+        served = ("served policy (what it got)", *fmt_estimate(first.logged))
+        rows.append((*served, str(first.rounds), fmt_ess(first.logged), "", "", ""))
         head = (
             "configuration",
             "per-round loss",
             f"{first.policy.level:.0%} CI",
             "n",
+            "ESS",
             "IPS",
             "SNIPS",
+            "IPS/SNIPS ESS",
         )
         return (
             f"## {experiment}: per-round loss, lower is better\n\n"
             + markdown_table(head, rows)
             + "\n\nThe first column is the replay estimate of each configuration learning "
             "online on these events; IPS and SNIPS weight every event. The served policy's "
-            "row is the mean loss the service got, with its interval."
+            f"row is the mean loss the service got, with its interval. {ess_note(first.min_ess)}"
         )
 
 
 def _bandit_row(label: str, r: BanditLogResult) -> tuple[str, ...]:
-    value, interval = fmt_estimate(r.policy)
-    return (label, value, interval, str(r.policy.n), _short(r.ips), _short(r.snips))
+    value, interval = fmt_estimate(r.policy, r.min_ess)
+    ips, snips = (_short(e, r.min_ess) for e in (r.ips, r.snips))
+    return (label, value, interval, str(r.policy.n), fmt_ess(r.policy), ips, snips, fmt_ess(r.ips))
 
 
-def _short(e: Estimate) -> str:
-    value, interval = fmt_estimate(e)
-    return f"{value} {interval}"
+def _short(e: Estimate, min_ess: float) -> str:
+    value, interval = fmt_estimate(e, min_ess)
+    return value if not e.enough(min_ess) else f"{value} {interval}"
 
 
 def compare(
@@ -141,11 +150,13 @@ def compare(
     level: float = 0.95,
     seed: int = 0,
     served: Served | None = None,
+    min_ess: float = MIN_ESS,
 ) -> Comparison:
     """Evaluate ``log`` under each configuration (see ``evaluate``)."""
     if not chosen:
         raise EvaluationError("no configuration to evaluate: give --registry")
     evaluations = [
-        (c.label, evaluate(log, c.registry, experiment, switches, level, seed)) for c in chosen
+        (c.label, evaluate(log, c.registry, experiment, switches, level, seed, min_ess))
+        for c in chosen
     ]
     return Comparison(log.source, evaluations, served)

@@ -1,9 +1,11 @@
 """Estimates of a per-round loss with normal-approximation confidence intervals: the sample
-mean, inverse propensity scoring (IPS), self-normalised IPS, and Kish's effective sample size.
+mean, inverse propensity scoring (IPS), self-normalised IPS, each with Kish's effective
+sample size of its weights, and the size below which an estimate is insufficient data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -12,6 +14,10 @@ from typing import Any
 import numpy as np
 
 from flows.tools.evaluation.logs import EvaluationError
+
+#: the effective sample size below which ``tsi evaluate`` gives an off-policy estimate as
+#: "insufficient data", not as a figure to compare (``--min-ess``)
+MIN_ESS = 100.0
 
 
 def z_of(level: float) -> float:
@@ -31,17 +37,23 @@ class Estimate:
 
     ``low, high = value ∓ z·stderr`` with z the two-sided normal quantile of ``level``;
     ``n`` is the number of terms averaged. ``value`` is NaN when ``n`` is 0, the interval
-    unbounded when ``n`` is 1.
+    unbounded when ``n`` is 1. ``ess`` is Kish's effective sample size of the terms'
+    weights (``effective_sample_size``): ``n`` when every term weighs 1 (the default).
 
     >>> e = Estimate(2.0, 0.5, 10, 0.95)
-    >>> str(e), e.contains(2.9), e.contains(3.0)
-    ('2 [1.02002, 2.97998]', True, False)
+    >>> str(e), e.contains(2.9), e.contains(3.0), e.ess, e.enough(10), e.enough(10.5)
+    ('2 [1.02002, 2.97998]', True, False, 10.0, True, False)
     """
 
     value: float
     stderr: float
     n: int
     level: float
+    ess: float = math.nan
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.ess):
+            object.__setattr__(self, "ess", float(self.n))
 
     @property
     def low(self) -> float:
@@ -55,6 +67,10 @@ class Estimate:
         """Whether ``x`` lies in the confidence interval."""
         return bool(self.low <= x <= self.high)
 
+    def enough(self, min_ess: float) -> bool:
+        """Whether the estimate rests on an effective sample of at least ``min_ess``."""
+        return self.ess >= min_ess
+
     def __str__(self) -> str:
         if math.isnan(self.value):
             return "n/a"
@@ -66,7 +82,7 @@ class Estimate:
         out: dict[str, float | int | None] = {
             k: v if math.isfinite(v) else None for k, v in figures.items()
         }
-        return {**out, "n": self.n, "level": self.level}
+        return {**out, "n": self.n, "level": self.level, "ess": self.ess}
 
 
 def mean_estimate(values: Any, level: float = 0.95) -> Estimate:
@@ -99,11 +115,12 @@ def ips_estimate(weights: Any, losses: Any, level: float = 0.95) -> Estimate:
     the losses' offset: IPS is not translation-invariant (adding c to every loss adds
     c·mean(w), not c), so large offsets inflate it; see ``snips_estimate``.
 
-    >>> ips_estimate([2.0, 0.0, 2.0, 0.0], [1.0, 5.0, 0.0, 5.0]).value
-    0.5
+    >>> e = ips_estimate([2.0, 0.0, 2.0, 0.0], [1.0, 5.0, 0.0, 5.0])
+    >>> e.value, e.n, e.ess
+    (0.5, 4, 2.0)
     """
     w, loss = _pair(weights, losses)
-    return mean_estimate(w * loss, level)
+    return dataclasses.replace(mean_estimate(w * loss, level), ess=effective_sample_size(w))
 
 
 def snips_estimate(weights: Any, losses: Any, level: float = 0.95) -> Estimate:
@@ -113,24 +130,27 @@ def snips_estimate(weights: Any, losses: Any, level: float = 0.95) -> Estimate:
     translation- and scale-equivariant (losses a·l + c give a·V̂ + c), so an offset in the
     losses does not inflate its variance. Terms for the CI: w_t·(l_t − V̂)/mean(w).
 
-    >>> snips_estimate([2.0, 0.0, 2.0, 0.0], [1.0, 5.0, 0.0, 5.0]).value
-    0.5
+    >>> e = snips_estimate([2.0, 0.0, 2.0, 0.0], [1.0, 5.0, 0.0, 5.0])
+    >>> e.value, e.ess
+    (0.5, 2.0)
     """
     w, loss = _pair(weights, losses)
     z_of(level)
+    ess = effective_sample_size(w)
     if len(w) == 0 or not w.sum() > 0:
-        return Estimate(math.nan, math.nan, len(w), level)
+        return Estimate(math.nan, math.nan, len(w), level, ess)
     value = float((w * loss).sum() / w.sum())
     influence = w * (loss - value) / w.mean()
     stderr = float(influence.std(ddof=1) / math.sqrt(len(w))) if len(w) > 1 else math.inf
-    return Estimate(value, stderr, len(w), level)
+    return Estimate(value, stderr, len(w), level, ess)
 
 
 def effective_sample_size(weights: Any) -> float:
-    """Kish's (Σ w)² / Σ w²: how many equally weighted rounds the weights are worth.
+    """Kish's (Σ w)² / Σ w²: how many equally weighted rounds the weights are worth (0
+    when every weight is 0); n for n equal weights.
 
-    >>> effective_sample_size([1.0, 1.0, 0.0, 0.0])
-    2.0
+    >>> effective_sample_size([1.0, 1.0, 0.0, 0.0]), effective_sample_size([2.0, 2.0, 1.0, 1.0])
+    (2.0, 3.6)
     """
     w = np.asarray(weights, dtype=float)
     square = float((w * w).sum())

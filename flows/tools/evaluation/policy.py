@@ -18,7 +18,7 @@ import numpy as np
 from flows.service.instance import uniform_draw
 from flows.service.registry import Experiment, Registry
 from flows.tools.evaluation.estimators import (
-    effective_sample_size,
+    MIN_ESS,
     ips_estimate,
     mean_estimate,
     snips_estimate,
@@ -60,6 +60,7 @@ def evaluate(
     switches: int | None = None,
     level: float = 0.95,
     seed: int = 0,
+    min_ess: float = MIN_ESS,
 ) -> Evaluation:
     """Evaluate each experiment of the log (or only ``experiment``) as the registry
     configures it: full-information logs with ``evaluate_full_information``, bandit logs
@@ -68,11 +69,14 @@ def evaluate(
     ``switches``: the competitor's switches in full-information replays (default the
     competition's ``switches`` for a Switching class, else 3; unused for bandit logs).
     ``level``: of the confidence intervals. ``seed``: 0 reproduces the hashed draws of
-    ``request_id``; other values give independent replications.
+    ``request_id``; other values give independent replications. ``min_ess``: the
+    effective sample size below which a bandit log's estimate is insufficient data.
     """
     z_of(level)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise EvaluationError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(min_ess, bool) or not isinstance(min_ess, int | float) or not min_ess >= 0:
+        raise EvaluationError(f"min_ess (--min-ess) must be a number >= 0, got {min_ess!r}")
     if switches is not None and (not is_int(switches, 0)):
         raise EvaluationError(f"switches must be an integer >= 0, got {switches!r}")
     results: dict[str, ExperimentResult] = {}
@@ -89,7 +93,7 @@ def evaluate(
         if log.kind == FULL_INFORMATION:
             results[name] = evaluate_full_information(exp, records, keys, switches, seed)
         else:
-            results[name] = evaluate_bandit_log(exp, records, keys, level, seed)
+            results[name] = evaluate_bandit_log(exp, records, keys, level, seed, min_ess)
     return Evaluation(log.source, log.kind, results)
 
 
@@ -304,8 +308,10 @@ def evaluate_bandit_log(
     keys: list[str],
     level: float = 0.95,
     seed: int = 0,
+    min_ess: float = MIN_ESS,
 ) -> BanditLogResult:
-    """Replay ``exp``'s policy on validated bandit-feedback rows and estimate its loss.
+    """Replay ``exp``'s policy on validated bandit-feedback rows and estimate its loss
+    (``min_ess``: see ``BanditLogResult``).
 
     Logging is uniform when every prob is 1/M within 1e-9; then p_min = 1/M, else p_min
     is the smallest logged prob. At each row t (logged arm a_t, propensity prob_t, loss
@@ -331,7 +337,7 @@ def evaluate_bandit_log(
     uniform = bool(np.all(np.abs(probs - 1.0 / m) <= UNIFORM_TOLERANCE))
     p_min = 1.0 / m if uniform else float(probs.min())
     run = _rejection_replay(exp, records, keys, uniform, p_min, seed)
-    return _bandit_result(exp, records, uniform, p_min, level, *run)
+    return _bandit_result(exp, records, uniform, p_min, level, min_ess, *run)
 
 
 def _rejection_replay(
@@ -374,6 +380,7 @@ def _bandit_result(
     uniform: bool,
     p_min: float,
     level: float,
+    min_ess: float,
     weights: np.ndarray,
     distributions: np.ndarray,
     rows: np.ndarray,
@@ -394,9 +401,9 @@ def _bandit_result(
         accepted_sd=math.sqrt(n * p_min * (1.0 - p_min)),
         ips=ips_estimate(weights, logged, level),
         snips=snips_estimate(weights, logged, level),
-        effective_sample_size=effective_sample_size(weights),
         max_weight=float(weights.max()),
         logged=mean_estimate(logged, level),
+        min_ess=min_ess,
         accepted_losses=logged[rows],
         accepted_rows=rows,
         weights=weights,

@@ -165,6 +165,11 @@ class BanditLogResult:
     and for a fixed policy its value even when losses are not i.i.d. ``logged`` is the
     logging policy's own average loss, the baseline.
 
+    Each estimate carries Kish's effective sample size of its weights (``Estimate.ess``):
+    the replay's accepted events weigh 1 each (its ESS is ``policy.n``), IPS and SNIPS
+    weigh every event by q/prob. An off-policy estimate whose ESS is below ``min_ess`` is
+    shown as insufficient data, not as a figure to compare with the logged policy's.
+
     The confidence intervals (normal approximation) account for the noise of the logged
     losses and of the acceptances given the policy's own draws: they cover the value
     along the path the policy took in this replay. A learning policy's path is itself
@@ -189,9 +194,9 @@ class BanditLogResult:
     accepted_sd: float
     ips: Estimate
     snips: Estimate
-    effective_sample_size: float
     max_weight: float
     logged: Estimate
+    min_ess: float  # below it an off-policy estimate is "insufficient data"
     accepted_losses: np.ndarray = field(repr=False)
     accepted_rows: np.ndarray = field(repr=False)
     weights: np.ndarray = field(repr=False)
@@ -205,6 +210,11 @@ class BanditLogResult:
         if self.uniform:
             return "replay (Li et al. 2011)"
         return "rejection-sampling replay (Dudík et al. 2012)"
+
+    @property
+    def effective_sample_size(self) -> float:
+        """Kish's effective sample size of the IPS weights q/prob (IPS's and SNIPS's)."""
+        return self.ips.ess
 
     @property
     def weight_bound(self) -> float:
@@ -222,15 +232,20 @@ class BanditLogResult:
             "uniform_logging": self.uniform,
             "method": self.method,
             "min_prob": self.min_prob,
-            "policy": self.policy.to_dict(),
+            "policy": self._figures(self.policy),
             "expected_accepted": self.expected_accepted,
             "accepted_sd": self.accepted_sd,
-            "ips": self.ips.to_dict(),
-            "snips": self.snips.to_dict(),
+            "ips": self._figures(self.ips),
+            "snips": self._figures(self.snips),
             "effective_sample_size": self.effective_sample_size,
             "max_weight": self.max_weight,
             "logged": self.logged.to_dict(),
+            "min_ess": self.min_ess,
         }
+
+    def _figures(self, e: Estimate) -> dict[str, Any]:
+        """An off-policy estimate's figures, and whether its ESS reaches ``min_ess``."""
+        return {**e.to_dict(), "sufficient": e.enough(self.min_ess)}
 
     def to_markdown(self) -> str:
         level = f"{self.policy.level:.0%}"
@@ -239,30 +254,34 @@ class BanditLogResult:
             f"{self.policy.n} accepted (expected {self.expected_accepted:.1f} "
             f"± {self.accepted_sd:.1f})"
         )
-        ess = f"{self.rounds} (effective {self.effective_sample_size:.1f})"
+        least = self.min_ess
         rows = [
             (
                 self.method,
-                fmt_estimate(self.policy),
+                fmt_estimate(self.policy, least),
                 accepted,
+                fmt_ess(self.policy),
                 "mean loss over the configuration's first n online rounds",
             ),
             (
                 "IPS",
-                fmt_estimate(self.ips),
-                ess,
+                fmt_estimate(self.ips, least),
+                f"{self.rounds}",
+                fmt_ess(self.ips),
                 "unbiased; variance grows with max q/prob and the losses' offset",
             ),
             (
                 "self-normalised IPS",
-                fmt_estimate(self.snips),
-                ess,
+                fmt_estimate(self.snips, least),
+                f"{self.rounds}",
+                fmt_ess(self.snips),
                 "translation-invariant, O(1/T) bias",
             ),
             (
                 "logged policy",
                 fmt_estimate(self.logged),
                 f"{self.rounds}",
+                fmt_ess(self.logged),
                 "the baseline: mean logged loss",
             ),
         ]
@@ -273,9 +292,11 @@ class BanditLogResult:
                 f"logging {logging})",
                 "",
                 markdown_table(
-                    ("estimate", "per-round loss", f"{level} CI", "n", "meaning"),
-                    [(a, b[0], b[1], c, d) for a, b, c, d in rows],
+                    ("estimate", "per-round loss", f"{level} CI", "n", "ESS", "meaning"),
+                    [(a, b[0], b[1], c, e, d) for a, b, c, e, d in rows],
                 ),
+                "",
+                ess_note(least),
                 "",
                 f"Max weight q/prob seen {self.max_weight:.4g} (bound 1/min prob = "
                 f"{self.weight_bound:.4g}). Assumptions: events i.i.d. given the context, "
@@ -319,10 +340,39 @@ class Evaluation:
         return "\n\n".join([head, *(r.to_markdown() for r in self)]) + "\n"
 
 
-def fmt_estimate(e: Estimate) -> tuple[str, str]:
+def ess_note(min_ess: float) -> str:
+    """What the ESS columns are, and what ``min_ess`` does to the estimates."""
+    return (
+        "ESS: Kish's effective sample size (Σw)²/Σw² of the estimate's weights (1 per "
+        "accepted event for the replay, so its n; q/prob per event for IPS and SNIPS; 1 per "
+        f"event for the logged policy). Below --min-ess {min_ess:g} an off-policy estimate "
+        "is insufficient data: no figure, not ranked against the served policy."
+    )
+
+
+def fmt_estimate(e: Estimate, min_ess: float = 0.0) -> tuple[str, str]:
+    """(value, interval) as the tables show them: "insufficient data" and the ESS that
+    falls short when ``e`` rests on an effective sample below ``min_ess``.
+
+    >>> fmt_estimate(Estimate(0.5, 0.1, 6, 0.95), min_ess=100)
+    ('insufficient data', 'ESS 6 < 100')
+    >>> fmt_estimate(Estimate(0.5, 0.1, 600, 0.95), min_ess=100)
+    ('0.5', '[0.304004, 0.695996]')
+    """
     if math.isnan(e.value):
         return "n/a", "n/a"
+    if not e.enough(min_ess):
+        return "insufficient data", f"ESS {fmt_ess(e)} < {min_ess:g}"
     return f"{e.value:.6g}", f"[{e.low:.6g}, {e.high:.6g}]"
+
+
+def fmt_ess(e: Estimate) -> str:
+    """An estimate's ESS as the tables show it: to one decimal, whole numbers as such.
+
+    >>> fmt_ess(Estimate(0.5, 0.1, 6, 0.95)), fmt_ess(Estimate(0.5, 0.1, 6, 0.95, 3.26))
+    ('6', '3.3')
+    """
+    return f"{e.ess:.0f}" if e.ess == int(e.ess) else f"{e.ess:.1f}"
 
 
 def markdown_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
