@@ -21,15 +21,12 @@ import orjson
 
 from flows.service._records import internal_message
 from flows.service.connectors.files import read_lines as read_jsonl
-from flows.service.connectors.kafka import Topics
+from flows.service.connectors.kafka import FEEDBACK_TAG, REQUEST_TAG, Topics
 from flows.service.dataflow import Message
 from flows.service.events import DeadLetter, Origin
 
 #: the valid ``ts`` range, Unix seconds: not before 1970, not after about the year 5100
 TS_MIN, TS_MAX = 0.0, 1e11
-#: the tags the service's internal copies name their input topic with, requests' and
-#: feedback's (``flows.service.connectors.kafka._repartition``)
-COPY_TAGS = (b"r", b"f")
 
 
 class ReplayError(ValueError):
@@ -166,7 +163,7 @@ class TopicLog:
         """The messages of the topics' ranges (see ``kafka_range``)."""
         copies = None
         if self.internal in self.topics:
-            copies = {self.internal: {COPY_TAGS[0]: self.requests, COPY_TAGS[1]: self.feedback}}
+            copies = {self.internal: {REQUEST_TAG: self.requests, FEEDBACK_TAG: self.feedback}}
         return kafka_range(brokers, self.ordered, start, end, copies=copies)
 
 

@@ -20,10 +20,10 @@ from flows.service._records import internal_copy
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.service.connectors.kafka import FEEDBACK_TAG, REQUEST_TAG
 from flows.service.events import Origin
 from flows.service.registry import instance_key
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
-from flows.tools.replay_input import COPY_TAGS
 
 TOML = (
     '[experiments.e]\narms = ["a", "b"]\nseed = 3\n'
@@ -82,7 +82,7 @@ def written(events: list[tuple[str, dict[str, Any]]], bootstrap: str) -> dict[st
     for topic in names.values():
         create_topic(bootstrap, topic, 1)
     create_topic(bootstrap, internal, 2)
-    tags = dict(zip(names.values(), COPY_TAGS, strict=True))
+    tags = {names["request"]: REQUEST_TAG, names["feedback"]: FEEDBACK_TAG}
     producer = Producer({"bootstrap.servers": bootstrap})
     base_ms = int(time.time() * 1000) - 3_600_000  # brokers refuse times in the future
     offsets = {"request": 0, "feedback": 0}

@@ -150,6 +150,9 @@ def _split_batch(batch: list[Any]) -> tuple[list[Message], list[DeadLetter]]:
     return messages, errors
 
 
+#: How an internal copy says which input it came from (its ``o`` header: ``r:P:O``).
+REQUEST_TAG, FEEDBACK_TAG = b"r", b"f"
+
 def _repartition(
     brokers: list[str],
     topics: Topics,
@@ -160,7 +163,7 @@ def _repartition(
     """The internal topic between the inputs and the stateful step: copies written with
     ``sink``, read back by an internal source (``options``: its starting offset, group and
     epoch hook), each parsed as its original was."""
-    tags = {topics.requests: b"r", topics.feedback: b"f"}
+    tags = {topics.requests: REQUEST_TAG, topics.feedback: FEEDBACK_TAG}
     inputs_by_tag = {tag: topic for topic, tag in tags.items()}
 
     def open_internal(flow: Dataflow, step: str) -> tuple[Stream, Stream]:
