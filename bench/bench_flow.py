@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_flow.py                # full run (~35 min)
+    .venv/bin/python bench/bench_flow.py                # full run (~15 min)
     .venv/bin/python bench/bench_flow.py --quick        # smoke run (< 3 min)
     .venv/bin/python bench/bench_flow.py --only throughput --requests 20000 --repeats 1
     .venv/bin/python bench/bench_flow.py --out bench/flow_results.json
