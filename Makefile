@@ -48,7 +48,7 @@ test: $(LAB) chromium  ## the whole test suite, lint included
 bench: $(LAB)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py
 
-bench-flow: $(LAB) kcat  ## the service on a real broker and step by step, as a cluster, the engine alone, waiting tickets, the shards' logs at 10^6, an epoch's close (~60 min)
+bench-flow: $(LAB) kcat  ## the service on a real broker and step by step, as a cluster, the engine alone, waiting tickets, the shards' logs at 10^6, an epoch's close (~35 min)
 	$(PY) bench/bench_flow.py
 	$(PY) bench/bench_steps.py
 	$(PY) bench/bench_cluster.py
