@@ -10,10 +10,11 @@ deadline. Each source partition of the process is in one of three positions:
 - **behind**: it has messages left to read: the stream time is at most the newest time
   served from it (one that has served nothing yet, or the internal topic's, whose events
   are served under their input's name, holds it back entirely);
-- **copies in flight** (an input partition read through the internal topic): events read
-  from it and copied are not all served yet: it holds the stream time at the newest time
-  served from it, until they are, or for ``idle_after`` seconds after its last copy (a
-  copy the reader refuses is never served);
+- **read, not served**: an input partition's newest message read is newer than the
+  newest served from it (on its way through the dataflow, or through the internal topic):
+  it holds the stream time at the newest time served from it until that message is
+  served, or for ``idle_after`` seconds after the read (a message refused as a dead
+  letter is never served);
 - **no position**: its end is not known yet (a partition registers before its first
   statistics; librdkafka reports an empty partition's end only after its first fetch). It
   holds the stream time back for at most ``idle_after`` seconds, then counts as idle, as a
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 IDLE_AFTER = 30.0
 
 CAUGHT_UP, BEHIND, NO_POSITION = "caught up", "behind", "no position"
-IN_FLIGHT = "copies in flight"
+IN_FLIGHT = "read, not served"
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,9 @@ class StreamClock:
         self._wall = wall
         self.idle_after = idle_after
         self._served: dict[tuple[str, int], float] = {}  # input partition -> newest time
-        # input partition -> (newest time copied to the internal topic, wall time then)
-        self._copied: dict[tuple[str, int], tuple[float, float]] = {}
+        # input partition -> (newest time read from it, wall time then)
+        self._read: dict[tuple[str, int], tuple[float, float]] = {}
+        self._known = False  # a source partition has registered or reported
         # source partition -> (position, wall time it took that position)
         self._positions: dict[tuple[str, int], tuple[str, float]] = {}
         self._reached = (-math.inf, wall())  # (the newest stream time, when it was reached)
@@ -86,6 +88,7 @@ class StreamClock:
     def expect(self, topic: str, partition: int) -> None:
         """A source partition of this process starts: it has no position yet."""
         with self._lock:
+            self._known = True
             self._positions[(topic, partition)] = (NO_POSITION, self._wall())
 
     def forget(self, topic: str, partition: int) -> None:
@@ -99,25 +102,28 @@ class StreamClock:
         if at > self._served.get(key, -math.inf):
             self._served[key] = at
 
-    def note_copied(self, topic: str, partition: int | None, at: float) -> None:
-        """An event of (topic, partition) stamped ``at`` was copied to the internal topic:
-        it is served when read back."""
+    def note_read(self, topic: str, partition: int | None, at: float) -> None:
+        """A message of input (topic, partition) stamped ``at`` was read: it is served
+        later (``note_served``)."""
         key = (topic, partition or 0)
-        old = self._copied.get(key)
+        old = self._read.get(key)
         if old is None or at > old[0]:
-            self._copied[key] = (at, self._wall())
+            self._read[key] = (at, self._wall())
 
     def note_position(self, topic: str, partition: int, caught_up: bool | None) -> None:
         """Where a source partition stands (from its statistics): caught up, behind
         (False), or not known (None)."""
         position = NO_POSITION if caught_up is None else CAUGHT_UP if caught_up else BEHIND
         with self._lock:
+            self._known = True
             old = self._positions.get((topic, partition))
             if old is None or old[0] != position:
                 self._positions[(topic, partition)] = (position, self._wall())
 
     def now(self) -> float:
         """The time the stream has reached."""
+        if not self._known:  # no source has started: nothing can be said yet
+            return -math.inf
         wall = self._wall()
         holding = self._holding(wall)
         reached = (
@@ -138,7 +144,7 @@ class StreamClock:
     def _holding(self, wall: float) -> list[tuple[str, int, str]]:
         with self._lock:
             positions = list(self._positions.items())
-        copied = list(self._copied.items())
+        read = list(self._read.items())
         holding = [
             (topic, partition, position)
             for (topic, partition), (position, since) in positions
@@ -146,7 +152,7 @@ class StreamClock:
         ]
         holding += [
             (topic, partition, IN_FLIGHT)
-            for (topic, partition), (at, when) in copied
+            for (topic, partition), (at, when) in read
             if at > self._served.get((topic, partition), -math.inf)
             and wall - when < self.idle_after
         ]

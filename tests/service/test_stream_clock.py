@@ -98,23 +98,33 @@ def test_readiness_stays_ready_while_a_backlog_is_read_and_the_stream_time_moves
         assert ready, reason
 
 
-def test_copies_in_flight_to_the_internal_topic_hold_their_input_until_served():
+def test_an_input_read_and_not_yet_served_holds_the_clock_until_it_is():
     clock, now = clock_at(idle_after=30.0)
     clock.expect("fb", 0)
-    clock.note_position("fb", 0, caught_up=True)  # read to its end: copied, not yet served
-    clock.note_copied("fb", 0, 900.0)
+    clock.note_position("fb", 0, caught_up=True)  # its newest message read, not served
+    clock.note_read("fb", 0, 900.0)
     assert clock.now() == -math.inf
-    assert clock.holding().partitions == (("fb", 0, "copies in flight"),)
+    assert clock.holding().partitions == (("fb", 0, "read, not served"),)
     clock.note_served("fb", 0, 850.0)
     assert clock.now() == 850.0
     clock.note_served("fb", 0, 900.0)  # every copy served
     assert clock.now() == now[0]
 
 
-def test_a_copy_never_served_holds_its_input_only_for_the_idle_time():
+def test_a_message_read_and_never_served_holds_only_for_the_idle_time():
     clock, now = clock_at(idle_after=30.0)
-    clock.note_copied("fb", 0, 900.0)  # e.g. refused when read back
+    clock.expect("fb", 0)
+    clock.note_position("fb", 0, caught_up=True)
+    clock.note_read("fb", 0, 900.0)  # e.g. a dead letter
     now[0] += 29.0
     assert clock.now() == -math.inf
     now[0] += 1.0
     assert clock.now() == now[0]
+
+
+def test_nothing_expires_before_any_source_has_started():
+    clock, _ = clock_at()
+    assert clock.now() == -math.inf  # e.g. a wake-up before the Kafka partitions are built
+    clock.expect("fb", 0)
+    clock.note_position("fb", 0, caught_up=True)
+    assert clock.now() > 0

@@ -167,7 +167,7 @@ def test_a_downtime_longer_than_the_time_to_live_loses_no_feedback(kafka_bootstr
     for name, topic in topics.items():
         create_topic(kafka_bootstrap, topic, 1 if name == "dlq" else 2)
     (tmp_path / "registry.toml").write_text(
-        '[experiments.shop]\narms = ["a", "b"]\nper_unit = true\nfeedback_ttl = 5\n'
+        '[experiments.shop]\narms = ["a", "b"]\nper_unit = true\nfeedback_ttl = 12\n'
     )
     recovery = tmp_path / "recovery"
     recovery.mkdir()
@@ -193,7 +193,7 @@ def test_a_downtime_longer_than_the_time_to_live_loses_no_feedback(kafka_bootstr
     for event in asked:  # the feedback comes within the time to live, while the service is down
         clients.send("feedback", {**event, "loss": 1.0})
     assert clients.producer.flush(10) == 0
-    time.sleep(12.0)  # down for longer than the 5 s time to live
+    time.sleep(20.0)  # down for longer than the 12 s time to live
     later = [  # requests keep coming: newer than every deadline, read before some feedback
         {"experiment": "shop", "unit": f"v{i}", "request_id": f"later{i}"} for i in range(200)
     ]
@@ -209,7 +209,7 @@ def test_a_downtime_longer_than_the_time_to_live_loses_no_feedback(kafka_bootstr
             states = read_states(recovery)
             if sum(s["bandit"]["n_updates"] for s in states.values()) == len(asked):
                 break
-        time.sleep(7.0)  # past every deadline: anything left would expire now
+        time.sleep(14.0)  # past every deadline: anything left would expire now
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,6 @@ from flows.service.connectors.kafka_source import (
 from flows.service.dataflow import Message, OpenSource, Repartition, Wiring, unzip_batches
 from flows.service.events import DeadLetter, Origin, ParseBySource, minimal_dead_letter
 from flows.service.stopping import Stop
-from flows.service.stream_clock import STREAM_CLOCK
 
 
 @dataclass(frozen=True)
@@ -173,23 +171,14 @@ def _repartition(
         return _split_batches(step, batches)
 
     def copy(step: str, up: Stream) -> None:
-        messages = op.map(f"{step}_message", up, lambda batch: _copies(batch, tags))
+        messages = op.map(
+            f"{step}_message",
+            up,
+            lambda batch: [internal_copy(routed, tags) for routed in batch],
+        )
         sink(topics.internal)(step, messages)
 
     return Repartition(copy, open_internal, ParseBySource(topics.requests))
-
-
-def _copies(batch: list[tuple[str, bytes, Origin]], tags: dict[str, bytes]) -> list[Any]:
-    """The internal topic's messages of a batch of routed events, each noted as copied on
-    stream time: its input partition holds expiry back until the copy is served."""
-    newest: dict[tuple[str, int | None], float] = {}
-    for _, _, origin in batch:
-        at = origin.time
-        if at is not None and at > newest.get((origin.source, origin.partition), -math.inf):
-            newest[(origin.source, origin.partition)] = at
-    for (topic, partition), at in newest.items():
-        STREAM_CLOCK.note_copied(topic, partition, at)
-    return [internal_copy(routed, tags) for routed in batch]
 
 
 def _kafka_dead_letter(error: Any) -> DeadLetter:

@@ -102,7 +102,15 @@ class _ObservedPartition(_KafkaSourcePartition):
         )
         if last is not None:
             self._offset = last + 1  # resume after it, not at it
+            self._note_read(out)
         return out
+
+    def _note_read(self, out: list[Any]) -> None:
+        """Stream time: the batch's newest message is read, not yet served (its partition
+        holds expiry until it is, ``flows.service.stream_clock``)."""
+        item = out[-1] if out else None
+        if type(item) is tuple and item[1].time is not None:
+            STREAM_CLOCK.note_read(self._topic, self._part_idx, item[1].time)
 
     def _converter(self) -> Callable[[Any], Any] | None:
         """How a message becomes an item: None for (bytes, Origin), built in C
@@ -260,6 +268,9 @@ class _InternalPartition(_ObservedPartition):
 
     def _converter(self) -> Callable[[Any], Any] | None:
         return self._read
+
+    def _note_read(self, out: list[Any]) -> None:
+        """Nothing: a copy is served under its input's name, noted when the input was read."""
 
     def snapshot(self) -> dict[str, Any]:
         return {"offset": super().snapshot(), "seen": dict(self._seen)}
