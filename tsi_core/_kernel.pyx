@@ -70,6 +70,72 @@ def log_array(values) -> np.ndarray:
     return np.asarray(v).reshape(np.shape(values))
 
 
+def exp_array(values) -> np.ndarray:
+    """``exp`` of every entry of a float array (a new array).
+
+    >>> exp_array([0.0, float("-inf")]).tolist()
+    [1.0, 0.0]
+    """
+    cdef double[::1] v = np.array(values, dtype=float).ravel()
+    cdef Py_ssize_t i
+    for i in range(v.shape[0]):
+        v[i] = tsi_exp(v[i])
+    return np.asarray(v).reshape(np.shape(values))
+
+
+def sum_last(values) -> np.ndarray:
+    """Sums over the last axis, each added from first to last (numpy's pairwise and SIMD
+    sums change the order, and so the last bits, with the machine).
+
+    >>> sum_last([[1.0, 2.0], [3.0, 4.0]]).tolist()
+    [3.0, 7.0]
+    """
+    cdef Py_ssize_t r, i
+    cdef double total
+    cdef double[:, ::1] v
+    cdef double[::1] o
+    array = np.ascontiguousarray(values, dtype=float)
+    v = array.reshape(-1, array.shape[array.ndim - 1])  # no wraparound in this module
+    out = np.zeros(v.shape[0])
+    o = out
+    for r in range(v.shape[0]):
+        total = 0.0
+        for i in range(v.shape[1]):
+            total = total + v[r, i]
+        o[r] = total
+    return out.reshape(array.shape[:-1])
+
+
+def log_sum_exp(values) -> np.ndarray:
+    """log Σ exp over the last axis in the kernel's arithmetic: the same bits everywhere;
+    -inf where every entry is -inf.
+
+    >>> log_sum_exp([[0.0, 0.0], [float("-inf"), float("-inf")]]).tolist()
+    [0.6931471805599453, -inf]
+    """
+    cdef Py_ssize_t r, i
+    cdef double top, total
+    cdef double[:, ::1] v
+    cdef double[::1] o
+    array = np.ascontiguousarray(values, dtype=float)
+    v = array.reshape(-1, array.shape[array.ndim - 1])  # no wraparound in this module
+    out = np.empty(v.shape[0])
+    o = out
+    for r in range(v.shape[0]):
+        top = -INFINITY
+        for i in range(v.shape[1]):
+            if v[r, i] > top:
+                top = v[r, i]
+        if top == -INFINITY:
+            o[r] = top
+            continue
+        total = 0.0
+        for i in range(v.shape[1]):
+            total = total + tsi_exp(v[r, i] - top)
+        o[r] = tsi_log(total) + top
+    return out.reshape(array.shape[:-1])
+
+
 cdef inline void observe(const double* row, double loss, double q, double p, bint mean,
                          int growth, Step* s) noexcept nogil:
     """Fold one loss (drawn with probability q, weight share p) into the baseline, V/D², D.

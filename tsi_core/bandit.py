@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tsi_core._bandit import MAX_COUNT, BanditCore, unpacked
-from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
+from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table, exp_array
 from tsi_core.competition import Fixed, competition_from_dict
 from tsi_core.structures import Structure, SwitchingWeights
 from tsi_core.ticket import Ticket, TicketError
@@ -229,7 +229,7 @@ class Bandit(BanditCore):
             if weights.size != b._state.size:
                 raise ValueError(f"weights must be {b._state.size} numbers")
             if data["version"] == 1 and isinstance(b.structure, SwitchingWeights):
-                weights = np.exp(weights)  # version 1 kept Switching's log-weights
+                weights = exp_array(weights)  # version 1 kept Switching's log-weights
             problem = b._table.kernel.state_problem(weights)
             if problem is not None:
                 raise ValueError(f"weights: {problem}")

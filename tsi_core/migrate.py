@@ -58,7 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core._kernel import HEAD
+from tsi_core._kernel import HEAD, log_sum_exp, sum_last
+from tsi_core._kernel import log as kernel_log
 from tsi_core.bandit import Bandit, TicketError, configure
 from tsi_core.structures import CumulativeLoss, Structure, Transform
 from tsi_core.ticket import Ticket
@@ -235,16 +236,13 @@ def _check_share(share: Any, n_fresh: int, n_kept: int) -> float | None:
 
 def _lse(x: np.ndarray) -> np.ndarray:
     """log Σ exp over the last axis (-inf where every entry is -inf)."""
-    top = x.max(axis=-1)
-    safe = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(divide="ignore"):
-        return np.log(np.exp(x - safe[..., None]).sum(axis=-1)) + safe
+    return log_sum_exp(np.ascontiguousarray(x))  # the kernel's arithmetic: the same bits
 
 
 def _log_normalise(log_w: np.ndarray) -> np.ndarray:
     """Rows of log-weights to log-probabilities; a row with no weight at all becomes uniform."""
     total = _lse(log_w)[:, None]
-    uniform = np.full_like(log_w, -math.log(log_w.shape[1]))
+    uniform = np.full_like(log_w, -kernel_log(log_w.shape[1]))
     return np.where(np.isfinite(total), log_w - np.where(np.isfinite(total), total, 0.0), uniform)
 
 
@@ -252,7 +250,7 @@ def _context_rows(log_p: np.ndarray, n_new: int) -> np.ndarray:
     """Old log p rows for the new contexts: by index when both classes are contextual, else
     (and for contexts the old class lacks) the mean p over the old contexts."""
     n_old = len(log_p)
-    mean = log_p[0] if n_old == 1 else _lse(log_p.T) - math.log(n_old)
+    mean = log_p[0] if n_old == 1 else _lse(log_p.T) - kernel_log(n_old)
     both = n_old > 1 and n_new > 1
     return np.array([log_p[r] if both and r < n_old else mean for r in range(n_new)])
 
@@ -279,9 +277,9 @@ def _carry(
         log_w = to_log(out[..., kept])
         if share is None:
             finite = np.isfinite(log_w)
-            total = np.where(finite, log_w, 0.0).sum(axis=-1)
+            total = sum_last(np.where(finite, log_w, 0.0))
             value = total / np.maximum(finite.sum(axis=-1), 1)
         else:
-            value = math.log(share / (1.0 - len(fresh) * share)) + _lse(log_w)
+            value = kernel_log(share / (1.0 - len(fresh) * share)) + _lse(log_w)
         out[..., fresh] = from_log(value)[..., None]
     return out

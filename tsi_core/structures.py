@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core._kernel import HEAD, Kernel, log_array
+from tsi_core._kernel import HEAD, Kernel, exp_array, log_array, log_sum_exp
+from tsi_core._kernel import log as kernel_log
 from tsi_core.variant import VARIANTS, Variant
 
 Transform = Callable[[np.ndarray], np.ndarray]
 
 
 def _log(values: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
-        return np.log(values)
+    return log_array(values)  # the kernel's log: the same bits everywhere, log 0 = -inf
 
 
 class Structure:
@@ -74,9 +74,8 @@ def _kernel(structure: Structure, gamma: float, variant: Variant) -> Kernel:
 
 def log_normalise(logw: np.ndarray) -> np.ndarray:
     """Subtract the log-sum-exp over axis 0 (all -inf stays -inf)."""
-    top = logw.max(axis=0)
-    top = np.where(np.isfinite(top), top, 0.0)
-    return logw - (np.log(np.exp(logw - top).sum(axis=0)) + top)
+    total = log_sum_exp(np.ascontiguousarray(logw.T))  # the kernel's arithmetic
+    return logw - np.where(np.isfinite(total), total, 0.0)
 
 
 class CumulativeLoss(Structure):
@@ -104,7 +103,7 @@ class CumulativeLoss(Structure):
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
         """Φ/D = (max log p - log p) / c; a p of 0 becomes the smallest positive float's log."""
-        floored = np.maximum(log_p, math.log(math.ulp(0.0)))
+        floored = np.maximum(log_p, kernel_log(math.ulp(0.0)))
         return (floored.max(axis=1, keepdims=True) - floored) / c
 
 
@@ -125,10 +124,10 @@ class SwitchingWeights(Structure):
         return _log(state)[None, :]
 
     def per_arm_log(self, c: float) -> tuple[Transform, Transform] | None:
-        return _log, np.exp
+        return _log, exp_array
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
-        return np.exp(log_p[0])
+        return exp_array(log_p[0])
 
 
 class MarkovWeights(Structure):
@@ -162,17 +161,16 @@ class MarkovWeights(Structure):
 
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         top = state.max()
-        return _log(np.bincount(self.arm_of, np.exp(state - top), self.n_arms))[None, :]
+        return _log(np.bincount(self.arm_of, exp_array(state - top), self.n_arms))[None, :]
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
         """Each arm's p spread over its classes in proportion to their initial prior (evenly
         where that prior is all 0); an arm with no class loses its mass."""
-        prior = np.exp(self.log_initial)
+        prior = exp_array(self.log_initial)
         mass = np.bincount(self.arm_of, prior, self.n_arms)[self.arm_of]
         count = np.bincount(self.arm_of, minlength=self.n_arms)[self.arm_of]
         within = np.where(mass > 0, prior / np.where(mass > 0, mass, 1.0), 1.0 / count)
-        with np.errstate(divide="ignore"):
-            logw = log_p[0][self.arm_of] + np.log(within)
+        logw = log_p[0][self.arm_of] + _log(within)
         if not np.isfinite(logw).any():
             return self.log_initial.copy()
         return log_normalise(logw[:, None])[:, 0]

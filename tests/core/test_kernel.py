@@ -14,6 +14,7 @@ import pytest
 from tsi_core._kernel import Kernel, Table, exp, log
 
 from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
+from tsi_core.migrate import migrate
 
 SRC = Path(__file__).resolve().parents[2] / "tsi_core" / "_kernel_src"
 getcontext().prec = 50
@@ -111,12 +112,12 @@ GOLDEN = {
 }
 
 
-def run_digest(name: str) -> str:
+def run_digest(name: str, variant: str = "paper") -> str:
     """Inputs from Python's Mersenne Twister (its random() sequence is stable across Python
     versions) and exact float operations only: heavy-tailed losses as ratios of uniforms."""
     rng = random.Random(2026)
     b = Bandit(
-        6, CLASSES[name], instance_id="golden", variant="paper"
+        6, CLASSES[name], instance_id="golden", variant=variant
     )  # 6 arms: Σw's four lanes differ
     digest = hashlib.sha256()
     for _ in range(10_000):
@@ -171,3 +172,68 @@ def test_many_events_in_one_call_equal_one_call_each_even_on_repeated_rows():
     for r, s, loss in zip(rows, singles, losses, strict=True):
         one.update(int(r), 0, s[0], s[1], s[2], float(loss))
     assert np.array_equal(one.rows, many.rows)
+
+
+# Digests of the same 10,000 rounds under `robust` (recorded as GOLDEN above): a named
+# variant keeps its bits whichever variant is the default.
+GOLDEN_ROBUST = {
+    "contextual": "6033699ceebbc80c70aaec9203c27e09c248d75f7576d2af8bdea17b44ebba12",
+    "decaying": "39dbfa10053167c0379b44100f025b20a2ab296a7b35345bb1f7eabc2cb0fa84",
+    "fixed": "c320cc24d58777bf22035bbba99a7942261b3329f87d7a2003c1eb2001d3a94f",
+    "markov": "4e6ca7fc9368f21e00c3934f8a7d60fdfeac56b76cd3c9b10a762755ab57456e",
+    "switching": "23c343cf42e8ef4e6ec94c9097dc07ef77a7bc5e0ceace075904dea79c7d0b60",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_robust_selections_are_the_recorded_bits_on_every_machine(name):
+    assert run_digest(name, "robust") == GOLDEN_ROBUST[name]
+
+
+def migration_digest(name: str) -> str:
+    """2,000 rounds, then arms added, reordered and the class changed (``migrate`` runs
+    log-sum-exps, logs and exps over the weights), then the bits of every context's q."""
+    rng = random.Random(7)
+    b = Bandit(6, CLASSES[name], instance_id="golden", variant="robust", seed=1)
+    for _ in range(2000):
+        ticket = b.select(context=int(rng.random() * 3) if name == "contextual" else None)
+        b.update(ticket, (2.0 * rng.random() - 1.0) / (rng.random() + 1e-12))
+    digest = hashlib.sha256()
+    arm_map = [0, None, 2, 1, None, 3, 4, 5]
+    for share, competition in ((None, None), (0.1, Contextual(3)), (None, Switching(0.01))):
+        moved = migrate(b, arm_map, competition=competition, new_arm_share=share).bandit
+        contexts = range(moved.structure.n_contexts) if moved.structure.n_contexts > 1 else [None]
+        for context in contexts:
+            digest.update(struct.pack(f"<{moved.n_arms}d", *moved.probabilities(context)))
+    return digest.hexdigest()
+
+
+# Digests of migration_digest, recorded on an AMD EPYC (x86-64, gcc 12) like GOLDEN.
+GOLDEN_MIGRATION = {
+    "contextual": "1aa0432dd6cf651a81bd8f91580aa23364a0f55c41e18292402444736758fef9",
+    "decaying": "6705c7125c3b5f0535ac8f014686bce6e492b0e85678daaeae7f996336ebd9d1",
+    "fixed": "7846f876d701cbdf91473f438e43b9aac78085f1d7a72eb790f35dd5d7d4b906",
+    "markov": "81e662ab0bbadfd8a961071bf9992f21f1f10bff7cab167e514db47f867d6a54",
+    "switching": "60849ca8ee31e5a30c356d7af9d1d61a7ddadfd2848446b674e49925a9f858e2",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_migration_gives_the_recorded_bits_on_every_machine(name):
+    assert migration_digest(name) == GOLDEN_MIGRATION[name]
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_migration_never_uses_numpys_or_libms_exp_and_log(name, monkeypatch):
+    """Their last bits differ between machines (SIMD width, libm): only the kernel's."""
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("a machine-dependent exp/log was called")
+
+    for module, names in (
+        (np, ("exp", "log", "log1p", "expm1", "logaddexp")),
+        (math, ("exp", "log")),
+    ):
+        for attribute in names:
+            monkeypatch.setattr(module, attribute, refused)
+    migration_digest(name)
