@@ -172,3 +172,30 @@ def test_a_bad_learner_is_refused_naming_the_value(make, message):
 def test_the_paper_is_still_exactly_the_paper():
     assert VARIANTS["paper"].is_paper and not VARIANTS["bobw"].is_paper
     assert not Variant("x", learner="tsallis").is_paper
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [("robust", "bobw"), ("bobw", "robust"), ("paper", "bobw")]
+)
+@pytest.mark.parametrize("n_contexts", [1, 2])
+def test_a_change_of_learner_keeps_the_arm_distribution(old, new, n_contexts):
+    """Experiments that follow the default move from robust to bobw on their next event:
+    p per context survives the change of learner (to 1e-9), and so do the counters."""
+    from tsi_core import migrate
+
+    competition = Contextual(n_contexts) if n_contexts > 1 else None
+    b = Bandit(4, competition, seed=0, variant=old)
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        ctx = int(rng.integers(n_contexts)) if n_contexts > 1 else None
+        t = b.select(context=ctx)
+        b.update(t, float(rng.standard_t(3.0) + 2.0 * (t.arm != 1)))
+    moved = migrate(b, [0, 1, 2, 3], variant=new).bandit
+    assert moved.variant == VARIANTS[new] and moved.n_updates == b.n_updates
+    for c in range(n_contexts):
+        ctx = c if n_contexts > 1 else None
+        np.testing.assert_allclose(moved.weight_shares(ctx), b.weight_shares(ctx), atol=1e-9)
+    ctx = 0 if n_contexts > 1 else None
+    t = moved.select(context=ctx)
+    moved.update(t, 1.0)  # and it goes on learning
+    assert np.isfinite(moved.probabilities(ctx)).all()
