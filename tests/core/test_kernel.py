@@ -111,12 +111,23 @@ GOLDEN = {
 }
 
 
-def run_digest(name: str) -> str:
+# The same for the bobw variant (issue #39: ½-Tsallis-INF for Fixed and Contextual, robust's
+# round for Switching and Markov), recorded on the same kind of machine.
+GOLDEN_BOBW = {
+    "contextual": "5fe19f84ef6386393e7eed6de76efbd44a7befcb962ac9ad5e14fb4554a25e1f",
+    "decaying": "39dbfa10053167c0379b44100f025b20a2ab296a7b35345bb1f7eabc2cb0fa84",
+    "fixed": "90b9a09199113bbac3c7e96c7c4cd25109d96fdf717ff9d20b24e2f2702575ed",
+    "markov": "4e6ca7fc9368f21e00c3934f8a7d60fdfeac56b76cd3c9b10a762755ab57456e",
+    "switching": "23c343cf42e8ef4e6ec94c9097dc07ef77a7bc5e0ceace075904dea79c7d0b60",
+}
+
+
+def run_digest(name: str, variant: str = "paper") -> str:
     """Inputs from Python's Mersenne Twister (its random() sequence is stable across Python
     versions) and exact float operations only: heavy-tailed losses as ratios of uniforms."""
     rng = random.Random(2026)
     b = Bandit(
-        6, CLASSES[name], instance_id="golden", variant="paper"
+        6, CLASSES[name], instance_id="golden", variant=variant
     )  # 6 arms: Σw's four lanes differ
     digest = hashlib.sha256()
     for _ in range(10_000):
@@ -131,6 +142,11 @@ def run_digest(name: str) -> str:
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_selections_are_the_recorded_bits_on_every_machine(name):
     assert run_digest(name) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_bobw_selections_are_the_recorded_bits_on_every_machine(name):
+    assert run_digest(name, "bobw") == GOLDEN_BOBW[name]
 
 
 def test_the_table_refuses_bad_rows_and_arguments_before_changing_anything():
