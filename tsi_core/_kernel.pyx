@@ -442,9 +442,9 @@ cdef class Kernel:
         Statistics: m (the ψ column) the mean of the losses as cut; D the root mean square
         of the gaps l - m, each cut to [-K·D, K·D] (K = ``TSALLIS_CUT``; the first non-zero
         gap sets D), so one outlier moves D by a bounded factor; S (the VN column) += 1 - q.
-        The estimate of the played arm, in units of D, is (l - m)/(q·D), a negative one
-        kept >= -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is
-        rescaled to the new unit."""
+        The estimate of the played arm, in units of D, is (l - m)/(q·D), kept within
+        ±1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is rescaled
+        to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
         cdef double psi = row[C_PSI]
@@ -490,10 +490,12 @@ cdef class Kernel:
 
     cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
                                       double est) noexcept nogil:
-        """Φ_arm += est, a negative est kept >= -1/(η̃·sqrt(q)) (one step moves q by a
-        bounded factor: the stability condition of Tsallis-INF's analysis)."""
-        cdef double floor = -1.0 / (eta * sqrt(q))
-        state[arm] += est if est > floor else floor
+        """Φ_arm += est, kept within ±1/(η̃·sqrt(q)): one step moves the arm's q by a
+        bounded factor (for a negative est, the stability condition of Tsallis-INF's
+        analysis), and a rounding difference in q changes the next step by at most as much
+        as itself, so maps that round do not grow into other selections."""
+        cdef double cap = 1.0 / (eta * sqrt(q))
+        state[arm] += est if fabs(est) <= cap else copysign(cap, est)
 
     cdef void cumulative_update(self, double* state, int ctx, int64_t arm,
                                        const Step* s) noexcept nogil:

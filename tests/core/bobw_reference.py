@@ -60,4 +60,5 @@ class BobwReference:
         self._add(ctx, arm, u * ratio / q, eta, q)
 
     def _add(self, ctx: int, arm: int, est: float, eta: float, q: float) -> None:
-        self.phi[ctx][arm] += max(est, -1.0 / (eta * math.sqrt(q)))
+        cap = 1.0 / (eta * math.sqrt(q))
+        self.phi[ctx][arm] += max(-cap, min(cap, est))

@@ -114,9 +114,9 @@ GOLDEN = {
 # The same for the bobw variant (issue #39: ½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
-    "contextual": "5fe19f84ef6386393e7eed6de76efbd44a7befcb962ac9ad5e14fb4554a25e1f",
+    "contextual": "2e910a4a740ee20b6eacc3be638ec93ab3d462a3e20044760d4a4f5e31665bd6",
     "decaying": "39dbfa10053167c0379b44100f025b20a2ab296a7b35345bb1f7eabc2cb0fa84",
-    "fixed": "90b9a09199113bbac3c7e96c7c4cd25109d96fdf717ff9d20b24e2f2702575ed",
+    "fixed": "ed396385174aee9e5ef5d9707acbaa878298025332f63b6507211918f6f2b4ca",
     "markov": "4e6ca7fc9368f21e00c3934f8a7d60fdfeac56b76cd3c9b10a762755ab57456e",
     "switching": "23c343cf42e8ef4e6ec94c9097dc07ef77a7bc5e0ceace075904dea79c7d0b60",
 }
