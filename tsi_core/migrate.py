@@ -32,8 +32,11 @@ continues, or None for a new arm; old arms not named are retired.
 * A change of learner (``Variant.learner``: exponential weights and the Tsallis learner of
   ``bobw`` read V, D and the state differently) keeps p per context as above, the baseline
   and the counters. Into the Tsallis learner: S = 0, D = 0 (the next non-zero gap sets it)
-  and Φ/D = (2/sqrt(p) - 2/sqrt(max p))/γ, which gives p back. Out of it: V/D² = 0, D kept
+  and Φ/D = (2/sqrt(p) - 2/sqrt(max p))/η̃, which gives p back. Out of it: V/D² = 0, D kept
   (the RMS of the gaps: the growth bound takes it from there) and Φ/D = -log p/c as above.
+  Within the Tsallis learner any change but none (same class, identity map) is made the
+  same way, S and D kept: p per context follows the rules above (new arms: geometric mean
+  p, or ``new_arm_share``), since the Tsallis p is not a per-arm function of Φ.
 
 Pending tickets follow the arm map (``Migration.tickets``, by round): a ticket of a retired
 arm, or of a context the new class does not have, is no longer pending (None); a context
@@ -160,7 +163,8 @@ def migrate(
     new_id = bandit.instance_id if instance_id is None else instance_id
     new = Bandit(m, competition, gamma, instance_id=new_id, variant=variant)
     old_k, new_k = bandit._table.kernel, new._table.kernel
-    if old_k.tsallis != new_k.tsallis and (old_k.tsallis or new_k.tsallis):
+    unchanged = same_class and sources == list(range(bandit.n_arms))
+    if (old_k.tsallis or new_k.tsallis) and not (old_k.tsallis and new_k.tsallis and unchanged):
         new._row[:HEAD] = bandit._row[:HEAD]
         new._state = _across_learners(bandit, new, sources, share)
     else:
@@ -220,20 +224,24 @@ def _across_learners(
 ) -> np.ndarray:
     """The new state when the learner changes (see the module); sets V (S) and D too."""
     new_s = new.structure
+    keep = bandit._table.kernel.tsallis and new._table.kernel.tsallis  # S and D kept
     if all(s is None for s in sources) or not bandit._d_mant:
-        new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
+        if not keep:
+            new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
         return new_s.initial_state()
     n_old = bandit.structure.n_contexts
     with np.errstate(divide="ignore"):
         old_log_p = np.log([bandit.weight_shares(c if n_old > 1 else None) for c in range(n_old)])
     log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
     log_p = _log_normalise(log_p)
-    new._vn = 0.0
     if new._table.kernel.tsallis:
-        new._d_mant, new._d_exp = 0.0, 0
+        if not keep:
+            new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
+        eta = new.gamma / math.sqrt(1.0 + new._vn)
         floored = np.exp(np.maximum(log_p, math.log(math.ulp(0.0))))
         root = 2.0 / np.sqrt(floored)
-        return (root - root.min(axis=-1, keepdims=True)) / new.gamma
+        return (root - root.min(axis=-1, keepdims=True)) / eta
+    new._vn = 0.0
     return new_s.state_from_log_p(log_p, new._table.kernel.scale(0.0))
 
 

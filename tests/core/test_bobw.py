@@ -199,3 +199,23 @@ def test_a_change_of_learner_keeps_the_arm_distribution(old, new, n_contexts):
     t = moved.select(context=ctx)
     moved.update(t, 1.0)  # and it goes on learning
     assert np.isfinite(moved.probabilities(ctx)).all()
+
+
+def test_migrating_a_bobw_bandit_keeps_p_and_places_a_new_arm_at_its_share():
+    from tsi_core import migrate
+
+    b = Bandit(3, seed=0, variant="bobw")
+    rng = np.random.default_rng(6)
+    for _ in range(400):
+        t = b.select()
+        b.update(t, float(rng.standard_t(3.0) + (t.arm != 2)))
+    same = migrate(b, [0, 1, 2]).bandit
+    assert same.probabilities().tolist() == b.probabilities().tolist()  # exactly
+    grown = migrate(b, [0, 1, 2, None], new_arm_share=0.2).bandit
+    p = grown.weight_shares()
+    assert p[3] == pytest.approx(0.2, abs=1e-9)
+    np.testing.assert_allclose(p[:3] / p[:3].sum(), b.weight_shares(), atol=1e-9)
+    assert (grown.n_updates, grown._vn, grown._d_mant) == (b.n_updates, b._vn, b._d_mant)
+    ctx = migrate(b, [0, 1, 2], competition=Contextual(2)).bandit
+    for c in (0, 1):
+        np.testing.assert_allclose(ctx.weight_shares(c), b.weight_shares(), atol=1e-9)
