@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from arena.lab.baselines import AHB, EpsilonGreedy, Exp3, Exp3IX, Exp3S, TsallisInf
+from arena.lab.baselines import AHB, EpsilonGreedy, Exp3, Exp3IX, Exp3S, ThompsonNIG, TsallisInf
 from arena.peers import INSTALL_HINT, PEERS, Failure, available_peers, missing_peers
 from flows.tools.loss_table import LossTable
 from tsi_core import VARIANTS, Bandit, BatchBandit, Contextual, Fixed, Switching
@@ -167,6 +167,11 @@ def baseline_contenders() -> list[Contender]:
             "ε-greedy (range-free)",
             "baseline",
             lambda env, n, seed: EpsilonGreedy(n, env.shape[1], seed),
+        ),
+        Contender(
+            "Thompson (NIG)",
+            "baseline",
+            lambda env, n, seed: ThompsonNIG(n, env.shape[1], seed),
         ),
     ]
 

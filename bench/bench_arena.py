@@ -115,7 +115,10 @@ def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Pa
         "losses, as a practitioner would; `EXP3 (running min/max)` rescales with the range "
         "seen so far; AHB adapts to the range by design; `ε-greedy (range-free)` plays the "
         "least empirical mean loss with probability 1 − ε_t, ε_t = min(1, 5M/t) (invariant: "
-        "it compares means and never looks at the range). Peers (river, SMPyBandits, Vowpal "
+        "it compares means and never looks at the range); `Thompson (NIG)` samples a "
+        "Student-t mean per arm from a normal-inverse-gamma posterior whose prior variance "
+        "is the pooled variance of the losses seen (affine-invariant; scored by its realised "
+        "losses). Peers (river, SMPyBandits, Vowpal "
         "Wabbit, MABWiser; versions and quirks in `arena/PEERS.md`) get reward = −loss (VW: "
         "cost = loss), their defaults, and the first two transforms only (they loop in "
         "Python per instance).",

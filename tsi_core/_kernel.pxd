@@ -40,6 +40,7 @@ cdef class Kernel:
     cdef readonly bint adaptive       # γ_t = γ·((V + D²)/V)^¼
     cdef readonly double step_cap     # |η·φ| <= step_cap per update (+inf: no cap)
     cdef readonly int growth          # D grows by at most 2^growth per update (-1: no bound)
+    cdef readonly bint tsallis        # cumulative kinds: ½-Tsallis-INF on gaps in units of D
     cdef int kind
     cdef double rate
     cdef int n_classes
@@ -56,6 +57,11 @@ cdef class Kernel:
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil
     cdef double mixing(self, const double* row) noexcept nogil
+    cdef double tsallis_weights(self, const double* row, int ctx, double* w) noexcept nogil
+    cdef void tsallis_update(self, double* row, int ctx, int64_t arm, double q,
+                             double loss) noexcept nogil
+    cdef void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
+                               double est) noexcept nogil
     cdef double policy(self, const double* row, int ctx, double* w, double* scale,
                        double* spread) noexcept nogil
     cdef void select_row(self, double* row, int ctx, double u, int64_t* arm,

@@ -11,7 +11,8 @@ An instance is one row of a float64 table (``Table.rows``, shape (n, width))::
 
     PSI  VN  D_MANT  D_EXP  N_UPDATES  N_ROUNDS  state...
 
-ψ; V/D²; D = D_MANT·2^D_EXP; the counters (exact integers in a double up to 2^53); then
+ψ; V/D² (the Tsallis learner: S = Σ(1 - q) of the updates); D = D_MANT·2^D_EXP (the
+Tsallis learner: the range of the gaps l - baseline, not of φ); the counters (exact integers in a double up to 2^53); then
 the class's state: Φ/D per (context, arm) for Fixed and Contextual, the weights per arm
 normalised to sum 1 (Switching: a fixed share keeps every weight above α/M, no log domain
 needed, and a selection needs no exp), normalised log-weights per class (Markov).
@@ -39,6 +40,10 @@ cdef extern from "_kernel_src/detmath.h":
     double tsi_log(double x) noexcept nogil
 
 PSI, VN, D_MANT, D_EXP, N_UPDATES, N_ROUNDS, HEAD = range(7)
+
+#: the Tsallis learner's cut: a gap l - m counts as at most TSALLIS_CUT·D, D their RMS
+TSALLIS_CUT = 3.0
+cdef double CUT = TSALLIS_CUT
 
 KINDS = {"cumulative": CUMULATIVE, "switching": SWITCHING, "markov": MARKOV}
 
@@ -241,7 +246,7 @@ cdef class Kernel:
     def __init__(self, str kind, int n_arms, int n_contexts=1, double gamma=1.0,
                  rate=None, arm_of=None, src=None, dst=None, log_t=None,
                  log_initial=None, str baseline="min", bint adaptive=False,
-                 step_cap=None, growth=None):
+                 step_cap=None, growth=None, str learner="exp"):
         if kind not in KINDS:
             raise ValueError(f"kernel kind must be one of {sorted(KINDS)}, got {kind!r}")
         if n_arms < 1 or n_contexts < 1 or not (gamma > 0.0 and isfinite(gamma)):
@@ -252,8 +257,11 @@ cdef class Kernel:
             raise ValueError(f"step_cap must be > 0 or None, got {step_cap!r}")
         if growth is not None and not (1 <= growth <= 64):
             raise ValueError(f"growth must be in [1, 64] or None, got {growth!r}")
+        if learner not in ("exp", "tsallis"):
+            raise ValueError(f"learner must be 'exp' or 'tsallis', got {learner!r}")
         self.kind_name = kind
         self.kind = KINDS[kind]
+        self.tsallis = learner == "tsallis" and self.kind == CUMULATIVE
         self.mean_baseline, self.adaptive = baseline == "mean", adaptive
         self.step_cap = INFINITY if step_cap is None else step_cap
         self.growth = -1 if growth is None else growth
@@ -376,6 +384,43 @@ cdef class Kernel:
                 w[self.arm_of[i]] += tsi_exp(state[i] - top)
         return fixed_sum(w, m)
 
+    cdef double tsallis_weights(self, const double* row, int ctx, double* w) noexcept nogil:
+        """½-Tsallis-INF (Zimmert & Seldin 2021): w_i = 4/(y_i - z)² with y_i = η̃·(Φ_i/D -
+        min_j Φ_j/D) >= 0, η̃ = γ/sqrt(1 + S) (S = Σ(1 - q) over the updates so far, the
+        VN column: about t(1 - 1/M) while play stays spread, O(log t) once it settles on
+        one arm; Ito 2021's self-bounding rate) and z < 0 the normaliser
+        (Σw = 1 up to rounding), found by Newton's method from z = -2, where the leader alone
+        has w = 1: Σw(z) is convex and increasing in z, so the iterates fall monotonically
+        to the root. Only +, -, ×, / and sqrt (exact in IEEE arithmetic): the same bits
+        everywhere. Returns Σw (``fixed_sum``)."""
+        cdef Py_ssize_t i, k, m = self.n_arms
+        cdef const double* s = row + C_HEAD + ctx * m
+        cdef double eta = self.gamma / sqrt(row[C_VN] + 1.0)
+        cdef double top = s[0]
+        cdef double z = -2.0
+        cdef double f, g, r, rr, step
+        for i in range(1, m):
+            if s[i] < top:
+                top = s[i]
+        for i in range(m):
+            w[i] = eta * (s[i] - top)
+        for k in range(64):
+            f = -1.0
+            g = 0.0
+            for i in range(m):
+                r = 2.0 / (w[i] - z)
+                rr = r * r
+                f += rr
+                g += rr * r
+            step = f / g
+            z -= step
+            if not (step > 1e-15 * -z):
+                break
+        for i in range(m):
+            r = 2.0 / (w[i] - z)
+            w[i] = r * r
+        return fixed_sum(w, m)
+
     cdef double mixing(self, const double* row) noexcept nogil:
         """ε_t = min(1/2, sqrt(M/t)), t = updates so far + 1."""
         cdef double eps = sqrt(<double>self.n_arms / (row[C_N_UPDATES] + 1.0))
@@ -384,9 +429,15 @@ cdef class Kernel:
     cdef double policy(self, const double* row, int ctx, double* w, double* scale,
                        double* spread) noexcept nogil:
         """Arm weights w into ``w``; q_i = w_i·scale + spread (scale = (1-ε)/Σw,
-        spread = ε/M). Returns Σw."""
-        cdef double total = self.arm_weights(row + C_HEAD, ctx, self.eta_d(row[C_VN]), w)
-        cdef double eps = self.mixing(row)
+        spread = ε/M). Returns Σw. Tsallis-INF: its own weights, no ε-mixing (spread = 0)."""
+        cdef double total, eps
+        if self.tsallis:
+            total = self.tsallis_weights(row, ctx, w)
+            spread[0] = 0.0
+            scale[0] = 1.0 / total
+            return total
+        total = self.arm_weights(row + C_HEAD, ctx, self.eta_d(row[C_VN]), w)
+        eps = self.mixing(row)
         spread[0] = eps / self.n_arms
         scale[0] = (1.0 - eps) / total
         return total
@@ -430,9 +481,12 @@ cdef class Kernel:
         """Observe the loss, update the class's state, then the statistics."""
         cdef Step s
         cdef double n = row[C_N_UPDATES] + 1.0
-        cdef double c
+        cdef double c, floor
+        if self.tsallis:
+            self.tsallis_update(row, ctx, arm, q, loss)
+            return
         observe(row, loss, q, p, self.mean_baseline, self.growth, &s)
-        if self.n_arms > 1:
+        if self.n_arms > 1 and not self.tsallis:
             c = self.eta_d(s.vn)
             if self.adaptive and s.ratio != 0.0:  # η_t/η_{t-1} with γ moving too
                 s.r = s.ratio * (c / self.eta_d(row[C_VN]))
@@ -446,6 +500,68 @@ cdef class Kernel:
                 self.markov_update(row + C_HEAD, arm, &s, c)
         row[C_PSI], row[C_VN], row[C_D_MANT], row[C_D_EXP] = s.psi, s.vn, s.d_mant, s.d_exp
         row[C_N_UPDATES] = n
+
+    cdef void tsallis_update(self, double* row, int ctx, int64_t arm, double q,
+                             double loss) noexcept nogil:
+        """The Tsallis learner's update (``Variant.learner``; VARIANTS.md, "bobw").
+
+        Statistics: m (the ψ column) the mean of the losses as cut; D the root mean square
+        of the gaps l - m, each cut to [-K·D, K·D] (K = ``TSALLIS_CUT``; the first non-zero
+        gap sets D), so one outlier moves D by a bounded factor; S (the VN column) += 1 - q.
+        The estimate of the played arm, in units of D, is (l - m)/(q·D), kept within
+        ±1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is rescaled
+        to the new unit."""
+        cdef Py_ssize_t i
+        cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
+        cdef double psi = row[C_PSI]
+        cdef double d_mant = row[C_D_MANT]
+        cdef int d_exp = <int>row[C_D_EXP]
+        cdef double eta = self.gamma / sqrt(row[C_VN] + 1.0)
+        cdef double g_mant, u, f, ratio
+        cdef int g_exp, e
+        row[C_N_UPDATES] = n + 1.0
+        row[C_VN] = row[C_VN] + (1.0 - q)
+        if n == 0.0:  # the first loss is the mean
+            row[C_PSI] = loss
+            return
+        if isinf(loss - psi):  # beyond float64: halve both operands first
+            g_mant = frexp(loss * 0.5 - psi * 0.5, &g_exp)
+            g_exp += 1
+        else:
+            g_mant = frexp(loss - psi, &g_exp)
+        if d_mant == 0.0:  # the first non-zero gap sets D; nothing was learned before
+            if g_mant == 0.0:
+                return
+            row[C_D_MANT], row[C_D_EXP] = fabs(g_mant), g_exp
+            row[C_PSI] = psi + ldexp(g_mant / (n + 1.0), g_exp)
+            if self.n_arms > 1:
+                self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta,
+                                      copysign(1.0, g_mant) / q)
+            return
+        u = ldexp(g_mant / d_mant, g_exp - d_exp)  # the gap in units of D, then cut
+        if u > CUT:
+            u = CUT
+        elif u < -CUT:
+            u = -CUT
+        f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D, from D'² = D² + (gap² - D²)/n
+        ratio = 1.0 / f
+        row[C_PSI] = psi + ldexp(u * d_mant / (n + 1.0), d_exp)
+        row[C_D_MANT] = frexp(d_mant * f, &e)
+        row[C_D_EXP] = d_exp + e
+        if self.n_arms == 1:
+            return
+        for i in range(self.n_state):
+            row[C_HEAD + i] = row[C_HEAD + i] * ratio
+        self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u * ratio / q)
+
+    cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
+                                      double est) noexcept nogil:
+        """Φ_arm += est, kept within ±1/(η̃·sqrt(q)): one step moves the arm's q by a
+        bounded factor (for a negative est, the stability condition of Tsallis-INF's
+        analysis), and a rounding difference in q changes the next step by at most as much
+        as itself, so maps that round do not grow into other selections."""
+        cdef double cap = 1.0 / (eta * sqrt(q))
+        state[arm] += est if fabs(est) <= cap else copysign(cap, est)
 
     cdef void cumulative_update(self, double* state, int ctx, int64_t arm,
                                        const Step* s) noexcept nogil:
@@ -589,11 +705,14 @@ cdef class Table:
         out = np.empty(self.kernel.n_arms)
         cdef double[::1] view = out
         cdef double* row = self.row(i)
-        cdef double total
+        cdef double total, scale, spread
         cdef Py_ssize_t a
         self.check_context(context)
-        total = self.kernel.arm_weights(row + C_HEAD, <int>context,
-                                        self.kernel.eta_d(row[C_VN]), &view[0])
+        if self.kernel.tsallis:
+            total = self.kernel.policy(row, <int>context, &view[0], &scale, &spread)
+        else:
+            total = self.kernel.arm_weights(row + C_HEAD, <int>context,
+                                            self.kernel.eta_d(row[C_VN]), &view[0])
         for a in range(self.kernel.n_arms):
             view[a] = view[a] / total
         return out

@@ -61,7 +61,9 @@ def configure(
         raise ValueError(f"competition must be a competition class, got {competition!r}")
     structure = _bound(competition, n_arms)
     variant = variant_of(variant)
-    if gamma is None:
+    if gamma is None and variant.learner == "tsallis" and structure.tsallis_capable:
+        gamma = variant.tsallis_scale * math.sqrt(structure.n_contexts)
+    elif gamma is None:
         gamma = default_gamma(competition, n_arms) * variant.gamma_scale
     else:
         gamma = check_gamma(gamma)

@@ -29,6 +29,14 @@ continues, or None for a new arm; old arms not named are retired.
   anyway (η_0 = ∞).
 * A context where no arm keeps any weight, or a map with no kept arm, restarts from the new
   class's initial state (the statistics are still carried).
+* A change of learner (``Variant.learner``: exponential weights and the Tsallis learner of
+  ``bobw`` read V, D and the state differently) keeps p per context as above, the baseline
+  and the counters. Into the Tsallis learner: S = 0, D = 0 (the next non-zero gap sets it)
+  and Φ/D = (2/sqrt(p) - 2/sqrt(max p))/η̃, which gives p back. Out of it: V/D² = 0, D kept
+  (the RMS of the gaps: the growth bound takes it from there) and Φ/D = -log p/c as above.
+  Within the Tsallis learner any change but none (same class, identity map) is made the
+  same way, S and D kept: p per context follows the rules above (new arms: geometric mean
+  p, or ``new_arm_share``), since the Tsallis p is not a per-arm function of Φ.
 
 Pending tickets follow the arm map (``Migration.tickets``, by round): a ticket of a retired
 arm, or of a context the new class does not have, is no longer pending (None); a context
@@ -155,9 +163,15 @@ def migrate(
     )
     new_id = bandit.instance_id if instance_id is None else instance_id
     new = Bandit(m, competition, gamma, instance_id=new_id, variant=variant)
-    c_new = new._table.kernel.scale(bandit._vn)  # η·D of the new bandit
-    new._state = _new_state(bandit, new_s, c_new, sources, share, same_class)
-    new._row[:HEAD] = bandit._row[:HEAD]  # ψ, V/D², D, the counters: the loss stream's
+    old_k, new_k = bandit._table.kernel, new._table.kernel
+    unchanged = same_class and sources == list(range(bandit.n_arms))
+    if (old_k.tsallis or new_k.tsallis) and not (old_k.tsallis and new_k.tsallis and unchanged):
+        new._row[:HEAD] = bandit._row[:HEAD]
+        new._state = _across_learners(bandit, new, sources, share)
+    else:
+        c_new = new_k.scale(bandit._vn)  # η·D of the new bandit
+        new._state = _new_state(bandit, new_s, c_new, sources, share, same_class)
+        new._row[:HEAD] = bandit._row[:HEAD]  # ψ, V/D², D, the counters: the loss stream's
     new.psi = _baseline_state(bandit, variant.baseline)
     new._seed = bandit._seed
     rng = bandit._rng_obj.bit_generator.state if bandit._rng_obj is not None else bandit._rng_state
@@ -204,6 +218,32 @@ def _new_state(
     old_log_p = _log_normalise(old_s.log_weights_one(bandit._state, c_old))
     log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
     return new_s.state_from_log_p(_log_normalise(log_p), c_new)
+
+
+def _across_learners(
+    bandit: Bandit, new: Bandit, sources: list[int | None], share: float | None
+) -> np.ndarray:
+    """The new state when the learner changes (see the module); sets V (S) and D too."""
+    new_s = new.structure
+    keep = bandit._table.kernel.tsallis and new._table.kernel.tsallis  # S and D kept
+    if all(s is None for s in sources) or not bandit._d_mant:
+        if not keep:
+            new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
+        return new_s.initial_state()
+    n_old = bandit.structure.n_contexts
+    with np.errstate(divide="ignore"):
+        old_log_p = np.log([bandit.weight_shares(c if n_old > 1 else None) for c in range(n_old)])
+    log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
+    log_p = _log_normalise(log_p)
+    if new._table.kernel.tsallis:
+        if not keep:
+            new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
+        eta = new.gamma / math.sqrt(1.0 + new._vn)
+        floored = np.exp(np.maximum(log_p, math.log(math.ulp(0.0))))
+        root = 2.0 / np.sqrt(floored)
+        return (root - root.min(axis=-1, keepdims=True)) / eta
+    new._vn = 0.0
+    return new_s.state_from_log_p(log_p, new._table.kernel.scale(0.0))
 
 
 def _check_arm_map(arm_map: Any, n_old: int) -> list[int | None]:

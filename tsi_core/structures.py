@@ -37,6 +37,8 @@ class Structure:
     n_arms: int
     n_contexts: int
     state_shape: tuple[int, ...]
+    #: the Tsallis learner (``Variant.learner``) applies: identity transition
+    tsallis_capable: bool = False
 
     def kernel(self, gamma: float, variant: Variant | None = None) -> Kernel:
         """The compiled round of this class with learning-rate scale ``gamma`` (and the
@@ -84,8 +86,11 @@ class CumulativeLoss(Structure):
     With T = identity the powers η_t/η_{t-1} of the paper's update telescope, so the
     log-weights are exactly -η_t times the cumulative φ of each (context, arm). The state
     keeps that cumulative φ in units of the current range D (``Φ / D``); an update is O(1)
-    unless D grows, when the instance's state is rescaled.
+    unless D grows, when the instance's state is rescaled. With the Tsallis learner the
+    state is the cumulative importance-weighted gap per (context, arm), in units of D.
     """
+
+    tsallis_capable = True
 
     def __init__(self, n_arms: int, n_contexts: int) -> None:
         self.n_arms = n_arms

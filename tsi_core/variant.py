@@ -15,15 +15,21 @@ combination. What each change does to the regret analysis: ``VARIANTS.md``.
   learning rate, or the baseline, for the rest of the run.
 - ``gamma_scale``: the default γ is gamma_scale·sqrt(W) (a γ given explicitly is used as
   it is).
+- ``learner``: "exp" (exponential weights, the paper's update) or "tsallis": for the
+  classes with an identity transition (Fixed, Contextual) the round is ½-Tsallis-INF on
+  importance-weighted gaps l − baseline in units of their range D (no forced exploration);
+  Switching and Markov classes keep the exponential-weights round of the other options.
+- ``tsallis_scale``: the Tsallis learner's rate η̃_t = tsallis_scale·sqrt(C/t) (C the
+  number of contexts) is its default γ (γ given explicitly: η̃_t = γ/sqrt(t)).
 
 >>> variant_of("paper") == Variant()
 True
 >>> variant_of("robust").baseline, variant_of("robust").growth
 ('mean', 1)
->>> variant_of("fast")
+>>> variant_of("fast")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-ValueError: variant must be one of ['adaptive', 'mean', 'paper', 'robust'] or a Variant, got 'fast'
+ValueError: variant must be one of ['adaptive', 'bobw', ...] or a Variant, got 'fast'
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 BASELINES = ("min", "mean")
+LEARNERS = ("exp", "tsallis")
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class Variant:
     step_cap: float | None = None
     growth: int | None = None
     gamma_scale: float = 1.0
+    learner: str = "exp"
+    tsallis_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -61,6 +70,15 @@ class Variant:
         scale = self.gamma_scale
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < 1e300:
             raise ValueError(f"gamma_scale must be a number in (0, 1e300), got {scale!r}")
+        if self.learner not in LEARNERS:
+            raise ValueError(f"learner must be one of {LEARNERS}, got {self.learner!r}")
+        t_scale = self.tsallis_scale
+        if (
+            isinstance(t_scale, bool)
+            or not isinstance(t_scale, int | float)
+            or not (0 < t_scale < 1e300)
+        ):
+            raise ValueError(f"tsallis_scale must be a number in (0, 1e300), got {t_scale!r}")
         growth = self.growth
         if growth is not None and (type(growth) is not int or not 1 <= growth <= 64):
             raise ValueError(f"growth must be an integer in [1, 64] or None, got {growth!r}")
@@ -69,7 +87,8 @@ class Variant:
     def is_paper(self) -> bool:
         """True when this computes exactly the paper's Algorithm 1."""
         changes = (self.baseline, self.adaptive_gamma, self.step_cap, self.growth)
-        return changes == ("min", False, None, None) and self.gamma_scale == 1.0
+        paper = changes == ("min", False, None, None) and self.gamma_scale == 1.0
+        return paper and self.learner == "exp"
 
     def kernel_options(self) -> dict[str, Any]:
         """The compiled round's options (``tsi_core._kernel.Kernel``)."""
@@ -79,6 +98,7 @@ class Variant:
             "adaptive": self.adaptive_gamma,
             "step_cap": cap,
             "growth": self.growth,
+            "learner": self.learner,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,12 +114,26 @@ class Variant:
         return cls(**data)
 
 
+#: the ``bobw`` preset's Tsallis rate constant (chosen on the arena's tuning tables,
+#: ``bench/RESULTS.md``, "best of both worlds")
+TSALLIS_SCALE = 2.0
+
 VARIANTS: dict[str, Variant] = {
     "paper": Variant(),
     "mean": Variant("mean", baseline="mean"),
     "adaptive": Variant("adaptive", adaptive_gamma=True),
     "robust": Variant(
         "robust", baseline="mean", adaptive_gamma=True, step_cap=1.0, growth=1, gamma_scale=0.5
+    ),
+    "bobw": Variant(
+        "bobw",
+        baseline="mean",
+        adaptive_gamma=True,
+        step_cap=1.0,
+        growth=1,
+        gamma_scale=0.5,
+        learner="tsallis",
+        tsallis_scale=TSALLIS_SCALE,
     ),
 }
 

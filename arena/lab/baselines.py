@@ -43,7 +43,16 @@ from tsi_core.bandit import TicketError
 from tsi_core.batch import TicketBatch, checked_losses
 from tsi_core.validate import check_draws, check_int, check_real
 
-__all__ = ["AHB", "Baseline", "EpsilonGreedy", "Exp3", "Exp3IX", "Exp3S", "TsallisInf"]
+__all__ = [
+    "AHB",
+    "Baseline",
+    "EpsilonGreedy",
+    "Exp3",
+    "Exp3IX",
+    "Exp3S",
+    "ThompsonNIG",
+    "TsallisInf",
+]
 
 _BIG = 1e300  # bound on single estimates and cumulative sums: every later sum stays finite
 
@@ -689,3 +698,78 @@ class EpsilonGreedy(Baseline):
         np.minimum(self.low, centred, out=self.low)
         np.maximum(self.high, centred, out=self.high)
         self.counts[arms, idx] += 1
+
+
+# ------------------------------------------------------------- Thompson sampling (NIG)
+class ThompsonNIG(Baseline):
+    """Thompson sampling with a normal-inverse-gamma posterior per arm: affine-invariant.
+
+    Source: the Gaussian model with unknown mean and variance of Honda & Takemura (2014),
+    "Optimality of Thompson sampling for Gaussian bandits depends on priors", AISTATS
+    (posterior of the mean: a Student-t around the sample mean), with the prior's variance
+    taken from the data so that no scale is assumed.
+
+    Per instance, each arm is played once first (unplayed arms in index order). Then, with
+    n_i plays, sample mean x̄_i and centred sum of squares S_i of arm i, and v the variance
+    of every loss the instance has seen (all arms pooled: the prior's scale, so that an arm
+    whose few losses were equal still has a spread):
+        μ̃_i = x̄_i + sqrt(β_i / (α_i·n_i))·t_{2α_i},   α_i = α₀ + n_i/2,
+        β_i = α₀·v + S_i/2,
+    and the arm with the least μ̃ is played (ties to the lowest index). Under
+    l -> a·l + b (a > 0) x̄ moves with the losses and S, v scale by a², so the choices are
+    the same for the same draws. Default α₀ = 1: the prior weighs as two observations of
+    the pooled variance. The distribution of the choice has no closed form:
+    ``probabilities`` raises ``NotImplementedError`` (the arena then scores realised
+    losses) and a ticket's ``probs`` is 1 (the sampled arm), not a propensity.
+    """
+
+    name = "Thompson (NIG)"
+
+    def __init__(
+        self, n_instances: int, n_arms: int, seed: int | None = None, *, alpha0: float = 1.0
+    ) -> None:
+        super().__init__(n_instances, n_arms, seed)
+        self.alpha0 = _check_positive("alpha0", alpha0)
+        shape, n = (self.n_arms, self.n_instances), self.n_instances
+        self.counts = np.zeros(shape)
+        self.means = np.zeros(shape)  # of l − r, r the instance's first loss
+        self.squares = np.zeros(shape)  # S_i (Welford)
+        self.ref = np.zeros(n)
+        self.total = np.zeros(n)  # Σ (l − r), Σ (l − r)² over every arm
+        self.total_sq = np.zeros(n)
+
+    def probabilities(self) -> np.ndarray:
+        raise NotImplementedError("Thompson sampling's choice probabilities have no closed form")
+
+    def _distribution(self) -> tuple[np.ndarray, Any]:
+        m, n = self.n_arms, self.n_instances
+        seen = np.maximum(self.n_updates, 1).astype(float)
+        mean_all = self.total / seen
+        pooled = np.maximum(self.total_sq / seen - mean_all * mean_all, 0.0)
+        alpha = self.alpha0 + self.counts / 2.0
+        beta = self.alpha0 * pooled + self.squares / 2.0
+        played = self.counts > 0
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            spread = np.sqrt(beta / (alpha * np.maximum(self.counts, 1.0)))
+            sample = self.means + spread * self._rng.standard_t(2.0 * alpha, size=(m, n))
+        sample = np.where(played, sample, -math.inf)
+        choice = np.argmin(sample, axis=0)
+        q = np.zeros((m, n))
+        q[choice, np.arange(n)] = 1.0
+        return q, None
+
+    def _learn(self, arms: np.ndarray, probs: np.ndarray, losses: np.ndarray, memo: Any) -> None:
+        idx = np.arange(self.n_instances)
+        first = self.n_updates == 0
+        self.ref[first] = losses[first]
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = _clip(losses - self.ref)
+            self.total = _clip(self.total + x)
+            self.total_sq = _clip(self.total_sq + x * x)
+            n = self.counts[arms, idx] + 1.0
+            d = x - self.means[arms, idx]
+            self.means[arms, idx] += d / n
+            self.squares[arms, idx] = _clip(
+                self.squares[arms, idx] + d * (x - self.means[arms, idx])
+            )
+        self.counts[arms, idx] = n

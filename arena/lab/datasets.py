@@ -26,9 +26,11 @@ from tsi_core.validate import check_int
 __all__ = [
     "DIABETES_FEATURES",
     "DIABETES_RULES",
+    "breast_cancer",
     "diabetes",
     "diabetes_forecasts",
     "digits",
+    "iris",
     "wine",
 ]
 
@@ -76,6 +78,42 @@ def wine(n_rounds: int, seed: int, n_contexts: int = 4) -> LossTable:
     standard = (x - x.mean(axis=0)) / x.std(axis=0)
     clusters = _clusters(standard, n_contexts, seed)
     return supervised(data.target, n_rounds, seed, contexts=clusters, name="wine (k-means ctx)")
+
+
+def iris(n_rounds: int, seed: int, n_contexts: int = 3) -> LossTable:
+    """scikit-learn's bundled iris data (150 flowers, 3 species) as a 3-arm bandit: arm =
+    guessed species, loss 1 if wrong; the context is one of ``n_contexts`` k-means clusters
+    of the standardised measurements (computed once, seeded).
+
+    >>> env = iris(300, seed=0)
+    >>> env.shape, env.n_contexts
+    ((300, 3), 3)
+    """
+    from sklearn.datasets import load_iris
+
+    data = load_iris()
+    x = data.data
+    clusters = _clusters((x - x.mean(axis=0)) / x.std(axis=0), n_contexts, seed)
+    return supervised(data.target, n_rounds, seed, contexts=clusters, name="iris (k-means ctx)")
+
+
+def breast_cancer(n_rounds: int, seed: int, n_contexts: int = 4) -> LossTable:
+    """scikit-learn's bundled breast cancer data (569 tumours, malignant or benign) as a
+    2-arm bandit: arm = guessed diagnosis, loss 1 if wrong; the context is one of
+    ``n_contexts`` k-means clusters of the standardised features (computed once, seeded).
+
+    >>> env = breast_cancer(300, seed=0)
+    >>> env.shape, env.n_contexts
+    ((300, 2), 4)
+    """
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    x = data.data
+    clusters = _clusters((x - x.mean(axis=0)) / x.std(axis=0), n_contexts, seed)
+    return supervised(
+        data.target, n_rounds, seed, contexts=clusters, name="breast cancer (k-means ctx)"
+    )
 
 
 def diabetes_forecasts() -> tuple[np.ndarray, np.ndarray]:

@@ -31,11 +31,13 @@ from tsi_core.validate import check_int, check_int_vector, check_real
 __all__ = [
     "bernoulli",
     "contextual",
+    "delayed_switch",
     "ftl_breaker",
     "gaussian",
     "heavy_tailed",
     "outlier",
     "piecewise_stationary",
+    "spiky",
     "suite",
     "supervised",
 ]
@@ -209,6 +211,49 @@ def ftl_breaker(n_rounds: int, n_arms: int = 2, seed: int = 0) -> LossTable:
     losses[1::2, b] = 1.0
     losses[2::2, a] = 1.0
     return LossTable("ftl_breaker", losses)
+
+
+def delayed_switch(n_rounds: int, n_arms: int = 10, seed: int = 0, at: float = 0.6) -> LossTable:
+    """Bernoulli losses whose best arm turns worst late in the run: a trap for learners
+    that settle on a leader (ε-greedy, Thompson sampling on all-time means).
+
+    Arm a has mean 0.3 until round ``at``·T, then 0.8; arm b has 0.6, then 0.2; the others
+    0.7 throughout (a, b drawn by the seed). With the default ``at`` = 0.6 arm b is the
+    best fixed arm of the whole run (0.44·T against a's 0.5·T). Competitor: best fixed arm.
+
+    >>> env = delayed_switch(1000, 4, seed=0)
+    >>> env.shape, env.kind
+    ((1000, 4), 'fixed')
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    at = check_real("at", at, 0.0, 1.0)
+    rng = np.random.default_rng(seed)
+    a, b = (int(x) for x in rng.choice(n_arms, size=2, replace=False))
+    cut = int(at * n_rounds)
+    means = np.full((n_rounds, n_arms), 0.7)
+    means[:cut, a], means[cut:, a] = 0.3, 0.8
+    means[:cut, b], means[cut:, b] = 0.6, 0.2
+    return LossTable("delayed_switch", (rng.random((n_rounds, n_arms)) < means).astype(float))
+
+
+def spiky(
+    n_rounds: int, n_arms: int = 10, seed: int = 0, rate: float = 0.01, height: float = 50.0
+) -> LossTable:
+    """A ``bernoulli`` table where each (round, arm) loses ``height`` more with probability
+    ``rate``: rare, arm-specific spikes 50 ranges high that move the empirical means (and
+    any running range) of whichever arm they hit. Competitor: best fixed arm.
+
+    >>> env = spiky(1000, 3, seed=0)
+    >>> bool(env.losses.max() > 50.0), env.kind
+    (True, 'fixed')
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    rate = check_real("rate", rate, 0.0, 1.0)
+    height = check_real("height", height, 0.0, 1e300)
+    losses = np.array(bernoulli(n_rounds, n_arms, seed).losses)
+    rng = np.random.default_rng([seed, 1])
+    losses += height * (rng.random(losses.shape) < rate)
+    return LossTable("spiky", losses)
 
 
 def follow_the_leader_loss(losses: np.ndarray) -> float:

@@ -1,0 +1,305 @@
+"""The ``bobw`` variant against the stochastic baselines and the paper: the issue #39 figures.
+
+    .venv/bin/python bench/bench_bobw.py                  # every part, 10 seeds, T = 10^4
+    .venv/bin/python bench/bench_bobw.py --part tuning --scales 1 2 4 8
+    .venv/bin/python bench/bench_bobw.py --quick          # smoke run
+
+Parts: ``tuning`` (the tables that chose ``TSALLIS_SCALE``, with the scales to compare),
+``held-out`` (stationary and adversarial tables the constants never saw), ``growth``
+(regret at T = 10^5 against 10^4), ``users`` (many short per-user bandits), ``speed``.
+Regret is in the losses' own units, mean over seeds (± standard error), against the
+environment's competitor; tsi and every baseline scored by q·l where exposed (Thompson
+sampling by its realised losses). Writes ``--out`` (markdown) and ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from arena.lab.baselines import EpsilonGreedy, ThompsonNIG
+from arena.lab.datasets import breast_cancer, diabetes, diabetes_forecasts, digits, iris, wine
+from arena.lab.environments import (
+    bernoulli,
+    contextual,
+    delayed_switch,
+    ftl_breaker,
+    gaussian,
+    heavy_tailed,
+    outlier,
+    piecewise_stationary,
+    spiky,
+)
+from arena.runner import Contender, _tsi_fixed, _tsi_matched, play, single_instance_speed
+from flows.tools.loss_table import LossTable
+from tsi_core import VARIANTS, BatchBandit
+
+BASELINES = ("Thompson (NIG)", "ε-greedy (range-free)")
+
+
+def log(message: str) -> None:
+    print(f"[bobw {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def tuning_tables(t: int) -> list[LossTable]:
+    """The tables that chose the constants (seed 1; the held-out ones use other seeds and
+    other families)."""
+    return [
+        bernoulli(t, 10, 1),
+        gaussian(t, 10, 1),
+        heavy_tailed(t, 10, 1),
+        contextual(t, 10, 4, 1),
+        ftl_breaker(t, 2, 1),
+    ]
+
+
+def held_out_stationary(t: int) -> list[LossTable]:
+    return [
+        bernoulli(t, 10, 7),
+        heavy_tailed(t, 10, 7),
+        outlier(t, 10, 7),
+        digits(t, 7),
+        wine(t, 7),
+        diabetes(t, 7),
+        iris(t, 7),
+        breast_cancer(t, 7),
+    ]
+
+
+def held_out_adversarial(t: int) -> list[LossTable]:
+    return [
+        ftl_breaker(t, 2, 7),
+        delayed_switch(t, 10, 7),
+        spiky(t, 10, 7),
+        piecewise_stationary(t, 10, 4, 7),
+    ]
+
+
+def tsi(variant: Any, kind: str, label: str) -> Contender:
+    build = _tsi_fixed if kind == "fixed" else _tsi_matched
+    return Contender(
+        label, "tsi", partial(build, variant=variant), contextual=kind != "fixed", variant=None
+    )
+
+
+def contenders(scales: list[float] | None = None) -> list[Contender]:
+    out = [
+        tsi("paper", "matched", "paper"),
+        tsi("robust", "matched", "robust"),
+        tsi("adaptive", "matched", "adaptive"),
+        tsi("bobw", "matched", "bobw"),
+    ]
+    for s in scales or ():
+        v = replace(VARIANTS["bobw"], name=f"bobw c={s:g}", tsallis_scale=float(s))
+        out.append(tsi(v, "matched", f"bobw c={s:g}"))
+    out += [
+        Contender(
+            BASELINES[0], "baseline", lambda env, n, seed: ThompsonNIG(n, env.shape[1], seed)
+        ),
+        Contender(
+            BASELINES[1], "baseline", lambda env, n, seed: EpsilonGreedy(n, env.shape[1], seed)
+        ),
+    ]
+    return out
+
+
+def run_tables(tables: list[LossTable], players: list[Contender], seeds: int) -> list[dict]:
+    rows = []
+    for env in tables:
+        row: dict[str, Any] = {"table": env.name, "T": env.shape[0], "M": env.shape[1]}
+        for c in players:
+            out = play(env, c, seeds, seed=0)
+            row[c.name] = (
+                float(out.regret.mean()),
+                float(out.regret.std(ddof=1) / math.sqrt(seeds)),
+            )
+            log(f"{env.name}: {c.name} {row[c.name][0]:.1f}")
+        if env.name == "piecewise_stationary":  # bobw's Fixed class beside its Switching class
+            out = play(env, tsi("bobw", "fixed", "bobw (fixed)"), seeds, seed=0)
+            row["bobw (fixed)"] = (
+                float(out.regret.mean()),
+                float(out.regret.std(ddof=1) / math.sqrt(seeds)),
+            )
+        rows.append(row)
+    return rows
+
+
+def table_markdown(rows: list[dict], names: list[str]) -> str:
+    head = "| table | " + " | ".join(names) + " | bobw / best baseline |"
+    lines = [head, "|---|" + "---:|" * (len(names) + 1)]
+    for row in rows:
+        best = min(row[b][0] for b in BASELINES if b in row)
+        cells = [f"{row[n][0]:,.1f} ± {row[n][1]:,.1f}" if n in row else "" for n in names]
+        ratio = row["bobw"][0] / best if best > 0 else float("nan")
+        lines.append(f"| {row['table']} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def growth(seeds: int, short: int, long: int) -> dict:
+    """Regret at T = long against T = short on a held-out Bernoulli table."""
+    out = {}
+    for name, c in (
+        ("bobw", tsi("bobw", "fixed", "bobw")),
+        ("robust", tsi("robust", "fixed", "robust")),
+        (BASELINES[0], contenders()[-2]),
+    ):
+        figures = []
+        for t in (short, long):
+            env = bernoulli(t, 10, 11)
+            figures.append(float(play(env, c, seeds, seed=0).regret.mean()))
+            log(f"growth {name} T={t}: {figures[-1]:.1f}")
+        out[name] = figures
+    return out
+
+
+def user_tables(kind: str, n_users: int, rounds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(losses (T, N, M), expected losses (T, N, M)) of ``n_users`` short bandits.
+
+    "diabetes": each user is ``rounds`` patients drawn from the diabetes data, the arms the
+    ten forecasting rules (loss = absolute error; expected = realised). "bernoulli": each
+    user has 10 arms with means uniform in [0, 1] (expected = the means)."""
+    rng = np.random.default_rng(seed)
+    if kind == "diabetes":
+        forecasts, targets = diabetes_forecasts()
+        rows = rng.integers(len(targets), size=(rounds, n_users))
+        losses = np.abs(forecasts[rows] - targets[rows][..., None])
+        return losses, losses
+    means = rng.random((n_users, 10))
+    losses = (rng.random((rounds, n_users, 10)) < means[None]).astype(float)
+    return losses, np.broadcast_to(means[None], losses.shape)
+
+
+def per_user(kind: str, n_users: int, rounds: int, seed: int) -> dict:
+    """Regret per user against its best fixed arm (in expectation), as a fraction of
+    uniform play's, for bobw, robust and the two baselines; and the share of users where
+    bobw does worse than uniform play."""
+    losses, expected = user_tables(kind, n_users, rounds, seed)
+    t_rounds, n, m = losses.shape
+    best = expected.sum(axis=0).min(axis=1)
+    uniform = expected.mean(axis=2).sum(axis=0) - best
+    idx = np.arange(n)
+    out: dict[str, Any] = {"users": n, "rounds": rounds, "arms": m}
+    players = {
+        "bobw": BatchBandit(n, m, seed=seed, variant="bobw"),
+        "robust": BatchBandit(n, m, seed=seed, variant="robust"),
+        BASELINES[0]: ThompsonNIG(n, m, seed),
+        BASELINES[1]: EpsilonGreedy(n, m, seed),
+    }
+    for name, policy in players.items():
+        total = np.zeros(n)
+        for t in range(t_rounds):
+            tickets = policy.select()
+            arms = np.asarray(tickets.arms)
+            total += expected[t, idx, arms]
+            policy.update(tickets, losses[t, idx, arms])
+        regret = total - best
+        out[name] = {
+            "regret": float(regret.mean()),
+            "of_uniform": float(regret.sum() / uniform.sum()),
+            "worse_than_uniform": float((regret > uniform).mean()),
+        }
+        log(f"users {kind}: {name} {out[name]}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--part", nargs="*", default=["tuning", "held-out", "growth", "users", "speed"]
+    )
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=10_000)
+    parser.add_argument("--scales", type=float, nargs="*", default=[])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    t = 1000 if args.quick else args.rounds
+    seeds = 3 if args.quick else args.seeds
+    results: dict[str, Any] = {
+        "command": shlex.join(["python", "bench/bench_bobw.py", *sys.argv[1:]])
+    }
+    text = [f"Reproduce: `{results['command']}`; T = {t:,}, {seeds} seeds per cell.", ""]
+    names = ["paper", "robust", "adaptive", "bobw", *BASELINES]
+    if "tuning" in args.part:
+        players = contenders(args.scales)
+        rows = run_tables(tuning_tables(t), players, seeds)
+        results["tuning"] = rows
+        text += [
+            "### Tuning tables (chose the constants)",
+            "",
+            table_markdown(rows, [c.name for c in players]),
+            "",
+        ]
+    if "held-out" in args.part:
+        players = contenders()
+        rows = run_tables(held_out_stationary(t), players, seeds)
+        results["held_out_stationary"] = rows
+        text += ["### Held-out stationary tables", "", table_markdown(rows, names), ""]
+        ratios = [r["bobw"][0] / min(r[b][0] for b in BASELINES) for r in rows]
+        results["stationary_ratios"] = ratios
+        geo = math.exp(sum(math.log(max(x, 1e-9)) for x in ratios) / len(ratios))
+        text += [f"bobw / best baseline: max {max(ratios):.2f}, geometric mean {geo:.2f}", ""]
+        rows = run_tables(held_out_adversarial(t), players, seeds)
+        results["held_out_adversarial"] = rows
+        text += [
+            "### Held-out adversarial tables",
+            "",
+            table_markdown(rows, [*names, "bobw (fixed)"]),
+            "",
+        ]
+    if "growth" in args.part:
+        g = growth(seeds, t, 10 * t)
+        results["growth"] = g
+        text += ["### Growth: regret at 10·T against T (Bernoulli, held-out seed)", ""]
+        text += [f"- {k}: {a:.1f} → {b:.1f} (×{b / a:.2f})" for k, (a, b) in g.items()] + [""]
+    if "users" in args.part:
+        n_users = 100 if args.quick else 1000
+        u = {
+            "diabetes": per_user("diabetes", n_users, 50, 5),
+            "bernoulli": per_user("bernoulli", n_users, 200, 5),
+        }
+        results["users"] = u
+        text += ["### Per-user bandits (regret as a share of uniform play's)", ""]
+        for kind, figures in u.items():
+            text += [
+                f"- {kind}, {figures['users']} users × {figures['rounds']} rounds: "
+                + "; ".join(
+                    f"{k} {v['of_uniform']:.3f} "
+                    f"(worse than uniform: {100 * v['worse_than_uniform']:.0f}%)"
+                    for k, v in figures.items()
+                    if isinstance(v, dict)
+                )
+            ]
+        text += [""]
+    if "speed" in args.part:
+        speeds = {}
+        for name in ("robust", "bobw"):
+            c = Contender(name, "tsi", None, variant=name)
+            for m in (10, 1000):
+                speeds[f"{name} M={m}"] = single_instance_speed(
+                    c, m, 2000 if m == 10 else 300, repeats=5
+                ).rounds_per_s
+        results["speed"] = speeds
+        text += ["### Speed: one instance, rounds per second (median of 5)", ""]
+        text += [f"- {k}: {v:,.0f}" for k, v in speeds.items()] + [""]
+    body = "\n".join(text)
+    print(body)
+    if args.out:
+        args.out.write_text(body + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""A direct Python transcription of the ``bobw`` variant's round for Fixed and Contextual
+(VARIANTS.md, "bobw"): the test oracle the compiled kernel is compared with. Plain floats
+and math.sqrt, no mantissa/exponent bookkeeping, D kept as a number: it agrees with the
+kernel to rounding, not bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+CUT = 3.0
+
+
+class BobwReference:
+    """½-Tsallis-INF on mean-centred importance-weighted gaps in units of their RMS."""
+
+    def __init__(self, n_arms: int, n_contexts: int = 1, scale: float = 2.0) -> None:
+        self.m, self.c = n_arms, n_contexts
+        self.gamma = scale * math.sqrt(n_contexts)
+        self.phi = [[0.0] * n_arms for _ in range(n_contexts)]  # Σ estimates, units of D
+        self.mean, self.d, self.s, self.n = 0.0, 0.0, 0.0, 0
+
+    def eta(self) -> float:
+        return self.gamma / math.sqrt(1.0 + self.s)
+
+    def probabilities(self, ctx: int = 0) -> list[float]:
+        """q_i = 4/(y_i − z)², y_i = η̃(Φ_i − min Φ), Σq = 1 (bisection, not Newton)."""
+        eta, phi = self.eta(), self.phi[ctx]
+        y = [eta * (v - min(phi)) for v in phi]
+        lo, hi = -2.0 * math.sqrt(self.m) - 1.0, -2.0  # Σq(lo) < 1 <= Σq(hi)
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if sum(4.0 / (v - mid) ** 2 for v in y) > 1.0:
+                hi = mid
+            else:
+                lo = mid
+        w = [4.0 / (v - hi) ** 2 for v in y]
+        return [x / sum(w) for x in w]
+
+    def update(self, ctx: int, arm: int, q: float, loss: float) -> None:
+        eta = self.eta()
+        self.s += 1.0 - q
+        n, self.n = self.n, self.n + 1
+        if n == 0:
+            self.mean = loss
+            return
+        gap = loss - self.mean
+        if self.d == 0.0:
+            if gap == 0.0:
+                return
+            self.d = abs(gap)
+            self.mean += gap / (n + 1)
+            self._add(ctx, arm, math.copysign(1.0, gap) / q, eta, q)
+            return
+        u = max(-CUT, min(CUT, gap / self.d))
+        new_d = self.d * math.sqrt(1.0 + (u * u - 1.0) / n)
+        ratio = self.d / new_d
+        self.mean += u * self.d / (n + 1)
+        self.d = new_d
+        self.phi = [[v * ratio for v in row] for row in self.phi]
+        self._add(ctx, arm, u * ratio / q, eta, q)
+
+    def _add(self, ctx: int, arm: int, est: float, eta: float, q: float) -> None:
+        cap = 1.0 / (eta * math.sqrt(q))
+        self.phi[ctx][arm] += max(-cap, min(cap, est))
