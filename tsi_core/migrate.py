@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core._kernel import HEAD, log_sum_exp, sum_last
+from tsi_core._kernel import HEAD, exp_array, log_array, log_sum_exp, sum_last
 from tsi_core._kernel import log as kernel_log
 from tsi_core.bandit import Bandit, TicketError, configure
 from tsi_core.structures import CumulativeLoss, Structure, Transform
@@ -231,15 +231,14 @@ def _across_learners(
             new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
         return new_s.initial_state()
     n_old = bandit.structure.n_contexts
-    with np.errstate(divide="ignore"):
-        old_log_p = np.log([bandit.weight_shares(c if n_old > 1 else None) for c in range(n_old)])
+    old_log_p = log_array([bandit.weight_shares(c if n_old > 1 else None) for c in range(n_old)])
     log_p = _carry(_context_rows(old_log_p, new_s.n_contexts), sources, _same, _same, share)
     log_p = _log_normalise(log_p)
     if new._table.kernel.tsallis:
         if not keep:
             new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
         eta = new.gamma / math.sqrt(1.0 + new._vn)
-        floored = np.exp(np.maximum(log_p, math.log(math.ulp(0.0))))
+        floored = exp_array(np.maximum(log_p, kernel_log(math.ulp(0.0))))
         root = 2.0 / np.sqrt(floored)
         return (root - root.min(axis=-1, keepdims=True)) / eta
     new._vn = 0.0

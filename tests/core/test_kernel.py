@@ -206,11 +206,11 @@ def test_robust_selections_are_the_recorded_bits_on_every_machine(name):
     assert run_digest(name, "robust") == GOLDEN_ROBUST[name]
 
 
-def migration_digest(name: str) -> str:
+def migration_digest(name: str, variant: str = "robust") -> str:
     """2,000 rounds, then arms added, reordered and the class changed (``migrate`` runs
     log-sum-exps, logs and exps over the weights), then the bits of every context's q."""
     rng = random.Random(7)
-    b = Bandit(6, CLASSES[name], instance_id="golden", variant="robust", seed=1)
+    b = Bandit(6, CLASSES[name], instance_id="golden", variant=variant, seed=1)
     for _ in range(2000):
         ticket = b.select(context=int(rng.random() * 3) if name == "contextual" else None)
         b.update(ticket, (2.0 * rng.random() - 1.0) / (rng.random() + 1e-12))
@@ -239,8 +239,9 @@ def test_migration_gives_the_recorded_bits_on_every_machine(name):
     assert migration_digest(name) == GOLDEN_MIGRATION[name]
 
 
+@pytest.mark.parametrize("variant", ["robust", "bobw"])
 @pytest.mark.parametrize("name", sorted(CLASSES))
-def test_migration_never_uses_numpys_or_libms_exp_and_log(name, monkeypatch):
+def test_migration_never_uses_numpys_or_libms_exp_and_log(name, variant, monkeypatch):
     """Their last bits differ between machines (SIMD width, libm): only the kernel's."""
 
     def refused(*_args, **_kwargs):
@@ -252,4 +253,4 @@ def test_migration_never_uses_numpys_or_libms_exp_and_log(name, monkeypatch):
     ):
         for attribute in names:
             monkeypatch.setattr(module, attribute, refused)
-    migration_digest(name)
+    migration_digest(name, variant)
