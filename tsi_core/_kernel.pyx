@@ -66,13 +66,21 @@ def log(double x) -> float:
     return tsi_log(x)
 
 
-def log_array(values) -> np.ndarray:
-    """``log`` of every entry of a float array (a new array)."""
+ctypedef double (*Unary)(double) noexcept nogil
+
+
+cdef object _each(values, Unary f):
+    """``f`` of every entry of a float array (a new array of the same shape)."""
     cdef double[::1] v = np.array(values, dtype=float).ravel()
     cdef Py_ssize_t i
     for i in range(v.shape[0]):
-        v[i] = tsi_log(v[i])
+        v[i] = f(v[i])
     return np.asarray(v).reshape(np.shape(values))
+
+
+def log_array(values) -> np.ndarray:
+    """``log`` of every entry of a float array (a new array)."""
+    return _each(values, tsi_log)
 
 
 def exp_array(values) -> np.ndarray:
@@ -81,11 +89,7 @@ def exp_array(values) -> np.ndarray:
     >>> exp_array([0.0, float("-inf")]).tolist()
     [1.0, 0.0]
     """
-    cdef double[::1] v = np.array(values, dtype=float).ravel()
-    cdef Py_ssize_t i
-    for i in range(v.shape[0]):
-        v[i] = tsi_exp(v[i])
-    return np.asarray(v).reshape(np.shape(values))
+    return _each(values, tsi_exp)
 
 
 def sum_last(values) -> np.ndarray:

@@ -27,10 +27,6 @@ from tsi_core.variant import VARIANTS, Variant
 Transform = Callable[[np.ndarray], np.ndarray]
 
 
-def _log(values: np.ndarray) -> np.ndarray:
-    return log_array(values)  # the kernel's log: the same bits everywhere, log 0 = -inf
-
-
 class Structure:
     """What a bound competition class provides to the bandit engines."""
 
@@ -126,10 +122,10 @@ class SwitchingWeights(Structure):
         return {"kind": "switching", "rate": self.rate}
 
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
-        return _log(state)[None, :]
+        return log_array(state)[None, :]
 
     def per_arm_log(self, c: float) -> tuple[Transform, Transform] | None:
-        return _log, exp_array
+        return log_array, exp_array
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
         return exp_array(log_p[0])
@@ -166,7 +162,7 @@ class MarkovWeights(Structure):
 
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         top = state.max()
-        return _log(np.bincount(self.arm_of, exp_array(state - top), self.n_arms))[None, :]
+        return log_array(np.bincount(self.arm_of, exp_array(state - top), self.n_arms))[None, :]
 
     def state_from_log_p(self, log_p: np.ndarray, c: float) -> np.ndarray:
         """Each arm's p spread over its classes in proportion to their initial prior (evenly
@@ -175,7 +171,7 @@ class MarkovWeights(Structure):
         mass = np.bincount(self.arm_of, prior, self.n_arms)[self.arm_of]
         count = np.bincount(self.arm_of, minlength=self.n_arms)[self.arm_of]
         within = np.where(mass > 0, prior / np.where(mass > 0, mass, 1.0), 1.0 / count)
-        logw = log_p[0][self.arm_of] + _log(within)
+        logw = log_p[0][self.arm_of] + log_array(within)
         if not np.isfinite(logw).any():
             return self.log_initial.copy()
         return log_normalise(logw[:, None])[:, 0]
