@@ -122,8 +122,19 @@ class StreamClock:
 
     def now(self) -> float:
         """The time the stream has reached."""
+        return self._reach()[0]
+
+    def holding(self) -> Hold | None:
+        """What holds the stream time back now, or None when it is the wall clock."""
+        reached, holding = self._reach()
+        if not holding:
+            return None
+        return Hold(tuple(holding), reached, self._reached[1])
+
+    def _reach(self) -> tuple[float, list[tuple[str, int, str]]]:
+        """The stream time and what holds it back (noting when it last moved)."""
         if not self._known:  # no source has started: nothing can be said yet
-            return -math.inf
+            return -math.inf, []
         wall = self._wall()
         holding = self._holding(wall)
         reached = (
@@ -131,15 +142,7 @@ class StreamClock:
         )
         if reached > self._reached[0]:
             self._reached = (reached, wall)
-        return reached
-
-    def holding(self) -> Hold | None:
-        """What holds the stream time back now, or None when it is the wall clock."""
-        now = self.now()
-        holding = self._holding(self._wall())
-        if not holding:
-            return None
-        return Hold(tuple(holding), now, self._reached[1])
+        return reached, holding
 
     def _holding(self, wall: float) -> list[tuple[str, int, str]]:
         with self._lock:
