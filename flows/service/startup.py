@@ -54,31 +54,12 @@ class StartupError(Exception):
 
 def prepare(options: Settings) -> Service:
     """The service, once every check passed (``StartupError`` otherwise)."""
-    if options.fresh and options.rebuild:
-        raise StartupError(
-            "--fresh (state starts empty, the input resumes from the group's offsets) and "
-            "--rebuild (the state is rebuilt from the inputs' start) contradict each other"
-        )
-    if (options.recovery_dir is None) == (not options.no_recovery):
-        raise StartupError(
-            "give --recovery-dir DIR (state and offsets survive restarts) or --no-recovery "
-            "(state starts empty at every start; input resumes from the consumer group's "
-            "committed offsets, else the end of the topics)"
-        )
+    check_recovery_options(options)
     try:  # the checks that need no broker first
         guards = options.guards()
         consumer, producer = client_config(options.kafka_config)
         registry = LiveRegistry(Registry.load(options.registry), options.registry)
-        parts = None
-        if options.recovery_dir is not None:
-            if options.rebuild and not is_empty(options.recovery_dir):
-                raise StartupError(
-                    f"--rebuild starts from an empty recovery directory, and "
-                    f"{options.recovery_dir} is not: move it aside first ({REBUILD_HINT})"
-                )
-            parts = check_recovery_dir(options.recovery_dir, options.processes)
-            check_shard_layout(options.recovery_dir)
-            seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
+        parts = None if options.recovery_dir is None else check_store(options)
         inputs, outputs = service_topics(options.topics)
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
@@ -113,6 +94,35 @@ def prepare(options: Settings) -> Service:
         options.group_id,
         guards,
     )
+
+
+def check_recovery_options(options: Settings) -> None:
+    """Refuse recovery options that contradict each other (``StartupError``)."""
+    if options.fresh and options.rebuild:
+        raise StartupError(
+            "--fresh (state starts empty, the input resumes from the group's offsets) and "
+            "--rebuild (the state is rebuilt from the inputs' start) contradict each other"
+        )
+    if (options.recovery_dir is None) == (not options.no_recovery):
+        raise StartupError(
+            "give --recovery-dir DIR (state and offsets survive restarts) or --no-recovery "
+            "(state starts empty at every start; input resumes from the consumer group's "
+            "committed offsets, else the end of the topics)"
+        )
+
+
+def check_store(options: Settings) -> list[Path]:
+    """The recovery directory's partitions, once it is fit to serve from (checks that
+    need no broker; ``StartupError`` or ``ConfigError`` otherwise)."""
+    if options.rebuild and not is_empty(options.recovery_dir):
+        raise StartupError(
+            f"--rebuild starts from an empty recovery directory, and "
+            f"{options.recovery_dir} is not: move it aside first ({REBUILD_HINT})"
+        )
+    parts = check_recovery_dir(options.recovery_dir, options.processes)
+    check_shard_layout(options.recovery_dir)
+    seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
+    return parts
 
 
 def check_no_silent_reset(
