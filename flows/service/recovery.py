@@ -315,18 +315,7 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
         raise ConfigError(f"recovery directory {directory} exists but is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ConfigError(f"recovery directory {directory} is not writable by this user")
-    parts: dict[int, Path] = {}
-    for entry in sorted(directory.iterdir()):
-        if (entry.name == SHARD_STORE and entry.is_dir()) or is_lock_file(entry):
-            continue
-        match = PARTITION_FILE.fullmatch(entry.name)
-        if match is None or not entry.is_file():
-            raise ConfigError(
-                f"recovery directory {directory} holds {entry.name!r}, which is not a Bytewax "
-                "recovery partition (part-N.sqlite3); give the service a directory of its own"
-            )
-        if match.group(2) is None:
-            parts[int(match.group(1))] = entry
+    parts = _partition_files(directory)
     counts = {index: _partition_count(file, index) for index, file in parts.items()}
     if len(set(counts.values())) > 1:
         found = ", ".join(f"{parts[i].name} of {n}" for i, n in sorted(counts.items()))
@@ -358,6 +347,24 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
             "(README, 'Another number of processes')"
         )
     return [parts[i] for i in sorted(parts)]
+
+
+def _partition_files(directory: Path) -> dict[int, Path]:
+    """{index: file} of the Bytewax partitions in ``directory``; `ConfigError` for an
+    entry that is neither one (with its -wal/-shm files), the shards' folder nor a lock."""
+    parts: dict[int, Path] = {}
+    for entry in sorted(directory.iterdir()):
+        if (entry.name == SHARD_STORE and entry.is_dir()) or is_lock_file(entry):
+            continue
+        match = PARTITION_FILE.fullmatch(entry.name)
+        if match is None or not entry.is_file():
+            raise ConfigError(
+                f"recovery directory {directory} holds {entry.name!r}, which is not a Bytewax "
+                "recovery partition (part-N.sqlite3); give the service a directory of its own"
+            )
+        if match.group(2) is None:
+            parts[int(match.group(1))] = entry
+    return parts
 
 
 def _check_creatable(directory: Path) -> None:
