@@ -212,6 +212,77 @@ def per_user(kind: str, n_users: int, rounds: int, seed: int) -> dict:
     return out
 
 
+def tuning_part(t: int, seeds: int, scales: list[float]) -> tuple[dict[str, Any], list[str]]:
+    """The tables that chose the constants, with each rate scale of ``scales``."""
+    players = contenders(scales)
+    rows = run_tables(tuning_tables(t), players, seeds)
+    text = ["### Tuning tables (chose the constants)", ""]
+    return {"tuning": rows}, [*text, table_markdown(rows, [c.name for c in players]), ""]
+
+
+def held_out_part(t: int, seeds: int, names: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The held-out stationary and adversarial tables, and bobw's ratios to the best
+    baseline on the stationary ones."""
+    players = contenders()
+    rows = run_tables(held_out_stationary(t), players, seeds)
+    ratios = [r["bobw"][0] / min(r[b][0] for b in BASELINES) for r in rows]
+    geo = math.exp(sum(math.log(max(x, 1e-9)) for x in ratios) / len(ratios))
+    adversarial = run_tables(held_out_adversarial(t), players, seeds)
+    text = [
+        "### Held-out stationary tables", "", table_markdown(rows, names), "",
+        f"bobw / best baseline: max {max(ratios):.2f}, geometric mean {geo:.2f}", "",
+        "### Held-out adversarial tables", "",
+        table_markdown(adversarial, [*names, "bobw (fixed)"]), "",
+    ]  # fmt: skip
+    found = {
+        "held_out_stationary": rows,
+        "stationary_ratios": ratios,
+        "held_out_adversarial": adversarial,
+    }
+    return found, text
+
+
+def growth_part(t: int, seeds: int) -> tuple[dict[str, Any], list[str]]:
+    """Regret at 10·T against T on a stationary table."""
+    g = growth(seeds, t, 10 * t)
+    text = ["### Growth: regret at 10·T against T (Bernoulli, held-out seed)", ""]
+    text += [f"- {k}: {a:.1f} → {b:.1f} (×{b / a:.2f})" for k, (a, b) in g.items()]
+    return {"growth": g}, [*text, ""]
+
+
+def users_part(n_users: int) -> tuple[dict[str, Any], list[str]]:
+    """Per-user bandits, as a share of uniform play's regret."""
+    u = {
+        "diabetes": per_user("diabetes", n_users, 50, 5),
+        "bernoulli": per_user("bernoulli", n_users, 200, 5),
+    }
+    text = ["### Per-user bandits (regret as a share of uniform play's)", ""]
+    for kind, figures in u.items():
+        text += [
+            f"- {kind}, {figures['users']} users × {figures['rounds']} rounds: "
+            + "; ".join(
+                f"{k} {v['of_uniform']:.3f} "
+                f"(worse than uniform: {100 * v['worse_than_uniform']:.0f}%)"
+                for k, v in figures.items()
+                if isinstance(v, dict)
+            )
+        ]
+    return {"users": u}, [*text, ""]
+
+
+def speed_part() -> tuple[dict[str, Any], list[str]]:
+    """One instance's rounds per second, robust against bobw, at 10 and 1,000 arms."""
+    speeds = {}
+    for name in ("robust", "bobw"):
+        c = Contender(name, "tsi", None, variant=name)
+        for m in (10, 1000):
+            speeds[f"{name} M={m}"] = single_instance_speed(
+                c, m, 2000 if m == 10 else 300, repeats=5
+            ).rounds_per_s
+    text = ["### Speed: one instance, rounds per second (median of 5)", ""]
+    return {"speed": speeds}, [*text, *(f"- {k}: {v:,.0f}" for k, v in speeds.items()), ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
@@ -231,68 +302,18 @@ def main() -> None:
     }
     text = [f"Reproduce: `{results['command']}`; T = {t:,}, {seeds} seeds per cell.", ""]
     names = ["paper", "robust", "adaptive", "bobw", *BASELINES]
-    if "tuning" in args.part:
-        players = contenders(args.scales)
-        rows = run_tables(tuning_tables(t), players, seeds)
-        results["tuning"] = rows
-        text += [
-            "### Tuning tables (chose the constants)",
-            "",
-            table_markdown(rows, [c.name for c in players]),
-            "",
-        ]
-    if "held-out" in args.part:
-        players = contenders()
-        rows = run_tables(held_out_stationary(t), players, seeds)
-        results["held_out_stationary"] = rows
-        text += ["### Held-out stationary tables", "", table_markdown(rows, names), ""]
-        ratios = [r["bobw"][0] / min(r[b][0] for b in BASELINES) for r in rows]
-        results["stationary_ratios"] = ratios
-        geo = math.exp(sum(math.log(max(x, 1e-9)) for x in ratios) / len(ratios))
-        text += [f"bobw / best baseline: max {max(ratios):.2f}, geometric mean {geo:.2f}", ""]
-        rows = run_tables(held_out_adversarial(t), players, seeds)
-        results["held_out_adversarial"] = rows
-        text += [
-            "### Held-out adversarial tables",
-            "",
-            table_markdown(rows, [*names, "bobw (fixed)"]),
-            "",
-        ]
-    if "growth" in args.part:
-        g = growth(seeds, t, 10 * t)
-        results["growth"] = g
-        text += ["### Growth: regret at 10·T against T (Bernoulli, held-out seed)", ""]
-        text += [f"- {k}: {a:.1f} → {b:.1f} (×{b / a:.2f})" for k, (a, b) in g.items()] + [""]
-    if "users" in args.part:
-        n_users = 100 if args.quick else 1000
-        u = {
-            "diabetes": per_user("diabetes", n_users, 50, 5),
-            "bernoulli": per_user("bernoulli", n_users, 200, 5),
-        }
-        results["users"] = u
-        text += ["### Per-user bandits (regret as a share of uniform play's)", ""]
-        for kind, figures in u.items():
-            text += [
-                f"- {kind}, {figures['users']} users × {figures['rounds']} rounds: "
-                + "; ".join(
-                    f"{k} {v['of_uniform']:.3f} "
-                    f"(worse than uniform: {100 * v['worse_than_uniform']:.0f}%)"
-                    for k, v in figures.items()
-                    if isinstance(v, dict)
-                )
-            ]
-        text += [""]
-    if "speed" in args.part:
-        speeds = {}
-        for name in ("robust", "bobw"):
-            c = Contender(name, "tsi", None, variant=name)
-            for m in (10, 1000):
-                speeds[f"{name} M={m}"] = single_instance_speed(
-                    c, m, 2000 if m == 10 else 300, repeats=5
-                ).rounds_per_s
-        results["speed"] = speeds
-        text += ["### Speed: one instance, rounds per second (median of 5)", ""]
-        text += [f"- {k}: {v:,.0f}" for k, v in speeds.items()] + [""]
+    parts = {
+        "tuning": lambda: tuning_part(t, seeds, args.scales),
+        "held-out": lambda: held_out_part(t, seeds, names),
+        "growth": lambda: growth_part(t, seeds),
+        "users": lambda: users_part(100 if args.quick else 1000),
+        "speed": speed_part,
+    }
+    for name, run in parts.items():
+        if name in args.part:
+            found, lines = run()
+            results.update(found)
+            text += lines
     body = "\n".join(text)
     print(body)
     if args.out:
