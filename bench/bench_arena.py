@@ -79,9 +79,11 @@ def replace_section(path: Path, body: str) -> None:
     path.write_text(text)
 
 
-def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Path]) -> str:
+def method_lines(results: dict[str, Any]) -> list[str]:
+    """How the arena was run: the command, the machine, the cells, the environments and
+    what each algorithm is told."""
     m, plan = results["machine"], results["plan"]
-    lines = [
+    return [
         "## Arena: tsi's variants beside baselines and peers (issue #4; outlier, "
         "heavy-tailed, diabetes and wine tables; range-free ε-greedy)",
         "",
@@ -124,9 +126,13 @@ def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Pa
         "Python per instance).",
         "",
     ]
+
+
+def report(results: dict[str, Any], outcomes: list, speeds: list, plots: list[Path]) -> str:
+    lines = method_lines(results)
     for label, _, _ in TRANSFORMS:
         lines += [f"### Losses {label}", "", regret_table(outcomes, label), ""]
-    lines += variant_section(outcomes, plan["variants"])
+    lines += variant_section(outcomes, results["plan"]["variants"])
     found = findings(outcomes)
     lines += ["### Findings (failures and degradation)", ""]
     lines += found or ["- none recorded"]
