@@ -17,6 +17,8 @@ the same seed gives the same table.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from arena.lab.environments import supervised
@@ -73,11 +75,7 @@ def wine(n_rounds: int, seed: int, n_contexts: int = 4) -> LossTable:
     """
     from sklearn.datasets import load_wine
 
-    data = load_wine()
-    x = data.data
-    standard = (x - x.mean(axis=0)) / x.std(axis=0)
-    clusters = _clusters(standard, n_contexts, seed)
-    return supervised(data.target, n_rounds, seed, contexts=clusters, name="wine (k-means ctx)")
+    return _classified(load_wine(), n_rounds, seed, n_contexts, "wine (k-means ctx)")
 
 
 def iris(n_rounds: int, seed: int, n_contexts: int = 3) -> LossTable:
@@ -91,10 +89,7 @@ def iris(n_rounds: int, seed: int, n_contexts: int = 3) -> LossTable:
     """
     from sklearn.datasets import load_iris
 
-    data = load_iris()
-    x = data.data
-    clusters = _clusters((x - x.mean(axis=0)) / x.std(axis=0), n_contexts, seed)
-    return supervised(data.target, n_rounds, seed, contexts=clusters, name="iris (k-means ctx)")
+    return _classified(load_iris(), n_rounds, seed, n_contexts, "iris (k-means ctx)")
 
 
 def breast_cancer(n_rounds: int, seed: int, n_contexts: int = 4) -> LossTable:
@@ -108,12 +103,17 @@ def breast_cancer(n_rounds: int, seed: int, n_contexts: int = 4) -> LossTable:
     """
     from sklearn.datasets import load_breast_cancer
 
-    data = load_breast_cancer()
+    return _classified(
+        load_breast_cancer(), n_rounds, seed, n_contexts, "breast cancer (k-means ctx)"
+    )
+
+
+def _classified(data: Any, n_rounds: int, seed: int, n_contexts: int, name: str) -> LossTable:
+    """A bundled classification data set as a bandit (``supervised``), its context one of
+    ``n_contexts`` k-means clusters of the standardised features."""
     x = data.data
     clusters = _clusters((x - x.mean(axis=0)) / x.std(axis=0), n_contexts, seed)
-    return supervised(
-        data.target, n_rounds, seed, contexts=clusters, name="breast cancer (k-means ctx)"
-    )
+    return supervised(data.target, n_rounds, seed, contexts=clusters, name=name)
 
 
 def diabetes_forecasts() -> tuple[np.ndarray, np.ndarray]:
