@@ -15,7 +15,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 DETERMINISTIC = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-unsafe-math-optimizations"]
-SOURCES = sorted(Path("tsi_core").glob("_*.pyx")) + sorted(Path("flows/service").glob("_*.pyx"))
+SOURCES = sorted(Path("tsi_core").glob("*.pyx")) + sorted(Path("flows/service").glob("*.pyx"))
 
 setup(
     ext_modules=cythonize(

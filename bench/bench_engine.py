@@ -16,10 +16,9 @@ them, through the same functions the dataflow's steps call:
 
 - ``parse_and_route``: bytes to routed events, one item per shard
   (``flows.service.dataflow``, compiled lane);
-- ``shards``: each shard's ``ShardLogic.on_batch`` (the compiled fast lane, and the
-  answers written as JSON keyed by instance, dead letters apart; the row
-  ``shards, Python path`` runs the reference path it is tested against; the row
-  ``shards, every instance revived`` puts every instance to rest after each shard call,
+- ``shards``: each shard's ``ShardLogic.on_batch`` (its compiled event loop and
+  instances, and the answers written as JSON keyed by instance, dead letters apart; the
+  row ``shards, every instance revived`` puts every instance to rest after each shard call,
   as a service with one bandit per user sees most events: the user came back later; and
   ``revived, every answer expiring`` also lets each kept answer expire 0.5 s after
   its feedback, on a clock that runs 50 ms a batch (a unit's next event comes a second
@@ -125,7 +124,6 @@ def late_feedback(pairs: int, late: int) -> list[bytes]:
 
 def engine_run(
     msgs: list[tuple[bytes, str]],
-    fast_lane: bool,
     rest_after: float = REST_AFTER,
     retry_window: float | None = None,
 ) -> tuple[dict[str, float], int, int]:
@@ -137,7 +135,7 @@ def engine_run(
     shards' due wake-ups are served after each batch, in the shards stage."""
     parsers = {"events": parse_event, "requests": parse_request, "feedback": parse_feedback}
     clock = [time.time()]
-    context = engine_context(clock, fast_lane, rest_after, retry_window)
+    context = engine_context(clock, rest_after, retry_window)
     shards: dict[str, ShardLogic] = {}
     guards, now = Guards(), clock[0]
     spent = dict.fromkeys(STAGES, 0.0)
@@ -166,7 +164,7 @@ def engine_run(
 
 
 def engine_context(
-    clock: list[float], fast_lane: bool, rest_after: float, retry_window: float | None
+    clock: list[float], rest_after: float, retry_window: float | None
 ) -> FlowContext:
     """The shards' context: the workload's registry (with ``retry_window`` when given),
     wake-ups from the worker's queue, no snapshots; on stream time, or with a
@@ -178,7 +176,6 @@ def engine_context(
         snapshots=False,
         stream=StreamClock() if retry_window is None else None,
         wake_ups=True,
-        fast_lane=fast_lane,
         rest_after=rest_after,
     )
 
@@ -257,15 +254,13 @@ def measure(pairs: int, repeats: int) -> dict[str, Any]:
     settle_heap()  # as the service's process does at start (the corpus is not walked)
     for _ in range(repeats):
         for mode, msgs in corpus.items():
-            spent, events, calls = engine_run(msgs, fast_lane=True)
+            spent, events, calls = engine_run(msgs)
             runs.setdefault(f"{mode}/events per shard call", []).append(events / calls)
             for stage, seconds in spent.items():
                 note(f"{mode}/{stage}", seconds, events)
-            python_path, events, _ = engine_run(msgs, fast_lane=False)
-            note(f"{mode}/shards, Python path", python_path["shards"], events)
-            at_rest, events, _ = engine_run(msgs, fast_lane=True, rest_after=0.0)
+            at_rest, events, _ = engine_run(msgs, rest_after=0.0)
             note(f"{mode}/{AT_REST}", at_rest["shards"], events)
-            expiring, events, _ = engine_run(msgs, True, rest_after=0.0, retry_window=0.5)
+            expiring, events, _ = engine_run(msgs, rest_after=0.0, retry_window=0.5)
             note(f"{mode}/{EXPIRING}", expiring["shards"], events)
             note(f"{mode}/orjson.loads", json_run(msgs), timed)
         note("kernel", kernel_run(pairs), 2 * (pairs - pairs // 5))
@@ -287,7 +282,7 @@ def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
         f"| Stage (us/event) | events topic | two topics | events, feedback {LATE:,} late |",
         "|---|---:|---:|---:|",
     ]
-    for stage in (*STAGES, "shards, Python path", AT_REST, EXPIRING, "orjson.loads"):
+    for stage in (*STAGES, AT_REST, EXPIRING, "orjson.loads"):
         cells = [f"{us[f'{mode}/{stage}']:.2f}" for mode in MODES]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
     totals = [sum(us[f"{mode}/{stage}"] for stage in STAGES) for mode in MODES]

@@ -26,13 +26,13 @@ from typing import Any
 
 from bytewax.operators import StatefulBatchLogic
 
-from flows.service import _fast_lane as fast_lane
+from flows.service import _event_loop as event_loop
 from flows.service._deadline_queue import TimeHeap
 from flows.service._records import split_outputs
 from flows.service.deadlines import DeadlineQueue, worker_queue
 from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
-from flows.service.metrics import observe_expired, observe_item, observe_restored
+from flows.service.metrics import observe_expired, observe_restored
 from flows.service.registry import Experiment, LiveRegistry, Registry, split_key
 from flows.service.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.shard_store import ShardLog
@@ -133,9 +133,6 @@ class FlowContext:
     # with snapshots: the directory of the shards' logs (``flows.service.shard_store``);
     # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
     store: Path | None = None
-    # plain requests and feedback served by the compiled loop (``flows.service._fast_lane``);
-    # False runs every event through the Python path, the reference it is tested against
-    fast_lane: bool = True
     rest_after: float = REST_AFTER  # see REST_AFTER; 0 settles at every call
 
 
@@ -172,7 +169,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         self.turned = time.monotonic()  # when the generation turned
         self.created = 0  # new instances in this generation (NEW_PER_GENERATION)
         self.log: ShardLog | None = None
-        self.lane: Any = None  # what the compiled lane keeps between calls (_fast_lane)
+        self.loop: Any = None  # what the compiled loop keeps between calls (_event_loop)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
         self.foreign: list[Entry] = []  # a shard of another shard count: kept as they are
         if resume:
@@ -253,67 +250,20 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         out: list[Output] = []
         if self.problems:
             out, self.problems = self.problems, []
-        if self.context.fast_lane:
-            out += fast_lane.handle(self, events)
-        else:
-            for key, experiment, event in events:
-                if type(event) is str:  # WAKE_UP, the only event that is not parsed
-                    out += self._wake()
-                else:
-                    out += self._on_event(key, experiment, event)
+        out += event_loop.handle(self, events)
         self._settle(len(events))
         self._wish()
         return out
 
-    def _on_event(self, key: str, experiment: Experiment, event: Request | Feedback) -> list:
-        started, now, new = time.perf_counter(), None, False
-        instance = self.instances.get(key)
-        try:
-            if instance is None:
-                instance, new = self._bind(experiment, key)
-            elif experiment is not instance.experiment:
-                instance.follow(experiment)  # the registry was reloaded
-            before: list[Output] = instance.take_notices() if instance._notices else []
-            now = self._time_of(event)
-            if self.context.event_time:
-                expired = instance.expire(now)
-                observe_expired(instance, expired)  # never raises
-                before += expired
-            if isinstance(event, Request):
-                out = instance.on_request(event, now)
-            else:
-                out = instance.on_feedback(event, now)
-        except Exception as exc:
-            return self._failed(key, experiment, event, exc, new, started, now)
-        observe_item(experiment.name, event, out, new, started, now)  # never raises
-        self._changed(key)
-        return before + out if before else out
-
-    def _failed(
-        self,
-        key: str,
-        experiment: Experiment,
-        event: Request | Feedback,
-        exc: Exception,
-        new: bool = False,
-        started: float | None = None,
-        now: float | None = None,
-    ) -> list[Output]:
-        """An unexpected error handling ``event``: its ``internal_error`` dead letter."""
-        detail = f"{type(exc).__name__}: {exc}"
-        out = [DeadLetter("internal_error", detail, event.raw, event.origin, key)]
-        started = time.perf_counter() if started is None else started
-        observe_item(experiment.name, event, out, new, started, now)  # never raises
-        self._changed(key)
-        return out
-
-    def _changed(self, key: str) -> None:
+    # What the compiled loop (``flows.service._event_loop``) uses of a shard: ``instances``,
+    # ``touched``, ``deadlines``, ``context`` and the three methods below.
+    def changed(self, key: str) -> None:
         """An event reached instance ``key``: snapshot it, and wake it at its next deadline."""
         if key in self.instances:
             self.touched.add(key)
             self.deadlines.want(key, self._due(self.instances[key]))
 
-    def _bind(self, experiment: Experiment, key: str) -> tuple[Instance, bool]:
+    def bind(self, experiment: Experiment, key: str) -> tuple[Instance, bool]:
         """The first event of a key since the shard started: a saved instance built, or
         a new one (True)."""
         if self.shard is None:
@@ -338,18 +288,6 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         self.instances[key] = instance
         return instance
 
-    def _time_of(self, event: Request | Feedback) -> float:
-        """The time an event happened at: its own ``ts`` on event time, its Kafka timestamp
-        on stream time (noted as served), else the clock."""
-        context = self.context
-        if context.event_time:
-            return context.clock() if event.ts is None else event.ts
-        origin = event.origin
-        if context.stream is None or origin.time is None:
-            return context.clock()
-        context.stream.note_served(origin.source, origin.partition, origin.time)
-        return origin.time
-
     def _now(self) -> float:
         """What a wake-up or the end of the input expires against: the stream time, or
         the clock."""
@@ -359,9 +297,9 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
     def _due(self, instance: Instance) -> float | None:
         """When an instance wants to be woken: now for dead letters waiting to be handed
         out, else its next deadline."""
-        return self._now() if instance._notices else instance.next_deadline()
+        return self._now() if instance.has_notices() else instance.next_deadline()
 
-    def _wake(self) -> list[Output]:
+    def expire_due(self) -> list[Output]:
         """Expire what is due in the instances whose deadline has come, live or resting
         (built first, unless a kept answer is all there is to drop), in the order of their
         deadlines."""
@@ -458,7 +396,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
             self.turned, self.created = clock, 0
             self.clean -= self.touched
             self.settling += self.cooling - self.touched
-            self.cooling = set(self.touched)  # the lane holds this set: cleared, kept
+            self.cooling = set(self.touched)  # the loop holds this set: cleared, kept
             self.touched.clear()
             if writing:
                 self.unwritten = list(self.cooling)
@@ -524,7 +462,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
 
     def wake(self) -> list[Output]:
         """A timer's call: what is due, and problems found restoring; and resting."""
-        out, self.problems = self.problems + self._wake(), []
+        out, self.problems = self.problems + self.expire_due(), []
         self._settle(0)
         return out
 

@@ -85,11 +85,10 @@ import json
 import logging
 import socket
 import threading
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from socketserver import ThreadingMixIn
 from threading import get_ident
-from time import perf_counter, time
+from time import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -102,7 +101,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from flows.service.events import DeadLetter, Request, Selection
+from flows.service.events import DeadLetter
 from flows.service.instance import Early, Open
 from flows.service.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
 
@@ -117,7 +116,6 @@ __all__ = [
     "note_epoch_completed",
     "observe_consumer_position",
     "observe_expired",
-    "observe_item",
     "observe_kafka_stats",
     "observe_restored",
     "serve_metrics",
@@ -149,8 +147,8 @@ FEEDBACK_REASONS = {
 DECISIONS, RETRIES, PENDING, EARLY, INSTANCES = range(5)
 FEEDBACK = {outcome: 5 + i for i, outcome in enumerate(OUTCOMES)}
 _SLOTS = 5 + len(OUTCOMES)
-APPLIED, _EARLY_FB = FEEDBACK["applied"], FEEDBACK["early"]
-_BY_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
+APPLIED, EARLY_FEEDBACK = FEEDBACK["applied"], FEEDBACK["early"]
+SLOT_OF_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
 # the gauge a dead letter of expiry (or of a registry change) lowers
 _EXPIRY = {
     "ticket_expired": PENDING,
@@ -190,8 +188,8 @@ _tallies_lock = threading.Lock()
 
 
 def thread_tally() -> _Tally:
-    """The tally of the calling thread (the shard's compiled fast lane adds to it what
-    ``observe_item`` would, see ``flows.service._fast_lane``)."""
+    """The tally of the calling thread (the shard's event loop adds to it what each
+    event did, see ``flows.service._event_loop``)."""
     return _tallies.get(get_ident()) or _mine()
 
 
@@ -207,52 +205,6 @@ def _failed(what: str) -> None:
     log.warning("metrics: %s failed", what, exc_info=True)
 
 
-def observe_item(
-    experiment: str, event: Any, handled: Any, new_instance: bool, started: float, now: float | None
-) -> None:
-    """Account for one event: what the instance said it did (``Handled``: outputs, open
-    tickets and waiting feedback gained or lost, feedback applied, a retry), whether it made
-    a new instance, ``started`` the ``perf_counter`` when it began, ``now`` the flow's clock
-    it was handled at (None if it failed early)."""
-    try:
-        tally = _tallies.get(get_ident()) or _mine()
-        _observe_times(tally, type(event) is Request, event.ts, perf_counter() - started, now)
-        c = tally.experiments.get(experiment) or tally.experiment(experiment)
-        c[INSTANCES] += new_instance
-        c[PENDING] += getattr(handled, "pending", 0)
-        c[EARLY] += getattr(handled, "early", 0)
-        c[APPLIED] += getattr(handled, "applied", 0)
-        c[_EARLY_FB] += getattr(handled, "early", 0) > 0
-        retry = getattr(handled, "retry", False)
-        for item in handled:
-            if type(item) is Selection:
-                c[DECISIONS] += 1
-                c[RETRIES] += retry
-            else:
-                slot = _BY_REASON.get(item.reason)
-                if slot is not None:
-                    c[slot] += 1
-    except Exception:
-        _failed("observe_item")
-
-
-def _observe_times(
-    tally: _Tally, is_request: bool, ts: float | None, spent: float, now: float | None
-) -> None:
-    hist = tally.processing[is_request]
-    hist[bisect_left(PROCESSING_BUCKETS, spent)] += 1
-    hist[-1] += spent
-    tally.last_event = time()
-    if ts is None:
-        return
-    tally.last_ts = ts
-    if now is not None:
-        age = max(now - ts, 0.0)  # clocks may disagree
-        hist = tally.age[is_request]
-        hist[bisect_left(AGE_BUCKETS, age)] += 1
-        hist[-1] += age
-
-
 def observe_expired(instance: Any, out: list) -> None:
     """Account for what ``Instance.expire`` (or a registry change) returned: expired or
     retired tickets and unknown feedback."""
@@ -264,7 +216,7 @@ def observe_expired(instance: Any, out: list) -> None:
             gauge = _EXPIRY.get(item.reason)
             if gauge is not None:
                 c[gauge] -= 1
-                slot = _BY_REASON.get(item.reason)
+                slot = SLOT_OF_REASON.get(item.reason)
                 if slot is not None:
                     c[slot] += 1
     except Exception:

@@ -65,15 +65,15 @@ def entry_of(instance: Instance) -> Entry:
     packed bandit alone (``packed``), with its tickets and kept answers as plain tuples
     (``packed+``: ``Instance.compact_entries``), else ``Instance.to_dict()`` (``state``:
     a busy shared instance, or feedback waiting for its request)."""
-    if instance._packed is None:
+    if instance.packed is None:
         _ = instance.bandit  # created if it never was
         instance.rest()
-    packed, name = instance._packed, instance.experiment.name
+    packed, name = instance.packed, instance.experiment.name
     if packed is None:  # live with several tickets: they are saved with the entries
         packed = instance.bandit.pack(keep_pending=True)
     if packed is not None:
         data = (*instance.experiment.packing, packed)
-        if instance._entries is None and instance._kept is None:
+        if instance.holds_nothing():
             return Entry(instance.key, name, "packed", data)
         kept = instance.compact_entries()
         if kept is not None:
@@ -88,28 +88,25 @@ def revive(entry: Entry, experiment: Experiment) -> Instance:
     arms, template, packed, kept = _packed_parts(entry)
     same = (arms, template) == experiment.packing
     if same and 1 < len(kept) <= MAX_RESTING_ENTRIES and _answers_only(kept):
-        instance = Instance(experiment, entry.key)  # a user who came back: its answers are
-        instance._packed = packed  # built only if something reads them
-        instance.keep_compact(kept)
+        instance = Instance.at_rest(experiment, entry.key, packed)  # a user who came back:
+        instance.keep_compact(kept)  # its answers are built only if something reads them
         return instance
     entries = compact_to_entries(kept)
     if same and len(entries) <= 1:  # the common case: nothing to unpack
-        instance = Instance(experiment, entry.key)
-        instance._packed = packed  # one open ticket is handed back when it is unpacked
-    else:
+        instance = Instance.at_rest(experiment, entry.key, packed)  # one open ticket is
+    else:  # handed back when it is unpacked
         pending = tuple(e.ticket for e in entries if type(e) is Open)
-        instance = Instance(experiment, entry.key)
-        instance._bandit = (
+        bandit = (
             experiment.unpack_bandit(packed, entry.key, pending)
             if same
             else Bandit.unpack(packed, Bandit.from_dict(template), entry.key, pending)
         )
+        instance = Instance(experiment, entry.key, bandit)
     for saved in entries:
-        instance._put(saved)
+        instance.put(saved)
     if not same:
         instance.follow(experiment, old_arms=arms)
-    if instance._bandit is not None:
-        instance.rest()
+    instance.rest()
     return instance
 
 
@@ -219,20 +216,15 @@ class Resting:
         them is an open ticket (``Instance.rest``): a user who came back within the retry
         window rests with the answers kept for it, ~70 bytes each in the record against
         ~450 as live objects."""
-        packed, held = instance._packed, instance._entries
-        busy = instance._notices or instance._bandit is not None
-        if packed is None or busy:
-            return False
-        entries = len(held) if type(held) is dict else held is not None
-        if entries + len(instance._kept or ()) > MAX_RESTING_ENTRIES:
+        if not instance.is_at_rest() or instance.n_held() > MAX_RESTING_ENTRIES:
             return False
         experiment = instance.experiment
         index = self._index(experiment.name, *experiment.packing)
-        if held is None and instance._kept is None:  # a live instance is never held here too
-            self._idle[instance.key] = index + packed
+        if instance.holds_nothing():  # a live instance is never held here too
+            self._idle[instance.key] = index + instance.packed
             return True
         kept = instance.compact_entries()
-        return kept is not None and self._wait(instance.key, index, packed, kept)
+        return kept is not None and self._wait(instance.key, index, instance.packed, kept)
 
     def _wait(self, key: str, index: bytes, packed: bytes, kept: tuple) -> bool:
         """Hold a record waiting on its entries ``kept``, by the earliest of their
@@ -257,7 +249,7 @@ class Resting:
         >>> from flows.service.registry import Registry
         >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
         >>> inst, resting = Instance(exp, "e"), Resting()
-        >>> inst._put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
+        >>> inst.put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
         >>> inst.rest(); resting.put_instance(inst)
         True
         >>> entry = resting.pop("e")

@@ -6,11 +6,11 @@ import sys
 import tracemalloc
 
 import pytest
+from flows.service.instance import Instance, Settled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.service import _answer_book
-from flows.service.instance import Instance, Settled
 from flows.service.registry import Registry
 from tsi_core import Ticket
 
@@ -156,13 +156,14 @@ def test_a_kept_answer_costs_two_fifths_of_its_entry_at_most():
         instances = [Instance(exp, f"e\x00u{i}") for i in range(10_000)]
         tracemalloc.start()
         for n, inst in enumerate(instances):
+            answers = []
             for i, rid in enumerate(rids):
                 ticket = Ticket(inst.key, i + 1, i % 2, 0.5 + n * 1e-9, 0.5 + i * 1e-9)
-                if as_book:
-                    entry = Settled(rid, ticket, None, 100.0 + n)
-                    assert inst._keep_answer("s", entry, 100.0 + n)
-                else:
-                    inst._put(Settled(rid, ticket, None, 100.0 + n))
+                answers.append(("s", rid, tuple(ticket), None, 100.0 + n))
+                if not as_book:
+                    inst.put(Settled(rid, ticket, None, 100.0 + n))
+            if as_book:
+                inst.keep_compact(tuple(answers))
         size = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         return size

@@ -4,11 +4,11 @@ import json
 
 import orjson
 import pytest
+from flows.service.instance import Instance, uniform_draw
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.service.instance import Instance, uniform_draw
 from flows.service.registry import Registry
 
 REGISTRY = Registry.from_toml(
@@ -192,20 +192,22 @@ def _check_invariants(inst: Instance, pack: bool = True) -> None:
     entries = inst.entries()
     if pack:  # as the operator does at each epoch close
         inst.rest()
-        if not isinstance(inst._entries, dict):  # packed unless busy (before it unpacks)
-            assert inst._bandit is None
-    assert inst._n_early == len(inst.early)
+        if not inst.holding()["table"]:  # packed unless busy (before it unpacks)
+            assert inst.holding()["bandit"] != "live"
+    assert inst.holding()["n_early"] == len(inst.early)
     pending = inst.bandit.pending
     if pack:
         inst.rest()  # as it was before `bandit` unpacked it
     assert {t.round for t in pending} == {o.ticket.round for o in inst.open.values()}
-    if isinstance(inst._entries, dict):
-        assert len(entries) >= 2 and set(entries) <= {rid for _, rid in inst._deadlines}
+    holding = inst.holding()
+    if holding["table"]:
+        heap = holding["deadlines"]
+        assert len(entries) >= 2 and set(entries) <= {rid for _, rid in heap}
         live = {(e.deadline, e.rid) for e in entries.values()}
-        assert live <= set(inst._deadlines)
+        assert live <= set(heap)
         assert inst.next_deadline() <= min(d for d, _ in live)
     else:
-        assert inst._deadlines is None and len(entries) <= 1
+        assert holding["deadlines"] is None and len(entries) <= 1
         assert inst.next_deadline() == (
             None if not entries else next(iter(entries.values())).deadline
         )
@@ -304,6 +306,6 @@ def test_an_experiment_pickles_as_its_definition_once_it_has_built_bandits():
     assert exp.packing  # the caches a shard builds as it puts instances to rest
     event = parse_request(b'{"experiment":"e","unit":"u1","request_id":"r"}', Origin("t"))
     _shard, (key, carried, _) = pickle.loads(pickle.dumps(route(Registry({"e": exp}), event)))
-    assert carried == exp and "_template" not in vars(carried)
+    assert carried == exp and "template" not in vars(carried)
     assert carried.new_bandit(key).to_dict() == built.to_dict()
     assert carried.packing == exp.packing

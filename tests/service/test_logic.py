@@ -5,7 +5,6 @@ from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
 from flows.service import logic as logic_module
 from flows.service.events import DeadLetter, Origin, parse_feedback, parse_request
-from flows.service.instance import Instance
 from flows.service.logic import logic_builder
 from flows.service.registry import Registry
 from tsi_core import Bandit
@@ -34,8 +33,7 @@ def test_an_unexpected_error_becomes_a_dead_letter_and_the_logic_lives_on(monkey
     def explode(*_args):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(Instance, "on_request", explode)  # the Python path
-    monkeypatch.setattr(Bandit, "select", explode)  # the compiled lane's selection
+    monkeypatch.setattr(Bandit, "select", explode)  # what the instance asks for an arm
     [([], [dead])], keep = logic.on_batch([item(logic, "e", request("r2"))])
     assert isinstance(dead, DeadLetter) and dead.reason == "internal_error"
     assert "disk on fire" in dead.detail and keep is StatefulLogic.RETAIN

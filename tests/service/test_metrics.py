@@ -289,7 +289,6 @@ def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
     class BrokenDict(dict):
         get = broken
 
-    monkeypatch.setattr(metrics, "bisect_left", broken)
     monkeypatch.setattr(metrics, "_by_reason", BrokenDict())
     logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
     with caplog.at_level(logging.WARNING, logger="flows.service.metrics"):
@@ -299,7 +298,7 @@ def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
         bad = msg("ev", 0, type="request", experiment="nope", request_id="z")
         _, dead = run_events([bad])
     assert [d["reason"] for d in dead] == ["unknown_experiment"]
-    assert "observe_item failed" in caplog.text and "count_dead_letter failed" in caplog.text
+    assert "count_dead_letter failed" in caplog.text
     letter = DeadLetter("x", "y", b"", Origin("t"))
     assert metrics.count_dead_letter(letter) is letter
 

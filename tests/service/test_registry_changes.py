@@ -57,7 +57,7 @@ def one(logic):
     """The instance of experiment ``e`` a shard's logic holds (built if it rests: one
     holding kept answers rests once its snapshot is taken)."""
     if "e" not in logic.instances:
-        logic._bind(logic.context.registry.current["e"], "e")
+        logic.bind(logic.context.registry.current["e"], "e")
     return logic.instances["e"]
 
 

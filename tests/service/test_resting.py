@@ -3,11 +3,11 @@
 import marshal
 
 import orjson
+from flows.service.instance import Instance, Open
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.instance import Instance
 from flows.service.registry import Registry
 from flows.service.resting import MAX_RESTING_ENTRIES, Resting, entry_of, revive, state_of
 
@@ -162,7 +162,7 @@ answer_steps = st.lists(
 @given(st.integers(2, 4), answer_steps)
 def test_answers_held_as_tuples_behave_as_the_built_entries(n_answers, script):
     """A user who comes back is revived with its kept answers as the tuples they rested
-    as (``Instance._kept``). Retries, duplicate and late feedback, expiry, resting again
+    as (its book of kept answers). Retries, duplicate and late feedback, expiry, resting again
     and every read give what the instance with those answers built as entries gives."""
     rids = [f"r{i}" for i in range(1, n_answers + 1)]
     kept_by = lived([(kind, rid, 1.0) for rid in rids for kind in ("request", "feedback")])
@@ -170,9 +170,9 @@ def test_answers_held_as_tuples_behave_as_the_built_entries(n_answers, script):
     entry = entry_of(kept_by)
     assert entry.kind == "packed+" and len(entry.data[3]) == n_answers
     lazy, built = revive(entry, REGISTRY["e"]), revive(entry, REGISTRY["e"])
-    assert lazy._kept is not None and lazy._entries is None  # nothing built yet
-    built._unkept()
-    assert built._kept is None and len(built.settled) == n_answers
+    assert lazy.holding()["book"] == n_answers and not lazy.entries(Open)  # nothing built yet
+    built.build_kept()
+    assert built.holding()["book"] == 0 and len(built.settled) == n_answers
     now = float(len(rids) * 2)
     for offset, (kind, rid, dt) in enumerate(script):
         now += dt
@@ -215,4 +215,4 @@ def test_a_busy_instance_with_many_kept_answers_stays_live():
         assert Resting().put_instance(instance) is rests
         assert Resting().take(entry) is rests
         revived = revive(entry, REGISTRY["e"])
-        assert (revived._kept is not None) is rests and len(revived.settled) == n
+        assert (revived.holding()["book"] > 0) is rests and len(revived.settled) == n

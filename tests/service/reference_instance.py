@@ -1,4 +1,10 @@
-"""One bandit instance's event handling: pure logic, no I/O, the clock passed in.
+"""The test oracle of ``flows.service.instance``: the same rules in plain Python.
+
+The service's instance is compiled (``flows/service/instance.pyx``); this is the Python
+implementation it replaced, kept only for tests, which run random streams through both
+and compare (``tests/service/test_event_loop.py``). It is never imported by the service.
+
+One bandit instance's event handling: pure logic, no I/O, the clock passed in.
 
 Requests draw an arm with u hashed from (seed, instance, request_id), so a retried or
 replayed request gets the same answer. A selection waits as an open ticket until its
@@ -26,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-from flows.service import _draw
 from flows.service._answer_book import AnswerBook
 from flows.service._deadline_queue import TimeHeap
+
+from flows.service import _draw
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.service.registry import Experiment, split_key
 from tsi_core import Bandit, Ticket
@@ -174,8 +180,8 @@ class Instance:
             bandit,
             experiment.arm_map(old_arms),
             competition=experiment.competition,
-            gamma=experiment._template.gamma,
-            variant=experiment._template.variant,
+            gamma=experiment.template.gamma,
+            variant=experiment.template.variant,
             new_arm_share=experiment.new_arm_share,
         )
         notices: list[Output] = []

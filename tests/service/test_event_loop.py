@@ -1,8 +1,9 @@
-"""The shard's compiled fast lane serves exactly as the Python path does.
+"""A shard's compiled event loop and instances serve exactly as the Python oracle does.
 
 The same random streams of requests, feedback, retries, duplicates, early and late
-feedback, wrong arms, contexts, wake-ups and epoch closes go through two shards, one with
-the lane and one without: outputs, instance states and metrics must be the same.
+feedback, wrong arms, contexts, wake-ups and epoch closes go through a shard and through
+``tests/service/reference_shard.py`` (plain Python over ``reference_instance.Instance``):
+outputs, instance states and metrics must be the same.
 """
 
 import copy
@@ -12,16 +13,18 @@ import pickle
 import weakref
 
 import orjson
+from flows.service.instance import Instance, Open
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service import _answer_book, _fast_lane
+from flows.service import _answer_book, _event_loop
+from flows.service import instance as compiled_instance
 from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.instance import Early, Instance
 from flows.service.logic import LINGER, FlowContext, ShardLogic
 from flows.service.metrics import thread_tally
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.stream_clock import StreamClock
+from tests.service.reference_shard import ReferenceShard
 from tsi_core import Bandit
 
 REGISTRY = Registry.from_toml(
@@ -85,18 +88,19 @@ steps = st.lists(
 )
 
 
-def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
+def run(script, stream_time: bool, rest_after: float = 1e9, reference: bool = False):
     """Outputs, states and metrics of ``script`` through one shard (whose instances rest
-    ``rest_after`` seconds after their last change: 0 puts them to rest at every call)."""
+    ``rest_after`` seconds after their last change: 0 puts them to rest at every call), or
+    through the ``reference`` shard."""
     now = [1_700_000_100.0]
     stream = StreamClock(wall=lambda: now[0]) if stream_time else None
     if stream is not None:
         stream.note_position("t", 0, caught_up=True)
     live = LiveRegistry(REGISTRY)
-    context = FlowContext(
-        live, lambda: now[0], stream=stream, fast_lane=fast, rest_after=rest_after
-    )
-    shard = ShardLogic(context)
+    if reference:
+        oracle = ReferenceShard(lambda: now[0], stream)
+    else:
+        shard = ShardLogic(FlowContext(live, lambda: now[0], stream=stream, rest_after=rest_after))
     before = copy.deepcopy(thread_tally().experiments)
     counts_before = {k: sum(v[:-1]) for k, v in thread_tally().processing.items()}
     ages_before = copy.deepcopy(thread_tally().age)
@@ -105,9 +109,10 @@ def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
     for offset, (kind, what) in enumerate(script):
         if kind == "wait":
             now[0] += what
-            outputs.append(shard.wake())
+            wake_at = stream.now() if stream is not None else now[0]
+            outputs.append(oracle.wake(wake_at) if reference else shard.wake())
         elif kind == "epoch":
-            shard.snapshot()
+            oracle.epoch() if reference else shard.snapshot()
         else:
             data = message(*what)
             raw = orjson.dumps(data)
@@ -118,13 +123,17 @@ def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
                 continue  # refused by the parser: never reaches a shard
             experiment = live.current[event.experiment]
             key = experiment.instance_key(event.unit)
-            outputs.append(shard.handle([(key, experiment, event)]))
-        for instance in shard.instances.values():  # what the early buffer's limit counts
-            held = instance._live()  # as held: ``entries()`` would build kept answers
-            waiting = sum(type(entry) is Early for entry in held)
-            assert instance._n_early == waiting, (instance.key, instance._n_early, waiting)
-    states = {key: instance.to_dict() for key, instance in sorted(shard.instances.items())}
-    resting = sorted(entry.key for entry in shard.resting.entries())
+            if reference:
+                outputs.append(oracle.handle(key, experiment, event))
+            else:
+                outputs.append(shard.handle([(key, experiment, event)]))
+    if reference:
+        held = oracle.instances
+    else:
+        for key in list(shard.resting):  # built: their states compared with the oracle's
+            shard.bind(live.current[key.split("\x1f")[0]], key)
+        held = shard.instances
+    states = {key: instance.to_dict() for key, instance in sorted(held.items())}
     after = thread_tally().experiments
     counted = {
         name: [
@@ -138,23 +147,24 @@ def run(script, fast: bool, stream_time: bool, rest_after: float = 1e9):
         k: [a - b for a, b in zip(v[:-1], ages_before[k][:-1], strict=True)]
         for k, v in thread_tally().age.items()
     }
-    return outputs, states, resting, counted, timed, aged, thread_tally().last_ts
+    return outputs, states, counted, timed, aged, thread_tally().last_ts
 
 
 @settings(max_examples=300, deadline=None)
 @given(steps, st.booleans())
-def test_the_lane_serves_as_the_python_path(script, stream_time):
-    assert run(script, True, stream_time) == run(script, False, stream_time)
+def test_the_shard_serves_as_the_python_oracle(script, stream_time):
+    assert run(script, stream_time) == run(script, stream_time, reference=True)
 
 
 @settings(max_examples=200, deadline=None)
-@given(steps, st.booleans(), st.booleans())
-def test_instances_put_to_rest_at_any_call_answer_the_same(script, stream_time, fast):
+@given(steps, st.booleans())
+def test_instances_put_to_rest_at_any_call_answer_the_same(script, stream_time):
     """Resting (packing, unpacking on the next event) is invisible: instances settled at
-    every call give the outputs and metrics of instances never settled between epochs."""
-    eager = run(script, fast, stream_time, rest_after=0.0)
-    lazy = run(script, fast, stream_time)
-    assert eager[0] == lazy[0] and eager[3] == lazy[3]
+    every call give the outputs, states and metrics of instances never settled between
+    epochs, and of the oracle, which never rests."""
+    eager = run(script, stream_time, rest_after=0.0)
+    assert eager[:3] == run(script, stream_time)[:3]
+    assert eager[:3] == run(script, stream_time, reference=True)[:3]
 
 
 def test_feedback_before_its_request_is_counted_out_of_the_early_buffer():
@@ -166,9 +176,9 @@ def test_feedback_before_its_request_is_counted_out_of_the_early_buffer():
             ("event", ("feedback", "shared", "u1", f"r{i}", 1.0, None, None, None)),
             ("event", ("request", "shared", "u1", f"r{i}", 0.0, None, None, None)),
         ]
-    fast, slow = run(script, True, False), run(script, False, False)
-    assert fast == slow
-    outputs, _, _, counted, *_ = fast
+    served = run(script, False)
+    assert served == run(script, False, reference=True)
+    outputs, _, counted, *_ = served
     assert [len(out) for out in outputs] == [0, 1] * 5  # no early_buffer_full letter
     assert counted["shared"][:4] == [5, 0, 0, 0]  # decisions, retries, pending, early
 
@@ -176,7 +186,7 @@ def test_feedback_before_its_request_is_counted_out_of_the_early_buffer():
 def test_answers_past_the_books_limit_are_kept_as_entries_and_served_the_same():
     """An instance with more answers than its book holds (a shared one): the first
     ``LIMIT`` in the book, the rest as entries; retries and duplicate feedback of both,
-    their expiry, and a new request after it, through the lane as through the Python path."""
+    their expiry, and a new request after it, served as the oracle serves them."""
     limit = _answer_book.LIMIT
     n = limit + 6
     pairs = [
@@ -191,9 +201,9 @@ def test_answers_past_the_books_limit_are_kept_as_entries_and_served_the_same():
     ]
     script = pairs + again + [("wait", 2.0)] + again + [("wait", 7.0)] + again
     for stream_time in (False, True):
-        fast, slow = run(script, True, stream_time), run(script, False, stream_time)
-        assert fast == slow
-        outputs = fast[0]
+        served = run(script, stream_time)
+        assert served == run(script, stream_time, reference=True)
+        outputs = served[0]
         retried = [out for out in outputs[2 * n : 2 * n + 8]]
         assert [len(out) for out in retried] == [1] * 8  # an answer, a duplicate's letter
         assert [out[0].reason for out in retried[1::2]] == ["duplicate_feedback"] * 4
@@ -210,77 +220,33 @@ def test_answers_past_the_books_limit_are_kept_as_entries_and_served_the_same():
         instance.on_request(parse_request(raw, Origin("t")), now=1.0)
         raw = orjson.dumps(message("feedback", "shared", None, rid, 1.0, None, None, None))
         instance.on_feedback(parse_feedback(raw, Origin("t")), now=1.0)
-    assert len(instance._kept) == limit and len(list(instance._live())) == n - limit
+    assert instance.holding()["book"] == limit and instance.n_held() == n
 
 
-def python_path_calls(monkeypatch) -> list[str]:
-    """The request ids of the events the Python path (``ShardLogic._on_event``) handles
-    from now on, in order."""
-    calls = []
-    original = ShardLogic._on_event
-
-    def counted(self, *args):
-        calls.append(args[2].request_id)
-        return original(self, *args)
-
-    monkeypatch.setattr(ShardLogic, "_on_event", counted)
-    return calls
-
-
-def test_the_lane_takes_plain_requests_and_feedback(monkeypatch):
-    """Requests and feedback of a live instance do not reach the Python path."""
-    plain = [("event", ("request", "user", "u1", "r1", 0.0, None, None, None))]
-    plain += [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (2, 3)]
-    plain += [("event", ("feedback", "user", "u1", f"r{i}", 1.5, None, None, None)) for i in (2, 3)]
-    calls = python_path_calls(monkeypatch)
-    outputs, states, *_ = run(plain, True, False)
-    assert calls == ["r1"]  # the first builds the instance
-    assert states["user\x1fu1"]["bandit"]["n_updates"] == 2
-    assert [len(out) for out in outputs] == [1, 1, 1, 0, 0]
-
-    early = plain[:1] + [  # feedback before its request, then the request
-        ("event", (kind, "user", "u1", f"r{i}", 1.5, None, None, None))
-        for i in (2, 3)
-        for kind in ("feedback", "request")
-    ]
-    calls.clear()
-    another = [*plain[:1], ("event", ("request", "user", "u2", "r9", 0.0, None, None, None))]
-    outputs, states, *_ = run(another, True, False)
-    assert calls == ["r1"]  # a new instance after the shard's first event: bound, served
-    assert sorted(states) == ["user\x1fu1", "user\x1fu2"] and len(outputs[1]) == 1
-
-    calls.clear()
-    monkeypatch.setattr(Instance, "apply_waiting", lambda *_: calls.append("apply_waiting"))
-    outputs, states, *_ = run(early, True, False)
-    assert calls == ["r1"]
-    assert states["user\x1fu1"]["bandit"]["n_updates"] == 2
-    assert [len(out) for out in outputs] == [1, 0, 1, 0, 1]
-
-
-def test_events_from_another_process_take_the_lane(monkeypatch):
+def test_events_from_another_process_reach_the_receiving_registrys_experiment():
     """In a cluster an event routed by another process arrives pickled, its experiment
     with it. It must reach the instance as the receiving registry's own object: another
-    object of the same definition made every such event a registry change to follow, on
-    the Python path (2.5-3x the shard's CPU an event)."""
+    object of the same definition would make every such event a registry change to
+    follow (2.5-3x the shard's CPU an event, when measured)."""
     now = [1_700_000_100.0]
     live = LiveRegistry(REGISTRY)
     shard = ShardLogic(FlowContext(live, lambda: now[0]))
-    calls = python_path_calls(monkeypatch)
     for kind, rid in [("request", "r1"), ("request", "r2"), ("feedback", "r2"), ("request", "r3")]:
         raw = orjson.dumps(message(kind, "user", "u1", rid, 1.0, None, None, None))
         event = (parse_request if kind == "request" else parse_feedback)(raw, Origin("t"))
         experiment = live.current["user"]
         routed = [(experiment.instance_key("u1"), experiment, event)]
+        [(_, carried, _)] = pickle.loads(pickle.dumps(routed))
+        assert carried is experiment
         shard.handle(pickle.loads(pickle.dumps(routed)))
-    assert calls == ["r1"]  # the first builds the instance; the others are plain
     assert shard.instances["user\x1fu1"].experiment is live.current["user"]
     assert shard.instances["user\x1fu1"].bandit.n_updates == 1
 
 
-def test_a_user_back_with_kept_answers_is_served_by_the_lane(monkeypatch):
+def test_a_user_back_with_kept_answers_builds_them_only_when_read():
     """A user who rested with several kept answers comes back: its answers stay in its
-    book (``Instance._kept``), its new request and feedback are served by the lane, and a
-    retry of an old request goes to the Python path, which answers it as first."""
+    book, its new request and feedback are served beside them, and a retry of an old
+    request builds that one answer into an entry, answered as first."""
     now = [1_700_000_100.0]
     registry = Registry.from_toml(
         '[experiments.user]\narms = ["a", "b", "c"]\nper_unit = true\nretry_window = 3600\n'
@@ -303,20 +269,20 @@ def test_a_user_back_with_kept_answers_is_served_by_the_lane(monkeypatch):
     now[0] += LINGER
     shard.wake()
     assert key in shard.resting and key not in shard.instances
-    calls = python_path_calls(monkeypatch)
     [answer] = send("request", "r4")
-    assert calls == [] and len(shard.instances[key]._kept) == 3  # none built
-    assert send("feedback", "r4") == [] and calls == []
-    assert len(shard.instances[key]._kept) == 4  # and r4's answer
-    assert send("request", "r2") == first["r2"] and calls == ["r2"]  # a retry, answered the same
+    assert shard.instances[key].holding()["book"] == 3  # none built
+    assert send("feedback", "r4") == []
+    assert shard.instances[key].holding()["book"] == 4  # and r4's answer
+    assert send("request", "r2") == first["r2"]  # a retry, answered the same
+    assert shard.instances[key].holding()["book"] == 3  # r2 built into an entry
     [duplicate] = send("feedback", "r1")
-    assert duplicate.reason == "duplicate_feedback" and calls == ["r2", "r1"]
+    assert duplicate.reason == "duplicate_feedback"
     assert shard.instances[key].bandit.n_updates == 4 and answer.round == 4
 
 
-def test_an_error_in_the_lane_is_the_events_dead_letter(monkeypatch):
+def test_an_error_handling_an_event_is_its_dead_letter(monkeypatch):
     script = [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (1, 2)]
-    reference, *_ = run(script, True, False)
+    reference, *_ = run(script, False)
 
     select, calls = Bandit.select, []
 
@@ -327,21 +293,21 @@ def test_an_error_in_the_lane_is_the_events_dead_letter(monkeypatch):
         return select(self, *args, **kwargs)
 
     monkeypatch.setattr(Bandit, "select", explode)
-    [_, [dead]], states, *_ = run(script, True, False)
+    [_, [dead]], states, counted, *_ = run(script, False)
     assert dead.reason == "internal_error" and "disk on fire" in dead.detail
     assert len(states["user\x1fu1"]["open"]) == 1 and len(reference[1]) == 1
-    # r1 by the Python path (keywords), r2 by the lane (positional)
-    assert calls == [{"context": None, "u": calls[0]["u"]}, (None, calls[1][1])]
+    assert counted["user"][:3] == [1, 0, 1]  # one decision, one ticket open: r2 changed nothing
 
 
-def test_the_modules_example_holds():
-    """pytest's --doctest-modules does not read compiled modules: run the example here."""
-    result = doctest.testmod(_fast_lane)
-    assert result.attempted > 0 and result.failed == 0
+def test_the_modules_examples_hold():
+    """pytest's --doctest-modules does not read compiled modules: run the examples here."""
+    for module in (_event_loop, compiled_instance):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module
 
 
-def test_the_kept_lane_reads_an_experiment_again_after_a_reload():
-    """The lane is kept between calls with what it read of each experiment: after a
+def test_the_kept_loop_reads_an_experiment_again_after_a_reload():
+    """An instance reads its experiment's terms once per experiment object: after a
     reload (new objects, a new time to live) it serves with the new definition."""
     now = [1_700_000_100.0]
     live = LiveRegistry(REGISTRY)
@@ -355,21 +321,21 @@ def test_the_kept_lane_reads_an_experiment_again_after_a_reload():
         return shard.handle([(experiment.instance_key("u1"), experiment, event)])
 
     ask("r1")
-    ask("r2")  # served by the lane: it keeps the experiment as read
-    lane = shard.lane
+    ask("r2")
+    loop = shard.loop
     for ttl in (50, 500):
         live.current = Registry.from_toml(
             f'[experiments.user]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = {ttl}\n'
             "retry_window = 3\nseed = 3\n"
         )
-        ask(f"r{ttl}")  # the Python path follows the new definition
-        ask(f"s{ttl}")  # the lane, with it
-        assert shard.lane is lane
+        ask(f"r{ttl}")  # follows the new definition
+        ask(f"s{ttl}")
+        assert shard.loop is loop
         assert shard.instances["user\x1fu1"].open[f"s{ttl}"].deadline == now[0] + ttl
 
 
-def test_a_shard_and_its_kept_lane_are_freed_by_reference_counting():
-    """The lane lets its shard go after each batch: no cycle keeps a dropped shard alive
+def test_a_shard_and_its_kept_loop_are_freed_by_reference_counting():
+    """The loop lets its shard go after each batch: no cycle keeps a dropped shard alive
     for the cyclic GC to find (which the service's freezer may keep from looking)."""
     live = LiveRegistry(REGISTRY)
     shard = ShardLogic(FlowContext(live, lambda: 1_700_000_100.0))
@@ -377,7 +343,7 @@ def test_a_shard_and_its_kept_lane_are_freed_by_reference_counting():
     for rid in ("r1", "r2"):
         raw = orjson.dumps(message("request", "user", "u1", rid, 0.0, None, None, None))
         shard.handle([(experiment.instance_key("u1"), experiment, parse_request(raw, Origin("t")))])
-    assert shard.lane is not None
+    assert shard.loop is not None
     dropped = weakref.ref(shard)
     collecting = gc.isenabled()
     gc.disable()
@@ -392,7 +358,7 @@ def test_a_shard_and_its_kept_lane_are_freed_by_reference_counting():
 def test_tables_of_several_entries_are_not_walked_by_the_cyclic_gc():
     """Requests ahead of their feedback leave an instance several open tickets: its table
     of entries and its bandit's table of pending tickets hold only records kept from the
-    GC, so neither is tracked (a dict is tracked from the first record put in it)."""
+    GC, so neither is tracked (a dict is tracked from the first tracked object put in it)."""
     live = LiveRegistry(REGISTRY)
     shard = ShardLogic(FlowContext(live, lambda: 1_700_000_100.0))
     experiment = live.current["user"]
@@ -403,14 +369,16 @@ def test_tables_of_several_entries_are_not_walked_by_the_cyclic_gc():
         parse = parse_request if kind == "request" else parse_feedback
         return shard.handle([(key, experiment, parse(raw, Origin("t")))])
 
-    for rid in ("r1", "r2", "r3", "r4"):  # r1 builds the instance, the others take the lane
+    for rid in ("r1", "r2", "r3", "r4"):
         handle("request", rid)
     handle("feedback", "r2")
     instance = shard.instances[key]
-    entries, pending = instance._entries, instance._bandit._pending
-    assert type(entries) is dict and sorted(entries) == ["r1", "r3", "r4"]
+    [entries] = [d for d in gc.get_referents(instance) if type(d) is dict]
+    pending = instance.bandit._pending
+    assert sorted(entries) == ["r1", "r3", "r4"] and all(type(e) is Open for e in entries.values())
     assert type(pending) is dict and len(pending) == 3
     assert not gc.is_tracked(entries) and not gc.is_tracked(pending)
     for rid in ("r1", "r3"):
         handle("feedback", rid)
-    assert instance._entries.rid == "r4" and instance._bandit.pending == (instance._entries.ticket,)
+    [last] = instance.entries(Open).values()
+    assert last.rid == "r4" and instance.bandit.pending == (last.ticket,)

@@ -1,0 +1,399 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A shard's events, compiled: the loop of ``ShardLogic.handle``.
+
+Every event a shard gets passes here, in order: a wake-up asks the shard for what is due
+(``ShardLogic.expire_due``); a request or feedback finds its instance (or has the shard
+bind it: built new, or revived from its resting bytes, ``ShardLogic.bind``), follows a
+changed experiment, and is handled by the instance (``flows.service.instance``, the only
+body of the instance's rules), then counted. The loop reaches the shard only through
+what ``ShardLogic`` declares for it: ``instances``, ``touched``, ``deadlines``,
+``context``, ``bind``, ``expire_due`` and ``changed``.
+
+Counting has one body, here: what an event did (its outputs and the instance's
+``Changes``) is added in C and handed to the thread's tally (``metrics.thread_tally``)
+before anything else counts and at the end of each batch.
+
+>>> from flows.service.logic import logic_builder
+>>> from flows.service.registry import Registry
+>>> from flows.service.events import Origin, parse_request
+>>> shard = logic_builder(Registry.from_toml('[experiments.home]\\narms = ["a", "b"]'))(None)
+>>> home = shard.context.registry.current["home"]
+>>> ask = lambda rid: ("home", home, parse_request(
+...     b'{"experiment":"home","request_id":"%s"}' % rid.encode(), Origin("t")))
+>>> [first, second] = handle(shard, [ask("r1"), ask("r2")])
+>>> second.round, second.request_id
+(2, 'r2')
+"""
+
+from cpython.pythread cimport PyThread_get_thread_ident
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from libc.math cimport INFINITY
+
+from time import time
+
+from flows.service.events import DeadLetter, Request, Selection
+from flows.service._records cimport (
+    FEEDBACK_ORIGIN,
+    FEEDBACK_TS,
+    PARTITION,
+    REQUEST_ORIGIN,
+    REQUEST_TS,
+    SOURCE,
+    TIME,
+    Layout,
+    field,
+)
+from flows.service import _records as records
+from flows.service.instance cimport Changes, Instance
+from flows.service.metrics import (
+    AGE_BUCKETS,
+    APPLIED,
+    DECISIONS,
+    EARLY,
+    EARLY_FEEDBACK,
+    INSTANCES,
+    PENDING,
+    PROCESSING_BUCKETS,
+    RETRIES,
+    SLOT_OF_REASON,
+    observe_expired,
+    thread_tally,
+)
+
+cdef Layout _REQUEST = records.REQUEST
+cdef Layout _FEEDBACK = records.FEEDBACK
+cdef Layout _ORIGIN = records.ORIGIN
+
+
+cdef inline double _monotonic() noexcept:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef enum:
+    MAX_BUCKETS = 32  # a histogram's buckets, +Inf apart
+    MAX_EXPERIMENTS = 256  # experiments whose counts a loop keeps
+
+
+cdef class _Times:
+    """A histogram of seconds counted in C during a batch and added at its end to a
+    tally's list (counts per bucket, the last +Inf, then the sum); a value goes in the
+    first bucket whose bound is not below it (Prometheus' ``le``)."""
+
+    cdef double bounds[MAX_BUCKETS]
+    cdef long counts[MAX_BUCKETS + 1]
+    cdef Py_ssize_t n
+    cdef double total
+    cdef bint empty
+    cdef list hist  # the tally's list it adds to
+
+    def __init__(self, tuple buckets):
+        if len(buckets) > MAX_BUCKETS:
+            raise ValueError(f"{len(buckets)} buckets, the loop counts at most {MAX_BUCKETS}")
+        self.n = len(buckets)
+        for i in range(self.n):
+            self.bounds[i] = buckets[i]
+        self.clear()
+
+    cdef inline void add(self, double x) noexcept:
+        cdef Py_ssize_t i = 0
+        while i < self.n and self.bounds[i] < x:
+            i += 1
+        self.counts[i] += 1
+        self.total += x
+        self.empty = False
+
+    cdef int added(self) except -1:
+        """Add the counts to ``hist`` and start again."""
+        cdef Py_ssize_t i
+        cdef list hist = self.hist
+        if self.empty:
+            return 0
+        for i in range(self.n + 1):
+            if self.counts[i]:
+                hist[i] += self.counts[i]
+        hist[self.n + 1] += self.total
+        self.clear()
+        return 0
+
+    cdef void clear(self) noexcept:
+        cdef Py_ssize_t i
+        for i in range(self.n + 1):
+            self.counts[i] = 0
+        self.total = 0.0
+        self.empty = True
+
+
+cdef class _Counts:
+    """What the loop counted for one experiment in this batch, not yet in the tally: the
+    slots of an experiment's tally (``metrics``) it writes, and the dead letters by slot."""
+
+    cdef str name
+    cdef long decisions, retries, pending, early, early_feedback, applied, instances
+    cdef dict by_slot  # a dead letter's slot (SLOT_OF_REASON) -> count
+    cdef bint counted
+    cdef list counters  # the experiment's counters in the tally ``counters_of``
+    cdef object counters_of
+
+    def __init__(self, str name):
+        self.name = name
+        self.by_slot = {}
+
+
+cdef class _Loop:
+    """A shard's loop, kept by its logic from one batch to the next (a shard gets a few
+    events a call, so what is read once per call counts): its flow's context as last
+    read, the counts by experiment; during a batch, the shard's logic (let go after each
+    batch: no cycle between the two)."""
+
+    cdef object logic, context, deadlines, stream, clock, tally
+    cdef dict instances
+    cdef set touched
+    cdef dict counts  # experiment name -> _Counts
+    cdef _Counts last_counts
+    cdef Changes changes
+    cdef unsigned long tally_thread  # the thread whose tally ``tally`` is
+    cdef bint stream_time, event_time
+    cdef object noted_source, noted_partition  # the input partition whose time waits
+    cdef double noted_time  # its newest time served, not yet told to the stream clock
+    cdef list counted  # the experiments whose counts wait for the tally
+    cdef _Times processing_request, processing_feedback, age_request, age_feedback
+    cdef object last_ts  # the ts of the newest event counted that had one
+
+    def __init__(self):
+        self.counts = {}
+        self.counted = []
+        self.changes = Changes()
+        self.processing_request = _Times(PROCESSING_BUCKETS)
+        self.processing_feedback = _Times(PROCESSING_BUCKETS)
+        self.age_request = _Times(AGE_BUCKETS)
+        self.age_feedback = _Times(AGE_BUCKETS)
+
+    cdef int begin(self, object logic) except -1:
+        """A new batch: the logic and its tables, this thread's tally, the context if it
+        changed."""
+        self.logic = logic
+        self.instances = logic.instances
+        self.touched = logic.touched
+        self.deadlines = logic.deadlines
+        if self.tally is None or PyThread_get_thread_ident() != self.tally_thread:
+            tally = self.tally = thread_tally()
+            self.tally_thread = PyThread_get_thread_ident()
+            self.processing_request.hist = tally.processing[True]
+            self.processing_feedback.hist = tally.processing[False]
+            self.age_request.hist = tally.age[True]
+            self.age_feedback.hist = tally.age[False]
+        self.noted_source = None
+        context = logic.context
+        if context is not self.context:
+            self.context = context
+            self.stream = context.stream
+            self.stream_time = context.stream is not None and not context.event_time
+            self.event_time = context.event_time
+            self.clock = context.clock
+        return 0
+
+    cdef double time_of(self, object event, bint is_request) except? -1.0:
+        """The time an event happened at: its own ``ts`` on event time, its Kafka
+        timestamp on stream time (noted as served), else the clock."""
+        if self.event_time:
+            ts = field(_REQUEST, event, REQUEST_TS) if is_request else \
+                field(_FEEDBACK, event, FEEDBACK_TS)
+            return self.clock() if ts is None else ts
+        if not self.stream_time:
+            return self.clock()
+        origin = field(_REQUEST, event, REQUEST_ORIGIN) if is_request else \
+            field(_FEEDBACK, event, FEEDBACK_ORIGIN)
+        at = field(_ORIGIN, origin, TIME)
+        if at is None:
+            return self.clock()
+        self.note(field(_ORIGIN, origin, SOURCE), field(_ORIGIN, origin, PARTITION), at)
+        return at
+
+    cdef int note(self, object source, object partition, double at) except -1:
+        """Note ``at`` as served from (source, partition), once per run of events of one
+        partition: ``StreamClock.note_served`` keeps the newest, so only the run's last
+        matters; ``told`` hands it over before anything reads the stream time."""
+        if self.noted_source is not None and (
+            source != self.noted_source or partition != self.noted_partition
+        ):
+            self.told()
+        if self.noted_source is None or at > self.noted_time:
+            self.noted_time = at
+        self.noted_source, self.noted_partition = source, partition
+        return 0
+
+    cdef int told(self) except -1:
+        """The stream clock told what was served: before a wake-up, and at the end of the
+        batch."""
+        if self.noted_source is not None:
+            self.stream.note_served(self.noted_source, self.noted_partition, self.noted_time)
+            self.noted_source = None
+        return 0
+
+    cdef list serve(self, object logic, list events):
+        self.begin(logic)
+        try:
+            return self.serve_all(logic, events)
+        finally:
+            self.told()
+            self.tallied()
+            self.logic = None
+
+    cdef list serve_all(self, object logic, list events):
+        cdef list out = []
+        for key, experiment, event in events:
+            if type(event) is str:  # WAKE_UP, the only event that is not parsed
+                self.told()
+                self.tallied()
+                out.extend(logic.expire_due())
+            else:
+                self.serve_one(logic, key, experiment, event, out)
+        return out
+
+    cdef int serve_one(self, object logic, str key, object experiment, object event,
+                       list out) except -1:
+        """Handle a request or feedback: its outputs appended to ``out``, counted."""
+        cdef double started = _monotonic(), now = 0.0, due = INFINITY, after
+        cdef bint is_request = type(event) is Request, new = False, bound = False
+        cdef Instance instance = self.instances.get(key)
+        cdef Changes changes = self.changes
+        cdef Py_ssize_t mark = len(out), first
+        changes.clear()
+        try:
+            if instance is None:
+                instance, new = logic.bind(experiment, key)
+                bound = True
+            else:
+                due = instance.due()
+                if experiment is not instance.experiment:
+                    instance.follow(experiment)  # the registry was reloaded
+            if instance.has_notices():  # a registry change closed tickets
+                notices = instance.take_notices()
+                observe_expired(instance, notices)  # never raises
+                out.extend(notices)
+            now = self.time_of(event, is_request)
+            if self.event_time:
+                expired = instance.expire(now)
+                observe_expired(instance, expired)  # never raises
+                out.extend(expired)
+            first = len(out)
+            if is_request:
+                instance.request(event, now, out, changes)
+            else:
+                instance.feedback(event, now, out, changes)
+        except Exception as exc:  # this event's dead letter; the dataflow goes on
+            del out[mark:]
+            detail = f"{type(exc).__name__}: {exc}"
+            first = len(out)
+            out.append(DeadLetter("internal_error", detail, event.raw, event.origin, key))
+            changes.clear()
+            self.count(experiment, event, is_request, out, first, new, started, now)
+            logic.changed(key)
+            return 0
+        self.count(experiment, event, is_request, out, first, new, started, now)
+        self.touched.add(key)
+        after = instance.due()
+        if bound or after != due:  # else the shard's queue holds its wake-up
+            self.deadlines.want(key, None if after == INFINITY else after)
+        return 0
+
+    cdef int count(self, object experiment, object event, bint is_request, list out,
+                   Py_ssize_t first, bint new, double started, double now) except -1:
+        """Count what handling ``event`` did: the outputs ``out[first:]`` and
+        ``self.changes``, a new instance, the time spent and the event's age."""
+        cdef Changes changes = self.changes
+        cdef _Counts c = self.counting(experiment.name)
+        cdef Py_ssize_t i
+        c.instances += new
+        c.pending += changes.pending
+        c.early += changes.early
+        c.applied += changes.applied
+        c.early_feedback += changes.early > 0
+        for i in range(first, len(out)):
+            item = out[i]
+            if type(item) is Selection:
+                c.decisions += 1
+                c.retries += changes.retry
+            else:
+                slot = SLOT_OF_REASON.get((<object>item).reason)
+                if slot is not None:
+                    c.by_slot[slot] = c.by_slot.get(slot, 0) + 1
+        (self.processing_request if is_request else self.processing_feedback).add(
+            _monotonic() - started
+        )
+        ts = field(_REQUEST, event, REQUEST_TS) if is_request else \
+            field(_FEEDBACK, event, FEEDBACK_TS)
+        if ts is not None:
+            self.last_ts = ts
+            (self.age_request if is_request else self.age_feedback).add(max(now - ts, 0.0))
+        return 0
+
+    cdef _Counts counting(self, str name):
+        """The counts of experiment ``name``, among those waiting for ``tallied``."""
+        cdef _Counts c = self.last_counts
+        if c is None or c.name != name:
+            c = self.counts.get(name)
+            if c is None:
+                if len(self.counts) >= MAX_EXPERIMENTS:
+                    self.tallied()
+                    self.counts.clear()
+                c = self.counts[name] = _Counts(name)
+            self.last_counts = c
+        if not c.counted:
+            c.counted = True
+            self.counted.append(c)
+        return c
+
+    cdef int tallied(self) except -1:
+        """Add what the loop counted to this thread's tally (before anything else counts,
+        and at the end of the batch); ``last_event`` the time of adding."""
+        cdef _Counts c
+        cdef list slots
+        if not self.counted:
+            return 0
+        tally = self.tally
+        for c in self.counted:
+            if c.counters_of is not tally:  # a tally's counters lists are never replaced
+                c.counters, c.counters_of = tally.experiment(c.name), tally
+            slots = c.counters
+            _add(slots, DECISIONS, c.decisions)
+            _add(slots, RETRIES, c.retries)
+            _add(slots, PENDING, c.pending)
+            _add(slots, APPLIED, c.applied)
+            _add(slots, EARLY, c.early)
+            _add(slots, EARLY_FEEDBACK, c.early_feedback)
+            _add(slots, INSTANCES, c.instances)
+            if c.by_slot:
+                for slot, n in c.by_slot.items():
+                    slots[slot] += n
+                c.by_slot.clear()
+            c.decisions = c.retries = c.pending = c.applied = c.early = 0
+            c.early_feedback = c.instances = 0
+            c.counted = False
+        self.counted.clear()
+        self.processing_request.added()
+        self.processing_feedback.added()
+        self.age_request.added()
+        self.age_feedback.added()
+        tally.last_event = time()
+        if self.last_ts is not None:
+            tally.last_ts, self.last_ts = self.last_ts, None
+        return 0
+
+
+cdef inline int _add(list counters, Py_ssize_t slot, long n) except -1:
+    """``counters[slot] += n``, skipped for 0 (most of a call's counts)."""
+    if n:
+        counters[slot] += n
+    return 0
+
+
+def handle(logic, list events) -> list:
+    """Serve ``events`` (routed: (instance key, experiment, event), or a wake-up) in order
+    for the shard ``logic``; their outputs, in order. The loop is kept in ``logic.loop``."""
+    cdef _Loop loop = logic.loop
+    if loop is None:
+        loop = logic.loop = _Loop()
+    return loop.serve(logic, events)
