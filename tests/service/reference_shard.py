@@ -92,9 +92,7 @@ class ReferenceShard:
             instance.rest()
 
 
-def count(
-    experiment: str, event: Any, handled: Any, new: bool, started: float, now: float
-) -> None:
+def count(experiment: str, event: Any, handled: Any, new: bool, started: float, now: float) -> None:
     """What one event adds to the thread's tally (``_event_loop._Loop.count``)."""
     tally = thread_tally()
     is_request = type(event) is Request
