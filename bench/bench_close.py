@@ -33,7 +33,8 @@ from bench_engine import BATCH, messages  # noqa: E402
 from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.events import Origin, parse_event  # noqa: E402
-from flows.service.logic import SHARDS, FlowContext, ShardLogic  # noqa: E402
+from flows.service.keys import SHARDS  # noqa: E402
+from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.stream_clock import StreamClock  # noqa: E402
 

@@ -114,10 +114,10 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from tsi_core._kernel import Table
 
 import tsi_core
 from tsi_core import Bandit, BatchBandit, Contextual, Markov, Switching
+from tsi_core._kernel import Table
 
 REPO = Path(__file__).resolve().parent.parent
 BEFORE = "433eead"  # the last numpy implementation

@@ -73,13 +73,8 @@ from flows.service.collector import YOUNG_COLLECTION_THRESHOLD, settle_heap  # n
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.deadlines import WAKE_UP, worker_queue  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
-from flows.service.logic import (  # noqa: E402
-    REST_AFTER,
-    SHARD_NAMES,
-    SHARDS,
-    FlowContext,
-    ShardLogic,
-)
+from flows.service.keys import SHARD_NAMES, SHARDS  # noqa: E402
+from flows.service.logic import REST_AFTER, FlowContext, ShardLogic  # noqa: E402
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.stream_clock import StreamClock  # noqa: E402
 from tsi_core import Bandit  # noqa: E402
@@ -318,7 +313,7 @@ def count_run(mode: str, pairs: int) -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
-    engine_run(msgs, True, rest_after=1e9)
+    engine_run(msgs, rest_after=1e9)
 
 
 def main() -> None:

@@ -62,15 +62,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.logic import (
-    LINGER,
-    SHARDS,
-    Routed,
-    ShardLogic,
-    logic_builder,
-    shard_of,
-)
-from flows.service.registry import Experiment, Registry, instance_key
+from flows.service.keys import SHARDS, instance_key, shard_of
+from flows.service.logic import LINGER, Routed, ShardLogic, logic_builder
+from flows.service.registry import Experiment, Registry
 
 ARMS = ", ".join(f'"a{i}"' for i in range(10))
 REGISTRY = Registry.from_toml(

@@ -38,7 +38,6 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.math cimport fabs, isfinite
 from libc.string cimport memcmp, memcpy
-from libc.stdint cimport uint32_t
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import orjson
@@ -55,8 +54,9 @@ from flows.service.events import (
 )
 from flows.service._records cimport Layout, kept
 from flows.service import _records as records
-from flows.service.logic import SHARD_NAMES, SHARDS
-from flows.service.registry import UNIT_SEPARATOR, Experiment, Registry
+from flows.service.keys cimport shard_of
+from flows.service.keys import UNIT_SEPARATOR
+from flows.service.registry import Experiment, Registry
 
 
 cdef extern from "Python.h":
@@ -76,50 +76,11 @@ cdef object _loads = orjson.loads
 cdef Py_ssize_t _MAX_BYTES = MAX_MESSAGE_BYTES
 cdef Py_ssize_t _MAX_ID = MAX_ID_LENGTH
 cdef double _MAX_LOSS = MAX_ABS_LOSS
-cdef tuple _SHARD_NAMES = SHARD_NAMES
-cdef uint32_t _SHARDS = SHARDS
 cdef str _SEPARATOR = UNIT_SEPARATOR
 
 
 cdef Layout _REQUEST = records.REQUEST
 cdef Layout _FEEDBACK = records.FEEDBACK
-
-
-# -- the shard: logic.shard_of, zlib's CRC-32 of the key's UTF-8 ------------------------
-
-if len(SHARD_NAMES) != SHARDS:
-    raise ImportError("logic.SHARD_NAMES must name SHARDS shards")
-
-cdef uint32_t _CRC_TABLE[256]
-
-
-cdef void _fill_crc_table() noexcept:
-    cdef uint32_t n, k, c
-    for n in range(256):
-        c = n
-        for k in range(8):
-            c = (c >> 1) ^ 0xEDB88320u if c & 1 else c >> 1
-        _CRC_TABLE[n] = c
-
-
-_fill_crc_table()
-
-
-cdef uint32_t _crc32(const unsigned char* data, Py_ssize_t size) noexcept:
-    cdef uint32_t c = 0xFFFFFFFFu
-    cdef Py_ssize_t i
-    for i in range(size):
-        c = _CRC_TABLE[(c ^ data[i]) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFFu
-
-
-cdef object _shard(str key):
-    """``logic.shard_of(key)``."""
-    cdef bytes utf8
-    if PyUnicode_IS_ASCII(key):  # its characters are its UTF-8 bytes
-        return _SHARD_NAMES[_crc32(PyUnicode_DATA(key), len(key)) % _SHARDS]
-    utf8 = key.encode()
-    return _SHARD_NAMES[_crc32(utf8, len(utf8)) % _SHARDS]
 
 
 # -- the values events.py accepts, in their plain form -----------------------------------
@@ -450,7 +411,7 @@ cdef class _Lane:
         """(key, experiment, event), its shard in ``shard``; none of it walked by the
         cyclic GC: a batch in flight holds strings, numbers and records only (see
         ``_records.kept``)."""
-        self.shard = _shard(key)
+        self.shard = shard_of(key)
         return kept((key, self.experiment, kept(event)))
 
     cdef bint _common(self, _Message data, Py_ssize_t* known) except -1:

@@ -40,7 +40,8 @@ from flows.service.events import (
     parse_request,
 )
 from flows.service.instance import Output
-from flows.service.logic import Routed, ShardLogic, logic_builder, shard_of
+from flows.service.keys import shard_of
+from flows.service.logic import Routed, ShardLogic, logic_builder
 from flows.service.metrics import count_dead_letter
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.stream_clock import StreamClock

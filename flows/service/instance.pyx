@@ -45,7 +45,7 @@ from flows.service._records cimport (
 )
 from flows.service import _records as records
 from flows.service.events import DeadLetter, Feedback, Origin, Selection
-from flows.service.registry import split_key
+from flows.service.keys import split_key
 from tsi_core import Bandit, Ticket
 from tsi_core.migrate import migrate
 from tsi_core.validate import context_problem

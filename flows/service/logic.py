@@ -1,6 +1,6 @@
 """The Bytewax side of the instances: one ``StatefulBatchLogic`` per shard.
 
-Instances are routed to a fixed number of shards (``shard_of``), and each shard is one
+Instances are routed to a fixed number of shards (``keys.shard_of``), and each shard is one
 Bytewax key holding many ``flows.service.instance.Instance`` objects. Bytewax's cost per
 key (its own state, its timers, its snapshot calls) is then paid per shard, not per
 user, and one call handles all the events an activation brings to a shard. Every routed
@@ -8,8 +8,6 @@ item carries its instance key and its experiment (looked up once, when the event
 routed). Each event is guarded: an unexpected error becomes a dead letter for that event
 and the dataflow keeps running.
 
->>> shard_of("home:u1") == shard_of("home:u1"), shard_of("home:u1", shards=1)
-(True, 'shard-000-of-001')
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import gc
 import logging
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,8 +29,9 @@ from flows.service._records import split_outputs
 from flows.service.deadlines import DeadlineQueue, worker_queue
 from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
+from flows.service.keys import SHARDS, of_this_layout, shard_of, split_key
 from flows.service.metrics import observe_expired, observe_restored
-from flows.service.registry import Experiment, LiveRegistry, Registry, split_key
+from flows.service.registry import Experiment, LiveRegistry, Registry
 from flows.service.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.shard_store import ShardLog
 from flows.service.stream_clock import StreamClock
@@ -44,44 +42,6 @@ Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experi
 #: A shard's outputs as Bytewax gets them: the selections' JSON keyed by instance, and the
 #: dead letters (``flows.service._records.split_outputs``).
 Split = tuple[list[tuple[str, bytes]], list[DeadLetter]]
-
-#: Shards per flow. Fixed: an instance's shard must not change while its state is kept.
-#: More shards than workers spread them over the workers; fewer shards bring each shard
-#: call more events (a call costs ~40 us of Bytewax and Python besides its events: at 256
-#: shards a consumed batch gave each ~11 events, at 32 ~90; the worker's CPU went from
-#: 14.9 to 11.8 us an event, bench/RESULTS.md). 32 serves up to 32 workers.
-SHARDS = 32
-
-
-def shard_name(index: int, shards: int) -> str:
-    """The name (Bytewax key, log file) of shard ``index`` of ``shards``: it says the
-    layout, so a store written with another shard count is recognised by its names.
-
-    >>> shard_name(7, 32)
-    'shard-007-of-032'
-    """
-    return f"shard-{index:03d}-of-{shards:03d}"
-
-
-def shard_of(key: str, shards: int = SHARDS) -> str:
-    """The shard (Bytewax key) of an instance key: a stable hash, never the salted
-    built-in ``hash``."""
-    index = zlib.crc32(key.encode()) % shards
-    return SHARD_NAMES[index] if shards == len(SHARD_NAMES) else shard_name(index, shards)
-
-
-SHARD_NAMES = tuple(shard_name(index, SHARDS) for index in range(SHARDS))
-
-
-def of_this_layout(shard: str) -> bool:
-    """Whether ``shard`` is one of this flow's shards (not of a store written with another
-    shard count: before 2026-11-28 tsi used 256 shards named ``shard-NNN``).
-
-    >>> of_this_layout(SHARD_NAMES[0]), of_this_layout("shard-100")
-    (True, False)
-    """
-    index = shard[6:9]  # shard-NNN-of-MMM
-    return index.isdigit() and int(index) < SHARDS and shard == shard_name(int(index), SHARDS)
 
 
 def _split(out: list[Output]) -> tuple[list[Split], bool]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.service.dir_lock import is_empty, is_lock_file
-from flows.service.logic import SHARDS, of_this_layout, shard_of
+from flows.service.keys import SHARDS, of_this_layout, shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
 from flows.service.shard_store import ShardLog, read_payloads, read_records, shards_in, write_seed

@@ -41,33 +41,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from flows.service.keys import UNIT_SEPARATOR, instance_key
 from tsi_core import Bandit, Ticket
 from tsi_core.bandit import configure
 from tsi_core.competition import competition_from_spec
 from tsi_core.variant import DEFAULT_VARIANT
 
 DEFAULT_TTL = 3600.0
-UNIT_SEPARATOR = "\x1f"  # cannot appear in a valid experiment name
-
-
-def instance_key(experiment: str, unit: str | None) -> str:
-    """The key of an instance: the experiment's name, or experiment + unit (per unit).
-
-    >>> split_key(instance_key("home", "u7")), shown_key(instance_key("home", "u7"))
-    (('home', 'u7'), 'home/u7')
-    """
-    return experiment if unit is None else f"{experiment}{UNIT_SEPARATOR}{unit}"
-
-
-def split_key(key: str) -> tuple[str, str | None]:
-    """(experiment, unit or None) of an instance key."""
-    experiment, separator, unit = key.partition(UNIT_SEPARATOR)
-    return experiment, unit if separator else None
-
-
-def shown_key(key: str) -> str:
-    """An instance key as people write it: ``experiment/unit``."""
-    return key.replace(UNIT_SEPARATOR, "/")
 
 
 class RegistryError(ValueError):

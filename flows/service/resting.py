@@ -31,7 +31,8 @@ from flows.service.instance import (
     compact_to_entries,
     entries_to_dict,
 )
-from flows.service.registry import Experiment, split_key
+from flows.service.keys import split_key
+from flows.service.registry import Experiment
 from tsi_core import Bandit
 
 #: Entries an instance may rest with. A busy shared instance keeps thousands of answers

@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flows.service.registry import Registry, shown_key, split_key
+from flows.service.keys import shown_key, split_key
+from flows.service.registry import Registry
 from tsi_core import Bandit
 
 

@@ -34,7 +34,7 @@ from flows.service.dir_lock import (
     is_lock_file,
     release_directory,
 )
-from flows.service.logic import shard_of
+from flows.service.keys import shard_of
 from flows.service.recovery import (
     INPUTS_SEED,
     PARTITION_FILE,

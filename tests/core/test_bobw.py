@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tsi_core._kernel import Kernel
 
 from tests.core.bobw_reference import BobwReference
 from tsi_core import VARIANTS, Bandit, BatchBandit, Contextual, Markov, Switching, Variant
+from tsi_core._kernel import Kernel
 from tsi_core.variant import TSALLIS_SCALE
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tsi_core._kernel import Kernel, Table, exp, log
 
 from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
+from tsi_core._kernel import Kernel, Table, exp, log
 from tsi_core.migrate import migrate
 
 SRC = Path(__file__).resolve().parents[2] / "tsi_core" / "_kernel_src"

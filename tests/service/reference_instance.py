@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from flows.service._answer_book import AnswerBook
-from flows.service._deadline_queue import TimeHeap
 
 from flows.service import _draw
+from flows.service._answer_book import AnswerBook
+from flows.service._deadline_queue import TimeHeap
 from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
-from flows.service.registry import Experiment, split_key
+from flows.service.keys import split_key
+from flows.service.registry import Experiment
 from tsi_core import Bandit, Ticket
 from tsi_core.migrate import migrate
 from tsi_core.validate import context_problem

@@ -6,11 +6,11 @@ import sys
 import tracemalloc
 
 import pytest
-from flows.service.instance import Instance, Settled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.service import _answer_book
+from flows.service.instance import Instance, Settled
 from flows.service.registry import Registry
 from tsi_core import Ticket
 

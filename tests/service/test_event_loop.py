@@ -13,13 +13,13 @@ import pickle
 import weakref
 
 import orjson
-from flows.service.instance import Instance, Open
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.service import _answer_book, _event_loop
 from flows.service import instance as compiled_instance
 from flows.service.events import Origin, parse_feedback, parse_request
+from flows.service.instance import Instance, Open
 from flows.service.logic import LINGER, FlowContext, ShardLogic
 from flows.service.metrics import thread_tally
 from flows.service.registry import LiveRegistry, Registry

@@ -4,11 +4,11 @@ import json
 
 import orjson
 import pytest
-from flows.service.instance import Instance, uniform_draw
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
+from flows.service.instance import Instance, uniform_draw
 from flows.service.registry import Registry
 
 REGISTRY = Registry.from_toml(

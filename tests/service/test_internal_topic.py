@@ -8,8 +8,8 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource, run_main
 from confluent_kafka import Producer
-from flows.service._records import internal_copy
 
+from flows.service._records import internal_copy
 from flows.service.connectors.kafka import _split_batches
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import internal_messages

@@ -28,7 +28,8 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.registry import UNIT_SEPARATOR, Experiment, LiveRegistry, Registry
+from flows.service.keys import UNIT_SEPARATOR
+from flows.service.registry import Experiment, LiveRegistry, Registry
 
 REGISTRY = Registry.from_toml(
     """

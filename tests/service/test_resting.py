@@ -3,11 +3,11 @@
 import marshal
 
 import orjson
-from flows.service.instance import Instance, Open
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.service.events import Origin, parse_feedback, parse_request
+from flows.service.instance import Instance, Open
 from flows.service.registry import Registry
 from flows.service.resting import MAX_RESTING_ENTRIES, Resting, entry_of, revive, state_of
 

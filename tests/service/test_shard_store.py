@@ -8,8 +8,9 @@ import orjson
 import pytest
 
 from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.logic import logic_builder, shard_of
-from flows.service.registry import LiveRegistry, Registry, instance_key, split_key
+from flows.service.keys import instance_key, shard_of, split_key
+from flows.service.logic import logic_builder
+from flows.service.registry import LiveRegistry, Registry
 from flows.service.resting import Entry, Resting, revive, state_of
 from flows.service.shard_store import read_payloads, read_records, write_seed
 

@@ -19,14 +19,21 @@ from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import build_flow
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.instance import Instance
-from flows.service.logic import SHARD_NAMES, SHARDS, of_this_layout, shard_name, shard_of
+from flows.service.keys import (
+    SHARD_NAMES,
+    SHARDS,
+    instance_key,
+    of_this_layout,
+    shard_name,
+    shard_of,
+)
 from flows.service.recovery import (
     check_shard_layout,
     read_states,
     seed_from_per_instance_snapshots,
     shard_store,
 )
-from flows.service.registry import Registry, instance_key
+from flows.service.registry import Registry
 from flows.service.settings import ConfigError, Settings
 from flows.service.startup import StartupError, prepare
 from flows.tools.state import export_state, import_state

@@ -19,7 +19,8 @@ from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import Wiring, build_flow
 from flows.service.deadlines import WAKE_UP, DeadlineQueue, worker_queue
 from flows.service.events import Origin, parse_request
-from flows.service.logic import logic_builder, shard_of
+from flows.service.keys import shard_of
+from flows.service.logic import logic_builder
 from flows.service.registry import Registry
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')

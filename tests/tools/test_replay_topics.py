@@ -16,13 +16,13 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Producer
-from flows.service._records import internal_copy
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.service._records import internal_copy
 from flows.service.connectors.kafka import FEEDBACK_TAG, REQUEST_TAG
 from flows.service.events import Origin
-from flows.service.registry import instance_key
+from flows.service.keys import instance_key
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 
 TOML = (

@@ -1,0 +1,110 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Instance keys and shard addressing: which instance an event belongs to, which shard
+holds it. One module, compiled, which the parser's compiled lane calls too.
+
+An instance key is the experiment's name, or experiment + ``UNIT_SEPARATOR`` + unit (one
+bandit per unit). Instances are routed to a fixed number of shards (``SHARDS``) by the
+CRC-32 of the key's UTF-8 (zlib's: stable across processes and machines, never the
+salted built-in ``hash``), and each shard is named with the count, so a store written
+with another count is recognised by its names.
+
+>>> split_key(instance_key("home", "u7")), shown_key(instance_key("home", "u7"))
+(('home', 'u7'), 'home/u7')
+>>> shard_of("home:u1") == shard_of("home:u1"), shard_of("home:u1", shards=1)
+(True, 'shard-000-of-001')
+"""
+
+from cpython.object cimport PyObject
+from libc.stdint cimport uint32_t
+
+UNIT_SEPARATOR = "\x1f"  # cannot appear in a valid experiment name
+
+#: Shards per flow. Fixed: an instance's shard must not change while its state is kept.
+#: More shards than workers spread them over the workers; fewer bring each shard call
+#: more events (bench/RESULTS.md, "shards per flow"). 32 serves up to 32 workers.
+SHARDS = 32
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object text)
+    unsigned char* PyUnicode_DATA(object text)
+
+
+def instance_key(experiment: str, unit: str | None) -> str:
+    """The key of an instance: the experiment's name, or experiment + unit (per unit)."""
+    return experiment if unit is None else f"{experiment}{UNIT_SEPARATOR}{unit}"
+
+
+def split_key(key: str) -> tuple:
+    """(experiment, unit or None) of an instance key."""
+    experiment, separator, unit = key.partition(UNIT_SEPARATOR)
+    return experiment, unit if separator else None
+
+
+def shown_key(key: str) -> str:
+    """An instance key as people write it: ``experiment/unit``."""
+    return key.replace(UNIT_SEPARATOR, "/")
+
+
+def shard_name(index: int, shards: int) -> str:
+    """The name (Bytewax key, log file) of shard ``index`` of ``shards``.
+
+    >>> shard_name(7, 32)
+    'shard-007-of-032'
+    """
+    return f"shard-{index:03d}-of-{shards:03d}"
+
+
+SHARD_NAMES = tuple(shard_name(index, SHARDS) for index in range(SHARDS))
+cdef tuple _NAMES = SHARD_NAMES
+
+
+def of_this_layout(shard: str) -> bool:
+    """Whether ``shard`` is one of this flow's shards (not of a store written with another
+    shard count: before 2026-11-28 tsi used 256 shards named ``shard-NNN``).
+
+    >>> of_this_layout(SHARD_NAMES[0]), of_this_layout("shard-100")
+    (True, False)
+    """
+    index = shard[6:9]  # shard-NNN-of-MMM
+    return index.isdigit() and int(index) < SHARDS and shard == shard_name(int(index), SHARDS)
+
+
+cdef uint32_t _CRC_TABLE[256]
+
+
+cdef void _fill_crc_table() noexcept:
+    cdef uint32_t n, k, c
+    for n in range(256):
+        c = n
+        for k in range(8):
+            c = (c >> 1) ^ 0xEDB88320u if c & 1 else c >> 1
+        _CRC_TABLE[n] = c
+
+
+_fill_crc_table()
+
+
+cdef uint32_t _crc32(const unsigned char* data, Py_ssize_t size) noexcept:
+    cdef uint32_t c = 0xFFFFFFFFu
+    cdef Py_ssize_t i
+    for i in range(size):
+        c = _CRC_TABLE[(c ^ data[i]) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFFu
+
+
+cpdef str shard_of(str key, Py_ssize_t shards=SHARDS):
+    """The shard (Bytewax key) of an instance key: zlib's CRC-32 of its UTF-8, modulo
+    ``shards``."""
+    cdef bytes utf8
+    cdef uint32_t crc
+    if shards < 1:
+        raise ValueError(f"shards must be 1 or more, got {shards}")
+    if PyUnicode_IS_ASCII(key):  # its characters are its UTF-8 bytes
+        crc = _crc32(PyUnicode_DATA(key), len(key))
+    else:
+        utf8 = key.encode()
+        crc = _crc32(utf8, len(utf8))
+    if shards == SHARDS:
+        return _NAMES[crc % SHARDS]
+    return shard_name(crc % shards, shards)
