@@ -4,7 +4,7 @@ Run from the repository root (under a minute)::
 
     .venv/bin/python bench/bench_close.py
 
-``SHARDS`` (32) ``ShardLogic`` objects with a shard store (``flows.service.shard_store``)
+``SHARDS`` (32) ``ShardLogic`` objects with a shard store (``flows.service.shard_log``)
 are fed as the dataflow feeds them, on ``bench_engine``'s workload (10 arms, per-unit instances over
 10,000 units, each request followed by its feedback, batches of 1,000 messages). An epoch
 serves ``PAIRS`` requests and their feedback: the first half before a generation turns
@@ -71,14 +71,17 @@ class Shards:
         """A generation turns in every shard (as after a second), and the calls that
         follow do their work until none is left (as the service's calls do)."""
         for logic in self.logics.values():
-            logic.turned = float("-inf")
+            logic.store.turned = float("-inf")
             logic.handle([])
-            while logic.unwritten or logic.saved or logic.settling:
+            while logic.store.unwritten or logic.store.saved or logic.store.settling:
                 logic.handle([])
 
     def close(self) -> tuple[float, int]:
         """Seconds of every shard's snapshot, and the instances they found changed."""
-        changed = sum(len(s.touched | s.cooling | set(s.settling)) for s in self.logics.values())
+        changed = sum(
+            len(s.store.touched | s.store.cooling | set(s.store.settling))
+            for s in self.logics.values()
+        )
         started = time.perf_counter()
         for logic in self.logics.values():
             logic.snapshot()

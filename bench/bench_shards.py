@@ -63,8 +63,9 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.keys import SHARDS, instance_key, shard_of
-from flows.service.logic import LINGER, Routed, ShardLogic, logic_builder
+from flows.service.logic import Routed, ShardLogic, logic_builder
 from flows.service.registry import Experiment, Registry
+from flows.service.shard_store import LINGER
 
 ARMS = ", ".join(f'"a{i}"' for i in range(10))
 REGISTRY = Registry.from_toml(
@@ -142,7 +143,9 @@ class Fleet:
     def held(self) -> tuple[int, int]:
         """(instances built, resting entries) over all shards."""
         logics = self.logics.values()
-        return sum(len(x.instances) for x in logics), sum(len(x.resting) for x in logics)
+        return sum(len(x.store.instances) for x in logics), sum(
+            len(x.store.resting) for x in logics
+        )
 
 
 def activate(logic: ShardLogic, events: list[Routed]) -> None:
@@ -351,7 +354,7 @@ def fill(fleet: Fleet, n: int, kind: str) -> None:
         fleet.clock.now += LINGER  # users gone longer than LINGER rest
         for logic in fleet.logics.values():
             for _ in range(100_000):
-                if not (logic.saved or len(logic.lingering)):
+                if not (logic.store.saved or len(logic.store.lingering)):
                     break
                 logic.on_notify()
 

@@ -24,7 +24,7 @@ pause of the host moved a run by a third (10^4 read 1.57x in a run where 10^6 re
 
 The probes start ``SETTLE_S`` seconds after the last of the N is answered: shards put the
 instances an event left unchanged for a second to rest a few per call
-(``flows.service.logic.REST_AFTER``), so right after a burst of 10^6 new instances the
+(``flows.service.shard_store.REST_AFTER``), so right after a burst of 10^6 new instances the
 first calls also pay for putting the burst's last second to rest. ``--settle 0`` probes
 at once, to show that tail.
 """

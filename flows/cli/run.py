@@ -25,7 +25,7 @@ from flows.service.dir_lock import hold_directory
 from flows.service.metrics import MetricsPortError
 from flows.service.process import run as run_flow
 from flows.service.settings import DEFAULT_GROUP, DEFAULT_METRICS_HOST, ConfigError, Settings
-from flows.service.shard_store import MIN_EPOCHS
+from flows.service.shard_log import MIN_EPOCHS
 from flows.service.startup import ServiceLog, StartupError, describe_start, prepare
 from flows.service.stopping import Stop
 

@@ -1,23 +1,24 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""A shard's events, compiled: the loop of ``ShardLogic.handle``.
+"""A shard's events, compiled: the loop of ``ShardStore.handle``.
 
 Every event a shard gets passes here, in order: a wake-up asks the shard for what is due
-(``ShardLogic.expire_due``); a request or feedback finds its instance (or has the shard
-bind it: built new, or revived from its resting bytes, ``ShardLogic.bind``), follows a
+(``ShardStore.expire_due``); a request or feedback finds its instance (or has the shard
+bind it: built new, or revived from its resting bytes, ``ShardStore.bind``), follows a
 changed experiment, and is handled by the instance (``flows.service.instance``, the only
 body of the instance's rules), then counted. The loop reaches the shard only through
-what ``ShardLogic`` declares for it: ``instances``, ``touched``, ``deadlines``,
+what ``ShardStore`` declares for it: ``instances``, ``touched``, ``deadlines``,
 ``context``, ``bind``, ``expire_due`` and ``changed``.
 
 Counting has one body, here: what an event did (its outputs and the instance's
 ``Changes``) is added in C and handed to the thread's tally (``metrics.thread_tally``)
 before anything else counts and at the end of each batch.
 
->>> from flows.service.logic import logic_builder
->>> from flows.service.registry import Registry
+>>> from flows.service.shard_store import FlowContext, ShardStore
+>>> from flows.service.registry import LiveRegistry, Registry
 >>> from flows.service.events import Origin, parse_request
->>> shard = logic_builder(Registry.from_toml('[experiments.home]\\narms = ["a", "b"]'))(None)
->>> home = shard.context.registry.current["home"]
+>>> live = LiveRegistry(Registry.from_toml('[experiments.home]\\narms = ["a", "b"]'))
+>>> shard = ShardStore(FlowContext(live))
+>>> home = live.current["home"]
 >>> ask = lambda rid: ("home", home, parse_request(
 ...     b'{"experiment":"home","request_id":"%s"}' % rid.encode(), Origin("t")))
 >>> [first, second] = handle(shard, [ask("r1"), ask("r2")])
@@ -142,12 +143,12 @@ cdef class _Counts:
 
 
 cdef class _Loop:
-    """A shard's loop, kept by its logic from one batch to the next (a shard gets a few
+    """A shard's loop, kept by its store from one batch to the next (a shard gets a few
     events a call, so what is read once per call counts): its flow's context as last
-    read, the counts by experiment; during a batch, the shard's logic (let go after each
+    read, the counts by experiment; during a batch, the shard's store (let go after each
     batch: no cycle between the two)."""
 
-    cdef object logic, context, deadlines, stream, clock, tally
+    cdef object store, context, deadlines, stream, clock, tally
     cdef dict instances
     cdef set touched
     cdef dict counts  # experiment name -> _Counts
@@ -170,13 +171,13 @@ cdef class _Loop:
         self.age_request = _Times(AGE_BUCKETS)
         self.age_feedback = _Times(AGE_BUCKETS)
 
-    cdef int begin(self, object logic) except -1:
-        """A new batch: the logic and its tables, this thread's tally, the context if it
+    cdef int begin(self, object store) except -1:
+        """A new batch: the store and its tables, this thread's tally, the context if it
         changed."""
-        self.logic = logic
-        self.instances = logic.instances
-        self.touched = logic.touched
-        self.deadlines = logic.deadlines
+        self.store = store
+        self.instances = store.instances
+        self.touched = store.touched
+        self.deadlines = store.deadlines
         if self.tally is None or PyThread_get_thread_ident() != self.tally_thread:
             tally = self.tally = thread_tally()
             self.tally_thread = PyThread_get_thread_ident()
@@ -185,7 +186,7 @@ cdef class _Loop:
             self.age_request.hist = tally.age[True]
             self.age_feedback.hist = tally.age[False]
         self.noted_source = None
-        context = logic.context
+        context = store.context
         if context is not self.context:
             self.context = context
             self.stream = context.stream
@@ -232,27 +233,27 @@ cdef class _Loop:
             self.noted_source = None
         return 0
 
-    cdef list serve(self, object logic, list events):
-        self.begin(logic)
+    cdef list serve(self, object store, list events):
+        self.begin(store)
         try:
-            return self.serve_all(logic, events)
+            return self.serve_all(store, events)
         finally:
             self.told()
             self.tallied()
-            self.logic = None
+            self.store = None
 
-    cdef list serve_all(self, object logic, list events):
+    cdef list serve_all(self, object store, list events):
         cdef list out = []
         for key, experiment, event in events:
             if type(event) is str:  # WAKE_UP, the only event that is not parsed
                 self.told()
                 self.tallied()
-                out.extend(logic.expire_due())
+                out.extend(store.expire_due())
             else:
-                self.serve_one(logic, key, experiment, event, out)
+                self.serve_one(store, key, experiment, event, out)
         return out
 
-    cdef int serve_one(self, object logic, str key, object experiment, object event,
+    cdef int serve_one(self, object store, str key, object experiment, object event,
                        list out) except -1:
         """Handle a request or feedback: its outputs appended to ``out``, counted."""
         cdef double started = _monotonic(), now = 0.0, due = INFINITY, after
@@ -263,7 +264,7 @@ cdef class _Loop:
         changes.clear()
         try:
             if instance is None:
-                instance, new = logic.bind(experiment, key)
+                instance, new = store.bind(experiment, key)
                 bound = True
             else:
                 due = instance.due()
@@ -290,7 +291,7 @@ cdef class _Loop:
             out.append(DeadLetter("internal_error", detail, event.raw, event.origin, key))
             changes.clear()
             self.count(experiment, event, is_request, out, first, new, started, now)
-            logic.changed(key)
+            store.changed(key)
             return 0
         self.count(experiment, event, is_request, out, first, new, started, now)
         self.touched.add(key)
@@ -390,10 +391,10 @@ cdef inline int _add(list counters, Py_ssize_t slot, long n) except -1:
     return 0
 
 
-def handle(logic, list events) -> list:
+def handle(store, list events) -> list:
     """Serve ``events`` (routed: (instance key, experiment, event), or a wake-up) in order
-    for the shard ``logic``; their outputs, in order. The loop is kept in ``logic.loop``."""
-    cdef _Loop loop = logic.loop
+    for the shard ``store``; their outputs, in order. The loop is kept in ``store.loop``."""
+    cdef _Loop loop = store.loop
     if loop is None:
-        loop = logic.loop = _Loop()
-    return loop.serve(logic, events)
+        loop = store.loop = _Loop()
+    return loop.serve(store, events)

@@ -335,7 +335,7 @@ def build_flow(
     ``guards``: the ts window, the dead letters' size bound, offsets to skip. A
     ``LiveRegistry`` lets the service swap the registry while the flow runs; ``stream``
     runs the time to live on stream time (the Kafka service). ``store``: where the
-    shards append what each epoch changed (``flows.service.shard_store``); without it a
+    shards append what each epoch changed (``flows.service.shard_log``); without it a
     shard's snapshot holds all its instances.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)

@@ -57,6 +57,7 @@ def shard_name(index: int, shards: int) -> str:
 
 SHARD_NAMES = tuple(shard_name(index, SHARDS) for index in range(SHARDS))
 cdef tuple _NAMES = SHARD_NAMES
+cdef Py_ssize_t _SHARDS = SHARDS  # what _NAMES names
 
 
 def of_this_layout(shard: str) -> bool:
@@ -105,6 +106,6 @@ cpdef str shard_of(str key, Py_ssize_t shards=SHARDS):
     else:
         utf8 = key.encode()
         crc = _crc32(utf8, len(utf8))
-    if shards == SHARDS:
-        return _NAMES[crc % SHARDS]
+    if shards == _SHARDS:
+        return _NAMES[crc % _SHARDS]
     return shard_name(crc % shards, shards)

@@ -1,44 +1,34 @@
-"""The Bytewax side of the instances: one ``StatefulBatchLogic`` per shard.
+"""The Bytewax side of the shards: one ``StatefulBatchLogic`` per shard.
 
 Instances are routed to a fixed number of shards (``keys.shard_of``), and each shard is one
-Bytewax key holding many ``flows.service.instance.Instance`` objects. Bytewax's cost per
+Bytewax key holding many instances in its ``shard_store.ShardStore``. Bytewax's cost per
 key (its own state, its timers, its snapshot calls) is then paid per shard, not per
 user, and one call handles all the events an activation brings to a shard. Every routed
 item carries its instance key and its experiment (looked up once, when the event is
 routed). Each event is guarded: an unexpected error becomes a dead letter for that event
 and the dataflow keeps running.
-
 """
 
 from __future__ import annotations
 
-import gc
-import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bytewax.operators import StatefulBatchLogic
 
-from flows.service import _event_loop as event_loop
-from flows.service._deadline_queue import TimeHeap
 from flows.service._records import split_outputs
-from flows.service.deadlines import DeadlineQueue, worker_queue
-from flows.service.events import DeadLetter, Feedback, Origin, Request
-from flows.service.instance import Instance, Output
-from flows.service.keys import SHARDS, of_this_layout, shard_of, split_key
-from flows.service.metrics import observe_expired, observe_restored
-from flows.service.registry import Experiment, LiveRegistry, Registry
-from flows.service.resting import Entry, Resting, entry_of, open_tickets, revive
-from flows.service.shard_store import ShardLog
+from flows.service.deadlines import worker_queue
+from flows.service.events import DeadLetter
+from flows.service.instance import Output
+from flows.service.registry import LiveRegistry, Registry
+from flows.service.shard_store import REST_AFTER, FlowContext, Routed, ShardStore
 from flows.service.stream_clock import StreamClock
 
-log = logging.getLogger(__name__)
+__all__ = ["REST_AFTER", "FlowContext", "Routed", "ShardLogic", "Split", "logic_builder"]
 
-Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experiment, event)
 #: A shard's outputs as Bytewax gets them: the selections' JSON keyed by instance, and the
 #: dead letters (``flows.service._records.split_outputs``).
 Split = tuple[list[tuple[str, bytes]], list[DeadLetter]]
@@ -49,156 +39,15 @@ def _split(out: list[Output]) -> tuple[list[Split], bool]:
     return ([split_outputs(out)] if out else []), StatefulBatchLogic.RETAIN
 
 
-#: Seconds without an event after which an instance is put to rest (packed; with a shard
-#: log, written to it): a generation of the shard's changed keys turns every ``REST_AFTER``
-#: seconds, and what the last one changed and the current one has not is settled a few
-#: keys per call. An epoch's close then writes only what changed in the last one or two
-#: generations, and without recovery it does nothing at all.
-REST_AFTER = 1.0
-SETTLE_BASE = 64
-#: New instances (keys the shard holds no state for) after which its generation turns before
-#: ``REST_AFTER`` has passed. A flood of new users (an experiment's launch, a bench's
-#: load) then keeps about three generations of them live, ~0.7-1 KB of Python objects
-#: each, instead of ``REST_AFTER`` seconds' worth at the input's rate. The peak matters
-#: after it has passed: CPython keeps the pools a peak filled (an arena goes back to the
-#: system only when emptied entirely), and they stay in the RSS beside the resting
-#: instances: after 10^6 new users at 30-55k a second, 52-90 MB of empty pools in 70-122
-#: arenas (``sys._debugmallocstats``), ~75 B an instance (``bench/RESULTS.md``).
-#: Instances built from their resting bytes do not count: users coming back often would
-#: otherwise turn generations that put them to rest again, every event a revival.
-NEW_PER_GENERATION = 256
-#: Seconds an instance holding several answers kept for retries stays live after its
-#: newest answer: a user who comes back within it is served live; one gone longer rests
-#: with its answers as compact tuples (~0.7 KB a user with five against ~2.9 KB live),
-#: and its next return pays a revival and a rest (~25 us, ``bench/RESULTS.md``).
-LINGER = 60.0
-#: Seconds ahead within which a deadline counts as an instance's next change: the calls
-#: do not write such an instance ahead of the epoch's close (see ``ShardLogic._settle``).
-CHANGE_NEAR = 5.0
-
-
-@dataclass(frozen=True)
-class FlowContext:
-    """What every shard of one dataflow shares: the registry, the clock, whether
-    snapshots are built (recovery on), whether the flow runs on event time, and the stream
-    clock (the Kafka service: an event's time is its Kafka timestamp and tickets expire on
-    stream time, see ``flows.service.stream_clock``)."""
-
-    registry: LiveRegistry
-    clock: Callable[[], float] = time.time
-    snapshots: bool = True
-    event_time: bool = False
-    stream: StreamClock | None = None
-    wake_ups: bool = False  # wake-ups from the worker's queue instead of Bytewax timers
-    # with snapshots: the directory of the shards' logs (``flows.service.shard_store``);
-    # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
-    store: Path | None = None
-    rest_after: float = REST_AFTER  # see REST_AFTER; 0 settles at every call
-
-
 class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
-    """The instances of one shard, created on their first event (which names the
-    experiment), with one queue of their deadlines: the shard asks for one wake-up, its
-    earliest deadline.
-
-    On event time (replays, the demo) ``now`` is the event's own ``ts`` (else the clock),
-    an instance's deadlines pass when its next event or the end of the input passes them,
-    and Bytewax's wall-clock notifications are not used: the same input gives the same
-    output.
-
-    The registry may change under an instance (a restart with an edited file, or a live
-    reload): it follows its experiment's new definition on restore or on its next event
-    (``Instance.follow``). The state of an experiment removed from the registry is kept
-    as it is (archived: snapshotted unchanged, shown by ``tsi inspect``) and comes back
-    to life if the experiment returns.
-    """
+    """The Bytewax side of one shard: Bytewax's calls mapped onto the shard's
+    ``ShardStore``, and the shard's wake-ups asked for (from the worker's queue, or as
+    Bytewax's ``notify_at``). On event time Bytewax's wall-clock notifications are not
+    used."""
 
     def __init__(self, context: FlowContext, resume: dict[str, Any] | None = None) -> None:
-        self.context = context
-        self.shard: str | None = None  # known from the resume state, or the first event
-        self.instances: dict[str, Instance] = {}
-        self.resting = Resting()  # saved, not built: idle, or of an experiment not in force
-        self.deadlines = DeadlineQueue()  # instance keys, by their next deadline
-        self.touched: set[str] = set()  # instances changed in this generation
-        self.cooling: set[str] = set()  # changed in the generation before, not since
-        self.settling: list[str] = []  # unchanged for a generation: to put to rest
-        self.unwritten: list[str] = []  # cooling, with a log: written a few per call
-        self.saved: list[str] = []  # written at an epoch's close: to put to rest, unwritten
-        self.clean: set[str] = set()  # written since they last changed (see ``_settle``)
-        self.lingering = TimeHeap()  # (when to look again, key) of those kept live (LINGER)
-        self.turned = time.monotonic()  # when the generation turned
-        self.created = 0  # new instances in this generation (NEW_PER_GENERATION)
-        self.log: ShardLog | None = None
-        self.loop: Any = None  # what the compiled loop keeps between calls (_event_loop)
-        self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
-        self.foreign: list[Entry] = []  # a shard of another shard count: kept as they are
-        if resume:
-            self._start(resume["shard"], resume)
-
-    def _start(self, shard: str, resume: dict[str, Any] | None) -> None:
-        """Become shard ``shard``, with its saved entries: in the resume state itself, in
-        the shard's log up to the resume state's marker, or (no resume state) its seed.
-        The cyclic GC is held while the entries load: they are many young objects, and
-        its full collections were most of a restart's time (7.0 s for 10^6 instances,
-        2.5 s without)."""
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            self._load(shard, resume)
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _load(self, shard: str, resume: dict[str, Any] | None) -> None:
-        self.shard = shard
-        if resume is not None and "entries" in resume:
-            entries = {entry.key: entry for entry in resume["entries"]}
-        elif self.context.store is not None and self.context.snapshots:
-            self.log = ShardLog(self.context.store, shard)
-            entries, problem = self.log.resume(None if resume is None else resume["store"])
-            if problem is not None:
-                self._lost(f"the shard's log is damaged, {len(entries)} instances read: {problem}")
-            if self.log.fresh:  # a base now, so that resting can write within the first epoch
-                self.log.compact(list(entries.values()))
-        else:
-            entries = {}
-        if not of_this_layout(shard):  # no event is routed here: held as they are
-            self.foreign = list(entries.values())
-            detail = (
-                f"{len(entries)} instances kept unserved: {shard} is a shard of another shard "
-                f"count (this flow has {SHARDS}); move the state with `tsi state export` and "
-                "`tsi state import`, which put each instance in its shard"
-            )
-            self._lost(detail, "foreign_shard")
-        else:
-            for entry in entries.values():
-                self._resume(entry)
+        self.store = ShardStore(context, resume)
         self._wish()
-
-    def _lost(self, detail: str, reason: str = "state_lost") -> None:
-        log.error("%s: %s", self.shard, detail)
-        letter = DeadLetter(reason, detail, b"", Origin("recovery"), self.shard)
-        self.problems.append(letter)
-
-    def _resume(self, entry: Entry) -> None:
-        experiment = self.context.registry.current.get(entry.experiment)
-        if experiment is None:
-            log.warning("instance %r archived: its experiment left the registry", entry.key)
-            self.resting.put(entry)
-            observe_restored(entry.experiment)
-            return
-        if self.resting.take(entry):  # idle, or waiting on entries: built on its next event
-            observe_restored(entry.experiment, pending=open_tickets(entry))
-            return
-        try:
-            instance = revive(entry, experiment)
-        except Exception as exc:  # kept as it is: its events get internal_error letters
-            self.resting.put(entry)
-            self._lost(f"instance {entry.key!r} cannot be restored ({exc}); its state is kept")
-            return
-        self.instances[instance.key] = instance
-        observe_restored(entry.experiment, instance)
-        self.deadlines.want(instance.key, self._due(instance))
 
     def on_batch(self, values: list[list[Routed]]) -> tuple[Iterable[Split], bool]:
         """Bytewax's call: the batches routed to this shard; one item out, all outputs
@@ -207,301 +56,47 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
 
     def handle(self, events: list[Routed]) -> list[Output]:
         """Handle events in order; their outputs (and problems found restoring) in order."""
-        out: list[Output] = []
-        if self.problems:
-            out, self.problems = self.problems, []
-        out += event_loop.handle(self, events)
-        self._settle(len(events))
+        out = self.store.handle(events)
         self._wish()
         return out
-
-    # What the compiled loop (``flows.service._event_loop``) uses of a shard: ``instances``,
-    # ``touched``, ``deadlines``, ``context`` and the three methods below.
-    def changed(self, key: str) -> None:
-        """An event reached instance ``key``: snapshot it, and wake it at its next deadline."""
-        if key in self.instances:
-            self.touched.add(key)
-            self.deadlines.want(key, self._due(self.instances[key]))
-
-    def bind(self, experiment: Experiment, key: str) -> tuple[Instance, bool]:
-        """The first event of a key since the shard started: a saved instance built, or
-        a new one (True)."""
-        if self.shard is None:
-            self._start(shard_of(key), None)
-            if key in self.instances:  # from the seed
-                return self.instances[key], False
-        entry = self.resting.pop(key)
-        return self._built(experiment, key, entry), entry is None
-
-    def _built(self, experiment: Experiment, key: str, entry: Entry | None) -> Instance:
-        """A new instance of ``key`` (no entry), or ``entry`` revived, now live; an entry
-        that cannot be revived is kept as it was, and the error raised."""
-        if entry is None:
-            instance = Instance(experiment, key)
-            self.created += 1
-        else:
-            try:
-                instance = revive(entry, experiment)
-            except Exception:
-                self.resting.put(entry)  # kept as it was
-                raise
-        self.instances[key] = instance
-        return instance
-
-    def _now(self) -> float:
-        """What a wake-up or the end of the input expires against: the stream time, or
-        the clock."""
-        stream = self.context.stream
-        return self.context.clock() if stream is None else stream.now()
-
-    def _due(self, instance: Instance) -> float | None:
-        """When an instance wants to be woken: now for dead letters waiting to be handed
-        out, else its next deadline."""
-        return self._now() if instance.has_notices() else instance.next_deadline()
-
-    def expire_due(self) -> list[Output]:
-        """Expire what is due in the instances whose deadline has come, live or resting
-        (built first, unless a kept answer is all there is to drop), in the order of their
-        deadlines."""
-        out: list[Output] = []
-        now = self._now()
-        woken = self.deadlines.due_times(now)
-        resting = self.resting.due(now)
-        dropped: list[Entry] = []
-        for _, key in sorted(woken + resting) if resting else woken:
-            instance = self.instances.get(key)
-            if instance is None and (instance := self._woken(key, now, dropped)) is None:
-                continue
-            done = instance.take_notices() + instance.expire(now)
-            observe_expired(instance, done)  # never raises
-            out += done
-            self.touched.add(key)
-            self.deadlines.want(key, self._due(instance))
-        if dropped and self.log is not None:  # as the calls write what they put to rest
-            self.log.write(dropped)
-        return out
-
-    def _woken(
-        self, key: str, now: float | None = None, dropped: list[Entry] | None = None
-    ) -> Instance | None:
-        """A resting instance whose deadline has come, built; None if it is not held or
-        its experiment left the registry (kept as it is, archived). With ``dropped``, a
-        record that holds nothing but a kept answer due by ``now`` is not built: the
-        answer is dropped in the record (``Resting.drop_answer``: the same state, no
-        output, no unpack and pack), its idle entry added to ``dropped``, and None."""
-        experiment = self.context.registry.current.get(split_key(key)[0])
-        entry = self.resting.pop(key)  # read once, whichever way it goes
-        if entry is None:
-            return None
-        if experiment is None:
-            self.resting.put(entry)
-            return None
-        if dropped is not None:
-            idle = self.resting.drop_answer(entry, now, experiment.packing)
-            if idle is not None:
-                self.resting.take(idle)
-                dropped.append(idle)
-                return None
-        try:
-            return self._built(experiment, key, entry)
-        except Exception as exc:  # kept as it was (see _built)
-            self._lost(f"instance {key!r} cannot be restored ({exc}); its state is kept")
-            return None
-
-    def _next_deadline(self) -> float | None:
-        """The earliest deadline of the shard's instances, live or resting."""
-        live, resting = self.deadlines.next(), self.resting.next_deadline()
-        return live if resting is None else resting if live is None else min(live, resting)
-
-    def _wish(self) -> None:
-        """With wake-ups from the worker's queue, queue this shard's next one (now, for
-        problems to hand out)."""
-        if self.context.wake_ups and not self.context.event_time and self.shard is not None:
-            due = self._now() if self.problems else self._next_deadline()
-            worker_queue().want(self.shard, self._sooner(due))
-
-    def _sooner(self, due: float | None) -> float | None:
-        """``due``, or sooner if instances wait to be put to rest (now) or the generation
-        should turn, or an instance kept live (``lingering``) is due to be looked at again:
-        a shard no event reaches still settles what its last events changed."""
-        if len(self.lingering):  # (conditionals, not min and max: this runs every call)
-            linger = self.lingering.first_time()
-            due = linger if due is None or linger < due else due
-        if self.settling or self.saved:
-            wait = 0.0
-        elif self.touched or self.cooling:
-            wait = self.turned + self.context.rest_after - time.monotonic()
-            wait = wait if wait > 0.0 else 0.0
-        else:
-            return due
-        settle = self._now() + wait
-        return settle if due is None or settle < due else due
-
-    def _settle(self, handled: int) -> None:
-        """Put to rest the instances no event changed for a generation (``REST_AFTER``
-        seconds, or fewer if ``NEW_PER_GENERATION`` new instances came first): at most
-        ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
-        calls and keeps up with the keys they touch. With a log, what is put to rest is
-        written first unless it is ``clean`` (written since it last changed: a key
-        touched in a generation leaves ``clean`` when the generation turns, and while
-        it is touched it is neither written nor put to rest). Within the same budget,
-        the keys an epoch's close wrote (``saved``) are put to rest, and the keys the
-        last generation changed are written (``unwritten``), so that the close, which
-        holds every answer, has only the newest changes left to write; not those whose
-        next change is likely near (``_changes_before``): written now and again soon,
-        they would cost twice the bytes."""
-        writing = self.log is not None and self.context.snapshots
-        clock = time.monotonic()
-        if clock - self.turned >= self.context.rest_after or self.created >= NEW_PER_GENERATION:
-            self.turned, self.created = clock, 0
-            self.clean -= self.touched
-            self.settling += self.cooling - self.touched
-            self.cooling = set(self.touched)  # the loop holds this set: cleared, kept
-            self.touched.clear()
-            if writing:
-                self.unwritten = list(self.cooling)
-        budget = SETTLE_BASE + 2 * handled
-        if self.settling:
-            keys, self.settling[-budget:] = self.settling[-budget:], []
-            keys = [k for k in dict.fromkeys(keys) if k not in self.touched and k in self.instances]
-            if keys:
-                if writing:
-                    self._write([key for key in keys if key not in self.clean])
-                self.clean.difference_update(keys)
-                self._put_to_rest([self.instances[key] for key in keys])
-                budget -= len(keys)
-        if self.saved and budget > 0:
-            keys, self.saved[-budget:] = self.saved[-budget:], []
-            clean = [key for key in keys if key in self.clean and key not in self.touched]
-            self.clean.difference_update(keys)
-            self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
-            budget -= len(keys)
-        if len(self.lingering) and budget > 0:  # those kept live whose time has come
-            now = self._now()
-            while len(self.lingering) and budget > 0 and self.lingering.first_time() <= now:
-                _, key = self.lingering.pop()
-                budget -= 1
-                if key not in self.touched and key in self.instances:
-                    self._put_to_rest([self.instances[key]])
-        if self.unwritten and budget > 0:
-            keys, self.unwritten[-budget:] = self.unwritten[-budget:], []
-            cooling, touched, clean, live = self.cooling, self.touched, self.clean, self.instances
-            keys = [k for k in keys if k in cooling and k not in touched and k not in clean]
-            soon = self._now() + CHANGE_NEAR
-            keys = [k for k in keys if k in live and not _changes_before(live[k], soon)]
-            self._write(keys)
-            self.clean.update(keys)
-
-    def _write(self, keys: list[str]) -> None:
-        """Write the live instances ``keys`` to the log within an epoch."""
-        if keys:
-            self.log.write([entry_of(self.instances[key]) for key in keys])
-
-    def _put_to_rest(self, instances: list[Instance]) -> None:
-        """Pack ``instances`` and hold the idle ones and those waiting on entries as
-        bytes (one no longer live, e.g. named twice: two closes may save a key twice, is
-        left as it is); one holding several kept answers, the newest less than
-        ``LINGER`` old, stays live until then (``lingering``)."""
-        now = None
-        for instance in instances:
-            if self.instances.get(instance.key) is not instance:
-                continue
-            newest = instance.newest_answer()
-            if newest is not None:
-                now = self._now() if now is None else now
-                if newest + LINGER > now:
-                    self.lingering.push(newest + LINGER, instance.key)
-                    continue
-            instance.rest()
-            if self.resting.put_instance(instance):  # its deadline, if any, goes with it
-                del self.instances[instance.key]
-                self.deadlines.forget(instance.key)
 
     def on_notify(self) -> tuple[Iterable[Split], bool]:
         return _split(self.wake())
 
     def wake(self) -> list[Output]:
         """A timer's call: what is due, and problems found restoring; and resting."""
-        out, self.problems = self.problems + self.expire_due(), []
-        self._settle(0)
-        return out
+        return self.store.wake()
 
     def on_eof(self) -> tuple[Iterable[Split], bool]:
         return _split(self.finish())
 
     def finish(self) -> list[Output]:
-        """On event time, the end of the input is the last moment: expire what is due."""
-        out, self.problems = self.problems, []
-        if self.context.event_time:  # built, to expire below
-            for key in self.resting.waiting():
-                self._woken(key)
-        for key in sorted(self.instances):
-            instance = self.instances[key]
-            done = instance.take_notices()
-            if self.context.event_time:
-                done += instance.expire(self.context.clock())
-            observe_expired(instance, done)  # never raises
-            out += done
-        return out
+        """The end of the input (see ``ShardStore.finish``)."""
+        return self.store.finish()
 
     def notify_at(self) -> datetime | None:
         """A wall-clock wake-up at the shard's next deadline; on stream time a deadline the
         stream has not reached yet (the service is catching up) is looked at again in a
         second."""
-        if self.context.event_time or self.context.wake_ups:
+        context = self.store.context
+        if context.event_time or context.wake_ups:
             return None
-        due = self.context.clock() if self.problems else self._sooner(self._next_deadline())
+        due = self.store.wake_at()
         if due is None:
             return None
-        if self.context.stream is not None:  # a past deadline: expire() decides, every second
+        if context.stream is not None:  # a past deadline: expire() decides, every second
             due = max(due, time.time() + 1.0)
         return datetime.fromtimestamp(due, tz=UTC)
 
     def snapshot(self) -> dict[str, Any] | None:
-        """The shard's state for recovery: the instances changed since they were last
-        written, appended to the shard's log (``context.store``; the snapshot is the log's
-        marker), else the whole shard. Bytewax asks for it at every epoch close, for every
-        shard touched, recovery or not: without recovery nothing is built, and resting
-        goes on at its own pace (``_settle``). With a log, the instances written here are
-        put to rest by the calls that follow (``saved``): the close holds every answer."""
-        if not self.context.snapshots or self.shard is None:
-            self._settle(0)
-            return None
-        keys = self.touched | self.cooling | set(self.settling)
-        changed = [self.instances[key] for key in keys if key in self.instances]
-        dirty = [i for i in changed if i.key in self.touched or i.key not in self.clean]
-        self.touched.clear()
-        self.cooling.clear()
-        self.settling.clear()
-        self.unwritten.clear()
-        if self.log is None:
-            state = {"shard": self.shard, "entries": self._all_entries()}
-        elif self.log.wants_compaction:
-            state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
-        elif dirty:
-            state = {"shard": self.shard, "store": self.log.append(list(map(entry_of, dirty)))}
-        else:
-            state = {"shard": self.shard, "store": self.log.marker}
-        if self.log is None:
-            self._put_to_rest(changed)
-        else:  # at the pace of the calls that follow: the close is the latency's tail
-            written = [instance.key for instance in changed]
-            self.saved += written
-            self.clean.update(written)
-        return state
+        """Bytewax's call at an epoch's close (see ``ShardStore.flush_epoch``)."""
+        return self.store.flush_epoch()
 
-    def _all_entries(self) -> list[Entry]:
-        live = [entry_of(i) for i in self.instances.values()]
-        return live + self.resting.entries() + self.foreign
-
-
-def _changes_before(instance: Instance, soon: float) -> bool:
-    """Whether ``instance`` will likely change before ``soon``: a selection waits for its
-    feedback, or a deadline (an expiry, a kept answer's end) comes first."""
-    if instance.awaits_feedback():
-        return True
-    due = instance.next_deadline()
-    return due is not None and due <= soon
+    def _wish(self) -> None:
+        """With wake-ups from the worker's queue, queue this shard's next one."""
+        store = self.store
+        if store.context.wake_ups and not store.context.event_time and store.shard is not None:
+            worker_queue().want(store.shard, store.wake_at())
 
 
 def logic_builder(

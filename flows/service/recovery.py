@@ -3,7 +3,7 @@ hold (``read_states``: the per-instance state the dataflow snapshotted).
 
 Bytewax keeps one SQLite file per recovery partition; the stateful step's rows hold each
 shard's marker into its log (``shards/`` beside the partitions, see
-``flows.service.shard_store``) at each epoch. The state of record is the latest marker at
+``flows.service.shard_log``) at each epoch. The state of record is the latest marker at
 or before the partition's committed epoch: what a restart resumes from (the commit lags
 the newest snapshot by the backup interval). Only read recovery directories you trust:
 snapshots and logs are pickles.
@@ -24,7 +24,7 @@ from flows.service.dir_lock import is_empty, is_lock_file
 from flows.service.keys import SHARDS, of_this_layout, shard_of
 from flows.service.resting import Entry, state_of
 from flows.service.settings import ConfigError
-from flows.service.shard_store import ShardLog, read_payloads, read_records, shards_in, write_seed
+from flows.service.shard_log import ShardLog, read_payloads, read_records, shards_in, write_seed
 
 STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance

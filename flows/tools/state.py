@@ -12,7 +12,7 @@ applied twice.
 Both commands hold the recovery lock (``flows.service.dir_lock``) of every directory they
 touch while they work: a directory a running service holds is refused.
 
-The file is a sequence of records (``flows.service.shard_store.encode``): a header (the
+The file is a sequence of records (``flows.service.shard_log.encode``): a header (the
 format, the input positions, the number of instances), then the instances' entries.
 It is a pickle, like the store it comes from: import only files you made.
 """
@@ -43,7 +43,7 @@ from flows.service.recovery import (
     shard_store,
 )
 from flows.service.resting import Entry
-from flows.service.shard_store import encode, read_payloads, write_seed
+from flows.service.shard_log import encode, read_payloads, write_seed
 
 FORMAT = "tsi.state"
 VERSION = 1

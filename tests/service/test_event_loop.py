@@ -20,9 +20,10 @@ from flows.service import _answer_book, _event_loop
 from flows.service import instance as compiled_instance
 from flows.service.events import Origin, parse_feedback, parse_request
 from flows.service.instance import Instance, Open
-from flows.service.logic import LINGER, FlowContext, ShardLogic
+from flows.service.logic import FlowContext, ShardLogic
 from flows.service.metrics import thread_tally
 from flows.service.registry import LiveRegistry, Registry
+from flows.service.shard_store import LINGER
 from flows.service.stream_clock import StreamClock
 from tests.service.reference_shard import ReferenceShard
 from tsi_core import Bandit
@@ -130,9 +131,9 @@ def run(script, stream_time: bool, rest_after: float = 1e9, reference: bool = Fa
     if reference:
         held = oracle.instances
     else:
-        for key in list(shard.resting):  # built: their states compared with the oracle's
-            shard.bind(live.current[key.split("\x1f")[0]], key)
-        held = shard.instances
+        for key in list(shard.store.resting):  # built: their states compared with the oracle's
+            shard.store.bind(live.current[key.split("\x1f")[0]], key)
+        held = shard.store.instances
     states = {key: instance.to_dict() for key, instance in sorted(held.items())}
     after = thread_tally().experiments
     counted = {
@@ -239,8 +240,8 @@ def test_events_from_another_process_reach_the_receiving_registrys_experiment():
         [(_, carried, _)] = pickle.loads(pickle.dumps(routed))
         assert carried is experiment
         shard.handle(pickle.loads(pickle.dumps(routed)))
-    assert shard.instances["user\x1fu1"].experiment is live.current["user"]
-    assert shard.instances["user\x1fu1"].bandit.n_updates == 1
+    assert shard.store.instances["user\x1fu1"].experiment is live.current["user"]
+    assert shard.store.instances["user\x1fu1"].bandit.n_updates == 1
 
 
 def test_a_user_back_with_kept_answers_builds_them_only_when_read():
@@ -264,20 +265,20 @@ def test_a_user_back_with_kept_answers_builds_them_only_when_read():
     for rid in first:
         send("feedback", rid)
     shard.wake()
-    assert key in shard.instances  # back within LINGER of its newest answer: kept live
+    assert key in shard.store.instances  # back within LINGER of its newest answer: kept live
     assert shard.notify_at().timestamp() == now[0] + LINGER  # woken then, events or not
     now[0] += LINGER
     shard.wake()
-    assert key in shard.resting and key not in shard.instances
+    assert key in shard.store.resting and key not in shard.store.instances
     [answer] = send("request", "r4")
-    assert shard.instances[key].holding()["book"] == 3  # none built
+    assert shard.store.instances[key].holding()["book"] == 3  # none built
     assert send("feedback", "r4") == []
-    assert shard.instances[key].holding()["book"] == 4  # and r4's answer
+    assert shard.store.instances[key].holding()["book"] == 4  # and r4's answer
     assert send("request", "r2") == first["r2"]  # a retry, answered the same
-    assert shard.instances[key].holding()["book"] == 3  # r2 built into an entry
+    assert shard.store.instances[key].holding()["book"] == 3  # r2 built into an entry
     [duplicate] = send("feedback", "r1")
     assert duplicate.reason == "duplicate_feedback"
-    assert shard.instances[key].bandit.n_updates == 4 and answer.round == 4
+    assert shard.store.instances[key].bandit.n_updates == 4 and answer.round == 4
 
 
 def test_an_error_handling_an_event_is_its_dead_letter(monkeypatch):
@@ -322,7 +323,7 @@ def test_the_kept_loop_reads_an_experiment_again_after_a_reload():
 
     ask("r1")
     ask("r2")
-    loop = shard.loop
+    loop = shard.store.loop
     for ttl in (50, 500):
         live.current = Registry.from_toml(
             f'[experiments.user]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = {ttl}\n'
@@ -330,8 +331,8 @@ def test_the_kept_loop_reads_an_experiment_again_after_a_reload():
         )
         ask(f"r{ttl}")  # follows the new definition
         ask(f"s{ttl}")
-        assert shard.loop is loop
-        assert shard.instances["user\x1fu1"].open[f"s{ttl}"].deadline == now[0] + ttl
+        assert shard.store.loop is loop
+        assert shard.store.instances["user\x1fu1"].open[f"s{ttl}"].deadline == now[0] + ttl
 
 
 def test_a_shard_and_its_kept_loop_are_freed_by_reference_counting():
@@ -343,7 +344,7 @@ def test_a_shard_and_its_kept_loop_are_freed_by_reference_counting():
     for rid in ("r1", "r2"):
         raw = orjson.dumps(message("request", "user", "u1", rid, 0.0, None, None, None))
         shard.handle([(experiment.instance_key("u1"), experiment, parse_request(raw, Origin("t")))])
-    assert shard.loop is not None
+    assert shard.store.loop is not None
     dropped = weakref.ref(shard)
     collecting = gc.isenabled()
     gc.disable()
@@ -372,7 +373,7 @@ def test_tables_of_several_entries_are_not_walked_by_the_cyclic_gc():
     for rid in ("r1", "r2", "r3", "r4"):
         handle("request", rid)
     handle("feedback", "r2")
-    instance = shard.instances[key]
+    instance = shard.store.instances[key]
     [entries] = [d for d in gc.get_referents(instance) if type(d) is dict]
     pending = instance.bandit._pending
     assert sorted(entries) == ["r1", "r3", "r4"] and all(type(e) is Open for e in entries.values())

@@ -3,7 +3,7 @@
 import orjson
 from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
-from flows.service import logic as logic_module
+from flows.service import shard_store as store_module
 from flows.service.events import DeadLetter, Origin, parse_feedback, parse_request
 from flows.service.logic import logic_builder
 from flows.service.registry import Registry
@@ -15,7 +15,7 @@ REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl 
 def item(logic, key, event):
     """What the dataflow routes to a shard's logic: a batch of one (instance key, the
     event's experiment, the event)."""
-    return [(key, logic.context.registry.current[event.experiment], event)]
+    return [(key, logic.store.context.registry.current[event.experiment], event)]
 
 
 def request(rid):
@@ -60,11 +60,11 @@ def test_snapshot_resumes_the_same_instance():
     resumed = logic_builder(REGISTRY, clock=lambda: 0.0)(logic.snapshot())
     assert resumed.snapshot() == logic.snapshot()
     assert list(resumed.handle(item(resumed, "e", fb))) == []
-    assert resumed.instances["e"].bandit.n_updates == 1
+    assert resumed.store.instances["e"].bandit.n_updates == 1
     # an experiment removed from the registry: its saved state is kept aside, not a crash
     other = Registry.from_toml('[experiments.f]\narms = ["a"]\n')
     archived = logic_builder(other)(logic.snapshot())
-    assert archived.instances == {} and list(archived.resting) == ["e"]
+    assert archived.store.instances == {} and list(archived.store.resting) == ["e"]
 
 
 def test_without_recovery_no_snapshot_is_built():
@@ -83,12 +83,12 @@ def test_an_instance_unchanged_for_a_generation_is_put_to_rest():
     logic.handle(item(logic, "e", parse_feedback(raw, Origin("t", 0, 2))))
     now[0] = 1e6  # past the retry window: the answer kept for retries goes
     logic.wake()
-    assert "e" in logic.instances  # changed in the generation before: cooling
+    assert "e" in logic.store.instances  # changed in the generation before: cooling
     logic.handle([])
     logic.handle([])
-    assert "e" not in logic.instances and "e" in logic.resting
+    assert "e" not in logic.store.instances and "e" in logic.store.resting
     logic.handle(item(logic, "e", request("r2")))  # built again from its bytes
-    assert logic.instances["e"].bandit.n_updates == 1
+    assert logic.store.instances["e"].bandit.n_updates == 1
 
 
 def test_a_shard_no_event_reaches_is_woken_to_put_its_instances_to_rest():
@@ -98,7 +98,7 @@ def test_a_shard_no_event_reaches_is_woken_to_put_its_instances_to_rest():
     assert logic.notify_at() is None
     logic.handle(item(logic, "e", request("r1")))  # a ticket due at 505
     assert 500.0 < logic.notify_at().timestamp() <= 500.5  # the generation turns first
-    logic.settling.append("e")
+    logic.store.settling.append("e")
     assert logic.notify_at().timestamp() == 500.0
 
 
@@ -109,18 +109,18 @@ def requests_of(logic, keys):
 def test_a_flood_of_new_instances_keeps_a_few_generations_live(monkeypatch):
     """New keys turn the generation before its time is up, so a flood of new users does
     not keep ``REST_AFTER`` seconds' worth of them live; on time alone all would be."""
-    monkeypatch.setattr(logic_module, "NEW_PER_GENERATION", 50)
+    monkeypatch.setattr(store_module, "NEW_PER_GENERATION", 50)
     peaks = {}
     for turning in (True, False):
         if not turning:
-            monkeypatch.setattr(logic_module, "NEW_PER_GENERATION", 10**9)
+            monkeypatch.setattr(store_module, "NEW_PER_GENERATION", 10**9)
         logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9)(None)
         peak = 0
         for call in range(100):
             out = logic.handle(requests_of(logic, [f"u{call}-{i}" for i in range(20)]))
             assert len(out) == 20
-            peak = max(peak, len(logic.instances))
-        assert len(logic.instances) + len(logic.resting) == 2_000
+            peak = max(peak, len(logic.store.instances))
+        assert len(logic.store.instances) + len(logic.store.resting) == 2_000
         peaks[turning] = peak
     assert peaks[True] <= 4 * 50 and peaks[False] == 2_000
 
@@ -128,14 +128,14 @@ def test_a_flood_of_new_instances_keeps_a_few_generations_live(monkeypatch):
 def test_users_coming_back_do_not_turn_generations(monkeypatch):
     """Only new keys count: 400 users coming back in turn (more than a generation's new
     keys) are put to rest once, while they are new, and then stay live."""
-    monkeypatch.setattr(logic_module, "NEW_PER_GENERATION", 50)
+    monkeypatch.setattr(store_module, "NEW_PER_GENERATION", 50)
     logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9)(None)
     users = [f"u{i}" for i in range(400)]
     logic.handle(requests_of(logic, users[:200]))
     logic.handle(requests_of(logic, users[200:]))
-    assert len(logic.resting) > 0  # the new ones turned generations: the first rested
+    assert len(logic.store.resting) > 0  # the new ones turned generations: the first rested
     for _ in range(5):  # the first round is the first to see them rest
         for start in range(0, 400, 20):
             logic.handle(requests_of(logic, users[start : start + 20]))
-    assert len(logic.instances) == 400 and len(logic.resting) == 0
-    assert all(logic.instances[u].bandit.n_updates == 0 for u in users)
+    assert len(logic.store.instances) == 400 and len(logic.store.resting) == 0
+    assert all(logic.store.instances[u].bandit.n_updates == 0 for u in users)

@@ -43,7 +43,7 @@ EXPERIMENTS = Registry.from_toml(REGISTRY_TOML)
 def item(logic, key, event):
     """What the dataflow routes to a shard's logic: a batch of one (instance key, the
     event's experiment, the event)."""
-    return [(key, logic.context.registry.current[event.experiment], event)]
+    return [(key, logic.store.context.registry.current[event.experiment], event)]
 
 
 def snapshot() -> dict:
@@ -227,7 +227,7 @@ def test_a_restored_instance_brings_its_open_tickets_and_waiting_feedback():
     logic.handle(item(logic, "m", feedback("early")))
     delta = Delta()
     resumed = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(logic.snapshot())
-    assert "m" in resumed.instances
+    assert "m" in resumed.store.instances
     assert delta("tsi_instances", experiment="m") == 1
     assert delta("tsi_pending_tickets", experiment="m") == 1
     assert delta("tsi_early_feedback", experiment="m") == 1
@@ -238,7 +238,7 @@ def test_an_instance_restored_to_rest_on_its_ticket_counts_the_ticket():
     logic.handle(item(logic, "m", request("r1")))
     delta = Delta()
     resumed = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(logic.snapshot())
-    assert "m" in resumed.resting and "m" not in resumed.instances  # not built
+    assert "m" in resumed.store.resting and "m" not in resumed.store.instances  # not built
     assert delta("tsi_instances", experiment="m") == 1
     assert delta("tsi_pending_tickets", experiment="m") == 1
     resumed.handle(item(resumed, "m", feedback("r1")))  # built, applied: counted once

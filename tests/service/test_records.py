@@ -279,7 +279,7 @@ def test_what_a_shard_keeps_per_ticket_is_not_walked_by_the_collector():
     shard.handle(ask("r1"))  # a new instance
     [answer] = shard.handle(ask("r2"))  # a live one
     shard.handle(ask("r3"))  # and the third, beside two: a table and a heap of deadlines
-    instance = shard.instances["e"]
+    instance = shard.store.instances["e"]
     entry = instance.entries()["r2"]
     assert not gc.is_tracked(entry) and not gc.is_tracked(entry.ticket)
     assert not gc.is_tracked(entry.origin)

@@ -23,7 +23,7 @@ T0 = 1_767_225_600.0
 def item(logic, key, event):
     """What the dataflow routes to a shard's logic: a batch of one (instance key, the
     event's experiment, the event)."""
-    return [(key, logic.context.registry.current[event.experiment], event)]
+    return [(key, logic.store.context.registry.current[event.experiment], event)]
 
 
 def registry(arms, extra=""):
@@ -56,9 +56,9 @@ def trained(reg, rounds=300, open_requests=()):
 def one(logic):
     """The instance of experiment ``e`` a shard's logic holds (built if it rests: one
     holding kept answers rests once its snapshot is taken)."""
-    if "e" not in logic.instances:
-        logic.bind(logic.context.registry.current["e"], "e")
-    return logic.instances["e"]
+    if "e" not in logic.store.instances:
+        logic.store.bind(logic.store.context.registry.current["e"], "e")
+    return logic.store.instances["e"]
 
 
 def probabilities(logic):
@@ -148,7 +148,7 @@ def test_a_removed_experiment_is_archived_and_comes_back():
     state = logic.snapshot()
     other = Registry.from_toml('[experiments.f]\narms = ["x"]')
     archived = logic_builder(other)(state)
-    assert not archived.instances and archived.snapshot() == state  # kept, not dropped
+    assert not archived.store.instances and archived.snapshot() == state  # kept, not dropped
     back = logic_builder(registry("abcd"), clock=lambda: T0)(archived.snapshot())
     assert one(back).bandit.n_updates == 300
 
@@ -186,7 +186,7 @@ def test_an_instance_resting_on_its_ticket_follows_a_change_when_built(arms):
         out += [s.arm_name for s in logic.handle(item(logic, "e", request("r8")))]
         for _ in range(3):
             logic.handle([])
-        assert ("e" in logic.resting) == (rest_after == 0.0)  # waiting on r8 alone
+        assert ("e" in logic.store.resting) == (rest_after == 0.0)  # waiting on r8 alone
         live.current = registry(arms)
         out += [(d.reason, orjson.loads(d.raw)["request_id"]) for d in logic.wake()]
         out += [s.arm_name for s in logic.handle(item(logic, "e", request("r9")))]
@@ -199,7 +199,7 @@ def test_an_instance_resting_on_its_ticket_follows_a_change_when_built(arms):
 def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
     logic, _ = trained(registry("abcd"))
     live = LiveRegistry(registry("abcd"))
-    logic.context = FlowContext(live)
+    logic.store.context = FlowContext(live)
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("bad migration")

@@ -114,7 +114,7 @@ def test_import_refuses_a_store_in_use_and_a_file_cut_short(tmp_path):
     used = new_store(tmp_path / "used")
     (tmp_path / "empty").mkdir()
     header_only = tmp_path / "state.tsi"
-    from flows.service.shard_store import encode
+    from flows.service.shard_log import encode
 
     header = {"format": "tsi.state", "version": 1, "inputs": {}, "instances": 2}
     header_only.write_bytes(encode([header]))
@@ -231,7 +231,7 @@ def test_one_to_two_to_one_processes_with_a_directory_each_equal_an_uninterrupte
 
 def state_file(path, instances=0):
     """A state file holding nothing but input positions."""
-    from flows.service.shard_store import encode
+    from flows.service.shard_log import encode
 
     inputs = {"tsi.events_in.kafka_input/0-ev": 7}
     header = {"format": "tsi.state", "version": 1, "inputs": inputs, "instances": instances}

@@ -95,8 +95,8 @@ def serve_once(recovery, messages, monkeypatch=None):
     wiring = memory_wiring(origins, [], selections, dead)
     if monkeypatch is not None:
         monkeypatch.setattr("flows.service.dataflow.shard_of", legacy_shard_of)
-        monkeypatch.setattr("flows.service.logic.shard_of", legacy_shard_of)
-        monkeypatch.setattr("flows.service.logic.of_this_layout", lambda shard: True)
+        monkeypatch.setattr("flows.service.shard_store.shard_of", legacy_shard_of)
+        monkeypatch.setattr("flows.service.shard_store.of_this_layout", lambda shard: True)
         slow = lambda raw, origin, **kw: parse_request(raw, origin, **kw)  # noqa: E731
         wiring = dataclasses.replace(wiring, parsers={"requests": slow})
     flow = build_flow(REGISTRY, wiring, store=shard_store(recovery))

@@ -183,7 +183,7 @@ def test_each_worker_thread_has_its_own_queue():
 def test_a_logic_on_wake_ups_asks_the_queue_not_bytewax_and_expires_on_its_wake_up():
     now = [100.0]
     logic = logic_builder(REGISTRY, clock=lambda: now[0], wake_ups=True, rest_after=1e9)(None)
-    experiment = logic.context.registry.current["e"]
+    experiment = logic.store.context.registry.current["e"]
     logic.handle([("e", experiment, request("r1"))])
     assert logic.notify_at() is None  # no per-key timer for Bytewax to scan
     assert worker_queue().next() == 105.0
@@ -197,7 +197,7 @@ def test_a_logic_on_wake_ups_asks_the_queue_not_bytewax_and_expires_on_its_wake_
 
 def test_a_restored_instance_queues_its_deadline_on_the_worker_that_builds_it():
     logic = logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(None)
-    logic.handle([("e", logic.context.registry.current["e"], request("r1"))])
+    logic.handle([("e", logic.store.context.registry.current["e"], request("r1"))])
     snapshot = logic.snapshot()
     worker_queue().due(1e9)  # empty it
     logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(snapshot)

@@ -12,7 +12,7 @@ from flows.service.keys import instance_key, shard_of, split_key
 from flows.service.logic import logic_builder
 from flows.service.registry import LiveRegistry, Registry
 from flows.service.resting import Entry, Resting, revive, state_of
-from flows.service.shard_store import read_payloads, read_records, write_seed
+from flows.service.shard_log import read_payloads, read_records, write_seed
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = 50\n'
@@ -41,9 +41,10 @@ def served(logic, unit, rid, loss=None):
 
 @pytest.fixture(autouse=True)
 def one_shard(monkeypatch):
-    monkeypatch.setattr("flows.service.logic.SHARDS", 1)
+    monkeypatch.setattr("flows.service.shard_store.SHARDS", 1)
+    monkeypatch.setattr("flows.service.keys.SHARDS", 1)  # what of_this_layout reads
     monkeypatch.setattr(
-        "flows.service.logic.shard_of", lambda key, shards=1: shard_of(key, shards=1)
+        "flows.service.shard_store.shard_of", lambda key, shards=1: shard_of(key, shards=1)
     )
 
 
@@ -80,13 +81,15 @@ def test_a_restart_resumes_at_the_marker_and_drops_uncommitted_epochs(tmp_path):
     answers = [served(logic, f"u{unit}", "r1", loss=2.0) for unit in range(10)]
     logic.snapshot()  # an epoch Bytewax never committed: cut off on resume
     resumed = build(tmp_path, committed)
-    assert key("u3") in resumed.resting and key("u3") not in resumed.instances  # idle: on demand
+    assert (
+        key("u3") in resumed.store.resting and key("u3") not in resumed.store.instances
+    )  # idle: on demand
     again = [served(resumed, f"u{unit}", "r1", loss=2.0) for unit in range(10)]
     assert again == answers  # the same state: the same answers
     size = (tmp_path / f"{SHARD}.{committed['store']['gen']}.log").stat().st_size
     assert size == committed["store"]["end"]
     # waiting on its ticket, an instance rests too, by its deadline: it expires on time
-    assert key("open") in resumed.resting and key("open") not in resumed.instances
+    assert key("open") in resumed.store.resting and key("open") not in resumed.store.instances
     NOW[0] += 60.0
     assert [(d.reason, d.instance) for d in resumed.wake()] == [("ticket_expired", key("open"))]
 
@@ -105,8 +108,8 @@ def test_instances_written_within_an_epoch_count_once_a_marker_covers_them(tmp_p
     later(logic)
     for _ in range(3):  # generations turn: the ten are written and put to rest
         logic.handle([])
-    written = logic.log.end
-    assert written > committed["store"]["end"] and key("u3") in logic.resting
+    written = logic.store.log.end
+    assert written > committed["store"]["end"] and key("u3") in logic.store.resting
     covering = logic.snapshot()
     assert covering["store"]["end"] == written  # nothing left to write at the close
     shutil.copytree(store, tmp_path / "copy")  # a restart cuts its log: one each
@@ -118,7 +121,7 @@ def test_instances_written_within_an_epoch_count_once_a_marker_covers_them(tmp_p
 
 def turn(logic):
     """A generation of changed keys turns at the shard's next call (REST_AFTER passed)."""
-    logic.turned = float("-inf")
+    logic.store.turned = float("-inf")
     logic.handle([])
 
 
@@ -133,18 +136,18 @@ def test_a_close_only_writes_and_the_calls_after_it_put_to_rest(tmp_path):
         served(logic, unit, "r0", loss=1.0)
     later(logic)  # kept answers go: every instance idle, changed in this generation
     closed = logic.snapshot()["store"]
-    assert all(key(unit) in logic.instances for unit in units)  # written, not yet at rest
-    last = logic.saved[0]  # the last the calls after the close reach
+    assert all(key(unit) in logic.store.instances for unit in units)  # written, not yet at rest
+    last = logic.store.saved[0]  # the last the calls after the close reach
     served(logic, split_key(last)[1], "r1")  # changed after the close: a ticket opens
-    while logic.saved:
+    while logic.store.saved:
         logic.handle([])
-    assert last in logic.instances  # touched: not put to rest with the close's state
+    assert last in logic.store.instances  # touched: not put to rest with the close's state
     turn(logic)  # its generation ends: written again by the calls
     turn(logic)  # and it settles, without a third write
-    assert all(key(unit) in logic.resting for unit in units)
-    path = logic.log.path(logic.log.gen)
+    assert all(key(unit) in logic.store.resting for unit in units)
+    path = logic.store.log.path(logic.store.log.gen)
     at_close = len(read_payloads(path, closed["end"])[0])
-    records, _, problem = read_payloads(path, logic.log.end)
+    records, _, problem = read_payloads(path, logic.store.log.end)
     assert problem is None and [[e.key for e in r] for r in records[at_close:]] == [[last]]
     assert records[-1][0].kind == "packed+"  # with its ticket
 
@@ -154,12 +157,12 @@ def test_the_calls_leave_to_the_close_what_is_about_to_change(tmp_path, monkeypa
     """Keys whose next change is near, a ticket waiting for its feedback (u2) or a
     deadline within CHANGE_NEAR (u1 keeps its answer for 50 s), are not written ahead of
     the close: written now and again soon, they would cost twice the bytes."""
-    monkeypatch.setattr("flows.service.logic.CHANGE_NEAR", near)
+    monkeypatch.setattr("flows.service.shard_store.CHANGE_NEAR", near)
     logic = build(tmp_path)
     served(logic, "u1", "r0", loss=1.0)
     served(logic, "u2", "r0")
     turn(logic)
-    assert [unit for unit in ("u1", "u2") if key(unit) in logic.clean] == written
+    assert [unit for unit in ("u1", "u2") if key(unit) in logic.store.clean] == written
 
 
 def test_a_key_two_closes_wrote_rests_once(tmp_path):
@@ -172,9 +175,9 @@ def test_a_key_two_closes_wrote_rests_once(tmp_path):
     served(logic, "u1", "r1", loss=2.0)
     later(logic)
     logic.snapshot()
-    logic.saved.insert(0, key("u1"))  # the first close's, not reached yet (a backlog)
+    logic.store.saved.insert(0, key("u1"))  # the first close's, not reached yet (a backlog)
     logic.handle([])
-    assert key("u1") in logic.resting and key("u1") not in logic.instances
+    assert key("u1") in logic.store.resting and key("u1") not in logic.store.instances
     assert served(logic, "u1", "r2", loss=1.0)  # built again from its resting entry
 
 
@@ -192,12 +195,12 @@ def test_the_close_writes_only_what_changed_since_the_calls_wrote_it(tmp_path):
         assert served(straight, unit, "r1", 2.0) == served(logic, unit, "r1", 2.0)
     assert served(straight, "u20", "r1") == served(logic, "u20", "r1")  # feedback to come
     turn(logic)  # the ten are written by the calls, not by the close
-    written = logic.log.end
-    assert written > base["end"] and all(key(unit) in logic.clean for unit in units[:10])
-    assert key("u20") not in logic.clean  # its feedback is near: written once, later
+    written = logic.store.log.end
+    assert written > base["end"] and all(key(unit) in logic.store.clean for unit in units[:10])
+    assert key("u20") not in logic.store.clean  # its feedback is near: written once, later
     assert served(straight, "u3", "r2", 3.0) == served(logic, "u3", "r2", 3.0)
     closed = logic.snapshot()
-    path = logic.log.path(logic.log.gen)
+    path = logic.store.log.path(logic.store.log.gen)
     last = read_payloads(path, closed["store"]["end"])[0][-1]
     assert sorted(entry.key for entry in last) == [key("u20"), key("u3")]  # what is left
     resumed = build(tmp_path, closed)
@@ -227,7 +230,7 @@ def test_restored_instances_answer_as_if_never_interrupted(tmp_path):
 
 
 def test_compaction_keeps_the_generation_a_lagging_commit_names(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.service.shard_store.MIN_COMPACT_BYTES", 0)
+    monkeypatch.setattr("flows.service.shard_log.MIN_COMPACT_BYTES", 0)
     logic = build(tmp_path)
     markers = []
     for epoch in range(40):
@@ -241,7 +244,7 @@ def test_compaction_keeps_the_generation_a_lagging_commit_names(tmp_path, monkey
     assert files == [f"{SHARD}.{gens[-1] - 1}.log", f"{SHARD}.{gens[-1]}.log"]
     # a commit that lags behind the compaction still resumes
     resumed = build(tmp_path, {"shard": SHARD, "store": last_of_previous})
-    assert not resumed.problems and key("u0") in resumed.resting
+    assert not resumed.store.problems and key("u0") in resumed.store.resting
     assert sorted(p.name for p in tmp_path.glob("*.log")) == [f"{SHARD}.{gens[-1] - 1}.log"]
 
 
@@ -266,7 +269,7 @@ def test_a_damaged_log_is_a_dead_letter_not_a_crash_or_a_silent_reset(tmp_path, 
     out = resumed.handle([])
     [letter] = out
     assert letter.reason == "state_lost" and letter.instance == SHARD
-    held = set(resumed.resting) | set(resumed.instances)
+    held = set(resumed.store.resting) | set(resumed.store.instances)
     assert held == (set() if damage == "missing" else {key(f"u{u}") for u in range(20)})
     assert resumed.handle([]) == []  # handed out once
     fresh = resumed.snapshot()["store"]
@@ -281,7 +284,7 @@ def test_a_shard_without_a_marker_starts_from_its_seed(tmp_path):
     (tmp_path / f"{SHARD}.1.log").write_bytes(b"an epoch never committed")
     started = build(tmp_path)
     assert served(started, "u1", "r1") == served(logic, "u1", "r1")
-    assert key("u1") in started.instances
+    assert key("u1") in started.store.instances
     # the epoch never committed is gone: the log starts again from the seed, a clean base
     [log] = tmp_path.glob("*.log")
     entries, _, problem = read_records(log, None)
@@ -310,7 +313,9 @@ def test_idle_instances_rest_as_bytes_and_follow_a_registry_change():
     served(logic, "u1", "r0", loss=1.0)
     later(logic)
     logic.snapshot()
-    assert key("u1") in logic.resting and key("u1") not in logic.instances  # bytes alone
+    assert (
+        key("u1") in logic.store.resting and key("u1") not in logic.store.instances
+    )  # bytes alone
     live.current = Registry.from_toml(
         '[experiments.e]\narms = ["a", "b", "c", "d"]\nper_unit = true\nfeedback_ttl = 50\n'
     )
@@ -322,18 +327,18 @@ def test_idle_instances_rest_as_bytes_and_follow_a_registry_change():
     logic.handle([routed("request", "u2", "r0"), routed("feedback", "u2", "r0", loss=1.0)])
     later(logic)
     logic.snapshot()  # u2 rests under the new definition: u1's bytes are kept apart
-    entries = {entry.key: entry for entry in logic.resting.entries()}
+    entries = {entry.key: entry for entry in logic.store.resting.entries()}
     assert entries[key("u1")].data[0] == ("a", "b", "c") and len(entries[key("u2")].data[0]) == 4
     [selection] = logic.handle([routed("request", "u1", "r1")])
-    instance = logic.instances[key("u1")]
+    instance = logic.store.instances[key("u1")]
     assert instance.bandit.n_arms == 4 and instance.bandit.n_updates == 1
     assert selection.round == 2  # it went on from its first round
 
 
 def _states(logic):
     """Every instance a shard holds, live or resting, as ``Instance.to_dict``."""
-    live = {k: i.to_dict() for k, i in logic.instances.items()}
-    return live | {e.key: state_of(e) for e in logic.resting.entries()}
+    live = {k: i.to_dict() for k, i in logic.store.instances.items()}
+    return live | {e.key: state_of(e) for e in logic.store.resting.entries()}
 
 
 def test_a_resting_answer_expires_in_its_record_as_if_the_instance_were_built(
@@ -393,12 +398,14 @@ def test_a_resting_answer_under_a_changed_definition_is_built_to_expire(
     served(logic, "u1", "r0", loss=1.0)
     logic.wake()
     logic.wake()
-    assert key("u1") in logic.resting and key("u1") not in logic.instances  # with its answer
+    assert (
+        key("u1") in logic.store.resting and key("u1") not in logic.store.instances
+    )  # with its answer
     live.current = Registry.from_toml(
         '[experiments.e]\narms = ["a", "b", "d"]\nper_unit = true\nfeedback_ttl = 50\n'
     )
     NOW[0] += 60.0
     assert logic.wake() == []
-    assert key("u1") in logic.instances  # built, and following the new arms
-    assert logic.instances[key("u1")].to_dict()["arms"] == ["a", "b", "d"]
-    assert logic.instances[key("u1")].to_dict()["settled"] == []
+    assert key("u1") in logic.store.instances  # built, and following the new arms
+    assert logic.store.instances[key("u1")].to_dict()["arms"] == ["a", "b", "d"]
+    assert logic.store.instances[key("u1")].to_dict()["settled"] == []
