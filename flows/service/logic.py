@@ -29,7 +29,7 @@ from bytewax.operators import StatefulBatchLogic
 from flows.service import _fast_lane as fast_lane
 from flows.service._deadline_queue import TimeHeap
 from flows.service._records import split_outputs
-from flows.service.deadlines import DeadlineQueue, worker_queue
+from flows.service.deadlines import DeadlineQueue, WakeUpScheduler
 from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
 from flows.service.metrics import observe_expired, observe_item, observe_restored
@@ -129,7 +129,8 @@ class FlowContext:
     snapshots: bool = True
     event_time: bool = False
     stream: StreamClock | None = None
-    wake_ups: bool = False  # wake-ups from the worker's queue instead of Bytewax timers
+    # wake-ups from the worker's queue of this flow's scheduler instead of Bytewax timers
+    wake_ups: WakeUpScheduler | None = None
     # with snapshots: the directory of the shards' logs (``flows.service.shard_store``);
     # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
     store: Path | None = None
@@ -420,7 +421,7 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         problems to hand out)."""
         if self.context.wake_ups and not self.context.event_time and self.shard is not None:
             due = self._now() if self.problems else self._next_deadline()
-            worker_queue().want(self.shard, self._sooner(due))
+            self.context.wake_ups.queue().want(self.shard, self._sooner(due))
 
     def _sooner(self, due: float | None) -> float | None:
         """``due``, or sooner if instances wait to be put to rest (now) or the generation
@@ -612,7 +613,7 @@ def logic_builder(
     snapshots: bool = True,
     event_time: bool = False,
     stream: StreamClock | None = None,
-    wake_ups: bool = False,
+    wake_ups: WakeUpScheduler | None = None,
     store: Path | None = None,
     rest_after: float = REST_AFTER,
 ) -> Callable[[dict[str, Any] | None], ShardLogic]:
@@ -620,7 +621,8 @@ def logic_builder(
 
     ``snapshots=False`` (no recovery configured) skips building snapshots;
     ``event_time=True`` runs on the events' own time, ``stream`` on stream time, and
-    ``wake_ups`` wakes shards from the worker's queue, ``store`` keeps the shards' logs,
+    ``wake_ups`` wakes shards from the worker's queue of that scheduler (the one the
+    flow's ``WakeUps`` source reads), ``store`` keeps the shards' logs,
     ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
