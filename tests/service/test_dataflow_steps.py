@@ -8,6 +8,7 @@ import orjson
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource, run_main
 
+from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import (
     Guards,
@@ -23,6 +24,7 @@ from flows.service.deadlines import WAKE_UP
 from flows.service.events import DeadLetter, Origin, ParseBySource, parse_feedback, parse_request
 from flows.service.logic import logic_builder, shard_of
 from flows.service.registry import LiveRegistry, Registry
+from flows.service.stream_clock import StreamClock
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
 LIVE = LiveRegistry(REGISTRY)
@@ -151,3 +153,25 @@ def test_two_flows_in_one_process_do_not_share_wake_up_queues():
     first.context.wake_ups.queue().want(shard_of("e"), -math.inf)  # due now
     assert second_part.next_batch() == []
     assert first_part.next_batch() == [(shard_of("e"), WAKE_UP)]
+
+
+def test_the_steps_recovery_keys_its_state_by_keep_their_ids():
+    """Bytewax keys the sources', sinks' and shards' recovery state by step id: a store
+    written before the dataflow's steps became composite ones must still resume."""
+    wiring = kafka_wiring(["127.0.0.1:1"], Topics(), tail=True)
+    flow = build_flow(REGISTRY, wiring, stream=StreamClock())
+    kept = sorted(
+        (type(step).__name__, step.step_id)
+        for step in steps(flow)
+        if type(step).__name__ in ("input", "output", "stateful_batch")
+    )
+    assert kept == [
+        ("input", "tsi.feedback_in.kafka_input"),
+        ("input", "tsi.internal_in"),
+        ("input", "tsi.requests_in.kafka_input"),
+        ("input", "tsi.wake_ups"),
+        ("output", "tsi.dead_letters_out"),
+        ("output", "tsi.internal_out"),
+        ("output", "tsi.selections_out"),
+        ("stateful_batch", "tsi.shards"),
+    ]
