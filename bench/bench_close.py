@@ -32,6 +32,7 @@ from bench_engine import BATCH, messages  # noqa: E402
 
 from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
+from flows.service.deadlines import WakeUpScheduler  # noqa: E402
 from flows.service.events import Origin, parse_event  # noqa: E402
 from flows.service.keys import SHARDS  # noqa: E402
 from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
@@ -48,7 +49,7 @@ class Shards:
     def __init__(self, store: Path, registry: LiveRegistry) -> None:
         self.registry = registry
         self.context = FlowContext(
-            registry, snapshots=True, stream=StreamClock(), wake_ups=True, store=store
+            registry, snapshots=True, stream=StreamClock(), wake_ups=WakeUpScheduler(), store=store
         )
         self.logics: dict[str, ShardLogic] = {}
         self.offset = 0

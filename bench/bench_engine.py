@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import platform
 import statistics
@@ -71,7 +70,7 @@ from bench_flow import (  # noqa: E402
 
 from flows.service.collector import YOUNG_COLLECTION_THRESHOLD, settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
-from flows.service.deadlines import WAKE_UP, worker_queue  # noqa: E402
+from flows.service.deadlines import WAKE_UP, WakeUpScheduler  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
 from flows.service.keys import SHARD_NAMES, SHARDS  # noqa: E402
 from flows.service.logic import REST_AFTER, FlowContext, ShardLogic  # noqa: E402
@@ -136,7 +135,6 @@ def engine_run(
     spent = dict.fromkeys(STAGES, 0.0)
     timed = calls = 0
     warm = len(msgs) // 5 // BATCH * BATCH
-    worker_queue().due(math.inf)  # what an earlier run left
     for start in range(0, len(msgs), BATCH):
         chunk = msgs[start : start + BATCH]
         kind = chunk[0][1]
@@ -162,7 +160,7 @@ def engine_context(
     clock: list[float], rest_after: float, retry_window: float | None
 ) -> FlowContext:
     """The shards' context: the workload's registry (with ``retry_window`` when given),
-    wake-ups from the worker's queue, no snapshots; on stream time, or with a
+    wake-ups from a scheduler of its own, no snapshots; on stream time, or with a
     ``retry_window`` all on ``clock[0]``, which the run moves."""
     window = "" if retry_window is None else f"retry_window = {retry_window}\n"
     return FlowContext(
@@ -170,7 +168,7 @@ def engine_context(
         clock=lambda: clock[0],
         snapshots=False,
         stream=StreamClock() if retry_window is None else None,
-        wake_ups=True,
+        wake_ups=WakeUpScheduler(),
         rest_after=rest_after,
     )
 
@@ -184,7 +182,7 @@ def serve(shards: dict[str, ShardLogic], context: FlowContext, items: list, woke
             logic = shards[shard] = ShardLogic(context)
         logic.on_batch([events])
     if woken:
-        for shard in worker_queue().due(context.clock()):
+        for shard in context.wake_ups.queue().due(context.clock()):
             shards[shard].on_batch([[(shard, None, WAKE_UP)]])
 
 

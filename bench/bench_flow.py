@@ -109,7 +109,7 @@ from confluent_kafka import Producer
 
 from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
-from flows.service.dataflow import PARSERS, Guards, _parse_and_route
+from flows.service.dataflow import PARSERS, Guards, parse_route
 from flows.service.events import Origin, Request, parse_feedback, parse_request
 from flows.service.instance import Instance
 from flows.service.logic import Routed
@@ -442,10 +442,10 @@ def stack_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
     wiring = kafka_wiring([bk.bootstrap], inp.service_topics(out), tail=False)
     flow = Dataflow("stack")
     outputs = []
-    for name, source in wiring.inputs.items():
+    for name, source in wiring.inputs.sources.items():
         batches, _errors = source(flow, f"{name}_in")
         outputs.append(op.map(f"echo_{name}", batches, _echo_raw))
-    wiring.selections("out", op.merge("all", *outputs))
+    wiring.outputs.selections("out", op.merge("all", *outputs))
     return flow
 
 
@@ -479,13 +479,14 @@ def shape_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
     live = LiveRegistry(Registry.from_toml(registry_toml()))
     wiring = kafka_wiring([bk.bootstrap], inp.service_topics(out), tail=False)
     flow = Dataflow("shape")
-    routed, refused = [], []  # the workload has no refusals: they go nowhere
-    for name, source in wiring.inputs.items():
+    routed = []  # the workload has no refusals: the errs go nowhere
+    for name, source in wiring.inputs.sources.items():
         batches, _errors = source(flow, f"{name}_in")
-        routed.append(_parse_and_route(name, batches, PARSERS[name], Guards(), live, refused))
+        parsed = parse_route(f"parse_{name}", batches, PARSERS[name], Guards(), live)
+        routed.append(parsed.oks)
     shards = op.merge("routed", *routed)  # one item per shard
     answers = op.stateful_batch("shards", shards, lambda _resume: _EchoShard())
-    wiring.selections("out", op.map("answers", answers, lambda kv: kv[1]))
+    wiring.outputs.selections("out", op.map("answers", answers, lambda kv: kv[1]))
     return flow
 
 

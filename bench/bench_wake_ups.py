@@ -47,7 +47,7 @@ from bytewax.testing import run_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.service.connectors.memory import memory_wiring, one_per_batch
-from flows.service.dataflow import Wiring, build_flow
+from flows.service.dataflow import Inputs, Wiring, build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
 
@@ -109,12 +109,8 @@ def per_event_us(n: int, wake_ups: bool, settle: float = SETTLE_S) -> float:
     def requests(flow, step):
         return one_per_batch(flow, step, _LoadSource(n, answered, marks, settle)), None
 
-    wiring = Wiring(
-        {"requests": requests},
-        memory.selections,
-        memory.dead_letters,
-        wake_ups=(lambda: finished[0] or len(marks) > PROBES) if wake_ups else None,
-    )
+    ending = (lambda: finished[0] or len(marks) > PROBES) if wake_ups else None
+    wiring = Wiring(Inputs({"requests": requests}, ending=ending), memory.outputs)
     run_main(build_flow(REGISTRY, wiring, snapshots=False))
     finished[0] = True
     assert len(answered) == n + PROBES + 1, (len(answered), n)

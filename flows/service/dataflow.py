@@ -1,10 +1,17 @@
 """The one dataflow builder: Kafka, files and tests differ only in sources and sinks.
 
 ```
-requests ─ parse+route by shard ─┐                              ┌─ selections ─ sink
-feedback ─ parse+route by shard ─┼─ merge ─ stateful+serialise ─┤
- (events ─ parse+route by shard)─┘        (per shard)           └─ dead letters (+ refusals)
+requests ─ parse_requests ─┐                          wake_ups ─┐
+feedback ─ parse_feedback ─┼─ (internal topic) ─ routed ─ events ─┴─ shards ─ served ─ selections
+ (events ─ parse_events) ──┘
+the sources' and every step's errs ─ merged ─ dead letters (served's errs among them)
 ```
+
+Each stage is a named composite step (Bytewax's ``@operator``) that returns ``OksErrs``:
+what it passes on and what it refused, as Bytewax's own Kafka operators do; ``build_flow``
+merges every ``errs`` into the dead letters. A flow's wiring is two objects: ``Inputs``
+(the sources, their parsers, the internal topic, whether the inputs are unbounded) and
+``Outputs`` (the sinks of the selections and the dead letters).
 
 Items are batches: a source emits what one read brought (one ``consume`` of a Kafka
 partition), every step handles a list, and a shard receives its part of a batch in one
@@ -23,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import bytewax.operators as op
-from bytewax.dataflow import Dataflow, Stream
+from bytewax.dataflow import Dataflow, Stream, operator
 from bytewax.operators import StatefulBatchLogic
 
 from flows.service import _parse
-from flows.service.deadlines import WakeUps
+from flows.service.deadlines import WakeUps, WakeUpScheduler
 from flows.service.events import (
     DEFAULT_DEAD_LETTER_RAW,
     DEFAULT_TS_WINDOW,
@@ -51,7 +58,11 @@ KeyedBytes = tuple[str, bytes]
 Batch = list  # what one item of a stream holds: a list of messages, events or outputs
 
 
+#: Adds a source to the flow as the step it is given: (batches of messages, batches of dead
+#: letters for messages the source itself could not deliver, or None).
 OpenSource = Callable[[Dataflow, str], tuple[Stream[Batch], Stream[Batch] | None]]
+#: Adds a sink to the flow as the step it is given, writing a stream of batches.
+OpenSink = Callable[[str, Stream[Batch]], None]
 PARSERS = {"requests": parse_request, "events": parse_event, "feedback": parse_feedback}
 
 
@@ -62,42 +73,69 @@ class Repartition:
     ``source`` reads them back in the log's fixed order (dropping second copies a crash
     made), as batches of (bytes, the input message's own Origin)."""
 
-    sink: Callable[[str, Stream[Any]], None]
+    sink: OpenSink
     source: OpenSource
     parse: Callable[..., object]  # a copy's parser: its original's (by its origin's topic)
 
 
 @dataclass(frozen=True)
-class Wiring:
-    """Where messages come from and go to.
+class Inputs:
+    """Where messages come from.
 
-    ``inputs`` maps a kind (``requests``, ``feedback``, or ``events`` for a combined stream)
-    to a function that adds its source to the flow and returns a stream of batches of raw
-    messages with their origin, plus a stream of batches of dead letters for messages the
-    source itself could not deliver (e.g. Kafka errors) or None. ``selections`` and
-    ``dead_letters`` consume streams of batches of (key, JSON bytes).
+    ``sources`` maps a kind (``requests``, ``feedback``, or ``events`` for a combined
+    stream) to the function that adds its source to the flow (``OpenSource``): batches of
+    raw messages with their origin.
     """
 
-    inputs: dict[str, OpenSource]
-    selections: Callable[[str, Stream[KeyedBytes]], None]
-    dead_letters: Callable[[str, Stream[KeyedBytes]], None]
+    sources: dict[str, OpenSource]
     # replaces PARSERS[kind]; called as parse(raw, origin, ts_window=...)
     parsers: dict[str, Callable[..., object]] | None = None
     repartition: Repartition | None = None  # requests and feedback meet in one ordered log
-    # an unbounded flow: instances wake up from one queue per worker (``deadlines``), not
-    # from Bytewax's per-key timers, whose scan grows with every key waiting for a deadline;
-    # the function says when the inputs are ending (the wake-ups end too)
-    wake_ups: Callable[[], bool] | None = None
+    # unbounded inputs: says when they are ending. Such a flow wakes its instances from one
+    # queue per worker (``deadlines.WakeUpScheduler``), not from Bytewax's per-key timers,
+    # whose scan grows with every key waiting for a deadline; its wake-ups end with it
+    ending: Callable[[], bool] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.sources) - set(PARSERS)
+        if unknown or not self.sources:
+            kinds = sorted(self.sources)
+            raise ValueError(f"sources must be some of {sorted(PARSERS)}, got {kinds}")
+
+    def parser(self, kind: str) -> Callable[..., object]:
+        """The parser of ``kind``'s messages."""
+        return (self.parsers or PARSERS).get(kind, PARSERS[kind])
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where the flow's outputs go: ``selections`` and ``dead_letters`` write streams of
+    batches of (key, JSON bytes) (``OpenSink``)."""
+
+    selections: OpenSink
+    dead_letters: OpenSink
     # replays: each output is keyed by ``trace(what caused it)`` instead of its instance:
     # the event that made it, or the message itself when it was refused before reaching an
     # instance; None for what a wake-up or the end of the input closed (see ``Traced``).
     # ``trace`` is called once per input message.
     trace: Callable[[Any], Any] | None = None
 
-    def __post_init__(self) -> None:
-        unknown = set(self.inputs) - set(PARSERS)
-        if unknown or not self.inputs:
-            raise ValueError(f"inputs must be some of {sorted(PARSERS)}, got {sorted(self.inputs)}")
+
+@dataclass(frozen=True)
+class Wiring:
+    """A flow's inputs and outputs: Kafka, files, memory and replays differ only here."""
+
+    inputs: Inputs
+    outputs: Outputs
+
+
+@dataclass(frozen=True)
+class OksErrs:
+    """What a composite step passes on (``oks``) and what it refused (``errs``: batches of
+    dead letters), as Bytewax's own composite Kafka operators return their streams."""
+
+    oks: Stream[Batch]
+    errs: Stream[Batch]
 
 
 @dataclass(frozen=True)
@@ -183,25 +221,27 @@ def parse_and_route(
     return by_shard(routed), dead
 
 
-def _parse_and_route(
-    name: str,
+@operator
+def parse_route(
+    step_id: str,
     messages: Stream[Batch],
     parse: Callable[..., object],
     guards: Guards,
     live: LiveRegistry,
-    dead: list[Stream[Batch]],
     per_shard: bool = True,
-) -> Stream:
-    """Parse and route each batch; refusals join ``dead``. The routed events go on as
-    one item per shard (``per_shard``: what the shards take), else as one item per batch,
-    in its order (what the internal topic's copies are written from: its reader drops a
-    copy whose input offset is below one it has read, ``_InternalPartition``)."""
+) -> OksErrs:
+    """Parse and route each batch: ``oks`` the routed events, ``errs`` the refusals (a
+    malformed message, an unknown experiment, a skipped offset, ...). The routed events go
+    on as one item per shard (``per_shard``: what the shards take), else as one item per
+    batch, in its order (what the internal topic's copies are written from: its reader
+    drops a copy whose input offset is below one it has read, ``_InternalPartition``)."""
     parse_batch = functools.partial(parse_and_route, parse, guards, live, grouped=per_shard)
-    both = op.map(f"parse_{name}", messages, parse_batch)
+    both = op.map("parse", messages, parse_batch)
     items = (lambda b: b[0]) if per_shard else (lambda b: [b[0]] if b[0] else [])
-    routed = op.flat_map(f"routed_{name}", both, items)
-    dead.append(op.flat_map(f"refused_{name}", both, lambda b: [b[1]] if b[1] else []))
-    return routed
+    return OksErrs(
+        op.flat_map("routed", both, items),
+        op.flat_map("refused", both, lambda b: [b[1]] if b[1] else []),
+    )
 
 
 def unzip_batches(
@@ -215,27 +255,38 @@ def unzip_batches(
     )
 
 
-def _through_internal_topic(
+@operator
+def copy_routed(step_id: str, *routed: Stream[Batch]) -> Stream[Batch]:
+    """Batches of routed events as batches of (instance key, raw bytes, origin): what the
+    internal topic's sink writes."""
+    return op.map(
+        "copy",
+        op.merge("merge", *routed),
+        lambda batch: [(key, event.raw, event.origin) for key, _, event in batch],
+    )
+
+
+def through_internal_topic(
     flow: Dataflow,
-    wiring: Wiring,
+    repartition: Repartition,
     routed: list[Stream[Batch]],
     guards: Guards,
     live: LiveRegistry,
-    dead: list[Stream[Batch]],
-) -> Stream[Batch]:
-    """Stage 1 writes each routed event to the internal topic, keyed by instance; stage 2
-    reads that one log, so every run sees an instance's events in the same order."""
-    copies = op.map(
-        "internal_copy",
-        op.merge("to_internal", *routed),
-        lambda batch: [(key, event.raw, event.origin) for key, _, event in batch],
-    )
-    wiring.repartition.sink("internal_out", copies)
-    messages, errors = wiring.repartition.source(flow, "internal_in")
-    if errors is not None:
-        dead.append(errors)
-    parse = wiring.repartition.parse
-    return _parse_and_route("internal", messages, parse, guards, live, dead)
+) -> OksErrs:
+    """The internal topic's round trip: each routed event is written to the internal topic,
+    keyed by instance (``to_internal``), and that one log is read back and routed again
+    (``parse_internal``), so every run sees an instance's events in the same order.
+    ``oks``: the events read back, by shard; ``errs``: the reader's refusals.
+
+    Its two composite steps are ``@operator`` steps; the sink and source between them stay
+    steps of the flow itself (``internal_out``, ``internal_in``): recovery keys the
+    source's offsets by its step id, which an operator around it would change
+    (``flow.step.internal_in``)."""
+    repartition.sink("internal_out", copy_routed("to_internal", *routed))
+    messages, unread = repartition.source(flow, "internal_in")
+    read = parse_route("parse_internal", messages, repartition.parse, guards, live)
+    errs = read.errs if unread is None else op.merge("internal_refused", unread, read.errs)
+    return OksErrs(read.oks, errs)
 
 
 def by_shard(batch: Batch) -> list[tuple[str, list[Routed]]]:
@@ -251,12 +302,34 @@ def by_shard(batch: Batch) -> list[tuple[str, list[Routed]]]:
     return list(shards.items())
 
 
-def _wake_ups(
-    flow: Dataflow, ending: Callable[[], bool], now: Callable[[], float]
+def wake_up_events(
+    flow: Dataflow, scheduler: WakeUpScheduler, ending: Callable[[], bool], now: Callable[[], float]
 ) -> Stream[tuple[str, list[Routed]]]:
-    """Each worker's due wake-ups, as events of their shards (no experiment attached)."""
-    due = op.input("wake_ups", flow, WakeUps(ending, now))
+    """Each worker's due wake-ups in ``scheduler``, as events of their shards (no
+    experiment attached); the ``wake_ups`` source, until ``ending()``."""
+    due = op.input("wake_ups", flow, WakeUps(scheduler, ending, now))
     return op.map("wake_up_events", due, lambda kv: (kv[0], [(kv[0], None, kv[1])]))
+
+
+def shard_step(
+    events: Stream[tuple[str, list[Routed]]],
+    builder: Callable[[Any], StatefulBatchLogic],
+) -> OksErrs:
+    """The stateful step ``shards`` (one ``builder`` logic per shard) and its outputs
+    split (``served``): ``oks`` the selections' batches of (key, JSON), ``errs`` the dead
+    letters the shards wrote. The stateful step stays a step of the flow itself: recovery
+    keys the shards' state by its id, ``flow.shards``."""
+    return split_served("served", op.stateful_batch("shards", events, builder))
+
+
+@operator
+def split_served(step_id: str, served: Stream[tuple[str, tuple[list, list]]]) -> OksErrs:
+    """A shard's (shard, (selections, dead letters)) items (``logic.Split``) as two
+    streams of non-empty batches."""
+    return OksErrs(
+        op.flat_map("selections", served, lambda kv: [kv[1][0]] if kv[1][0] else []),
+        op.flat_map("dead", served, lambda kv: [kv[1][1]] if kv[1][1] else []),
+    )
 
 
 class Traced(StatefulBatchLogic[Routed, tuple, Any]):
@@ -339,39 +412,41 @@ def build_flow(
     shard's snapshot holds all its instances.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
+    inputs, outputs = wiring.inputs, wiring.outputs
     flow = Dataflow(flow_id)
-    dead: list[Stream[Batch]] = []
     routed: list[Stream[Batch]] = []
+    errs: list[Stream[Batch]] = []  # every refusal, merged into the dead letters below
+    per_shard = inputs.repartition is None
     # Requests first: when both topics have a backlog, the source built first is read
     # first, and feedback read before its request would crowd the early-feedback buffer.
-    for name in (n for n in PARSERS if n in wiring.inputs):
-        source, parse = wiring.inputs[name], (wiring.parsers or PARSERS).get(name, PARSERS[name])
-        messages, source_errors = source(flow, f"{name}_in")
-        if source_errors is not None:
-            dead.append(source_errors)
-        per_shard = wiring.repartition is None
-        routed.append(_parse_and_route(name, messages, parse, guards, live, dead, per_shard))
-    if wiring.repartition is not None:
-        routed = [_through_internal_topic(flow, wiring, routed, guards, live, dead)]
-    shards = [op.merge("routed", *routed)]
-    if wiring.wake_ups is not None:
-        shards.append(_wake_ups(flow, wiring.wake_ups, clock if stream is None else stream.now))
-    builder = logic_builder(
-        live, clock, snapshots, event_time, stream, wiring.wake_ups is not None, store
-    )
-    trace, shard = wiring.trace, builder
+    for name in (n for n in PARSERS if n in inputs.sources):
+        messages, unread = inputs.sources[name](flow, f"{name}_in")
+        parsed = parse_route(
+            f"parse_{name}", messages, inputs.parser(name), guards, live, per_shard
+        )
+        routed.append(parsed.oks)
+        errs += [parsed.errs] if unread is None else [unread, parsed.errs]
+    if inputs.repartition is not None:
+        internal = through_internal_topic(flow, inputs.repartition, routed, guards, live)
+        routed = [internal.oks]
+        errs.append(internal.errs)
+    events = [op.merge("routed", *routed)]
+    # unbounded inputs: the shards wish their wake-ups into this flow's scheduler, and the
+    # wake-up source reads them back as events of the shards
+    scheduler = None if inputs.ending is None else WakeUpScheduler()
+    if scheduler is not None:
+        now = clock if stream is None else stream.now
+        events.append(wake_up_events(flow, scheduler, inputs.ending, now))
+    builder = logic_builder(live, clock, snapshots, event_time, stream, scheduler, store)
+    trace, shard = outputs.trace, builder
     if trace is not None:
         builder = lambda resume: Traced(shard(resume), trace)  # noqa: E731
-    outputs = op.stateful_batch("shards", op.merge("events", *shards), builder)
-    # (shard, (selections, dead letters)): each shard splits its outputs (``logic.Split``)
-    selections = op.flat_map("selections", outputs, lambda kv: [kv[1][0]] if kv[1][0] else [])
-    answer_dead = op.flat_map("answer_dead", outputs, lambda kv: [kv[1][1]] if kv[1][1] else [])
-    dead.append(answer_dead)
-    wiring.selections("selections_out", selections)
+    served = shard_step(op.merge("events", *events), builder)
+    outputs.selections("selections_out", served.oks)
     letters = op.map(
         "dead_letter_json",
-        op.merge("dead_letters", *dead),
+        op.merge("dead_letters", *errs, served.errs),
         functools.partial(_letters_json, guards.dead_letter_raw, trace),
     )
-    wiring.dead_letters("dead_letters_out", letters)
+    outputs.dead_letters("dead_letters_out", letters)
     return flow

@@ -7,6 +7,12 @@ source on the same worker (``WakeUps``) pops what is due and
 sends each key a ``WAKE_UP`` event, and the key's logic handles it like any other event.
 An event's cost no longer depends on how many tickets are open.
 
+``WakeUpScheduler`` holds one flow's queues: ``flows.service.dataflow.build_flow`` makes
+one per flow and hands it to both sides, the shards' logic (which wishes its next wake-up
+into it) and the ``WakeUps`` source (which reads it). Bytewax runs all of a worker's
+operators on one thread, so each worker's shards and its wake-up source share the queue
+of that thread; two flows in one process share nothing.
+
 ``WakeUps`` is that source: one partition per worker, which looks again at the next
 wake-up and at least every ``period`` seconds (on stream time the stream may reach a
 deadline the wall clock passed long ago). The period is short, 10 ms: Bytewax closes an
@@ -19,9 +25,12 @@ it ends when their inputs end (``ending`` says so), so that the flow can end. Th
 itself is compiled (``flows.service._deadline_queue``): shards keep one too, told of every
 event's new deadline.
 
->>> q = worker_queue()
+>>> scheduler = WakeUpScheduler()
+>>> q = scheduler.queue()
 >>> q.want("shard-001", 3.0); q.due(4.5)
 ['shard-001']
+>>> WakeUpScheduler().queue() is q  # another flow's scheduler: another queue
+False
 """
 
 from __future__ import annotations
@@ -35,27 +44,38 @@ from bytewax.inputs import DynamicSource, StatelessSourcePartition
 
 from flows.service._deadline_queue import DeadlineQueue
 
-__all__ = ["WAKE_UP", "DeadlineQueue", "WakeUps", "worker_queue"]
+__all__ = ["WAKE_UP", "DeadlineQueue", "WakeUpScheduler", "WakeUps"]
 
 
-_worker = threading.local()
+class WakeUpScheduler:
+    """One flow's wake-up queues, one per worker: each worker's shards wish into it and
+    the worker's ``WakeUps`` partition pops what is due (see the module)."""
 
+    def __init__(self) -> None:
+        self._workers = threading.local()  # this scheduler's queue of each worker thread
 
-def worker_queue() -> DeadlineQueue:
-    """The queue of the worker running on this thread: Bytewax runs all of a worker's
-    operators on one thread, so a key's logic and the wake-up source that serves it
-    (the key's own worker) share it."""
-    queue = getattr(_worker, "queue", None)
-    if queue is None:
-        queue = _worker.queue = DeadlineQueue()
-    return queue
+    def queue(self) -> DeadlineQueue:
+        """The queue of the worker running on this thread: Bytewax runs all of a worker's
+        operators on one thread, so a key's logic and the wake-up source that serves it
+        (the key's own worker) share it."""
+        queue = getattr(self._workers, "queue", None)
+        if queue is None:
+            queue = self._workers.queue = DeadlineQueue()
+        return queue
 
 
 WAKE_UP = "wake-up"  # the event a key receives when its wake-up is due
 
 
 class _WakeUps(StatelessSourcePartition[tuple[str, str]]):
-    def __init__(self, now: Callable[[], float], ending: Callable[[], bool], period: float):
+    def __init__(
+        self,
+        scheduler: WakeUpScheduler,
+        now: Callable[[], float],
+        ending: Callable[[], bool],
+        period: float,
+    ) -> None:
+        self._scheduler = scheduler  # its queue of the worker this runs on
         self._now = now
         self._ending = ending
         self._period = period
@@ -63,27 +83,29 @@ class _WakeUps(StatelessSourcePartition[tuple[str, str]]):
     def next_batch(self) -> list[tuple[str, str]]:
         if self._ending():
             raise StopIteration
-        return [(key, WAKE_UP) for key in worker_queue().due(self._now())]
+        return [(key, WAKE_UP) for key in self._scheduler.queue().due(self._now())]
 
     def next_awake(self) -> datetime:
-        head = worker_queue().next()
+        head = self._scheduler.queue().next()
         wait = self._period if head is None else min(self._period, max(0.0, head - self._now()))
         return datetime.now(UTC) + timedelta(seconds=wait)
 
 
 class WakeUps(DynamicSource[tuple[str, str]]):
-    """(key, ``WAKE_UP``) for every key whose wake-up time ``now()`` has reached, until
-    ``ending()`` is true."""
+    """(key, ``WAKE_UP``) for every key whose wake-up time ``now()`` has reached in
+    ``scheduler``'s queue of each worker, until ``ending()`` is true."""
 
     def __init__(
         self,
+        scheduler: WakeUpScheduler,
         ending: Callable[[], bool],
         now: Callable[[], float] = time.time,
         period: float = 0.01,
     ) -> None:
+        self._scheduler = scheduler
         self._ending = ending
         self._now = now
         self._period = period
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _WakeUps:
-        return _WakeUps(self._now, self._ending, self._period)
+        return _WakeUps(self._scheduler, self._now, self._ending, self._period)

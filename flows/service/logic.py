@@ -20,7 +20,7 @@ from typing import Any
 from bytewax.operators import StatefulBatchLogic
 
 from flows.service._records import split_outputs
-from flows.service.deadlines import worker_queue
+from flows.service.deadlines import WakeUpScheduler
 from flows.service.events import DeadLetter
 from flows.service.instance import Output
 from flows.service.registry import LiveRegistry, Registry
@@ -93,10 +93,11 @@ class ShardLogic(StatefulBatchLogic[Routed, Split, dict[str, Any]]):
         return self.store.flush_epoch()
 
     def _wish(self) -> None:
-        """With wake-ups from the worker's queue, queue this shard's next one."""
+        """With wake-ups from the flow's scheduler, queue this shard's next one in its
+        worker's queue."""
         store = self.store
         if store.context.wake_ups and not store.context.event_time and store.shard is not None:
-            worker_queue().want(store.shard, store.wake_at())
+            store.context.wake_ups.queue().want(store.shard, store.wake_at())
 
 
 def logic_builder(
@@ -105,7 +106,7 @@ def logic_builder(
     snapshots: bool = True,
     event_time: bool = False,
     stream: StreamClock | None = None,
-    wake_ups: bool = False,
+    wake_ups: WakeUpScheduler | None = None,
     store: Path | None = None,
     rest_after: float = REST_AFTER,
 ) -> Callable[[dict[str, Any] | None], ShardLogic]:
@@ -113,7 +114,8 @@ def logic_builder(
 
     ``snapshots=False`` (no recovery configured) skips building snapshots;
     ``event_time=True`` runs on the events' own time, ``stream`` on stream time, and
-    ``wake_ups`` wakes shards from the worker's queue, ``store`` keeps the shards' logs,
+    ``wake_ups`` wakes shards from the worker's queue of that scheduler (the one the
+    flow's ``WakeUps`` source reads), ``store`` keeps the shards' logs,
     ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)

@@ -21,7 +21,7 @@ from typing import Any
 
 from flows.service import _event_loop as event_loop
 from flows.service._deadline_queue import TimeHeap
-from flows.service.deadlines import DeadlineQueue
+from flows.service.deadlines import DeadlineQueue, WakeUpScheduler
 from flows.service.events import DeadLetter, Feedback, Origin, Request
 from flows.service.instance import Instance, Output
 from flows.service.keys import SHARDS, of_this_layout, shard_of, split_key
@@ -76,7 +76,8 @@ class FlowContext:
     snapshots: bool = True
     event_time: bool = False
     stream: StreamClock | None = None
-    wake_ups: bool = False  # wake-ups from the worker's queue instead of Bytewax timers
+    # wake-ups from the worker's queue of this flow's scheduler instead of Bytewax timers
+    wake_ups: WakeUpScheduler | None = None
     # with snapshots: the directory of the shards' logs (``flows.service.shard_log``);
     # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
     store: Path | None = None

@@ -33,7 +33,7 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from bytewax.testing import run_main
 
 from flows.service.connectors.memory import one_per_batch, unbatched
-from flows.service.dataflow import Wiring, build_flow
+from flows.service.dataflow import Inputs, Outputs, Wiring, build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
 from flows.tools.report_data import Fault, Injected, ServedLog, log_events, request_contexts
@@ -170,9 +170,11 @@ def loop_wiring(loop: Loop) -> Wiring:
         return one_per_batch(flow, step, _LoopSource(loop)), None
 
     return Wiring(
-        inputs={"events": source},
-        selections=lambda step, up: unbatched(step, up, _CallbackSink(loop.on_selection)),
-        dead_letters=lambda step, up: unbatched(step, up, _CallbackSink(loop.on_dead_letter)),
+        Inputs({"events": source}),
+        Outputs(
+            selections=lambda step, up: unbatched(step, up, _CallbackSink(loop.on_selection)),
+            dead_letters=lambda step, up: unbatched(step, up, _CallbackSink(loop.on_dead_letter)),
+        ),
     )
 
 

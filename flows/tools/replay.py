@@ -35,12 +35,13 @@ again), an applied feedback, or a dead letter about it: ``Replayed.unaccounted``
 ``ticket_expired`` letter is a second outcome of a served request, not a line of its own.
 
 **Order.** Outputs follow the lines that caused them: each is tagged with the position of
-its cause (``Wiring.trace``), and each sink sorts what an epoch brought when Bytewax closes
-that epoch (everything of it has arrived then, nothing later has) and writes it. Within one
-line, the service's order: an expiry the event caused comes before its own answer. The
-letters at the end come last, in the order of the lines they are about (file and line;
-partition and offset). So a replay of a served log writes its selections byte for byte in
-order: the demo's ``selections.jsonl`` from its ``events.jsonl``.
+its cause (``flows.service.dataflow.Outputs.trace``), and each sink sorts what an epoch
+brought when Bytewax closes that epoch (everything of it has arrived then, nothing later
+has) and writes it. Within one line, the service's order: an expiry the event caused
+comes before its own answer. The letters at the end come last, in the order of the lines
+they are about (file and line; partition and offset). So a replay of a served log writes
+its selections byte for byte in order: the demo's ``selections.jsonl`` from its
+``events.jsonl``.
 
 >>> from flows.service.registry import Registry
 >>> reg = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
@@ -70,7 +71,8 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 from bytewax.testing import run_main
 
-from flows.service.dataflow import Message, Wiring, build_flow, route
+from flows.service import dataflow
+from flows.service.dataflow import Message, build_flow, route
 from flows.service.events import (
     DeadLetter,
     Feedback,
@@ -374,12 +376,13 @@ def replay(
     def events(flow: Dataflow, step: str) -> tuple[Stream, None]:
         return op.input(step, flow, source), None
 
-    wiring = Wiring(
-        inputs={"events": events},
-        selections=lambda step, up: _in_order(step, up, run.selections),
-        dead_letters=lambda step, up: _in_order(step, up, run.dead_letters),
-        parsers={"events": run.parse},
-        trace=run.trace,
+    wiring = dataflow.Wiring(
+        dataflow.Inputs({"events": events}, parsers={"events": run.parse}),
+        dataflow.Outputs(
+            selections=lambda step, up: _in_order(step, up, run.selections),
+            dead_letters=lambda step, up: _in_order(step, up, run.dead_letters),
+            trace=run.trace,
+        ),
     )
     flow = build_flow(registry, wiring, run.clock, "tsi-replay", snapshots=False, event_time=True)
     run_main(flow, epoch_interval=EPOCH)

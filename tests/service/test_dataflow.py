@@ -6,7 +6,7 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 
 from flows.service.connectors.files import file_wiring
 from flows.service.connectors.memory import memory_wiring, unbatched
-from flows.service.dataflow import Wiring, build_flow
+from flows.service.dataflow import Inputs, Outputs, Wiring, build_flow
 from flows.service.events import Origin
 from flows.service.registry import Registry
 
@@ -160,9 +160,11 @@ def test_a_backlog_of_both_topics_does_not_overflow_the_early_feedback_buffer():
         return lambda flow, step: (op.input(step, flow, TestingSource([items])), None)
 
     wiring = Wiring(
-        {"requests": backlog(requests), "feedback": backlog(feedback)},
-        lambda step, up: unbatched(step, up, TestingSink(selections)),
-        lambda step, up: unbatched(step, up, TestingSink(dead)),
+        Inputs({"requests": backlog(requests), "feedback": backlog(feedback)}),
+        Outputs(
+            lambda step, up: unbatched(step, up, TestingSink(selections)),
+            lambda step, up: unbatched(step, up, TestingSink(dead)),
+        ),
     )
     run_main(build_flow(registry, wiring))
     assert len(selections) == 200

@@ -98,7 +98,8 @@ def serve_once(recovery, messages, monkeypatch=None):
         monkeypatch.setattr("flows.service.shard_store.shard_of", legacy_shard_of)
         monkeypatch.setattr("flows.service.shard_store.of_this_layout", lambda shard: True)
         slow = lambda raw, origin, **kw: parse_request(raw, origin, **kw)  # noqa: E731
-        wiring = dataclasses.replace(wiring, parsers={"requests": slow})
+        inputs = dataclasses.replace(wiring.inputs, parsers={"requests": slow})
+        wiring = dataclasses.replace(wiring, inputs=inputs)
     flow = build_flow(REGISTRY, wiring, store=shard_store(recovery))
     run_main(flow, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
     if monkeypatch is not None:

@@ -1,5 +1,6 @@
 """Wake-ups from one queue per worker instead of Bytewax's per-key timers."""
 
+import dataclasses
 import doctest
 import gc
 import heapq
@@ -17,19 +18,13 @@ from hypothesis import strategies as st
 from flows.service import _deadline_queue
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import Wiring, build_flow
-from flows.service.deadlines import WAKE_UP, DeadlineQueue, worker_queue
+from flows.service.deadlines import WAKE_UP, DeadlineQueue, WakeUpScheduler
 from flows.service.events import Origin, parse_request
 from flows.service.keys import shard_of
 from flows.service.logic import logic_builder
 from flows.service.registry import Registry
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
-
-
-@pytest.fixture(autouse=True)
-def empty_queue():
-    """The test thread's queue starts empty (logics built here wish into it)."""
-    worker_queue().due(math.inf)
 
 
 def request(rid, unit=None):
@@ -171,37 +166,45 @@ def test_the_compiled_queue_doctests():
 
 
 def test_each_worker_thread_has_its_own_queue():
-    mine = worker_queue()
+    scheduler = WakeUpScheduler()
+    mine = scheduler.queue()
     mine.want("here", 1.0)
     seen = []
-    other = threading.Thread(target=lambda: seen.append(len(worker_queue())))
+    other = threading.Thread(target=lambda: seen.append(len(scheduler.queue())))
     other.start()
     other.join()
-    assert seen == [0] and worker_queue() is mine and mine.due(1.0) == ["here"]
+    assert seen == [0] and scheduler.queue() is mine and mine.due(1.0) == ["here"]
+
+
+def test_each_scheduler_has_its_own_queues_on_one_thread():
+    first, second = WakeUpScheduler(), WakeUpScheduler()
+    first.queue().want("here", 1.0)
+    assert len(second.queue()) == 0 and second.queue() is not first.queue()
+    assert first.queue().due(1.0) == ["here"]
 
 
 def test_a_logic_on_wake_ups_asks_the_queue_not_bytewax_and_expires_on_its_wake_up():
-    now = [100.0]
-    logic = logic_builder(REGISTRY, clock=lambda: now[0], wake_ups=True, rest_after=1e9)(None)
+    now, scheduler = [100.0], WakeUpScheduler()
+    logic = logic_builder(REGISTRY, clock=lambda: now[0], wake_ups=scheduler, rest_after=1e9)(None)
     experiment = logic.store.context.registry.current["e"]
     logic.handle([("e", experiment, request("r1"))])
     assert logic.notify_at() is None  # no per-key timer for Bytewax to scan
-    assert worker_queue().next() == 105.0
+    assert scheduler.queue().next() == 105.0
     now[0] = 106.0
-    assert worker_queue().due(now[0]) == [shard_of("e")]  # one wake-up for the shard
+    assert scheduler.queue().due(now[0]) == [shard_of("e")]  # one wake-up for the shard
     out = logic.handle([(shard_of("e"), None, WAKE_UP)])
     assert [d.reason for d in out] == ["ticket_expired"]
     window = experiment.retry_window  # the expired answer is kept this long for retries
-    assert window > 0 and worker_queue().next() == now[0] + window
+    assert window > 0 and scheduler.queue().next() == now[0] + window
 
 
 def test_a_restored_instance_queues_its_deadline_on_the_worker_that_builds_it():
-    logic = logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(None)
+    before, after = WakeUpScheduler(), WakeUpScheduler()
+    logic = logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=before)(None)
     logic.handle([("e", logic.store.context.registry.current["e"], request("r1"))])
     snapshot = logic.snapshot()
-    worker_queue().due(1e9)  # empty it
-    logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=True)(snapshot)
-    assert worker_queue().next() == 5.0
+    logic_builder(REGISTRY, clock=lambda: 0.0, wake_ups=after)(snapshot)
+    assert after.queue().next() == 5.0
 
 
 def test_an_unbounded_flow_expires_tickets_from_its_wake_ups():
@@ -213,12 +216,8 @@ def test_an_unbounded_flow_expires_tickets_from_its_wake_ups():
     requests = [(r, Origin("t", 0, i)) for i, r in enumerate(raw)]
     wiring = memory_wiring(requests, [], selections, dead)
     started = time.time()
-    unbounded = Wiring(
-        wiring.inputs,
-        wiring.selections,
-        wiring.dead_letters,
-        wake_ups=lambda: time.time() > started + 3.0,
-    )
+    ending = lambda: time.time() > started + 3.0  # noqa: E731
+    unbounded = Wiring(dataclasses.replace(wiring.inputs, ending=ending), wiring.outputs)
     run_main(build_flow(registry, unbounded, snapshots=False))
     letters = [orjson.loads(d) for _, d in dead]
     assert len(selections) == 5

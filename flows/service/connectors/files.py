@@ -1,18 +1,20 @@
-"""JSON-lines files: a source (one message per line, its line number as the offset), the
-file wiring of the dataflow, and ``read_lines``, the one reader of JSON-lines logs."""
+"""JSON-lines files: a source (one message per line, its line number as the offset), a
+sink (one output per line, each epoch's lines flushed and synced to disk before Bytewax
+commits the epoch), the file wiring of the dataflow, and ``read_lines``, the one reader of
+JSON-lines logs."""
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import bytewax.operators as op
-from bytewax.connectors.files import FileSink
-from bytewax.dataflow import Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from flows.service.dataflow import Message, Wiring
+from flows.service.connectors.epoch_sink import EpochAcknowledgedPartition, EpochAcknowledgedSink
+from flows.service.dataflow import Inputs, Message, Outputs, Wiring
 from flows.service.events import Origin
 
 
@@ -70,24 +72,68 @@ class JsonLinesSource(FixedPartitionedSource[list[Message], tuple[int, int]]):
         return _LinesPartition(self.path, self.batch_size, resume_state)
 
 
+class _LinesOut(EpochAcknowledgedPartition[tuple[str, bytes], int]):
+    """One file's writes: buffered as they come, flushed and synced by the epoch's close.
+    Its resume state is the file's length then: a resumed flow cuts off what the epochs
+    Bytewax did not commit wrote (their outputs are written again)."""
+
+    def __init__(self, path: Path, resume_state: int | None) -> None:
+        super().__init__(batched=True)
+        self._path = path
+        self._file = path.open("ab")
+        self._file.truncate(resume_state or 0)
+        self._file.seek(resume_state or 0)
+
+    def send(self, items: list[tuple[str, bytes]]) -> None:
+        self._file.writelines(value + b"\n" for _, value in items)
+
+    def acknowledge(self, sent: int) -> int:
+        """Flush and fsync what the epoch wrote; RuntimeError naming the file and the
+        lines not written if the system refuses."""
+        if sent:
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            except OSError as exc:
+                msg = f"{self._path}: {sent} lines of the epoch not written to disk: {exc}"
+                raise RuntimeError(msg) from exc
+        return self._file.tell()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._file.close()
+
+
+class JsonLinesSink(EpochAcknowledgedSink[int]):
+    """Write batches of (key, JSON bytes) to a file, one value a line (the key is not
+    written); each epoch's lines are on disk before Bytewax commits the epoch. One
+    partition, the file: one worker writes it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        super().__init__(str(self.path))
+
+    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _LinesOut:
+        return _LinesOut(self.path, resume_state)
+
+
 def file_wiring(
     requests: str | Path, feedback: str | Path, selections: str | Path, dead_letters: str | Path
 ) -> Wiring:
     """Read JSON-lines files; write one JSON object per line (the key is in the object)."""
-
-    def lines(step: str, up: Stream, path: str | Path) -> None:
-        text = op.flat_map(
-            f"{step}_text", up, lambda batch: [(k, v.decode("utf-8")) for k, v in batch]
-        )
-        op.output(step, text, FileSink(Path(path)))
-
     return Wiring(
-        inputs={
-            kind: (
-                lambda flow, step, path=path: (op.input(step, flow, JsonLinesSource(path)), None)
-            )
-            for kind, path in (("requests", requests), ("feedback", feedback))
-        },
-        selections=lambda step, up: lines(step, up, selections),
-        dead_letters=lambda step, up: lines(step, up, dead_letters),
+        Inputs(
+            {
+                kind: (
+                    lambda flow, step, path=path: (
+                        op.input(step, flow, JsonLinesSource(path)),
+                        None,
+                    )
+                )
+                for kind, path in (("requests", requests), ("feedback", feedback))
+            }
+        ),
+        Outputs(JsonLinesSink(selections).output, JsonLinesSink(dead_letters).output),
     )

@@ -16,7 +16,16 @@ from flows.service.connectors.kafka_source import (
     internal_messages,
     kafka_messages,
 )
-from flows.service.dataflow import Message, OpenSource, Repartition, Wiring, unzip_batches
+from flows.service.dataflow import (
+    Inputs,
+    Message,
+    OpenSink,
+    OpenSource,
+    Outputs,
+    Repartition,
+    Wiring,
+    unzip_batches,
+)
 from flows.service.events import DeadLetter, Origin, ParseBySource, minimal_dead_letter
 from flows.service.stopping import Stop
 
@@ -74,7 +83,7 @@ def kafka_wiring(
     def source(topic: str) -> OpenSource:
         return _topic_source(brokers, topic, consumer_config, tail, options)
 
-    def sink(topic: str, replace: Replacement | None = None) -> Callable[[str, Stream], None]:
+    def sink(topic: str, replace: Replacement | None = None) -> OpenSink:
         checked = DeliveryCheckedKafkaSink(
             brokers, topic, producer_config, replace=replace, batched=True, process=process
         )
@@ -89,12 +98,9 @@ def kafka_wiring(
     if topics.repartitioned and tail:  # a bounded run (tail=False) reads the inputs directly
         repartition = _repartition(brokers, topics, consumer_config, sink, options)
     return Wiring(
-        inputs,
-        sink(topics.selections),
-        sink(topics.dead_letters, replace=minimal_dead_letter),
-        repartition=repartition,
-        # an unbounded run wakes its instances from per-worker queues, until it ends
-        wake_ups=Stop.asked if tail else None,
+        # an unbounded run (tail) ends when the service is asked to stop
+        Inputs(inputs, repartition=repartition, ending=Stop.asked if tail else None),
+        Outputs(sink(topics.selections), sink(topics.dead_letters, replace=minimal_dead_letter)),
     )
 
 
@@ -151,11 +157,12 @@ def _split_batch(batch: list[Any]) -> tuple[list[Message], list[DeadLetter]]:
 #: How an internal copy says which input it came from (its ``o`` header: ``r:P:O``).
 REQUEST_TAG, FEEDBACK_TAG = b"r", b"f"
 
+
 def _repartition(
     brokers: list[str],
     topics: Topics,
     consumer_config: dict[str, Any] | None,
-    sink: Callable[[str], Callable[[str, Stream], None]],
+    sink: Callable[[str], OpenSink],
     options: dict[str, Any],
 ) -> Repartition:
     """The internal topic between the inputs and the stateful step: copies written with

@@ -3,7 +3,9 @@
 It produces each batch as it comes and, when the epoch closes (Bytewax asks every sink
 partition written in the epoch for its snapshot before it commits the epoch), waits for
 the broker to acknowledge every message of the epoch and raises if any was not, so the
-dataflow fails and Bytewax recovery replays the epoch. The stock
+dataflow fails and Bytewax recovery replays the epoch: an ``EpochAcknowledgedSink``
+(``epoch_sink``) whose partition sends by producing and acknowledges by waiting for the
+delivery reports. The stock
 ``bytewax.connectors.kafka.KafkaSink`` never looks at delivery reports: messages the broker
 refuses (unknown topic, broker down, ...) are dropped and the dataflow carries on as if
 they had been written. Client settings (security.protocol, sasl.*, ssl.*, ...) pass
@@ -18,14 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaSinkMessage
-from bytewax.dataflow import Stream
-from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, Producer
 
 from flows.service._records import key_value, producible
+from flows.service.connectors.epoch_sink import EpochAcknowledgedPartition, EpochAcknowledgedSink
 from flows.service.metrics import note_broker_contact
 
 Key = str | bytes | None
@@ -103,7 +103,7 @@ class _Deliveries:
         return len(self.errors) + len(self.refused)
 
 
-class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
+class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
     """One process's writes: produced as they come, acknowledged by the epoch's close."""
 
     def __init__(
@@ -114,13 +114,12 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
         replace: Replacement | None = None,
         batched: bool = False,
     ) -> None:
-        self._batched = batched
+        super().__init__(batched)
         self._producer = producer
         self._topic = topic
         self._client_errors = client_errors  # filled by the producer's error_cb
         self._replace = replace
         self._reports = _Deliveries()  # of the messages produced since the last snapshot
-        self._sent = 0  # how many
 
     def _produce_args(self, item: KafkaItem) -> Produced:
         """What ``_send`` produces for ``item``: a (key, value) or (key, value, headers)
@@ -160,24 +159,19 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
             return self._topic, args[0], args[1]
         return args["topic"], args.get("key"), args["value"]
 
-    def write_batch(self, items: list[KafkaItem]) -> None:
+    def send(self, items: list[KafkaItem]) -> None:
         """Produce all items (every one checked first: a bad item fails the batch before
-        anything is produced); ``snapshot`` makes sure of them."""
-        if self._batched:
-            items = [item for batch in items for item in batch]
-        if not items:
-            return
+        anything is produced); ``acknowledge`` makes sure of them."""
         if self._topic is not None and producible(items):  # the common batch, checked in C
             batch = items
         else:  # bad items fail before producing
             batch = [self._produce_args(item) for item in items]
         self._produce(batch, self._reports)
-        self._sent += len(batch)
         self._producer.poll(0)  # serve the reports that came (failures only)
 
-    def snapshot(self) -> None:
-        """Bytewax's call when an epoch this partition wrote in closes, before it commits
-        the epoch: wait until every message produced so far has its report (through
+    def acknowledge(self, sent: int) -> None:
+        """At the close of an epoch this partition wrote in (``snapshot``): wait until the
+        ``sent`` messages produced since the last close have their reports (through
         broker outages of any length unless ``timeout_s``), and raise ``RuntimeError``
         (naming the topic, the number of messages not acknowledged and the first error)
         if any failed.
@@ -186,11 +180,10 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
         stand-in ``replace`` builds for it instead; a stand-in refused too is logged with
         its bytes at ERROR level, the last resort (the flow must not loop on it).
         """
-        if not self._sent:
+        if not sent:
             return
-        self._wait_for_reports(self._sent)
-        reports, sent = self._reports, self._sent
-        self._reports, self._sent = _Deliveries(), 0
+        self._wait_for_reports(sent)
+        reports, self._reports = self._reports, _Deliveries()
         if reports.refused and self._replace is not None:
             self._write_refused(reports)
         failed = reports.failed
@@ -287,12 +280,12 @@ class _CheckedPartition(StatefulSinkPartition[KafkaItem, None]):
 
     def close(self) -> None:
         """At the end of the input: wait (at most ``_CLOSE_S``) for what is still queued,
-        then ``snapshot``."""
+        then acknowledge the last epoch's messages."""
         left = self._producer.flush(_CLOSE_S)
         if left:
             msg = f"Kafka sink for topic {self._topic}: {left} messages still queued at close"
             raise RuntimeError(msg)
-        self.snapshot()
+        super().close()
 
 
 def partition_name(process: int) -> str:
@@ -304,7 +297,7 @@ def partition_name(process: int) -> str:
     return f"p{process:04d}"
 
 
-class DeliveryCheckedKafkaSink(FixedPartitionedSink[KafkaItem, None]):
+class DeliveryCheckedKafkaSink(EpochAcknowledgedSink[None]):
     """Produce to Kafka and fail loudly unless every message is acknowledged.
 
     Items are `(key, value)` tuples (key `str | bytes | None`, value `bytes`; a `str` is
@@ -368,18 +361,7 @@ class DeliveryCheckedKafkaSink(FixedPartitionedSink[KafkaItem, None]):
         self._timeout_s = timeout_s
         self._replace = replace
         self._batched = batched
-        self._part = partition_name(process)
-
-    def output(self, step_id: str, up: Stream[Any]) -> None:
-        """Write ``up`` (a stream of items, or of batches with ``batched``) through this
-        process's partition: Bytewax's ``op.output`` on the items keyed by it."""
-        part = self._part
-        keyed = op.map(f"{step_id}_keyed", up, lambda item: (part, item))
-        op.output(step_id, keyed, self)
-
-    def list_parts(self) -> list[str]:
-        """This process's partition, listed by each of its workers (one is its primary)."""
-        return [self._part]
+        super().__init__(partition_name(process))
 
     def part_fn(self, item_key: str) -> int:
         """The index of ``item_key``'s partition among every process's (the names sort by

@@ -8,7 +8,7 @@ from bytewax.inputs import Source
 from bytewax.outputs import Sink
 from bytewax.testing import TestingSink, TestingSource
 
-from flows.service.dataflow import Message, Wiring
+from flows.service.dataflow import Inputs, Message, Outputs, Wiring
 
 
 def memory_wiring(
@@ -23,17 +23,21 @@ def memory_wiring(
     bytes) outputs to lists."""
     inputs = {"requests": requests, "feedback": feedback} if events is None else {"events": events}
     return Wiring(
-        inputs={
-            kind: (
-                lambda flow, step, items=items: (
-                    one_per_batch(flow, step, TestingSource(items)),
-                    None,
+        Inputs(
+            {
+                kind: (
+                    lambda flow, step, items=items: (
+                        one_per_batch(flow, step, TestingSource(items)),
+                        None,
+                    )
                 )
-            )
-            for kind, items in inputs.items()
-        },
-        selections=lambda step, up: unbatched(step, up, TestingSink(selections)),
-        dead_letters=lambda step, up: unbatched(step, up, TestingSink(dead_letters)),
+                for kind, items in inputs.items()
+            }
+        ),
+        Outputs(
+            selections=lambda step, up: unbatched(step, up, TestingSink(selections)),
+            dead_letters=lambda step, up: unbatched(step, up, TestingSink(dead_letters)),
+        ),
     )
 
 
