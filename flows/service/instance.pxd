@@ -4,9 +4,17 @@ from flows.service._answer_book cimport AnswerBook
 from flows.service._deadline_queue cimport TimeHeap
 
 
+cdef enum EntryKind:
+    OPEN = 1
+    SETTLED = 2
+    EXPIRED = 3
+    EARLY = 4
+
+
 cdef class Entry:
     cdef public str rid
     cdef public double deadline
+    cdef readonly int kind  # an EntryKind
 
 
 cdef class Answered(Entry):
@@ -56,8 +64,9 @@ cdef class Instance:
     cdef Terms terms
     cdef object _bandit  # None: packed, or not created yet while _packed is None too
     cdef object _packed
-    cdef object _entries  # None, one Entry, or a dict of them by request_id
-    cdef TimeHeap _deadlines  # (deadline, request_id) beside a dict
+    cdef Entry _one  # the entry, while it holds one
+    cdef dict _table  # its entries by request_id, while it holds two or more
+    cdef TimeHeap _deadlines  # (deadline, request_id) of the table's entries
     cdef AnswerBook _kept  # answers kept for retries (never an empty book)
     cdef Py_ssize_t _n_early
     cdef list _notices

@@ -114,6 +114,7 @@ cdef class Open(Answered):
         self.rid, self.ticket, self.unit, self.deadline, self.origin = (
             rid, ticket, unit, deadline, origin
         )
+        self.kind = OPEN
 
     def _fields(self) -> tuple:
         return (self.rid, self.ticket, self.unit, self.deadline, self.origin)
@@ -127,6 +128,7 @@ cdef class Settled(Answered):
 
     def __init__(self, str rid, ticket, unit, double deadline):
         self.rid, self.ticket, self.unit, self.deadline = rid, ticket, unit, deadline
+        self.kind = SETTLED
 
 
 @cython.no_gc
@@ -138,6 +140,7 @@ cdef class Expired(Answered):
 
     def __init__(self, str rid, ticket, unit, double deadline):
         self.rid, self.ticket, self.unit, self.deadline = rid, ticket, unit, deadline
+        self.kind = EXPIRED
 
 
 @cython.no_gc
@@ -148,6 +151,7 @@ cdef class Early(Entry):
 
     def __init__(self, str rid, feedback, double deadline):
         self.rid, self.feedback, self.deadline = rid, feedback, deadline
+        self.kind = EARLY
 
     def _fields(self) -> tuple:
         return (self.rid, self.feedback, self.deadline)
@@ -158,18 +162,22 @@ cdef inline Open _open(str rid, object ticket, object unit, double deadline, obj
     entry.rid, entry.ticket, entry.unit, entry.deadline, entry.origin = (
         rid, ticket, unit, deadline, origin
     )
+    entry.kind = OPEN
     return entry
 
 
-cdef inline Answered _answered(type kind, str rid, object ticket, object unit, double deadline):
-    cdef Answered entry = kind.__new__(kind)
+cdef inline Answered _answered(int kind, str rid, object ticket, object unit, double deadline):
+    """A ``Settled`` or ``Expired`` entry."""
+    cdef Answered entry = Settled.__new__(Settled) if kind == SETTLED else Expired.__new__(Expired)
     entry.rid, entry.ticket, entry.unit, entry.deadline = rid, ticket, unit, deadline
+    entry.kind = kind
     return entry
 
 
 cdef inline Early _early(str rid, object feedback, double deadline):
     cdef Early entry = Early.__new__(Early)
     entry.rid, entry.feedback, entry.deadline = rid, feedback, deadline
+    entry.kind = EARLY
     return entry
 
 
@@ -264,7 +272,8 @@ cdef class Instance:
         self.key = key
         self._bandit = bandit
         self._packed = None
-        self._entries = None
+        self._one = None
+        self._table = None
         self._deadlines = None
         self._kept = None
         self._n_early = 0
@@ -280,7 +289,7 @@ cdef class Instance:
 
     def __reduce__(self):
         return _instance_of, (
-            self.experiment, self.key, self._bandit, self._packed, self._entries,
+            self.experiment, self.key, self._bandit, self._packed, self._one, self._table,
             self._deadlines, self._kept, self._n_early, self._notices,
         )
 
@@ -308,9 +317,9 @@ cdef class Instance:
         )
         notices = []
         for entry in list(self.entries().values()):
-            if type(entry) is Early:
+            if entry.kind == EARLY:
                 continue
-            if type(entry) is Open:
+            if entry.kind == OPEN:
                 ticket = moved.tickets[entry.ticket.round]
                 if ticket is None:
                     notices.append(self._retired(entry, moved.new_index_of_old, old_arms))
@@ -353,8 +362,8 @@ cdef class Instance:
             if self._packed is None:
                 self._bandit = self.experiment.new_bandit(self.key)
             else:
-                held = self._entries  # packed only with at most one entry: see rest()
-                pending = ((<Open>held).ticket,) if type(held) is Open else ()
+                one = self._one  # packed only with at most one entry: see rest()
+                pending = ((<Open>one).ticket,) if one is not None and one.kind == OPEN else ()
                 self._bandit = self.experiment.unpack_bandit(self._packed, self.key, pending)
                 self._packed = None
         return self._bandit
@@ -364,7 +373,7 @@ cdef class Instance:
         tickets (a busy shared instance), which would have to be handed back at every
         unpack."""
         if self._bandit is not None:
-            blob = self._bandit.pack(keep_pending=type(self._entries) is not dict)
+            blob = self._bandit.pack(keep_pending=self._table is None)
             if blob is not None:
                 self._packed, self._bandit = blob, None
 
@@ -379,12 +388,11 @@ cdef class Instance:
 
     def holds_nothing(self) -> bool:
         """Whether the instance holds no entry and no kept answer (only its bandit)."""
-        return self._entries is None and self._kept is None
+        return self._one is None and self._table is None and self._kept is None
 
     def n_held(self) -> int:
         """Entries and kept answers held."""
-        held = self._entries
-        n = len(<dict>held) if type(held) is dict else held is not None
+        n = len(self._table) if self._table is not None else self._one is not None
         return n + (0 if self._kept is None else len(self._kept))
 
     def holding(self) -> dict:
@@ -401,7 +409,7 @@ cdef class Instance:
             "bandit": "live" if self._bandit is not None else (
                 None if self._packed is None else "packed"
             ),
-            "table": type(self._entries) is dict,
+            "table": self._table is not None,
             "deadlines": None if self._deadlines is None else list(self._deadlines),
             "book": 0 if self._kept is None else len(self._kept),
             "n_early": self._n_early,
@@ -414,11 +422,10 @@ cdef class Instance:
     # --------------------------------------------------------------- entries
     cdef object _get(self, str rid):
         cdef Entry found = None
-        held = self._entries
-        if type(held) is dict:
-            found = (<dict>held).get(rid)
-        elif held is not None and (<Entry>held).rid == rid:
-            found = held
+        if self._table is not None:
+            found = self._table.get(rid)
+        elif self._one is not None and self._one.rid == rid:
+            found = self._one
         if found is None and self._kept is not None and self._kept.has(rid):
             [found] = compact_to_entries((self._kept.pop(rid),))  # built as it is read
             if not self._kept:
@@ -463,8 +470,9 @@ cdef class Instance:
 
     def _live(self):
         """The entries held as objects (not the kept answers held in the book)."""
-        held = self._entries
-        return (<dict>held).values() if type(held) is dict else () if held is None else (held,)
+        if self._table is not None:
+            return self._table.values()
+        return () if self._one is None else (self._one,)
 
     def newest_answer(self):
         """When the newest of the answers kept for retries was settled, if the instance
@@ -473,7 +481,7 @@ cdef class Instance:
         if len(live) + (0 if book is None else len(book)) < 2:
             return None
         for entry in live:
-            if type(entry) is not Settled and type(entry) is not Expired:
+            if entry.kind != SETTLED and entry.kind != EXPIRED:
                 return None
         deadlines = [(<Entry>entry).deadline for entry in live]
         if book is not None:
@@ -481,36 +489,36 @@ cdef class Instance:
         return max(deadlines) - self.terms.retry_window
 
     cdef int _put(self, Entry entry) except -1:
-        old = self._get(entry.rid)
-        if type(old) is Early:
+        cdef Entry old = self._get(entry.rid), one
+        if old is not None and old.kind == EARLY:
             self._n_early -= 1
-        if type(entry) is Early:
+        if entry.kind == EARLY:
             self._n_early += 1
-        held = self._entries
-        if held is None or (type(held) is not dict and (<Entry>held).rid == entry.rid):
-            self._entries = entry
-            return 0
-        if type(held) is not dict:  # a second entry: from here on a dict and a heap
+        if self._table is None:
+            one = self._one
+            if one is None or one.rid == entry.rid:
+                self._one = entry
+                return 0
+            # a second entry: from here on a table and a heap of deadlines
             self.live_bandit()  # unpacked while the one entry can still hand back its ticket
             self._deadlines = TimeHeap()
-            self._deadlines.add((<Entry>held).deadline, (<Entry>held).rid)
-            self._entries = held = {(<Entry>held).rid: held}
-        (<dict>held)[entry.rid] = entry
+            self._deadlines.add(one.deadline, one.rid)
+            self._table, self._one = {one.rid: one}, None
+        self._table[entry.rid] = entry
         self._deadlines.add(entry.deadline, entry.rid)
         return 0
 
     cdef int _drop(self, Entry entry) except -1:
-        if type(entry) is Early:
+        if entry.kind == EARLY:
             self._n_early -= 1
-        held = self._entries
-        if type(held) is not dict:
-            self._entries = None
+        if self._table is None:
+            self._one = None
             return 0
-        del (<dict>held)[entry.rid]
-        if len(<dict>held) == 1:  # back to one entry: no table, no heap
-            for one in (<dict>held).values():
-                self._entries = one
-            self._deadlines = None
+        del self._table[entry.rid]
+        if len(self._table) == 1:  # back to one entry: no table, no heap
+            for one in self._table.values():
+                self._one = one
+            self._table, self._deadlines = None, None
         return 0
 
     def entries(self, kind=None) -> dict:
@@ -518,16 +526,14 @@ cdef class Instance:
         request_id, sorted; the kept answers built into entries first when asked for."""
         if self._kept is not None and kind is not Open and kind is not Early:
             self._unkept()
-        chosen = [e for e in self._live() if kind is None or type(e) is kind]
+        code = 0 if kind is None else _KIND_OF[kind]
+        chosen = [e for e in self._live() if code == 0 or (<Entry>e).kind == code]
         return {e.rid: e for e in sorted(chosen, key=_rid)}
 
     def awaits_feedback(self) -> bool:
         """Whether a selection waits for its feedback (an ``Open`` entry): then its next
         event is likely near."""
-        held = self._entries
-        if type(held) is dict:
-            return any(type(entry) is Open for entry in (<dict>held).values())
-        return type(held) is Open
+        return any((<Entry>entry).kind == OPEN for entry in self._live())
 
     @property
     def open(self) -> dict:
@@ -566,7 +572,7 @@ cdef class Instance:
         rid = field(_REQUEST, request, REQUEST_ID)
         context = field(_REQUEST, request, CONTEXT)
         entry = self._get(rid)
-        if entry is not None and type(entry) is not Early:
+        if entry is not None and (<Entry>entry).kind != EARLY:
             answered = entry
             if answered.ticket.context != context:
                 detail = (
@@ -611,20 +617,20 @@ cdef class Instance:
         cdef Terms terms = self.terms
         cdef Answered answered
         rid = field(_FEEDBACK, feedback, REQUEST_ID)
-        entry = self._get(rid)
-        kind = type(entry)
-        if kind is Settled:
+        cdef Entry entry = self._get(rid)
+        cdef int kind = 0 if entry is None else entry.kind
+        if kind == SETTLED:
             detail = f"request_id {rid!r} already has its feedback"
             out.append(self._dead(feedback, "duplicate_feedback", detail))
             return 0
-        if kind is Expired:
+        if kind == EXPIRED:
             detail = (
                 f"request_id {rid!r} waited {terms.ttl:g} s for its "
                 "feedback and expired before this came"
             )
             out.append(self._dead(feedback, "late_feedback", detail))
             return 0
-        if kind is Early:
+        if kind == EARLY:
             detail = f"feedback for request_id {rid!r} is already waiting"
             out.append(self._dead(feedback, "duplicate_feedback", detail))
             return 0
@@ -636,7 +642,7 @@ cdef class Instance:
             self._put(_early(rid, feedback, now + terms.ttl))
             changes.early += 1
             return 0
-        answered = entry
+        answered = <Answered>entry
         served = (<tuple>answered.ticket)[2]
         named = field(_FEEDBACK, feedback, ARM)
         if named is not None and named != served and named != terms.arms[served]:
@@ -651,7 +657,7 @@ cdef class Instance:
         if self._keep_answer("s", answered, deadline):
             self._drop(answered)
         else:
-            self._put(_answered(Settled, rid, answered.ticket, answered.unit, deadline))
+            self._put(_answered(SETTLED, rid, answered.ticket, answered.unit, deadline))
         changes.pending -= 1
         changes.applied += 1
         return 0
@@ -666,31 +672,30 @@ cdef class Instance:
             if not self._kept:
                 self._kept = None
         out = []
-        while self._entries is not None:
-            held = self._entries
-            if type(held) is dict:
+        while self._one is not None or self._table is not None:
+            if self._table is not None:
                 due = self._deadlines.first_time()
                 if due > now:
                     break
                 _, rid = self._deadlines.pop()
-                entry = (<dict>held).get(rid)
+                entry = self._table.get(rid)
                 if entry is None or entry.deadline != due:
                     continue  # stale: the entry moved on or is gone
-            elif (<Entry>held).deadline <= now:
-                entry = held
+            elif self._one.deadline <= now:
+                entry = self._one
             else:
                 break
-            if type(entry) is Open:
+            if entry.kind == OPEN:
                 self.live_bandit().discard((<Open>entry).ticket)  # while the entry holds it
                 out.append(self._expired(entry))
                 window = self.terms.retry_window
                 if window > 0:  # its answer stays for retries, and to name late feedback
                     self._put(_answered(
-                        Expired, entry.rid, (<Open>entry).ticket, (<Open>entry).unit,
+                        EXPIRED, entry.rid, (<Open>entry).ticket, (<Open>entry).unit,
                         now + window,
                     ))
                     continue
-            elif type(entry) is Early:
+            elif entry.kind == EARLY:
                 out.append(
                     self._dead(
                         (<Early>entry).feedback,
@@ -721,13 +726,12 @@ cdef class Instance:
     cpdef double due(self) except? -1.0:
         """The next deadline; infinity when there is none."""
         cdef double at
-        held = self._entries
-        if held is None:
-            at = INFINITY
-        elif type(held) is dict:
+        if self._table is not None:
             at = self._deadlines.first_time()
+        elif self._one is not None:
+            at = self._one.deadline
         else:
-            at = (<Entry>held).deadline
+            at = INFINITY
         if self._kept is not None and self._kept.due < at:
             return self._kept.due
         return at
@@ -776,7 +780,7 @@ cdef class Instance:
         """
         out = list(self._kept or ())  # the kept answers first, as compact tuples
         for entry in self._live():
-            kind = _COMPACT_CODES.get(type(entry))
+            kind = _COMPACT_CODES.get(entry.kind)
             if kind is None:
                 return None
             item = (kind, entry.rid, tuple(entry.ticket), entry.unit, entry.deadline)
@@ -807,10 +811,10 @@ cdef class Instance:
         return inst
 
 
-def _instance_of(experiment, key, bandit, packed, entries, deadlines, book, n_early, notices):
+def _instance_of(experiment, key, bandit, packed, one, table, deadlines, book, n_early, notices):
     """An instance from ``Instance.__reduce__``'s fields (pickle, copy)."""
     cdef Instance inst = Instance(experiment, key, bandit)
-    inst._packed, inst._entries, inst._deadlines = packed, entries, deadlines
+    inst._packed, inst._one, inst._table, inst._deadlines = packed, one, table, deadlines
     inst._kept, inst._n_early, inst._notices = book, n_early, notices
     return inst
 
@@ -819,7 +823,8 @@ def _rid(entry):
     return entry.rid
 
 
-_COMPACT_CODES = {Open: "o", Settled: "s", Expired: "x"}
+_COMPACT_CODES = {OPEN: "o", SETTLED: "s", EXPIRED: "x"}
+_KIND_OF = {Open: OPEN, Settled: SETTLED, Expired: EXPIRED, Early: EARLY}
 _COMPACT_KINDS = {"s": Settled, "x": Expired}
 #: the compact codes of kept answers: at their deadline they are dropped, with no output
 ANSWER_CODES = frozenset(_COMPACT_KINDS)
@@ -829,15 +834,15 @@ def entries_to_dict(entries) -> dict:
     """Entries (sorted by request_id) as the lists of ``Instance.to_dict``."""
     chosen = sorted(entries, key=_rid)
     return {
-        "open": [_open_to_dict(o) for o in chosen if type(o) is Open],
+        "open": [_open_to_dict(o) for o in chosen if o.kind == OPEN],
         "settled": [
-            [s.rid, s.ticket.to_dict(), s.unit, s.deadline] for s in chosen if type(s) is Settled
+            [s.rid, s.ticket.to_dict(), s.unit, s.deadline] for s in chosen if s.kind == SETTLED
         ],
         "expired": [
-            [e.rid, e.ticket.to_dict(), e.unit, e.deadline] for e in chosen if type(e) is Expired
+            [e.rid, e.ticket.to_dict(), e.unit, e.deadline] for e in chosen if e.kind == EXPIRED
         ],
         "early": [
-            [e.rid, _feedback_to_dict(e.feedback), e.deadline] for e in chosen if type(e) is Early
+            [e.rid, _feedback_to_dict(e.feedback), e.deadline] for e in chosen if e.kind == EARLY
         ],
     }
 

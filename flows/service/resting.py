@@ -96,7 +96,7 @@ def revive(entry: Entry, experiment: Experiment) -> Instance:
     if same and len(entries) <= 1:  # the common case: nothing to unpack
         instance = Instance.at_rest(experiment, entry.key, packed)  # one open ticket is
     else:  # handed back when it is unpacked
-        pending = tuple(e.ticket for e in entries if type(e) is Open)
+        pending = tuple(e.ticket for e in entries if isinstance(e, Open))
         bandit = (
             experiment.unpack_bandit(packed, entry.key, pending)
             if same
@@ -130,7 +130,7 @@ def state_of(entry: Entry) -> dict[str, Any]:
         return entry.data
     arms, template, packed, kept = _packed_parts(entry)
     entries = compact_to_entries(kept)
-    pending = [e.ticket for e in entries if type(e) is Open]
+    pending = [e.ticket for e in entries if isinstance(e, Open)]
     bandit = Bandit.unpack(packed, Bandit.from_dict(template), entry.key, pending)
     return {
         "experiment": entry.experiment,
