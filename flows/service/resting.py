@@ -24,6 +24,7 @@ from itertools import chain
 from typing import Any
 
 from flows.service import _packed_table
+from flows.service._answer_book import AnswerBook
 from flows.service.instance import (
     ANSWER_CODES,
     Instance,
@@ -264,9 +265,10 @@ class Resting:
         arms, template, packed, kept = entry.data
         if not _answers_only(kept) or (arms, template) != packing:
             return None
-        left = tuple(item for item in kept if item[4] > now)
-        if len(left) == len(kept):  # nothing due
+        book = AnswerBook.of(kept)  # its expiry is the one rule: what a live book drops
+        if book is None or not book.expire(now):  # answers a book cannot hold, or none due
             return None
+        left = tuple(book)
         if not left:
             return Entry(entry.key, entry.experiment, "packed", (arms, template, packed))
         return Entry(entry.key, entry.experiment, "packed+", (arms, template, packed, left))
