@@ -24,6 +24,7 @@ from flows.service.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from flows.service.options import (
     ConfigError,
     Option,
+    Parser,
     comma_list,
     count,
     name,
@@ -78,7 +79,7 @@ def topics_from_env(env: Mapping[str, str]) -> Topics:
 
 
 def setting(
-    var: str, flag: str, help: str, parse: Any, default: str | None = "", **more: Any
+    var: str, flag: str, help: str, parse: Parser, default: str | None = "", **more: Any
 ) -> Any:
     """A field of ``Settings`` declared with its ``Option`` (its default: the default text
     read; none with ``default=None``: the setting is required)."""
