@@ -2,77 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import typer
 
-from flows.cli.base import (
-    BROKERS,
-    DLQ_TOPIC,
-    EVENTS_TOPIC,
-    FEEDBACK_TOPIC,
-    INTERNAL_TOPIC,
-    KAFKA_CONFIG,
-    REQUESTS_TOPIC,
-    SELECTIONS_TOPIC,
-    app,
-    fail,
-)
+from flows.cli.base import app, fail
+from flows.cli.options import with_options
 from flows.service.connectors.kafka import Topics
-from flows.service.settings import DEFAULT_GROUP, ConfigError, client_config
+from flows.service.settings import (
+    TOPIC_OPTIONS,
+    ConfigError,
+    client_config,
+    option,
+    topics_from_env,
+)
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create and check the service's Kafka topics.")
 app.add_typer(topics_app, name="topics")
 
 _TIMEOUT = typer.Option(30.0, min=0.1, help="Seconds to wait for the brokers.")
-_GROUP_ID = typer.Option(
-    DEFAULT_GROUP,
-    envvar="TSI_GROUP_ID",
-    help="The consumer group tsi run commits its finished epochs' offsets to (its "
-    "--group-id): its lag on the topics the service reads is shown ('' to leave it out).",
-)
+#: What both commands are told of the service: its brokers, client settings and topics.
+SERVICE_OPTIONS = (option("brokers"), option("kafka_config"), *TOPIC_OPTIONS.values())
 
 
-def _topics(
-    requests: str,
-    feedback: str,
-    events: str | None,
-    selections: str,
-    dlq: str,
-    internal: str = Topics.internal,
-) -> Topics:
-    """The service's topics as the options name them ('' for none)."""
-    return Topics(requests, feedback, selections, dlq, events or None, internal or None)
-
-
-def _service_topic_names(*options: str | None) -> list[str]:
+def _service_topic_names(topics: Topics) -> list[str]:
     """Every topic the service reads or writes: inputs, then outputs."""
     from flows.service.connectors.kafka_admin import service_topics
 
-    inputs, outputs = service_topics(_topics(*options))
+    inputs, outputs = service_topics(topics)
     return inputs + outputs
 
 
-def _read_topics(*options: str | None) -> list[str]:
+def _read_topics(topics: Topics) -> list[str]:
     """The topics the service reads, whose offsets it commits to its group: the inputs,
     and the internal topic it copies them into (when it has one)."""
     from flows.service.connectors.kafka_admin import service_topics
 
-    topics = _topics(*options)
     inputs, _ = service_topics(topics)
     return inputs + ([topics.internal] if topics.repartitioned else [])
 
 
 @topics_app.command("create")
+@with_options(*SERVICE_OPTIONS)
 def topics_create(
-    brokers: str = BROKERS,
-    kafka_config: Path | None = KAFKA_CONFIG,
-    requests_topic: str = REQUESTS_TOPIC,
-    feedback_topic: str = FEEDBACK_TOPIC,
-    events_topic: str | None = EVENTS_TOPIC,
-    selections_topic: str = SELECTIONS_TOPIC,
-    dlq_topic: str = DLQ_TOPIC,
-    internal_topic: str = INTERNAL_TOPIC,
+    env: Mapping[str, str],
     partitions: int | None = typer.Option(
         None, min=1, help="Partitions of new topics (default 3); if given, existing must match."
     ),
@@ -94,16 +68,16 @@ def topics_create(
     """
     from flows.service.connectors.kafka_admin import TopicError, create_topics
 
-    names = _service_topic_names(
-        requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic, internal_topic
-    )
-    limits = {} if dlq_max_message_bytes is None else {dlq_topic: dlq_max_message_bytes}
     try:
-        consumer, _ = client_config(kafka_config)
+        brokers, config, topics = _service(env)
+        limits = (
+            {} if dlq_max_message_bytes is None else {topics.dead_letters: dlq_max_message_bytes}
+        )
+        consumer, _ = client_config(config)
         lines = create_topics(
-            brokers.split(","),
+            brokers,
             consumer,
-            names,
+            _service_topic_names(topics),
             partitions=partitions,
             replication_factor=replication_factor,
             max_bytes=limits,
@@ -116,18 +90,8 @@ def topics_create(
 
 
 @topics_app.command("check")
-def topics_check(
-    brokers: str = BROKERS,
-    kafka_config: Path | None = KAFKA_CONFIG,
-    requests_topic: str = REQUESTS_TOPIC,
-    feedback_topic: str = FEEDBACK_TOPIC,
-    events_topic: str | None = EVENTS_TOPIC,
-    selections_topic: str = SELECTIONS_TOPIC,
-    dlq_topic: str = DLQ_TOPIC,
-    internal_topic: str = INTERNAL_TOPIC,
-    group_id: str = _GROUP_ID,
-    timeout: float = _TIMEOUT,
-) -> None:
+@with_options(*SERVICE_OPTIONS, option("group_id"))
+def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
     """Each of the service's topics: partitions, replication, max.message.bytes or missing;
     then the consumer group's lag on every partition the service reads: the offset it
     committed, the partition's end, and the messages between them.
@@ -136,13 +100,13 @@ def topics_check(
     """
     from flows.service.connectors.kafka_admin import TopicError, group_lag, topic_infos
 
-    options = (requests_topic, feedback_topic, events_topic, selections_topic, dlq_topic)
-    names = _service_topic_names(*options, internal_topic)
     try:
-        consumer, _ = client_config(kafka_config)
-        infos = topic_infos(brokers.split(","), consumer, names, timeout)
-        read = [t for t in _read_topics(*options, internal_topic) if infos.get(t) is not None]
-        lags = group_lag(brokers.split(","), consumer, group_id, read, timeout) if group_id else []
+        brokers, config, topics = _service(env)
+        group_id = option("group_id").read(env)
+        consumer, _ = client_config(config)
+        infos = topic_infos(brokers, consumer, _service_topic_names(topics), timeout)
+        read = [t for t in _read_topics(topics) if infos.get(t) is not None]
+        lags = group_lag(brokers, consumer, group_id, read, timeout) if group_id else []
     except (ConfigError, TopicError) as exc:
         fail("topics", str(exc))
     for name, info in infos.items():
@@ -154,7 +118,12 @@ def topics_check(
         fail("topics", f"missing topic(s) {', '.join(missing)}; create them: tsi topics create")
 
 
-def _lag_lines(group: str, read: list[str], lags: list) -> list[str]:
+def _service(env: Mapping[str, str]) -> tuple[list[str], Path | None, Topics]:
+    """The brokers, the client settings file and the topics ``env`` gives (``ConfigError``)."""
+    return option("brokers").read(env), option("kafka_config").read(env), topics_from_env(env)
+
+
+def _lag_lines(group: str | None, read: list[str], lags: list) -> list[str]:
     """What ``tsi topics check`` says of the group's lag on the topics the service reads."""
     if not group:
         return ["no consumer group given (--group-id ''): lag not shown"]

@@ -169,7 +169,7 @@ def parse_skips(specs: list[str]) -> frozenset[tuple[str, int, int]]:
         topic, _, rest = spec.rpartition(":")
         topic, _, partition = topic.rpartition(":")
         if not topic or not partition.isdigit() or not rest.isdigit():
-            raise ValueError(f"--skip-offset must be TOPIC:PARTITION:OFFSET, got {spec!r}")
+            raise ValueError(f"must be TOPIC:PARTITION:OFFSET, got {spec!r}")
         out.add((topic, int(partition), int(rest)))
     return frozenset(out)
 

@@ -1,21 +1,7 @@
-"""The service's settings: one object, read from ``tsi run``'s options or from the
-environment alike (each option has the environment variable below).
-
-| variable | meaning | default |
-|---|---|---|
-| ``TSI_REGISTRY`` | experiments registry (TOML) | required |
-| ``KAFKA_BOOTSTRAP_SERVERS`` | brokers, comma-separated | ``127.0.0.1:9092`` |
-| ``TSI_KAFKA_CONFIG`` | TOML with ``[kafka]``, ``[kafka.consumer]``, ``[kafka.producer]`` | none |
-| ``TSI_TOPIC_REQUESTS`` … ``_DLQ``, ``_EVENTS``, ``_INTERNAL`` | topic names | ``tsi.*`` |
-| ``TSI_RECOVERY_DIR`` / ``TSI_NO_RECOVERY`` | recovery directory, or running without one | |
-| ``TSI_STOP_AT_END`` | ``1``: stop at the end of the input topics (replays, tests) | ``0`` |
-| ``TSI_METRICS_PORT`` | serve metrics, ``/ready`` and ``/healthz`` on this port | off |
-| ``TSI_METRICS_HOST`` | the address they are served on (``127.0.0.1``: local only) | ``0.0.0.0`` |
-| ``TSI_READY_TIMEOUT`` | seconds without progress before ``/ready`` fails | 60 |
-| ``TSI_GROUP_ID`` | consumer group the finished epochs' offsets are committed to | ``tsi`` |
-| ``TSI_SKIP_OFFSETS`` | ``TOPIC:PARTITION:OFFSET,...`` messages to skip (as dead letters) | none |
-| ``TSI_TS_WINDOW`` | seconds an event's ``ts`` may differ from the wall clock | 10 years |
-| ``TSI_MALLOC_TRIM`` | seconds between hand-backs of freed memory (0: never) | 10 |
+"""The service's settings: one object, each setting declared once below (its field, its
+environment variable, its ``tsi run`` flag, its help, its default and its parser), read
+from ``tsi run``'s options or from the environment alike: a flag is its variable given on
+the command line. README's settings table is ``settings_table()``.
 
 >>> Settings.from_env({"TSI_REGISTRY": "r.toml", "TSI_GROUP_ID": "g"}).group_id
 'g'
@@ -24,8 +10,8 @@ environment alike (each option has the environment variable below).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,82 +21,274 @@ from flows.service.connectors.kafka_config import KafkaSettingsError, load_clien
 from flows.service.dataflow import Guards, parse_skips
 from flows.service.events import DEFAULT_DEAD_LETTER_RAW, DEFAULT_TS_WINDOW, raw_limit_for
 from flows.service.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from flows.service.options import (
+    ConfigError,
+    Option,
+    Parser,
+    comma_list,
+    count,
+    name,
+    optional,
+    path,
+    port_number,
+    seconds,
+    switch,
+)
+from flows.service.shard_log import MIN_EPOCHS
 
 DEFAULT_BROKERS = "127.0.0.1:9092"
 DEFAULT_GROUP = "tsi"
+KEPT_EPOCHS = MIN_EPOCHS - 2  # a commit may lag this many snapshots behind the newest
+
+#: The topic options, one bundle: ``tsi run``, ``tsi topics create`` and ``check`` take it.
+TOPIC_OPTIONS: dict[str, Option] = {
+    "requests": Option(
+        "TSI_TOPIC_REQUESTS", "--requests-topic", "Requests topic.", name, Topics.requests
+    ),
+    "feedback": Option(
+        "TSI_TOPIC_FEEDBACK", "--feedback-topic", "Feedback topic.", name, Topics.feedback
+    ),
+    "events": Option(
+        "TSI_TOPIC_EVENTS",
+        "--events-topic",
+        "One topic for requests and feedback (field 'type'); replaces the two.",
+        optional(name),
+    ),
+    "selections": Option(
+        "TSI_TOPIC_SELECTIONS", "--selections-topic", "Selections topic.", name, Topics.selections
+    ),
+    "dead_letters": Option(
+        "TSI_TOPIC_DLQ", "--dlq-topic", "Dead-letter topic.", name, Topics.dead_letters
+    ),
+    "internal": Option(
+        "TSI_TOPIC_INTERNAL",
+        "--internal-topic",
+        "With two input topics: the instance-keyed topic the service copies both into and "
+        "serves from, so a restart sees every instance's events in the same order ('' to "
+        "serve straight from the two, without that guarantee).",
+        optional(name),
+        str(Topics.internal),
+        empty=True,
+    ),
+}
 
 
-class ConfigError(ValueError):
-    """A setting of the service is missing or invalid."""
+def topics_from_env(env: Mapping[str, str]) -> Topics:
+    """The topics the ``TSI_TOPIC_*`` variables (or their flags) name."""
+    return Topics(**{key: option.read(env) for key, option in TOPIC_OPTIONS.items()})
 
 
-@dataclass(frozen=True)
+def setting(
+    var: str, flag: str, help: str, parse: Parser, default: str | None = "", **more: Any
+) -> Any:
+    """A field of ``Settings`` declared with its ``Option`` (its default: the default text
+    read; none with ``default=None``: the setting is required)."""
+    option = Option(var, flag, help, parse, default, **more)
+    if default is None:
+        return field(metadata={"option": option})
+    return field(default_factory=lambda: option.read({}), metadata={"option": option})
+
+
+def skip_list(text: str) -> frozenset[tuple[str, int, int]]:
+    """``TOPIC:PARTITION:OFFSET`` items, comma- or space-separated."""
+    return parse_skips(comma_list(text)) if text else frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """What the service is told to do (``tsi run``'s options, or the environment)."""
 
-    registry: Path
-    brokers: list[str] = field(default_factory=lambda: DEFAULT_BROKERS.split(","))
-    kafka_config: Path | None = None
-    topics: Topics = field(default_factory=Topics)
-    recovery_dir: Path | None = None
-    no_recovery: bool = False
-    processes: int = 1
-    connect_timeout: float = 10.0
-    group_id: str | None = DEFAULT_GROUP
-    skip_offsets: list[str] = field(default_factory=list)
-    ts_window: float | None = None
-    stop_at_end: bool = False
-    metrics_port: int | None = None
-    ready_timeout: float | None = None
-    fresh: bool = False  # accept an empty recovery store although the group made progress
-    malloc_trim: float = TRIM_EVERY  # seconds between hand-backs of freed memory (allocator)
-    rebuild: bool = False  # rebuild the state from the inputs' start into an empty store
-    metrics_host: str = DEFAULT_METRICS_HOST  # the address metrics and probes are served on
+    registry: Path = setting(
+        "TSI_REGISTRY", "--registry", "Experiments registry (TOML); SIGHUP reloads it.", path, None
+    )
+    brokers: list[str] = setting(
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "--brokers",
+        "Kafka bootstrap servers, comma-separated.",
+        comma_list,
+        DEFAULT_BROKERS,
+    )
+    kafka_config: Path | None = setting(
+        "TSI_KAFKA_CONFIG",
+        "--kafka-config",
+        "TOML of librdkafka client settings (SASL, TLS, ...): [kafka] for both clients, "
+        "[kafka.consumer] and [kafka.producer] for one; names as in librdkafka, quoted or "
+        'not (security.protocol = "SASL_SSL"). Unknown names are refused; secrets are '
+        "masked when the effective settings are logged.",
+        optional(path),
+    )
+    topics: Topics = field(default_factory=Topics, metadata={"bundle": TOPIC_OPTIONS})
+    recovery_dir: Path | None = setting(
+        "TSI_RECOVERY_DIR",
+        "--recovery-dir",
+        "Recovery directory (state survives restarts).",
+        optional(path),
+    )
+    no_recovery: bool = setting(
+        "TSI_NO_RECOVERY",
+        "--no-recovery",
+        "Run without a recovery directory: state starts empty at every start and the "
+        "input resumes from the consumer group's committed offsets (else the topics' end).",
+        switch,
+        "0",
+        kind="switch",
+    )
+    snapshot_every: float = setting(
+        "TSI_SNAPSHOT_EVERY",
+        "--snapshot-every",
+        "Seconds between snapshots.",
+        seconds(0.01),
+        "10",
+    )
+    backup_every: float = setting(
+        "TSI_BACKUP_EVERY",
+        "--backup-every",
+        "Seconds old snapshots are kept after a newer one is committed (raise it when the "
+        "recovery directory is copied to durable storage).",
+        seconds(),
+        "0",
+    )
+    workers: int = setting(
+        "TSI_WORKERS", "--workers", "Worker threads in this process.", count(1), "1"
+    )
+    process_id: int | None = setting(
+        "TSI_PROCESS_ID", "--process-id", "This process's index in a cluster.", optional(count(0))
+    )
+    addresses: list[str] | None = setting(
+        "TSI_ADDRESSES",
+        "--addresses",
+        "Cluster addresses 'host:port;host:port'.",
+        optional(lambda text: text.split(";")),
+    )
+    connect_timeout: float = setting(
+        "TSI_CONNECT_TIMEOUT",
+        "--connect-timeout",
+        "Seconds to wait for a broker to answer at start.",
+        seconds(0.1),
+        "10",
+    )
+    stop_at_end: bool = setting(
+        "TSI_STOP_AT_END",
+        "--stop-at-end/--no-stop-at-end",
+        "Stop at the end of the input topics instead of waiting for more (replays, tests).",
+        switch,
+        "0",
+        kind="switch",
+    )
+    metrics_port: int | None = setting(
+        "TSI_METRICS_PORT",
+        "--metrics-port",
+        "Serve Prometheus metrics (/metrics), readiness (/ready) and liveness (/healthz) on "
+        "this port.",
+        optional(port_number),
+        shown="off",
+    )
+    metrics_host: str = setting(
+        "TSI_METRICS_HOST",
+        "--metrics-host",
+        "Address the metrics and probes are served on: 0.0.0.0 is every IPv4 interface, as "
+        "container and Kubernetes probes need; 127.0.0.1 keeps them on this host.",
+        name,
+        DEFAULT_METRICS_HOST,
+    )
+    ready_timeout: float | None = setting(
+        "TSI_READY_TIMEOUT",
+        "--ready-timeout",
+        "/ready fails after this many seconds without a finished epoch or a broker reached.",
+        optional(seconds(1.0)),
+        shown="60, or 3 snapshot intervals if longer",
+    )
+    group_id: str | None = setting(
+        "TSI_GROUP_ID",
+        "--group-id",
+        "Consumer group the offsets of finished epochs are committed to (lag for standard "
+        "tools; recovery uses the recovery directory); '' for none.",
+        optional(name),
+        DEFAULT_GROUP,
+        empty=True,
+    )
+    skip_offsets: frozenset[tuple[str, int, int]] = setting(
+        "TSI_SKIP_OFFSETS",
+        "--skip-offset",
+        "TOPIC:PARTITION:OFFSET of a message to skip: it becomes a 'skipped' dead letter "
+        "(with its bytes) and changes nothing. Repeat, or comma-separate.",
+        skip_list,
+        kind="list",
+    )
+    ts_window: float = setting(
+        "TSI_TS_WINDOW",
+        "--ts-window",
+        "Seconds an event's ts may differ from the wall clock.",
+        seconds(0.0, above=True),
+        repr(DEFAULT_TS_WINDOW),
+        shown="10 years",
+    )
+    fresh: bool = setting(
+        "TSI_FRESH",
+        "--fresh",
+        "Accept an empty recovery directory although the consumer group made progress: "
+        "state starts empty and the input resumes from the group's offsets (without it, "
+        "tsi run refuses to start over silently).",
+        switch,
+        "0",
+        kind="switch",
+    )
+    rebuild: bool = setting(
+        "TSI_REBUILD",
+        "--rebuild",
+        "The way out of a damaged recovery directory: start from an empty one (move the "
+        "damaged one aside) and rebuild every bandit's state by reading the inputs from "
+        "their start, as far as the broker still holds them; answers already sent are sent "
+        "again, identical.",
+        switch,
+        "0",
+        kind="switch",
+    )
+    malloc_trim: float = setting(
+        "TSI_MALLOC_TRIM",
+        "--malloc-trim",
+        "Seconds between hand-backs of freed memory to the system (glibc malloc_trim; 0: never).",
+        seconds(),
+        f"{TRIM_EVERY:g}",
+    )
+    log_file: Path | None = setting(
+        "TSI_LOG_FILE",
+        "--log-file",
+        "Write logs here (default: tsi-run.log when stderr is a terminal, else stderr).",
+        optional(path),
+    )
+
+    def __post_init__(self) -> None:
+        """Refuse settings that contradict each other (``ConfigError``)."""
+        if (self.process_id is None) != (self.addresses is None):
+            raise ConfigError("--process-id and --addresses go together")
+        if self.backup_every > KEPT_EPOCHS * self.snapshot_every:
+            raise ConfigError(
+                f"--backup-every must stay within {KEPT_EPOCHS} snapshots ({KEPT_EPOCHS} x "
+                f"--snapshot-every = {KEPT_EPOCHS * self.snapshot_every:g} s): the shards' "
+                "logs keep the generation before the newest only that long"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
-        """The settings the ``TSI_*`` variables describe (``ConfigError`` naming a bad one)."""
-        registry = env.get("TSI_REGISTRY")
-        if not registry:
-            raise ConfigError("set TSI_REGISTRY to the experiments registry (a TOML file)")
-        topics = Topics(
-            requests=env.get("TSI_TOPIC_REQUESTS", Topics.requests),
-            feedback=env.get("TSI_TOPIC_FEEDBACK", Topics.feedback),
-            selections=env.get("TSI_TOPIC_SELECTIONS", Topics.selections),
-            dead_letters=env.get("TSI_TOPIC_DLQ", Topics.dead_letters),
-            events=env.get("TSI_TOPIC_EVENTS") or None,
-            internal=env.get("TSI_TOPIC_INTERNAL", Topics.internal) or None,
-        )
-        return cls(
-            Path(registry),
-            env.get("KAFKA_BOOTSTRAP_SERVERS", DEFAULT_BROKERS).split(","),
-            Path(env["TSI_KAFKA_CONFIG"]) if env.get("TSI_KAFKA_CONFIG") else None,
-            topics,
-            Path(env["TSI_RECOVERY_DIR"]) if env.get("TSI_RECOVERY_DIR") else None,
-            env.get("TSI_NO_RECOVERY", "0") == "1",
-            group_id=env.get("TSI_GROUP_ID", DEFAULT_GROUP) or None,
-            skip_offsets=env.get("TSI_SKIP_OFFSETS", "").split(","),
-            ts_window=_number(env, "TSI_TS_WINDOW"),
-            stop_at_end=env.get("TSI_STOP_AT_END", "0") == "1",
-            metrics_port=_port(env.get("TSI_METRICS_PORT", "")),
-            ready_timeout=_number(env, "TSI_READY_TIMEOUT"),
-            malloc_trim=_seconds(env, "TSI_MALLOC_TRIM", TRIM_EVERY),
-            rebuild=env.get("TSI_REBUILD", "0") == "1",
-            metrics_host=env.get("TSI_METRICS_HOST", "").strip() or DEFAULT_METRICS_HOST,
-        )
+        """The settings the variables describe (``ConfigError`` naming a bad one)."""
+        values = {}
+        for each in fields(cls):
+            if "bundle" in each.metadata:
+                values[each.name] = topics_from_env(env)
+            else:
+                values[each.name] = each.metadata["option"].read(env)
+        return cls(**values)
+
+    @property
+    def processes(self) -> int:
+        """Processes in the cluster (1 when alone)."""
+        return len(self.addresses) if self.addresses else 1
 
     def guards(self, dead_letter_raw: int | None = None) -> Guards:
-        """The flow's ``Guards`` (``ConfigError`` naming a bad skip or window)."""
-        specs = [part.strip() for item in self.skip_offsets for part in item.split(",")]
-        try:
-            skips = parse_skips([s for s in specs if s])
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        window = DEFAULT_TS_WINDOW if self.ts_window is None else self.ts_window
-        if not window > 0:
-            raise ConfigError(f"the ts window must be a positive number of seconds, got {window}")
+        """The flow's ``Guards``: the ts window, the skips, the dead letters' bound."""
         raw = DEFAULT_DEAD_LETTER_RAW if dead_letter_raw is None else dead_letter_raw
-        return Guards(window, raw, skips)
+        return Guards(self.ts_window, raw, self.skip_offsets)
 
     def ready_after(self, snapshot_every: float) -> float:
         """Seconds without progress before ``/ready`` fails: well above an epoch."""
@@ -119,34 +297,27 @@ class Settings:
         return max(60.0, 3 * snapshot_every)
 
 
-def _number(env: Mapping[str, str], name: str) -> float | None:
-    value = env.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+def options() -> Iterator[Option]:
+    """Every setting's option, in the order of ``Settings`` (the topics where they sit)."""
+    for each in fields(Settings):
+        if "bundle" in each.metadata:
+            yield from each.metadata["bundle"].values()
+        else:
+            yield each.metadata["option"]
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    """A number of seconds, 0 or more (``default`` when unset)."""
-    value = _number(env, name)
-    if value is None:
-        return default
-    if not value >= 0:
-        raise ConfigError(f"{name} must be 0 or more seconds, got {value}")
-    return value
+def option(key: str) -> Option:
+    """The option of the setting ``Settings.<key>``."""
+    return next(f.metadata["option"] for f in fields(Settings) if f.name == key)
 
 
-def _port(value: str) -> int | None:
-    """A port number, or None when unset or empty (no metrics)."""
-    value = value.strip()
-    if not value:
-        return None
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise ConfigError(f"TSI_METRICS_PORT must be a port number, got {value!r}")
-    return int(value)
+def settings_table() -> str:
+    """README's table of the settings (a test keeps README's copy the same)."""
+    rows = ["| variable | flag | meaning | default |", "|---|---|---|---|"]
+    for each in options():
+        flag = each.flag.split("/")[0] + (" (repeatable)" if each.kind == "list" else "")
+        rows.append(f"| `{each.var}` | `{flag}` | {each.help} | {each.default_text} |")
+    return "\n".join(rows) + "\n"
 
 
 def client_config(path: str | Path | None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -24,13 +24,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-import typer
 import yaml
 
-from flows.cli import app
 from flows.service.metrics import Readiness, serve_metrics
 from flows.service.registry import Registry
 from flows.service.settings import client_config
+from flows.service.settings import options as settings_options
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -59,17 +58,9 @@ MIN_LIVENESS_TOLERANCE = 60
 
 
 def tsi_run_envvars() -> set[str]:
-    """The environment variables `tsi run` reads: its options' envvar, plus EXTRA_ENV."""
-    command = typer.main.get_command(app)
-    run = command.commands["run"]  # type: ignore[attr-defined]
-    names: set[str] = set()
-    for param in run.params:
-        envvar = param.envvar
-        if isinstance(envvar, str):
-            names.add(envvar)
-        elif envvar:
-            names.update(envvar)
-    return names | EXTRA_ENV
+    """The environment variables `tsi run` reads: its options' variables (the settings'
+    declarations, from which its options are made), plus EXTRA_ENV."""
+    return {option.var for option in settings_options()} | EXTRA_ENV
 
 
 ALLOWED_ENV = tsi_run_envvars()

@@ -117,7 +117,7 @@ def test_a_bad_host_is_one_line_naming_the_option(host, expected):
 )
 def test_settings_read_tsi_metrics_host(env, expected):
     assert Settings.from_env({"TSI_REGISTRY": "r.toml", **env}).metrics_host == expected
-    assert Settings("r.toml").metrics_host == DEFAULT_HOST == "0.0.0.0"
+    assert Settings(registry=Path("r.toml")).metrics_host == DEFAULT_HOST == "0.0.0.0"
 
 
 @pytest.mark.parametrize(

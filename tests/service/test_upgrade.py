@@ -128,7 +128,9 @@ def test_a_store_of_the_256_shard_release_is_refused_kept_and_moved(tmp_path, mo
     assert str(old) in str(refused.value) and "\n" not in str(refused.value)
     registry = tmp_path / "registry.toml"
     registry.write_text('[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\n')
-    nowhere = Settings(registry, brokers=["127.0.0.1:1"], recovery_dir=old, connect_timeout=0.1)
+    nowhere = Settings(
+        registry=registry, brokers=["127.0.0.1:1"], recovery_dir=old, connect_timeout=0.1
+    )
     with pytest.raises(StartupError, match="shards of another shard count"):
         prepare(nowhere)  # before any broker is asked
     before = read_states(old)
