@@ -252,8 +252,8 @@ def main() -> None:
     peers = [] if args.no_peers else peer_contenders(None if args.all_peers else DEFAULT_PEERS)
     players = ours + peers
     outcomes = run_arena(envs, ours, seeds, args.seed, progress=log)
-    # peers loop in Python per instance (100-500 µs a round): two transforms are enough to
-    # show what a shift and a scale do to them
+    # peers loop in Python per instance, far slower than tsi (bench/RESULTS.md, "Figures
+    # behind the code"): two transforms are enough to show what a shift and a scale do to them
     outcomes += run_arena(envs, peers, seeds, args.seed, TRANSFORMS[:2], progress=log)
     speeds = measure_speeds(players, args.quick)
     plots = make_plots(outcomes, speeds, args.out_dir)

@@ -297,10 +297,11 @@ def report(figures: dict[str, Any], pairs: int, repeats: int) -> str:
 def count_run(mode: str, pairs: int) -> None:
     """One engine run for an instruction counter (``--count``): what it does depends on
     nothing but the messages. No instance is put to rest (under valgrind the clock runs
-    ~50 times slower, and instances rest that a real run keeps live), and what lives at
+    many times slower, and instances rest that a real run keeps live), and what lives at
     the start is frozen once, as ``settle_heap`` does, without its timed freezer thread.
     Two runs of different ``pairs`` give the cost of the pairs between them (with a fixed
-    ``PYTHONHASHSEED`` two runs of the same build agree to ~0.01%)::
+    ``PYTHONHASHSEED`` two runs of the same build agree closely: bench/RESULTS.md,
+    "Figures behind the code")::
 
         export PYTHONHASHSEED=0
         valgrind --tool=callgrind .venv/bin/python bench/bench_engine.py --count events --pairs 2000

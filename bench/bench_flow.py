@@ -975,8 +975,9 @@ def send_load(plan: Plan, cfg: LatencyConfig, sender: RequestSender) -> float:
     (request k due at start + k / rate; ``w`` ids in the warm-up seconds, ``m`` after);
     the intended time of the first measured one. With feedback, each request's comes
     0.5 s after it, warm-up included: the first feedback a topic and a service see (a new
-    producer, the topic's first writes) is a transient of ~0.1 s that the measured seconds
-    would otherwise begin with."""
+    producer, the topic's first writes) is a transient that the measured seconds would
+    otherwise begin with (bench/RESULTS.md, "the engine measured alone, latency on both
+    topologies")."""
     lag = round(plan.latency_rate * 0.5)
     warm = round(plan.latency_rate * plan.latency_warmup_seconds)
     seconds = plan.latency_warmup_seconds + plan.latency_seconds
@@ -1052,8 +1053,9 @@ def latency(bk: Broker, plan: Plan, registry_path: Path, workdir: Path) -> list[
     """Every configuration of the plan in rounds (``latency_rounds``; one run of each a
     round, alternating), then the ``latency_once`` ones; every run is reported."""
     # a fresh broker answers slower until its JIT has warmed up (the first configuration
-    # measured had a p50 of 20 ms, the same one run second 6 ms): one run is discarded
-    # as the broker's warm-up (not a run of the measured configurations)
+    # run read a p50 several times the same one's run second: bench/RESULTS.md, "the
+    # compiled hot path"): one run is discarded as the broker's warm-up (not a run of the
+    # measured configurations)
     log("latency: warm-up run of the broker (not reported)")
     latency_run(bk, plan, plan.latency_configs[0], registry_path, workdir)
     rounds = [(k, cfg) for k in range(plan.latency_rounds) for cfg in plan.latency_configs]
@@ -1209,7 +1211,8 @@ def python_breakdown(n: int = 10_000) -> dict[str, float]:
     """tracemalloc bytes per ``Instance`` (Python objects only), in three states.
 
     Message bytes are copied to exact-size objects, as Kafka hands them over: orjson.dumps
-    returns a bytes object with a 4 KB allocation, which the open ticket would keep.
+    returns a bytes object with an allocation many times the message, which the open
+    ticket would keep (bench/RESULTS.md, "Figures behind the code").
     """
     registry = Registry.from_toml(registry_toml())
     exp = registry[EXPERIMENT]

@@ -168,7 +168,7 @@ def routed(pairs: Pairs, kind: str, experiment: Experiment = EXPERIMENT) -> dict
         if kind == "feedback":
             body["loss"] = float(seq % 5)
         key = instance_key(name, unit)
-        raw = bytes(memoryview(orjson.dumps(body)))  # exact size: orjson's own buffer is ~2 KB
+        raw = bytes(memoryview(orjson.dumps(body)))  # exact size: orjson's buffer is larger
         event = parse(raw, Origin("bench", 0, seq))
         by_shard.setdefault(shard_of(key), []).append((key, experiment, event))
     return by_shard

@@ -15,9 +15,9 @@ call, ``on_notify``, ``snapshot``), the dead letters' JSON, the sinks' ``write_b
 What is left of the worker's CPU is Bytewax's own (its operators, the items between them)
 and what the wrapped steps do not cover; the cyclic GC's time is counted apart
 (``gc.callbacks``; it also falls inside the steps). Each repeat runs the service and
-then the ``shape`` rung on the same input, so the two columns compare. A timer costs
-~0.5 us a call (two ``thread_time``), ~0.1 us an event at the service's ~11 events a
-shard call.
+then the ``shape`` rung on the same input, so the two columns compare. A timer costs two
+``thread_time`` calls a step's call, small beside the events a shard call brings
+(bench/RESULTS.md, "Figures behind the code").
 """
 
 from __future__ import annotations

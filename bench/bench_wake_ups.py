@@ -12,15 +12,15 @@ leaves N instances each with an open ticket; once all N are answered, the source
 a real-time rate) and the figure is the worker thread's CPU time from the first probe to
 the last divided by their number: the cost of one event, the operator's scan of the
 waiting keys included (CPU, not wall time: on this shared host the wall time of the same
-run at 10^3 moved from 61 to 154 us an event between consecutive runs). Two
+run moved severalfold between consecutive runs). Two
 flows are timed at each N: Bytewax's per-key timers (``notify_at``, what bounded flows use)
 and the unbounded service's wake-ups (one queue per worker, ``flows.service.deadlines``).
 The figure to compare is the cost at N over the cost at 10^3 (the issue's target: at most
 1.5), and the host's speed drifts over minutes: so every run at N is paired with a run at
 10^3 just before it, the ratio taken per pair, and the median of ``REPEATS`` pairs reported
-(with the median costs). At ~100 us an event, 300 probes were 30 ms of measurement and one
-pause of the host moved a run by a third (10^4 read 1.57x in a run where 10^6 read 1.63x,
-0.79x in the run before): ``PROBES`` is 2,000.
+(with the median costs). With 300 probes a run lasted a few hundredths of a second and
+one pause of the host moved it by a third (bench/RESULTS.md, "Figures behind the code"):
+``PROBES`` is 2,000.
 
 The probes start ``SETTLE_S`` seconds after the last of the N is answered: shards put the
 instances an event left unchanged for a second to rest a few per call
@@ -129,7 +129,7 @@ def main() -> None:
     for n in sizes:
         for mode in ("timers", "wake-ups"):
             if mode == "timers" and n > 100_000:
-                continue  # ~11 ms an event: minutes for nothing new
+                continue  # milliseconds an event (bench/RESULTS.md): minutes for nothing new
             pairs = []
             for _ in range(REPEATS):  # the reference just before each run at n
                 reference = per_event_us(base, mode == "wake-ups", args.settle)

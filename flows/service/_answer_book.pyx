@@ -4,11 +4,11 @@
 After its feedback (or its expiry) a request's answer is kept ``retry_window`` seconds
 (an hour by default), to answer a retry the same way and to name duplicate or late
 feedback. Held as entry objects (a ``Settled``, its ``Ticket``, its numbers, a slot in
-the instance's dict and heap) an answer took ~430 bytes and a few allocations; a busy
-service keeps an hour of them. Here it is one 80-byte row and its hash: the request_id
-and unit strings it already had, the ticket's numbers in C. At most ``LIMIT`` rows: the
-answers of an instance beyond that (a busy shared instance) are kept as entries, with
-their heap, as before. A row comes out as the compact tuple of ``Instance.compact_entries``
+the instance's dict and heap) an answer takes several times a row's bytes and a few
+allocations (bench/RESULTS.md, "kept answers in C rows"); a busy service keeps an hour
+of them. Here it is one 80-byte row and its hash: the request_id and unit strings it
+already had, the ticket's numbers in C. At most ``LIMIT`` rows: the answers of an
+instance beyond that (a busy shared instance) are kept as entries, with their heap. A row comes out as the compact tuple of ``Instance.compact_entries``
 (kind, rid, ticket as a tuple, unit, deadline), the same values bit for bit.
 
 Rows are found by a scan of their hashes (at most ``LIMIT``, in an array of their own:

@@ -2,10 +2,11 @@
 """Heaps of deadlines, compiled: ``TimeHeap`` and the queue of wake-ups built on it.
 
 Every event a shard serves moves its instance's deadlines (a ticket's, then its kept
-answer's), and each shard call asks its queue for the earliest one. In Python these were
-heaps of (time, key) tuples: a tuple made and compared per event, ~8% of the compiled
-lane's instructions (callgrind), and 64 bytes a heap entry. Here a heap is two C arrays
-(times, keys) and ties are broken by the key as the tuples did, so the order is the same.
+answer's), and each shard call asks its queue for the earliest one. A ``heapq`` of
+(time, key) tuples would make and compare a tuple per event and hold one per entry
+(bench/RESULTS.md, "Figures behind the code": deadline heaps). Here a heap is two C
+arrays (times, keys) and ties are broken by the key as tuples would be, so the order is
+the same.
 
 >>> q = DeadlineQueue()
 >>> q.want("a", 5.0); q.want("b", 3.0); q.want("a", 4.0)   # a's earlier wish replaces 5.0
@@ -202,7 +203,7 @@ cdef class DeadlineQueue:
 
     cdef int _rebuild(self) except -1:
         """One heap entry per key again. Superseded wishes stay in the heap until they pass:
-        a ticket answered long before its TTL left one behind, so at 10^5 tickets a second
+        a ticket answered long before its TTL leaves one behind, so at 10^5 tickets a second
         and a one-hour TTL the heap would grow to 10^8 entries without this."""
         heap = TimeHeap()
         for key, at in self._wished.items():

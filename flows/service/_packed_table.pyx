@@ -1,11 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Packed bandits by instance key, held in C: what a shard's idle instances cost.
 
-A Python dict of ``str -> bytes`` pays, per idle instance, a key object (~61 B for a
-12-character key), a bytes object (33 B of header and malloc's rounding around the
-~128 B of a packed 10-arm bandit) and a dict slot (~40 B at its load factor). Here each
-entry is one record in an arena, ``<key length><value length><key><value>`` (the lengths
-as varints: 3 B for a short key and a value under 16 KB), and one 8-byte slot of an
+A Python dict of ``str -> bytes`` pays, per idle instance, a key object, a bytes object
+(its header and malloc's rounding around the packed bandit) and a dict slot at its load
+factor (bench/RESULTS.md, "Figures behind the code": resting tables). Here each entry is
+one record in an arena, ``<key length><value length><key><value>`` (the lengths as
+varints: 3 B for a short key and a value under 2^14 bytes), and one 8-byte slot of an
 open-addressing index (24 bits of the key's hash beside a 40-bit offset): about 20 B
 beyond its own bytes at the index's load factor. Removed and replaced records are holes
 in the arena, squeezed out when they reach a quarter of it. The table holds what ``flows.service.resting.Resting`` kept

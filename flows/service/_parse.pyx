@@ -16,8 +16,9 @@ The common message is not read by orjson either: a scanner (``_Message.scan``) r
 object of known keys, each once, whose values are ASCII strings without escapes, null,
 ints of at most 18 digits or finite floats (read by ``PyOS_string_to_double``, correctly
 rounded as orjson's), and gives the values orjson would; anything else (whitespace aside,
-one byte off that form) is read by orjson into a dict, as before. Measured by callgrind
-(60,000 events of the events topic): 9,370 -> 6,620 instructions an event for this step.
+one byte off that form) is read by orjson into a dict. The scanner spares the common
+message most of this step's instructions (bench/RESULTS.md, "The common message scanned
+in C").
 
 >>> from flows.service.dataflow import route
 >>> from flows.service.events import Origin

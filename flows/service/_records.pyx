@@ -2,22 +2,23 @@
 """The service's records built from compiled code: one way to make them, one to keep them.
 
 The events, answers and entries of ``flows.service`` are slots dataclasses. Calling a
-frozen one costs ~1 us (its ``__init__`` sets each field with ``object.__setattr__``):
-more than parsing the message. ``Layout(cls, fields)`` checks once, at import, that the
-class still has exactly these fields as plain slots (the Python class is the reference:
-a field added there must be added to the compiled code, or the import fails), and
-``built`` then fills a new instance slot by slot, ~0.1 us, equal to the constructor's.
-``get`` reads a field at its slot's offset (~15 machine instructions where an attribute
-read from compiled code, which looks the descriptor up in the type, took ~115): the
-fast lane reads some 20 fields an event, through ``field`` (``_records.pxd``), the same
+frozen one is slow (its ``__init__`` sets each field with ``object.__setattr__``): it
+costs more than parsing the message. ``Layout(cls, fields)`` checks once, at import,
+that the class still has exactly these fields as plain slots (the Python class is the
+reference: a field added there must be added to the compiled code, or the import fails),
+and ``built`` then fills a new instance slot by slot, equal to the constructor's and
+many times faster than a frozen one's ``__init__``. ``get`` reads a field at its slot's
+offset, a few machine instructions where an attribute read from compiled code looks the
+descriptor up in the type (bench/RESULTS.md, "Figures behind the code": records built
+in C): the fast lane reads some 20 fields an event, through ``field`` (``_records.pxd``), the same
 read compiled into the reading module, with no call when the record is of the class.
 
 ``kept`` marks a record the service keeps per ticket (an entry, its ticket, its origin)
 as one the cyclic GC need not walk: these hold only strings, numbers and each other, so
-they can be in no cycle, and with 10^5 tickets open the collector was walking them all,
-again and again (~20% of an event's time). A batch in flight is marked too (a message
-and its origin here, a parsed and routed event in ``_parse``): it was the bulk of the
-young generation, which the collector walks every few thousand allocations.
+they can be in no cycle, and with many tickets open the collector would walk them all,
+again and again (bench/RESULTS.md, "the compiled hot path"). A batch in flight is marked
+too (a message and its origin here, a parsed and routed event in ``_parse``): it is the
+bulk of the young generation, which the collector walks every few thousand allocations.
 
 At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin),
 ``internal_copy`` and ``internal_message`` write and read the internal topic's copies,
@@ -156,7 +157,8 @@ cdef Layout _SELECTION = SELECTION
 
 # Events cross Bytewax processes pickled (its exchange of a shard's items between
 # workers). A frozen slots dataclass pickles by setting its fields one by one and
-# unpickles by calling its class: ~4 us out and ~5 us back for a Request and its Origin.
+# unpickles by calling its class: slow for every event a cluster hands over
+# (bench/RESULTS.md, "a cluster's crossing events").
 # Registered here (``copyreg``), an event is written as its layout's number and its field
 # values, and read back by ``built`` (kept from the GC, as the batch in flight is).
 cdef tuple _PICKLED = (ORIGIN, REQUEST, FEEDBACK)
@@ -380,10 +382,10 @@ cdef object _selection_json(object selection):
     when every text is plain (``_plain``), the numbers are exact ints within int64 and a
     float, and it fits ``JSON_CAP``; else by orjson from the same dict (the reference; the
     tests compare the two on generated answers). The float is orjson's own writing of it.
-    Measured (20,000 answers kept, as a batch in flight keeps them until the sink writes
-    them): 4.2 us an answer through the dict, 0.7 here. orjson starts each output in a
-    1 KB buffer and shrinks it: cheap when the bytes are freed at once (0.15-0.7 us in
-    ``timeit``), not when thousands are kept."""
+    Several times faster than the dict when the answers are kept, as a batch in flight
+    keeps them until the sink writes them: orjson starts each output in a larger buffer
+    and shrinks it, cheap when the bytes are freed at once, not when thousands are kept
+    (bench/RESULTS.md, "Answers' JSON written in C")."""
     cdef Layout at = _SELECTION
     experiment, unit, request_id = at.get(selection, 0), at.get(selection, 1), at.get(selection, 2)
     arm, arm_name = at.get(selection, 4), at.get(selection, 5)

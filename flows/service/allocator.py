@@ -2,9 +2,9 @@
 
 The service allocates in bursts (a Kafka batch, instances built, then put to rest) and
 glibc keeps what is freed inside its heaps for reuse; only the top of a heap goes back
-by itself. Measured at 10^6 instances of 10 arms (``bench/bench_flow.py``, memory part):
-without trimming the process held 514 B of resident memory an idle instance and 585 B a
-waiting one, with a trim every 2 s 277 B and 392 B. ``start_trimming`` calls
+by itself. Trimming takes a large share off the resident memory an instance costs at
+10^6 instances (bench/RESULTS.md, "resting between epochs, state in C tables": freed
+memory goes back to the system). ``start_trimming`` calls
 ``malloc_trim(0)`` from a daemon thread every ``interval`` seconds (ctypes releases the
 GIL for the call); where the C library has no ``malloc_trim`` (musl, macOS) it does
 nothing.

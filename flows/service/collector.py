@@ -9,11 +9,8 @@ by reference counting, as every instance, ticket and event of the service is (th
 no cycles: ``flows.service._records``). A cycle among frozen objects would wait for the
 thaw, every ``THAW_EVERY`` seconds, when the next full collection walks everything once.
 
-Measured in process (tail mode, 100,000 requests and their feedback, runs alternating
-with the code before, two rounds of two each, ``gc.callbacks`` timing every collection):
-the default two-topic setup spent 0.60-0.76 s collecting and ran 6-8 full collections a
-run without the freezer, 0.34-0.46 s and 3-5 with it (37-45k -> 44-48k events/s); the
-combined topic 0.18-0.29 s and 2, against 0.14-0.17 s and 0-1 (79-94k -> 94-96k).
+The freezer cuts the GC's time by a third to a half and most of its full collections
+(bench/RESULTS.md, "the GC off long-lived state, the internal topic in C").
 
 >>> freezer = start_freezing(0.01, thaw_every=3600)
 >>> frozen = gc.get_freeze_count(); _ = [[] for _ in range(100)]; kept = [[]]
@@ -29,9 +26,9 @@ import threading
 
 #: Allocations between two young-generation collections (CPython's default: 700). A batch
 #: of 1,000 events makes ~10 objects each, so the default collected the same young
-#: batch many times over. Measured (bench_flow, steady share of the passthrough; p99 at
-#: 2,000 requests/s with feedback, single runs): 700: 0.24, 46 ms; 3,000: 0.33, 78 ms;
-#: 10,000: 0.34, 90 ms. 3,000 keeps nearly all the throughput with shorter pauses.
+#: batch many times over. A higher threshold buys throughput and lengthens the pauses:
+#: 3,000 keeps nearly all of 10,000's throughput with shorter pauses (bench/RESULTS.md,
+#: "shards and batches").
 YOUNG_COLLECTION_THRESHOLD = 3_000
 #: Seconds between two freezes of what is alive, and between two thaws.
 FREEZE_EVERY = 1.0

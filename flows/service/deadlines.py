@@ -1,11 +1,12 @@
 """Wake-ups of the instances one worker holds, in one queue per worker.
 
 Bytewax keeps every key's ``notify_at`` in one map and scans all of it at each activation
-of the stateful step: with 10^5 instances waiting for feedback an event cost 11 ms. The
-unbounded service uses this queue instead: each worker keeps one heap of (time, key), a
+of the stateful step, so an event's cost grows with the keys waiting (bench/RESULTS.md,
+"Figures behind the code": deadline heaps and wake-ups). The unbounded service uses
+this queue instead: each worker keeps one heap of (time, key), a
 source on the same worker (``WakeUps``) pops what is due and
 sends each key a ``WAKE_UP`` event, and the key's logic handles it like any other event.
-An event's cost no longer depends on how many tickets are open.
+An event's cost does not depend on how many tickets are open.
 
 ``WakeUpScheduler`` holds one flow's queues: ``flows.service.dataflow.build_flow`` makes
 one per flow and hands it to both sides, the shards' logic (which wishes its next wake-up
@@ -18,9 +19,10 @@ wake-up and at least every ``period`` seconds (on stream time the stream may rea
 deadline the wall clock passed long ago). The period is short, 10 ms: Bytewax closes an
 epoch only when every input has moved past it, and the stateful step holds the next
 epoch's events until then, so a source that slept for a second would hold every answer
-arriving at an epoch's close that long (measured: p99 410 ms instead of 54 ms at 10 s
-epochs). Looking at the heap's head every 10 ms costs 0.6% of a core when idle (a flow of
-this source alone: 3.0% against 2.4% polling every second). Only unbounded flows use it;
+arriving at an epoch's close that long: the tail of the decision latency
+(bench/RESULTS.md, "after the compiled kernel and wake-ups"). Looking at the heap's head
+every 10 ms costs little of a core when idle (the same section). Only unbounded flows
+use it;
 it ends when their inputs end (``ending`` says so), so that the flow can end. The queue
 itself is compiled (``flows.service._deadline_queue``): shards keep one too, told of every
 event's new deadline.

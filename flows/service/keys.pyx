@@ -21,7 +21,7 @@ UNIT_SEPARATOR = "\x1f"  # cannot appear in a valid experiment name
 
 #: Shards per flow. Fixed: an instance's shard must not change while its state is kept.
 #: More shards than workers spread them over the workers; fewer bring each shard call
-#: more events (bench/RESULTS.md, "shards per flow"). 32 serves up to 32 workers.
+#: more events (bench/RESULTS.md, "32 shards instead of 256"). 32 serves up to 32 workers.
 SHARDS = 32
 
 
@@ -62,7 +62,7 @@ cdef Py_ssize_t _SHARDS = SHARDS  # what _NAMES names
 
 def of_this_layout(shard: str) -> bool:
     """Whether ``shard`` is one of this flow's shards (not of a store written with another
-    shard count: before 2026-11-28 tsi used 256 shards named ``shard-NNN``).
+    shard count, nor a name without the count, ``shard-NNN``).
 
     >>> of_this_layout(SHARD_NAMES[0]), of_this_layout("shard-100")
     (True, False)

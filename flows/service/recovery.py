@@ -218,8 +218,8 @@ def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "t
 def check_shard_layout(recovery_dir: str | Path) -> None:
     """Refuse a store written with another shard count (``ConfigError`` saying how to move
     it): its instances would not reach the shards that hold them. Its shards are known
-    by their names (``logic.shard_name``; before 2026-11-28 tsi used 256 shards, named
-    ``shard-NNN``)."""
+    by their names (``logic.shard_name``; a name without the count, ``shard-NNN``, is of
+    another layout too)."""
     names = {name for name in shards_in(shard_store(recovery_dir)) if not of_this_layout(name)}
     if names:
         shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")

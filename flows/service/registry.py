@@ -80,7 +80,8 @@ class Experiment:
         that definition (``experiment_of``): the shards there see the object their own
         registry holds, as for the events they read themselves. The state goes as bytes
         pickled once, read only where the definition is new: an item crossing processes
-        carries its experiment, and unpickling the state each time cost ~2 us an event."""
+        carries its experiment, and unpickling the state each time would be paid per event
+        (bench/RESULTS.md, "a cluster's crossing events")."""
         return (experiment_of, self._wire)
 
     @functools.cached_property
@@ -143,7 +144,8 @@ class Experiment:
 
     def new_bandit(self, key: str) -> Bandit:
         """A fresh bandit of this experiment for instance ``key``: a fresh state unpacked,
-        ~1.3 us against ~9 us for building one (its configuration checked once, here)."""
+        several times cheaper than building one (its configuration checked once, here;
+        bench/RESULTS.md, "instances revived in C")."""
         return Bandit.unpack(self._fresh_state, self.template, key)
 
     def _build(self, key: str) -> Bandit:

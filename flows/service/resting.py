@@ -1,10 +1,10 @@
 """An instance as it rests in a shard's snapshot: an entry, small for the common idle case.
 
 An idle instance (no ticket, no waiting feedback or kept answer) is its packed bandit
-(``Bandit.pack``, ~130 bytes for 10 arms) and the definition it was packed under; any
-other instance is its full ``Instance.to_dict()``. A restart reads entries without
-building instances: an idle one becomes an instance on its next event, so restarting a
-shard of many idle users costs little more than reading its bytes.
+(``Bandit.pack``, about 130 bytes for 10 arms, its layout's size) and the definition it
+was packed under; any other instance is its full ``Instance.to_dict()``. A restart reads
+entries without building instances: an idle one becomes an instance on its next event,
+so restarting a shard of many idle users costs little more than reading its bytes.
 
 >>> from flows.service.registry import Registry
 >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
@@ -48,8 +48,8 @@ class Entry:
     """One instance's saved state: ``kind`` ``packed`` (``data`` = (arms, template state,
     packed bytes)), ``packed+`` (the same and ``Instance.compact_entries()``) or ``state``
     (``data`` = ``Instance.to_dict()``). Treated as a value, never changed once built; not
-    frozen, which would cost ~1 us more to build (one each time an instance rests or is
-    revived)."""
+    frozen, which would make it several times slower to build (one each time an instance
+    rests or is revived; bench/RESULTS.md, "Figures behind the code": records built in C)."""
 
     key: str
     experiment: str
@@ -157,8 +157,9 @@ class Resting:
     so a registry change reaches a resting instance when it is next built (``revive``
     follows it).
 
-    An idle 10-arm instance costs ~170 B in its table (against ~280 B as a dict of bytes,
-    ~600 B as an ``Instance``), one waiting on its ticket ~300 B (against ~950 B live).
+    An idle instance costs a fraction of what it would as a dict of bytes or as an
+    ``Instance``, and one waiting on its ticket a fraction of what it would live
+    (bench/RESULTS.md, "Figures behind the code": resting tables and entries).
 
     >>> from flows.service.registry import Registry
     >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
@@ -216,8 +217,9 @@ class Resting:
         its entries (none of them feedback waiting for its request); False (nothing done)
         for any other. An instance holding several entries is packed only once none of
         them is an open ticket (``Instance.rest``): a user who came back within the retry
-        window rests with the answers kept for it, ~70 bytes each in the record against
-        ~450 as live objects."""
+        window rests with the answers kept for it, in a fraction of the bytes they take as
+        live objects (bench/RESULTS.md, "Figures behind the code": resting tables and
+        entries)."""
         if not instance.is_at_rest() or instance.n_held() > MAX_RESTING_ENTRIES:
             return False
         experiment = instance.experiment

@@ -45,19 +45,18 @@ REST_AFTER = 1.0
 SETTLE_BASE = 64
 #: New instances (keys the shard holds no state for) after which its generation turns before
 #: ``REST_AFTER`` has passed. A flood of new users (an experiment's launch, a bench's
-#: load) then keeps about three generations of them live, ~0.7-1 KB of Python objects
-#: each, instead of ``REST_AFTER`` seconds' worth at the input's rate. The peak matters
-#: after it has passed: CPython keeps the pools a peak filled (an arena goes back to the
-#: system only when emptied entirely), and they stay in the RSS beside the resting
-#: instances: after 10^6 new users at 30-55k a second, 52-90 MB of empty pools in 70-122
-#: arenas (``sys._debugmallocstats``), ~75 B an instance (``bench/RESULTS.md``).
+#: load) then keeps about three generations of them live as Python objects, instead of
+#: ``REST_AFTER`` seconds' worth at the input's rate. The peak matters after it has
+#: passed: CPython keeps the pools a peak filled (an arena goes back to the system only
+#: when emptied entirely), and they stay in the RSS beside the resting instances
+#: (bench/RESULTS.md, "a flood of new users no longer leaves its peak in the RSS").
 #: Instances built from their resting bytes do not count: users coming back often would
 #: otherwise turn generations that put them to rest again, every event a revival.
 NEW_PER_GENERATION = 256
 #: Seconds an instance holding several answers kept for retries stays live after its
 #: newest answer: a user who comes back within it is served live; one gone longer rests
-#: with its answers as compact tuples (~0.7 KB a user with five against ~2.9 KB live),
-#: and its next return pays a revival and a rest (~25 us, ``bench/RESULTS.md``).
+#: with its answers as compact tuples (a fraction of its live bytes), and its next return
+#: pays a revival and a rest (bench/RESULTS.md, "users resting with their kept answers").
 LINGER = 60.0
 #: Seconds ahead within which a deadline counts as an instance's next change: the calls
 #: do not write such an instance ahead of the epoch's close (see ``ShardLogic._settle``).
@@ -143,8 +142,8 @@ class ShardStore:
         """Become shard ``shard``, with its saved entries: in the resume state itself, in
         the shard's log up to the resume state's marker, or (no resume state) its seed.
         The cyclic GC is held while the entries load: they are many young objects, and
-        its full collections were most of a restart's time (7.0 s for 10^6 instances,
-        2.5 s without)."""
+        its full collections would be most of a restart's time (bench/RESULTS.md, "shards
+        and batches": restart of 10^6 instances)."""
         collecting = gc.isenabled()
         gc.disable()
         try:

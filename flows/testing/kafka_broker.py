@@ -67,7 +67,7 @@ def start_broker(data_dir: Path, attempts: int = 3) -> str:
             [str(KAFKA_DIR / "start.sh"), str(data_dir), str(port), str(cport)],
             capture_output=True,
             text=True,
-            timeout=300,  # first run downloads ~64 MB of jars with Maven
+            timeout=300,  # the first run downloads the broker's jars with Maven
             check=False,
         )
         if proc.returncode == 0:

@@ -316,7 +316,8 @@ class _InOrder(StatefulSinkPartition[tuple[Any, bytes], None]):
         self.write, self.held = write, []
 
     def write_batch(self, items: list[tuple[Any, bytes]]) -> None:
-        # compact copies: orjson's bytes keep a 4 KiB buffer each (25x a selection's size)
+        # compact copies: orjson's bytes keep a buffer many times a selection's size
+        # (bench/RESULTS.md, "Figures behind the code": records built in C)
         self.held += [(tag, bytes(memoryview(raw))) for tag, raw in items]
 
     def snapshot(self) -> None:  # Bytewax's call when the epoch closes

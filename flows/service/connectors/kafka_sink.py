@@ -227,8 +227,8 @@ class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
 
     def _produce(self, batch: list[Produced], reports: _Deliveries) -> None:
         """Produce ``batch``, its failures reported to ``reports``. A tuple is produced
-        with positional arguments: measured, 1.7 us a message against 3.3 through a dict
-        of keyword arguments (with headers 1.6 against 2.1). When the producer's queue is
+        with positional arguments, cheaper than through a dict of keyword arguments
+        (bench/RESULTS.md, "the sink's dicts gone"). When the producer's queue is
         full, this waits for what it holds (broker outages included: logged, readiness)."""
         produce, topic = self._producer.produce, self._topic
         for args in batch:
@@ -316,8 +316,9 @@ class DeliveryCheckedKafkaSink(EpochAcknowledgedSink[None]):
     delivery failed or did not complete in time. The dataflow then stops and Bytewax
     recovery replays the epoch: at-least-once, with the failed epoch's acknowledged
     messages written again; no epoch is committed with an output not acknowledged. (The
-    worker does not wait for the broker after each batch, as a sink that flushed every
-    write did: measured, that wait was 13-17% of the service's time.) A message refused
+    worker does not wait for the broker after each batch: a flush of every write would
+    leave it idle for a broker round trip each time, bench/RESULTS.md, "the sink no
+    longer waits for the broker after every batch".) A message refused
     for what it is (``REFUSED_FOR_GOOD``: too large, invalid) would fail every replay the
     same way: with ``replace`` it is written as the stand-in ``replace(value, error)``
     returns instead (the dead-letter sink writes
@@ -325,9 +326,9 @@ class DeliveryCheckedKafkaSink(EpochAcknowledgedSink[None]):
 
     Producer defaults (all overridable through `add_config`): `enable.idempotence=true`
     (no duplicates or reordering from internal retries), `acks=all`, `linger.ms=1`
-    (what queues while the broker answers is sent as one request anyway; measured with
-    the service at 2,000 requests/s and feedback, two hops: 5 ms gave a p50 of 14.1 ms
-    and a p99 of 28.8, 1 ms 8.0 and 18.4, at the same throughput) and
+    (what queues while the broker answers is sent as one request anyway, and a longer
+    linger only delays each hop's answers: bench/RESULTS.md, "the sink no longer waits
+    for the broker after every batch") and
     `message.timeout.ms`: 0 (infinite) by default, so a broker outage of any length is
     waited out (readiness reports it; nothing is lost or reordered), or `timeout_s` when
     given, after which the epoch's close fails.

@@ -88,12 +88,13 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def _consume(self) -> list[Any]:
         """Bytewax 0.21.1's ``next_batch`` without a ``KafkaSourceMessage`` per message
-        (7 us of the service's ~30 us an event, profiled), read in C (``_records.kafka_batch``):
-        messages as ``_converter`` says, errors as ``KafkaError``s, the end of a partition
-        (``tail=False``) noted. It takes what the client has fetched and never waits: a
-        worker reads ~10 partitions (requests, feedback, the internal topic) one after the
-        other, and a 1 ms wait in each empty one made every hop wait for the whole round.
-        Bytewax calls a partition again 1 ms after an empty batch, without blocking."""
+        (a large share of an event's cost, bench/RESULTS.md, "shards and batches"), read
+        in C (``_records.kafka_batch``): messages as ``_converter`` says, errors as
+        ``KafkaError``s, the end of a partition (``tail=False``) noted. It takes what the
+        client has fetched and never waits: a worker reads ~10 partitions (requests,
+        feedback, the internal topic) one after the other, and a wait in each empty one
+        would make every hop wait for the whole round. Bytewax calls a partition again
+        1 ms after an empty batch, without blocking."""
         if self._eof:
             raise StopIteration
         messages = self._consumer.consume(self._batch_size, 0)  # never blocks the worker
