@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,12 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 from flows.service.allocator import TRIM_EVERY, start_trimming
 from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
-from flows.service.dataflow import Guards, build_flow
+from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.dir_lock import hold_directory, is_empty
 from flows.service.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
 from flows.service.recovery import seeded_inputs, shard_store
 from flows.service.registry import LiveRegistry, Registry
-from flows.service.settings import DEFAULT_GROUP, Settings, client_config
+from flows.service.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
 from flows.service.stopping import Stop, on_signals
 from flows.service.stream_clock import STREAM_CLOCK
 
@@ -49,6 +49,7 @@ class Service:
     producer_config: dict[str, Any] = field(default_factory=dict)
     group_id: str | None = DEFAULT_GROUP
     guards: Guards = field(default_factory=Guards)
+    outputs: Outputs | None = None  # instead of the selections and dead-letter topics
 
     def __post_init__(self) -> None:
         if not isinstance(self.registry, LiveRegistry):
@@ -84,6 +85,8 @@ class Service:
             seeded=None if isinstance(recovery, bool) else seeded_inputs(recovery),
             process=process,
         )
+        if self.outputs is not None:
+            wiring = replace(wiring, outputs=self.outputs)
         store = None if isinstance(recovery, bool) else shard_store(recovery)
         return build_flow(
             self.registry,
@@ -115,6 +118,7 @@ class Service:
             producer,
             settings.group_id,
             settings.guards() if guards is None else guards,
+            outputs_of(settings),
         )
 
 

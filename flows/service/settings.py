@@ -10,15 +10,16 @@ the command line. README's settings table is ``settings_table()``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from flows.service.allocator import TRIM_EVERY
+from flows.service.connectors.files import outputs_to
 from flows.service.connectors.kafka import Topics
 from flows.service.connectors.kafka_config import KafkaSettingsError, load_client_settings
-from flows.service.dataflow import Guards, parse_skips
+from flows.service.dataflow import Guards, Outputs, parse_skips
 from flows.service.events import DEFAULT_DEAD_LETTER_RAW, DEFAULT_TS_WINDOW, raw_limit_for
 from flows.service.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from flows.service.options import (
@@ -87,6 +88,33 @@ def setting(
     if default is None:
         return field(metadata={"option": option})
     return field(default_factory=lambda: option.read({}), metadata={"option": option})
+
+
+#: Where the service can write its outputs instead of the Kafka topics, by name: each
+#: maps the option's target (``files:DIR``) to the flow's ``Outputs``. A new sink is a
+#: connector and one line here.
+OUTPUT_SINKS: dict[str, Callable[[str], Outputs]] = {"files": outputs_to}
+
+
+def output_sink(text: str) -> tuple[str, str]:
+    """``NAME:TARGET`` of one of ``OUTPUT_SINKS``.
+
+    >>> output_sink("files:/tmp/out")
+    ('files', '/tmp/out')
+    """
+    name, _, target = text.partition(":")
+    if name not in OUTPUT_SINKS or not target:
+        known = ", ".join(sorted(OUTPUT_SINKS))
+        raise ValueError(f"must be NAME:TARGET, NAME one of {known}, got {text!r}")
+    return name, target
+
+
+def outputs_of(settings: Settings) -> Outputs | None:
+    """The flow's ``Outputs`` that ``settings.outputs`` names, or None: the Kafka topics."""
+    if settings.outputs is None:
+        return None
+    name, target = settings.outputs
+    return OUTPUT_SINKS[name](target)
 
 
 def skip_list(text: str) -> frozenset[tuple[str, int, int]]:
@@ -250,6 +278,13 @@ class Settings:
         "Seconds between hand-backs of freed memory to the system (glibc malloc_trim; 0: never).",
         seconds(),
         f"{TRIM_EVERY:g}",
+    )
+    outputs: tuple[str, str] | None = setting(
+        "TSI_OUTPUTS",
+        "--outputs",
+        "Write selections and dead letters here instead of their Kafka topics: files:DIR "
+        "(JSON lines, DIR/selections.jsonl and DIR/dead_letters.jsonl).",
+        optional(output_sink),
     )
     log_file: Path | None = setting(
         "TSI_LOG_FILE",

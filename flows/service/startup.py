@@ -42,7 +42,13 @@ from flows.service.recovery import (
     store_offsets,
 )
 from flows.service.registry import LiveRegistry, Registry, RegistryError
-from flows.service.settings import ConfigError, Settings, client_config, dead_letter_bound
+from flows.service.settings import (
+    ConfigError,
+    Settings,
+    client_config,
+    dead_letter_bound,
+    outputs_of,
+)
 
 log = logging.getLogger("tsi")
 DEFAULT_LOG_FILE = Path("tsi-run.log")
@@ -61,6 +67,9 @@ def prepare(options: Settings) -> Service:
         registry = LiveRegistry(Registry.load(options.registry), options.registry)
         parts = None if options.recovery_dir is None else check_store(options)
         inputs, outputs = service_topics(options.topics)
+        if options.outputs is not None:  # written elsewhere: the two output topics unused
+            unused = (options.topics.selections, options.topics.dead_letters)
+            outputs = [topic for topic in outputs if topic not in unused]
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
@@ -70,8 +79,9 @@ def prepare(options: Settings) -> Service:
             seeded = seed_from_per_instance_snapshots(options.recovery_dir)
             if seeded:
                 log.warning("upgraded: %d instances moved into their shards' seeds", seeded)
-        bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
-        guards = dataclasses.replace(guards, dead_letter_raw=bound)
+        if options.topics.dead_letters in limits:
+            bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
+            guards = dataclasses.replace(guards, dead_letter_raw=bound)
     except (ConfigError, RegistryError, BrokerUnavailableError, TopicError) as exc:
         raise StartupError(str(exc)) from None
     note_broker_contact(True)
@@ -79,10 +89,11 @@ def prepare(options: Settings) -> Service:
     for line in settings_lines({**SOURCE_DEFAULTS, **consumer}, effective):
         log.info("Kafka %s", line)
     log.info(
-        "dead letters carry up to %d original bytes (%s accepts %d); skipping %s",
+        "dead letters carry up to %d original bytes (%s); skipping %s",
         guards.dead_letter_raw,
-        options.topics.dead_letters,
-        limits[options.topics.dead_letters],
+        f"{options.topics.dead_letters} accepts {limits[options.topics.dead_letters]}"
+        if options.topics.dead_letters in limits
+        else f"written to {options.outputs[0]}:{options.outputs[1]}",
         sorted(guards.skip) or "nothing",
     )
     return Service(
@@ -93,6 +104,7 @@ def prepare(options: Settings) -> Service:
         with_rate_limited_logs(producer),
         options.group_id,
         guards,
+        outputs_of(options),
     )
 
 

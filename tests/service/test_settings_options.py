@@ -49,6 +49,7 @@ VALID = {  # a value each setting accepts, other than its default
     "TSI_TS_WINDOW": "3600",
     "TSI_MALLOC_TRIM": "0",
     "TSI_LOG_FILE": "run.log",
+    "TSI_OUTPUTS": "files:out",
 }
 INVALID = {  # a value each setting refuses, by itself
     "KAFKA_BOOTSTRAP_SERVERS": ",",

@@ -137,3 +137,21 @@ def file_wiring(
         ),
         Outputs(JsonLinesSink(selections).output, JsonLinesSink(dead_letters).output),
     )
+
+
+def outputs_to(directory: str | Path) -> Outputs:
+    """Selections and dead letters as JSON lines in ``directory`` (``selections.jsonl``,
+    ``dead_letters.jsonl``), each epoch's lines on disk before it is committed: what
+    ``tsi run --outputs files:DIR`` writes instead of the two Kafka topics.
+
+    >>> import tempfile
+    >>> outputs = outputs_to(Path(tempfile.mkdtemp()) / "out")
+    >>> callable(outputs.selections) and callable(outputs.dead_letters)
+    True
+    """
+    where = Path(directory)
+    where.mkdir(parents=True, exist_ok=True)
+    return Outputs(
+        JsonLinesSink(where / "selections.jsonl").output,
+        JsonLinesSink(where / "dead_letters.jsonl").output,
+    )
