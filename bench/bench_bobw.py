@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/bench_bobw.py                  # every part, 10 seeds, T = 10^4
     .venv/bin/python bench/bench_bobw.py --part tuning --scales 1 2 4 8
+    .venv/bin/python bench/bench_bobw.py --part frontier --frontier 1 2 4
     .venv/bin/python bench/bench_bobw.py --quick          # smoke run
 
 Parts: ``tuning`` (the tables that chose ``TSALLIS_SCALE``, with the scales to compare),
-``held-out`` (stationary and adversarial tables the constants never saw), ``growth``
+``held-out`` (stationary and adversarial tables the constants never saw), ``frontier``
+(the rate constant's trade-off: held-out stationary ratio against FTL-breaker regret), ``growth``
 (regret at T = 10^5 against 10^4), ``users`` (many short per-user bandits), ``speed``.
 Regret is in the losses' own units, mean over seeds (± standard error), against the
 environment's competitor; tsi and every baseline scored by q·l where exposed (Thompson
@@ -242,6 +244,48 @@ def held_out_part(t: int, seeds: int, names: list[str]) -> tuple[dict[str, Any],
     return found, text
 
 
+def frontier_part(t: int, seeds: int, scales: list[float]) -> tuple[dict[str, Any], list[str]]:
+    """The trade-off the rate constant c sets: per c, bobw's ratio to the best baseline on
+    the held-out stationary tables (geometric mean and worst) against its FTL-breaker
+    regret (held-out seed)."""
+    base = contenders()[-2:]
+    tables = held_out_stationary(t)
+    best = [min(float(play(env, b, seeds, seed=0).regret.mean()) for b in base) for env in tables]
+    ftl = ftl_breaker(t, 2, 7)
+    rows = []
+    for c in scales:
+        v = replace(VARIANTS["bobw"], name=f"bobw c={c:g}", tsallis_scale=float(c))
+        player = tsi(v, "matched", v.name)
+        ratios = [
+            float(play(env, player, seeds, seed=0).regret.mean()) / b
+            for env, b in zip(tables, best, strict=True)
+        ]
+        geo = math.exp(sum(math.log(max(x, 1e-9)) for x in ratios) / len(ratios))
+        rows.append(
+            {
+                "c": c,
+                "geo_mean": geo,
+                "max": max(ratios),
+                "ftl_breaker": float(play(ftl, player, seeds, seed=0).regret.mean()),
+            }
+        )
+        log(f"frontier {rows[-1]}")
+    text = [
+        "### Frontier: the rate constant c (stationary ratio against FTL-breaker regret)",
+        "",
+        "| c | held-out stationary: geometric mean / best baseline | worst table | FTL-breaker |",
+        "|---:|---:|---:|---:|",
+        *(
+            f"| {r['c']:g} | {r['geo_mean']:.2f} | {r['max']:.2f} | {r['ftl_breaker']:.1f} |"
+            for r in rows
+        ),
+        "",
+        "Targets: geometric mean ≤ 1.25, worst ≤ 1.5, FTL-breaker ≤ 35.",
+        "",
+    ]
+    return {"frontier": rows}, text
+
+
 def growth_part(t: int, seeds: int) -> tuple[dict[str, Any], list[str]]:
     """Regret at 10·T against T on a stationary table."""
     g = growth(seeds, t, 10 * t)
@@ -286,11 +330,14 @@ def speed_part() -> tuple[dict[str, Any], list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
-        "--part", nargs="*", default=["tuning", "held-out", "growth", "users", "speed"]
+        "--part",
+        nargs="*",
+        default=["tuning", "held-out", "frontier", "growth", "users", "speed"],
     )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10_000)
     parser.add_argument("--scales", type=float, nargs="*", default=[])
+    parser.add_argument("--frontier", type=float, nargs="*", default=[0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -305,6 +352,7 @@ def main() -> None:
     parts = {
         "tuning": lambda: tuning_part(t, seeds, args.scales),
         "held-out": lambda: held_out_part(t, seeds, names),
+        "frontier": lambda: frontier_part(t, seeds, args.frontier),
         "growth": lambda: growth_part(t, seeds),
         "users": lambda: users_part(100 if args.quick else 1000),
         "speed": speed_part,

@@ -138,7 +138,7 @@ VARIANTS: dict[str, Variant] = {
 }
 
 #: The variant ``Bandit``, ``BatchBandit`` and the registry use when none is named.
-DEFAULT_VARIANT = "robust"
+DEFAULT_VARIANT = "bobw"
 
 
 def variant_of(value: Any) -> Variant:

@@ -15,6 +15,7 @@ import pytest
 from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
 from tsi_core._kernel import Kernel, Table, exp, log
 from tsi_core.migrate import migrate
+from tsi_core.variant import DEFAULT_VARIANT
 
 SRC = Path(__file__).resolve().parents[2] / "tsi_core" / "_kernel_src"
 getcontext().prec = 50
@@ -150,6 +151,13 @@ def test_bobw_selections_are_the_recorded_bits_on_every_machine(name):
     assert run_digest(name, "bobw") == GOLDEN_BOBW[name]
 
 
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_the_default_variant_is_bobw_and_plays_its_recorded_bits(name):
+    """An experiment that names no variant runs bobw (issue #39), bit for bit."""
+    assert DEFAULT_VARIANT == "bobw"
+    assert run_digest(name, None) == GOLDEN_BOBW[name]
+
+
 def test_the_table_refuses_bad_rows_and_arguments_before_changing_anything():
     k = Kernel("cumulative", n_arms=3, n_contexts=2, gamma=1.0)
     t = Table(k, k.initial_rows(2))
@@ -234,9 +242,20 @@ GOLDEN_MIGRATION = {
 }
 
 
+# The same for bobw, the default (the Tsallis learner's migrations keep p, not Φ).
+GOLDEN_MIGRATION_BOBW = {
+    "contextual": "6d2065f987f817f88a27f19912f43748db98bcaa272ac217bc5dfad711912989",
+    "decaying": "744119c21b81cf37cb8881107162804611cad65c2f20400387c77b329006dbd2",
+    "fixed": "483a1ac231051dd58677386a36afc1b641237ee4c6a17386ac33a58eff90691d",
+    "markov": "c173f5a66ec8901d3effc527838d8cc879ecb115c98c5e7cec0567c220b75b42",
+    "switching": "4839ac0a83a9bf12d6971a2b454f67f1d035c279b14e662ce5b511a5c9915525",
+}
+
+
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_migration_gives_the_recorded_bits_on_every_machine(name):
     assert migration_digest(name) == GOLDEN_MIGRATION[name]
+    assert migration_digest(name, "bobw") == GOLDEN_MIGRATION_BOBW[name]
 
 
 @pytest.mark.parametrize("variant", ["robust", "bobw"])

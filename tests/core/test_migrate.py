@@ -1,4 +1,8 @@
-"""Bandit.migrate: arms appended, retired, reordered; class or parameters changed."""
+"""Bandit.migrate: arms appended, retired, reordered; class or parameters changed.
+
+The exponential-weights learner (``robust``, ``paper``) keeps kept arms' state bit for bit;
+the default ``bobw`` (the Tsallis learner for Fixed and Contextual) keeps p per context
+(``tsi_core/migrate.py``): each test names the variant whose rules it checks."""
 
 import json
 import math
@@ -37,9 +41,11 @@ def contexts_of(b: Bandit) -> list[int | None]:
     return [None] if n == 1 else list(range(n))
 
 
-def played(competition=None, n_arms=4, rounds=200, seed=0, instance_id="i") -> Bandit:
+def played(
+    competition=None, n_arms=4, rounds=200, seed=0, instance_id="i", variant="robust"
+) -> Bandit:
     """A bandit that has learned something (no generator of its own: it can be packed)."""
-    b = Bandit(n_arms, competition, instance_id=instance_id)
+    b = Bandit(n_arms, competition, instance_id=instance_id, variant=variant)
     rng = np.random.default_rng(seed)
     ctxs = contexts_of(b)
     for t in range(rounds):
@@ -60,11 +66,12 @@ def stats(b: Bandit) -> tuple:
 
 
 # ------------------------------------------------------------- same class, per-arm state
+@pytest.mark.parametrize("variant", ["robust", "bobw"])
 @pytest.mark.parametrize(
     "competition", [Fixed(), Contextual(3), Switching(rate=0.02), Switching(), MARKOV]
 )
-def test_identity_map_gives_the_same_bandit(competition):
-    b = played(competition)
+def test_identity_map_gives_the_same_bandit(competition, variant):
+    b = played(competition, variant=variant)
     b.select(context=contexts_of(b)[-1], u=0.3)  # a pending ticket
     m = migrate(b, list(range(b.n_arms)))
     assert m.bandit.to_dict() == b.to_dict()
@@ -122,6 +129,44 @@ def test_a_new_arm_is_explored_and_learned_when_it_is_best(competition):
         if t >= 300:
             last[ticket.arm] += 1
     assert last.argmax() == 3 and last[3] > 50
+
+
+@pytest.mark.parametrize("competition", [Fixed(), Contextual(3), Switching(rate=0.02)])
+@pytest.mark.parametrize("share", [None, 0.15])
+def test_bobw_keeps_kept_arms_relative_p_and_gives_a_new_arm_its_p(competition, share):
+    """The default's rule: the statistics (S, D, the mean, counters) as they were; per
+    context the kept arms' relative p, a new arm the geometric mean p of the kept ones (or
+    ``new_arm_share``)."""
+    b = played(competition, variant="bobw")
+    before = json.dumps(b.to_dict())
+    arm_map = [3, None, 0, 2]
+    new = migrate(b, arm_map, new_arm_share=share).bandit
+    assert json.dumps(b.to_dict()) == before
+    assert stats(new) == stats(b) and new.variant == b.variant and new.gamma == b.gamma
+    want = expected_policy(b, arm_map, new.structure.n_contexts, share)
+    got = np.array([policy(new, ctx) for ctx in contexts_of(new)])
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("competition", [Fixed(), Contextual(2)])
+def test_a_new_arm_given_a_share_is_explored_by_bobw_but_not_always_learned(competition):
+    """bobw has no forced exploration: a new arm enters at the p it is given (the geometric
+    mean of the kept arms' p, tiny once play has settled, or ``new_arm_share``) and is
+    played at that p. It is not always learned: while the mean baseline stays above the
+    played arm's losses (here the old arms' history keeps it there) the played arm's
+    estimate falls every round, a rarely played arm's is bounded below, and its p decays
+    before enough plays (VARIANTS.md, "bobw", what is guaranteed)."""
+    b = played(competition, n_arms=3, rounds=300, seed=5, variant="bobw")
+    new = migrate(b, [0, 1, 2, None], new_arm_share=0.1).bandit
+    ctxs = contexts_of(new)
+    assert all(new.weight_shares(ctx)[3] == pytest.approx(0.1, abs=1e-9) for ctx in ctxs)
+    rng = np.random.default_rng(6)
+    plays = np.zeros(4)
+    for t in range(400):
+        ticket = new.select(context=ctxs[t % len(ctxs)], u=rng.random())
+        new.update(ticket, [1.0, 1.5, 2.0, 0.0][ticket.arm] + 0.1 * rng.random())
+        plays[ticket.arm] += 1
+    assert plays[3] >= 1
 
 
 @given(
@@ -197,18 +242,24 @@ def expected_policy(b: Bandit, arm_map, n_contexts: int, share=None) -> np.ndarr
     return np.array(out)
 
 
+@pytest.mark.parametrize("variant", ["robust", "bobw"])
 @pytest.mark.parametrize(("old", "new"), CLASS_CHANGES)
 @pytest.mark.parametrize(
     ("arm_map", "share"), [([0, 1, 2, 3], None), ([3, None, 0, 1], None), ([3, None, 0, 1], 0.2)]
 )
-def test_a_change_of_class_keeps_p_in_every_context(old, new, arm_map, share):
-    b = played(old)
+def test_a_change_of_class_keeps_p_in_every_context(old, new, arm_map, share, variant):
+    b = played(old, variant=variant)
     before = json.dumps(b.to_dict())
     moved = migrate(b, arm_map, competition=new, new_arm_share=share).bandit
     assert json.dumps(b.to_dict()) == before
-    assert stats(moved) == stats(b)
+    cumulative = (Fixed, Contextual)  # bobw's Tsallis learner; Switching, Markov: robust's
+    if variant == "bobw" and isinstance(old, cumulative) != isinstance(new, cumulative):
+        # a change of learner: the baseline and the counters stay, V/D² (or S) restarts
+        assert (moved.psi, moved.n_updates, moved.n_rounds) == (b.psi, b.n_updates, b.n_rounds)
+    else:
+        assert stats(moved) == stats(b)
     assert moved.competition is new
-    assert moved.gamma == default_gamma(new, 4) * b.variant.gamma_scale
+    assert moved.gamma == Bandit(4, new, variant=variant).gamma
     want = expected_policy(b, arm_map, moved.structure.n_contexts, share)
     got = np.array([policy(moved, ctx) for ctx in contexts_of(moved)])
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)
@@ -350,12 +401,12 @@ def test_a_migrated_bandit_packs_and_unpacks_with_a_template_of_the_new_configur
     moved = migrate(b, [3, None, 0, 1], competition=new).bandit
     blob = moved.pack(keep_pending=True)
     assert blob is not None
-    template = Bandit(4, moved.competition, moved.gamma)
+    template = Bandit(4, moved.competition, moved.gamma, variant=moved.variant)
     again = Bandit.unpack(blob, template, "i", moved.pending)
     assert again.to_dict() == moved.to_dict()
     if not same_shape:  # a template of the old configuration does not fit
         with pytest.raises(ValueError, match="bytes"):
-            Bandit.unpack(blob, Bandit(4, old, b.gamma), "i", moved.pending)
+            Bandit.unpack(blob, Bandit(4, old, b.gamma, variant=b.variant), "i", moved.pending)
 
 
 # ------------------------------------------------------------------- bad arguments

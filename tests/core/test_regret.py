@@ -36,13 +36,17 @@ def test_adversarial_regret_below_bound_where_follow_the_leader_fails():
     assert result.regret.mean() <= 0.05 * leader
 
 
-def test_switching_competitor_regret_below_bound_and_better_than_fixed_class():
+@pytest.mark.parametrize(("variant", "factor"), [("robust", 0.6), (None, 0.8)])
+def test_switching_competitor_regret_below_bound_and_better_than_fixed_class(variant, factor):
+    """The Switching class tracks the switches better than the Fixed class: by a wide
+    margin with one learner (robust's), by less under the default, whose Fixed class is
+    the Tsallis learner and whose Switching class is robust's round."""
     n_rounds, switches = 6000, 3
     env = switching_environment(n_rounds, 3, switches, seed=4, best_mean=0.2, other_mean=0.7)
     table = env.losses
     competitor = env.best_switching_loss(switches)  # exact, not equal segments
     switching = Switching(rate=switches / n_rounds, switches=switches)
-    tracked = run(table, SEEDS, switching, seed=5, competitor_loss=competitor)
-    fixed = run(table, SEEDS, Fixed(), seed=5, competitor_loss=competitor)
+    tracked = run(table, SEEDS, switching, seed=5, competitor_loss=competitor, variant=variant)
+    fixed = run(table, SEEDS, Fixed(), seed=5, competitor_loss=competitor, variant=variant)
     assert tracked.regret.mean() <= bound(table, switching)
-    assert tracked.regret.mean() <= 0.6 * fixed.regret.mean()
+    assert tracked.regret.mean() <= factor * fixed.regret.mean()
