@@ -79,7 +79,7 @@ def prepare(options: Settings) -> Service:
             seeded = seed_from_per_instance_snapshots(options.recovery_dir)
             if seeded:
                 log.warning("upgraded: %d instances moved into their shards' seeds", seeded)
-        if options.topics.dead_letters in limits:
+        if options.outputs is None:  # the dead-letter topic bounds what a letter carries
             bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
             guards = dataclasses.replace(guards, dead_letter_raw=bound)
     except (ConfigError, RegistryError, BrokerUnavailableError, TopicError) as exc:
@@ -92,7 +92,7 @@ def prepare(options: Settings) -> Service:
         "dead letters carry up to %d original bytes (%s); skipping %s",
         guards.dead_letter_raw,
         f"{options.topics.dead_letters} accepts {limits[options.topics.dead_letters]}"
-        if options.topics.dead_letters in limits
+        if options.outputs is None
         else f"written to {options.outputs[0]}:{options.outputs[1]}",
         sorted(guards.skip) or "nothing",
     )
