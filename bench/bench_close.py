@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_engine import BATCH, messages  # noqa: E402
 
-from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.deadlines import WakeUpScheduler  # noqa: E402
 from flows.service.events import Origin, parse_event  # noqa: E402
+from flows.service.gc_freezer import freeze_long_lived  # noqa: E402
 from flows.service.keys import SHARDS  # noqa: E402
 from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
@@ -105,7 +105,7 @@ def main() -> None:
     from bench_flow import registry_toml
 
     msgs = messages("events", args.pairs)
-    settle_heap()
+    freeze_long_lived()
     with tempfile.TemporaryDirectory(prefix="tsi-bench-close-") as store:
         shards = Shards(Path(store), LiveRegistry(Registry.from_toml(registry_toml())))
         shards.feed(msgs)

@@ -33,7 +33,7 @@ through a ``map``, every shard once per activation), shared by the events
 a shard call gets in the engine run. CPU time (``time.process_time``) of each
 stage summed over the batches after a warm-up fifth; median of ``REPEATS`` interleaved
 repeats, each on fresh shards; the cyclic GC set up as in the service's process
-(``flows.service.collector.settle_heap``).
+(``flows.service.gc_freezer.freeze_long_lived``).
 """
 
 from __future__ import annotations
@@ -68,10 +68,10 @@ from bench_flow import (  # noqa: E402
     workload,
 )
 
-from flows.service.collector import YOUNG_COLLECTION_THRESHOLD, settle_heap  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.deadlines import WAKE_UP, WakeUpScheduler  # noqa: E402
 from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
+from flows.service.gc_freezer import YOUNG_COLLECTION_THRESHOLD, freeze_long_lived  # noqa: E402
 from flows.service.keys import SHARD_NAMES, SHARDS  # noqa: E402
 from flows.service.logic import REST_AFTER, FlowContext, ShardLogic  # noqa: E402
 from flows.service.registry import LiveRegistry, Registry  # noqa: E402
@@ -244,7 +244,7 @@ def measure(pairs: int, repeats: int) -> dict[str, Any]:
         runs.setdefault(name, []).append(seconds / n * 1e6)
 
     corpus = {mode: messages(mode, pairs) for mode in MODES}
-    settle_heap()  # as the service's process does at start (the corpus is not walked)
+    freeze_long_lived()  # as the service's process does at start (the corpus is not walked)
     for _ in range(repeats):
         for mode, msgs in corpus.items():
             spent, events, calls = engine_run(msgs)
@@ -298,7 +298,7 @@ def count_run(mode: str, pairs: int) -> None:
     """One engine run for an instruction counter (``--count``): what it does depends on
     nothing but the messages. No instance is put to rest (under valgrind the clock runs
     many times slower, and instances rest that a real run keeps live), and what lives at
-    the start is frozen once, as ``settle_heap`` does, without its timed freezer thread.
+    the start is frozen once, as ``freeze_long_lived`` does, without its timed freezer thread.
     Two runs of different ``pairs`` give the cost of the pairs between them (with a fixed
     ``PYTHONHASHSEED`` two runs of the same build agree closely: bench/RESULTS.md,
     "Figures behind the code")::

@@ -107,10 +107,10 @@ from bytewax.operators import StatefulBatchLogic
 from bytewax.testing import run_main
 from confluent_kafka import Producer
 
-from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import PARSERS, Guards, parse_route
 from flows.service.events import Origin, Request, parse_feedback, parse_request
+from flows.service.gc_freezer import freeze_long_lived
 from flows.service.instance import Instance
 from flows.service.logic import Routed
 from flows.service.process import Service
@@ -667,7 +667,7 @@ def spread(values: list[float]) -> dict[str, Any]:
 def throughput(
     bk: Broker, plan: Plan, registry: Registry, counter: Counter, workdir: Path
 ) -> dict[str, Any]:
-    settle_heap()  # the GC settings every service process runs with (and the references)
+    freeze_long_lived()  # the GC settings every service process runs with (and the references)
     results: dict[str, Any] = {}
     for mode in ("separate", "events"):
         log(f"throughput, {mode} topics: {plan.requests:,} requests + feedback")

@@ -43,8 +43,8 @@ import bench_flow  # noqa: E402
 from bench_flow import Counter, broker, log, prepare_input, registry_toml, run_once, run_rung  # noqa: E402
 
 from flows.service import dataflow, deadlines, logic  # noqa: E402
-from flows.service.collector import settle_heap  # noqa: E402
 from flows.service.connectors import kafka_sink, kafka_source  # noqa: E402
+from flows.service.gc_freezer import freeze_long_lived  # noqa: E402
 from flows.service.registry import Registry  # noqa: E402
 
 #: (label, owner, attribute): the steps timed. The dataflow's functions are looked up when
@@ -122,7 +122,7 @@ def split_run(run: Callable[[], dict[str, Any]], events: int) -> dict[str, float
 
 def measure(requests: int, units: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The figures per mode and flow (medians, and every run), and the machine."""
-    settle_heap()  # the service process's GC settings, as bench_flow
+    freeze_long_lived()  # the service process's GC settings, as bench_flow
     registry = Registry.from_toml(registry_toml())
     out: dict[str, Any] = {}
     with broker() as bk:

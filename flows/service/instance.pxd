@@ -11,13 +11,13 @@ cdef enum EntryKind:
     EARLY = 4
 
 
-cdef class Entry:
+cdef class RequestEntry:
     cdef public str rid
     cdef public double deadline
     cdef readonly int kind  # an EntryKind
 
 
-cdef class Answered(Entry):
+cdef class Answered(RequestEntry):
     cdef public object ticket
     cdef public object unit
 
@@ -34,7 +34,7 @@ cdef class Expired(Answered):
     pass
 
 
-cdef class Early(Entry):
+cdef class Early(RequestEntry):
     cdef public object feedback
 
 
@@ -64,7 +64,7 @@ cdef class Instance:
     cdef Terms terms
     cdef object _bandit  # None: packed, or not created yet while _packed is None too
     cdef object _packed
-    cdef Entry _one  # the entry, while it holds one
+    cdef RequestEntry _one  # the entry, while it holds one
     cdef dict _table  # its entries by request_id, while it holds two or more
     cdef TimeHeap _deadlines  # (deadline, request_id) of the table's entries
     cdef AnswerBook _kept  # answers kept for retries (never an empty book)
@@ -73,8 +73,8 @@ cdef class Instance:
 
     cdef object live_bandit(self)
     cdef object _get(self, str rid)
-    cdef int _put(self, Entry entry) except -1
-    cdef int _drop(self, Entry entry) except -1
+    cdef int _put(self, RequestEntry entry) except -1
+    cdef int _drop(self, RequestEntry entry) except -1
     cdef bint _keep_answer(self, str kind, Answered entry, double deadline) except -1
     cdef int _unkept(self) except -1
     cdef object _answer(self, str rid, object ticket, object unit)

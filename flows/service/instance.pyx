@@ -74,13 +74,13 @@ def uniform_draw(seed: int, instance: str, request_id: str) -> float:
 
 # ------------------------------------------------------------------- entries
 @cython.no_gc
-cdef class Entry:
+cdef class RequestEntry:
     """What an instance holds for one request_id: ``Open``, ``Settled``, ``Expired`` or
     ``Early``. Entries hold strings, numbers, tickets and events only (never a cycle),
     so they are kept out of the cyclic GC."""
 
     def __eq__(self, other):
-        return type(self) is type(other) and self._fields() == (<Entry>other)._fields()
+        return type(self) is type(other) and self._fields() == (<RequestEntry>other)._fields()
 
     def __repr__(self) -> str:
         names = type(self).FIELDS
@@ -95,7 +95,7 @@ cdef class Entry:
 
 
 @cython.no_gc
-cdef class Answered(Entry):
+cdef class Answered(RequestEntry):
     """An entry holding the ticket a request was served with, and its unit (None where
     the instance key implies it, per unit)."""
 
@@ -144,7 +144,7 @@ cdef class Expired(Answered):
 
 
 @cython.no_gc
-cdef class Early(Entry):
+cdef class Early(RequestEntry):
     """Feedback that arrived before its request, kept until ``deadline``."""
 
     FIELDS = ("rid", "feedback", "deadline")
@@ -421,7 +421,7 @@ cdef class Instance:
 
     # --------------------------------------------------------------- entries
     cdef object _get(self, str rid):
-        cdef Entry found = None
+        cdef RequestEntry found = None
         if self._table is not None:
             found = self._table.get(rid)
         elif self._one is not None and self._one.rid == rid:
@@ -437,7 +437,7 @@ cdef class Instance:
         """The entry of ``rid``, or None (a kept answer is built into an entry)."""
         return self._get(rid)
 
-    def put(self, Entry entry) -> None:
+    def put(self, RequestEntry entry) -> None:
         """Store ``entry``, replacing the entry of the same request_id if there is one."""
         self._put(entry)
 
@@ -483,13 +483,13 @@ cdef class Instance:
         for entry in live:
             if entry.kind != SETTLED and entry.kind != EXPIRED:
                 return None
-        deadlines = [(<Entry>entry).deadline for entry in live]
+        deadlines = [(<RequestEntry>entry).deadline for entry in live]
         if book is not None:
             deadlines.append(book.newest())
         return max(deadlines) - self.terms.retry_window
 
-    cdef int _put(self, Entry entry) except -1:
-        cdef Entry old = self._get(entry.rid), one
+    cdef int _put(self, RequestEntry entry) except -1:
+        cdef RequestEntry old = self._get(entry.rid), one
         if old is not None and old.kind == EARLY:
             self._n_early -= 1
         if entry.kind == EARLY:
@@ -508,7 +508,7 @@ cdef class Instance:
         self._deadlines.add(entry.deadline, entry.rid)
         return 0
 
-    cdef int _drop(self, Entry entry) except -1:
+    cdef int _drop(self, RequestEntry entry) except -1:
         if entry.kind == EARLY:
             self._n_early -= 1
         if self._table is None:
@@ -527,13 +527,13 @@ cdef class Instance:
         if self._kept is not None and kind is not Open and kind is not Early:
             self._unkept()
         code = 0 if kind is None else _KIND_OF[kind]
-        chosen = [e for e in self._live() if code == 0 or (<Entry>e).kind == code]
+        chosen = [e for e in self._live() if code == 0 or (<RequestEntry>e).kind == code]
         return {e.rid: e for e in sorted(chosen, key=_rid)}
 
     def awaits_feedback(self) -> bool:
         """Whether a selection waits for its feedback (an ``Open`` entry): then its next
         event is likely near."""
-        return any((<Entry>entry).kind == OPEN for entry in self._live())
+        return any((<RequestEntry>entry).kind == OPEN for entry in self._live())
 
     @property
     def open(self) -> dict:
@@ -572,7 +572,7 @@ cdef class Instance:
         rid = field(_REQUEST, request, REQUEST_ID)
         context = field(_REQUEST, request, CONTEXT)
         entry = self._get(rid)
-        if entry is not None and (<Entry>entry).kind != EARLY:
+        if entry is not None and (<RequestEntry>entry).kind != EARLY:
             answered = entry
             if answered.ticket.context != context:
                 detail = (
@@ -617,7 +617,7 @@ cdef class Instance:
         cdef Terms terms = self.terms
         cdef Answered answered
         rid = field(_FEEDBACK, feedback, REQUEST_ID)
-        cdef Entry entry = self._get(rid)
+        cdef RequestEntry entry = self._get(rid)
         cdef int kind = 0 if entry is None else entry.kind
         if kind == SETTLED:
             detail = f"request_id {rid!r} already has its feedback"
@@ -665,7 +665,7 @@ cdef class Instance:
     cpdef list expire(self, double now):
         """Close what has waited too long: tickets without feedback, feedback without
         request; kept answers past their retry window go without a word."""
-        cdef Entry entry
+        cdef RequestEntry entry
         cdef double due, window
         if self._kept is not None and self._kept.due <= now:
             self._kept.expire(now)

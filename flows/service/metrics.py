@@ -253,7 +253,7 @@ def count_dead_letter(letter: DeadLetter) -> DeadLetter:
     return letter
 
 
-class _Collector:
+class _MetricsCollector:
     """Sums the threads' tallies into metric families when Prometheus scrapes."""
 
     def describe(self) -> list[Metric]:
@@ -320,7 +320,7 @@ class _Collector:
             yield metric
 
 
-REGISTRY.register(_Collector())
+REGISTRY.register(_MetricsCollector())
 
 
 # ----------------------------------------------------------------------- progress, readiness

@@ -20,10 +20,10 @@ from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
 from flows.service.allocator import TRIM_EVERY, start_trimming
-from flows.service.collector import settle_heap
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.dir_lock import hold_directory, is_empty
+from flows.service.gc_freezer import freeze_long_lived
 from flows.service.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
 from flows.service.recovery import seeded_inputs, shard_store
 from flows.service.registry import LiveRegistry, Registry
@@ -184,5 +184,5 @@ def start_process(
     on_signals(say=say)
     if metrics_port is not None:
         serve_metrics(metrics_port, addr=metrics_host, ready_timeout=ready_timeout)
-    settle_heap()
+    freeze_long_lived()
     start_trimming(trim_every)

@@ -329,7 +329,7 @@ def test_run_starts_the_metrics_server_before_the_flow(monkeypatch):
     monkeypatch.setattr(
         flows.service.process, "cli_main", lambda flow, **kw: calls.append(("run", flow))
     )
-    monkeypatch.setattr(flows.service.process, "settle_heap", lambda: None)
+    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
     flows.service.process.run("FLOW", metrics_port=9464)
     assert calls == [("serve", 9464), ("run", "FLOW")]
     calls.clear()
@@ -365,7 +365,7 @@ def test_bytewax_run_entry_point_serves_metrics_when_the_port_is_set(monkeypatch
     monkeypatch.setattr(
         flows.service.process, "serve_metrics", lambda port, **kw: served.append(port)
     )
-    monkeypatch.setattr(flows.service.process, "settle_heap", lambda: None)
+    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
     monkeypatch.setenv("TSI_REGISTRY", str(tmp_path / "r.toml"))
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
     assert flows.service.main.flow is not None and served == []

@@ -146,7 +146,7 @@ def test_tsi_run_with_a_bad_host_is_one_line_and_status_2(monkeypatch, tmp_path)
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
     ran = []
     monkeypatch.setattr(flows.service.process, "cli_main", lambda flow, **kw: ran.append(flow))
-    monkeypatch.setattr(flows.service.process, "settle_heap", lambda: None)
+    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
     monkeypatch.setattr(flows.service.process, "start_trimming", lambda every: None)
     monkeypatch.setattr(flows.service.process, "on_signals", lambda say: None)
     limits = collections.defaultdict(lambda: 1_048_588)
@@ -166,7 +166,7 @@ def test_the_process_and_the_bytewax_run_entry_point_pass_the_host(monkeypatch, 
         flows.service.process, "serve_metrics", lambda port, **kw: calls.append((port, kw))
     )
     monkeypatch.setattr(flows.service.process, "cli_main", lambda flow, **kw: None)
-    monkeypatch.setattr(flows.service.process, "settle_heap", lambda: None)
+    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
     flows.service.process.run("FLOW", metrics_port=9464, metrics_host="127.0.0.1")
     flows.service.process.run("FLOW", metrics_port=9465)
     assert [(port, kw["addr"]) for port, kw in calls] == [(9464, "127.0.0.1"), (9465, "0.0.0.0")]

@@ -1,7 +1,7 @@
 """The cyclic garbage collector kept off the service's long-lived state.
 
 CPython's full collections walk every tracked object, and a service holding many
-instances has many that live for hours. ``settle_heap`` freezes what is alive at start
+instances has many that live for hours. ``freeze_long_lived`` freezes what is alive at start
 (modules, registry, flow: they live as long as the process) and sets the young
 generation's threshold; a daemon thread then freezes what has lived a second, every
 second, so a full collection walks only what is younger. Frozen objects are still freed
@@ -76,7 +76,7 @@ def start_freezing(interval: float = FREEZE_EVERY, thaw_every: float = THAW_EVER
     return _freezer
 
 
-def settle_heap() -> None:
+def freeze_long_lived() -> None:
     """Exempt everything alive now from cyclic GC scans, collect the young generation per
     ``YOUNG_COLLECTION_THRESHOLD`` allocations, and from now on freeze what has lived
     ``FREEZE_EVERY`` seconds (``start_freezing``)."""
