@@ -363,18 +363,17 @@ def producible(list items) -> bool:
 
 
 def split_outputs(list outputs) -> tuple:
-    """A shard's outputs as selections, serialised (``Selection.to_json``) and keyed by
-    instance, and dead letters (``flows.service.dataflow.split_outputs``)."""
+    """A shard's outputs (``instance.Output``) as its answers, serialised
+    (``Selection.to_json``) and keyed by instance, and its dead letters (each output says
+    which it is: ``dead_letter``)."""
     cdef list selections = [], dead = []
     for out in outputs:
-        if type(out) is DeadLetter:
+        if out.dead_letter:
             dead.append(out)
-        elif type(out) is Selection:
+        else:
             selections.append(
                 kept((field(_SELECTION, out, SELECTION_INSTANCE), _selection_json(out)))
             )
-        else:
-            selections.append((out.instance, out.to_json()))
     return selections, dead
 
 
