@@ -245,7 +245,7 @@ cdef class _Loop:
     cdef list serve_all(self, object store, list events):
         cdef list out = []
         for key, experiment, event in events:
-            if type(event) is str:  # WAKE_UP, the only event that is not parsed
+            if experiment is None:  # a wake-up (``WAKE_UP``), the only event of no experiment
                 self.told()
                 self.tallied()
                 out.extend(store.expire_due())

@@ -346,7 +346,7 @@ class Traced(StatefulBatchLogic[Routed, tuple, Any]):
         handle, trace = self.logic.handle, self.trace
         for batch in values:
             for routed in batch:
-                tag = None if type(routed[2]) is str else trace(routed[2])
+                tag = None if routed[1] is None else trace(routed[2])  # a wake-up: no input
                 out += [(tag, output) for output in handle([routed])]
         return _split_traced(out)
 
