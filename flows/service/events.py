@@ -208,7 +208,7 @@ def _load(raw: bytes) -> dict[str, Any]:
 
 def _identifier(data: dict[str, Any], name: str, required: bool = True) -> str | None:
     value = data.get(name)
-    if type(value) is str and 0 < len(value) <= MAX_ID_LENGTH:  # the common case, first
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH:  # the common case, first
         return value
     if value is None:
         if required:
