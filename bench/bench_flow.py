@@ -462,7 +462,7 @@ class _EchoShard(StatefulBatchLogic):
             (key, event.raw)
             for batch in values
             for key, _, event in batch
-            if type(event) is Request
+            if isinstance(event, Request)
         ]
         return ([out] if out else []), StatefulBatchLogic.RETAIN
 

@@ -26,9 +26,12 @@ True
 (0, None)
 """
 
+from cpython.float cimport PyFloat_CheckExact
+from cpython.long cimport PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
+from cpython.unicode cimport PyUnicode_CheckExact
 from libc.math cimport INFINITY
 from libc.string cimport memmove
 
@@ -43,7 +46,7 @@ cdef Py_ssize_t _LIMIT = LIMIT
 cdef inline bint _count(object value, long long *out) except -1:
     """Whether ``value`` is an int (not a subclass) in [0, 2**63), written to ``out``."""
     cdef int overflow = 0
-    if type(value) is not int:
+    if not PyLong_CheckExact(value):
         return False
     out[0] = PyLong_AsLongLongAndOverflow(value, &overflow)
     return overflow == 0 and out[0] >= 0
@@ -93,10 +96,11 @@ cdef class AnswerBook:
             return False
         cdef tuple fields = <tuple>ticket  # a Ticket is a tuple: its fields read in place
         instance, prob, weight_share = fields[0], fields[3], fields[4]
-        if not (type(instance) is str and _count(fields[1], &round_) and _count(fields[2], &arm)
-                and type(prob) is float and type(weight_share) is float
+        if not (PyUnicode_CheckExact(instance) and _count(fields[1], &round_)
+                and _count(fields[2], &arm)
+                and PyFloat_CheckExact(prob) and PyFloat_CheckExact(weight_share)
                 and (fields[5] is None or _count(fields[5], &context))
-                and (unit is None or type(unit) is str)):
+                and (unit is None or PyUnicode_CheckExact(unit))):
             return False
         if self.n == self.capacity:
             self._grow()
@@ -195,7 +199,7 @@ cdef class AnswerBook:
         return latest
 
     def __contains__(self, rid) -> bool:
-        return type(rid) is str and self.has(rid)
+        return PyUnicode_CheckExact(rid) and self.has(rid)
 
     def __len__(self) -> int:
         return self.n
@@ -212,8 +216,8 @@ cdef class AnswerBook:
         one of them is not an answer a row holds exactly, or they are too many."""
         cdef AnswerBook book = AnswerBook()
         for item in items:
-            if not (isinstance(item, tuple) and len(item) == 5 and type(item[1]) is str
-                    and type(item[0]) is str and type(item[4]) is float):
+            if not (isinstance(item, tuple) and len(item) == 5 and PyUnicode_CheckExact(item[1])
+                    and PyUnicode_CheckExact(item[0]) and PyFloat_CheckExact(item[4])):
                 return None
             kind, rid, ticket, unit, deadline = item
             if not book.add(kind, rid, ticket, unit, deadline):

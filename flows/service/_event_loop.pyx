@@ -32,7 +32,7 @@ from libc.math cimport INFINITY
 
 from time import time
 
-from flows.service.events import DeadLetter, Request, Selection
+from flows.service.events import DeadLetter, Request
 from flows.service._records cimport (
     FEEDBACK_ORIGIN,
     FEEDBACK_TS,
@@ -245,7 +245,7 @@ cdef class _Loop:
     cdef list serve_all(self, object store, list events):
         cdef list out = []
         for key, experiment, event in events:
-            if type(event) is str:  # WAKE_UP, the only event that is not parsed
+            if experiment is None:  # a wake-up (``WAKE_UP``), the only event of no experiment
                 self.told()
                 self.tallied()
                 out.extend(store.expire_due())
@@ -314,13 +314,13 @@ cdef class _Loop:
         c.early_feedback += changes.early > 0
         for i in range(first, len(out)):
             item = out[i]
-            if type(item) is Selection:
-                c.decisions += 1
-                c.retries += changes.retry
-            else:
+            if item.dead_letter:
                 slot = SLOT_OF_REASON.get((<object>item).reason)
                 if slot is not None:
                     c.by_slot[slot] = c.by_slot.get(slot, 0) + 1
+            else:  # an answer
+                c.decisions += 1
+                c.retries += changes.retry
         (self.processing_request if is_request else self.processing_feedback).add(
             _monotonic() - started
         )

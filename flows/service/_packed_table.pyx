@@ -37,8 +37,13 @@ The varints of the records are also for their users' own prefixes (``varint``,
 (b'\\xac\\x02', (300, 2))
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.unicode cimport PyUnicode_AsEncodedString, PyUnicode_DecodeUTF8
+from cpython.bytes cimport (
+    PyBytes_AS_STRING,
+    PyBytes_CheckExact,
+    PyBytes_FromStringAndSize,
+    PyBytes_GET_SIZE,
+)
+from cpython.unicode cimport PyUnicode_AsEncodedString, PyUnicode_CheckExact, PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy
@@ -114,7 +119,7 @@ def read_varint(bytes data) -> tuple:
 
 cdef inline bytes _utf8(object key):
     """A key's bytes (lone surrogates kept, as a str may hold them)."""
-    if type(key) is not str:
+    if not PyUnicode_CheckExact(key):
         raise TypeError(f"a packed table's keys are str, not {type(key).__name__}")
     return PyUnicode_AsEncodedString(key, "utf-8", "surrogatepass")
 
@@ -242,7 +247,7 @@ cdef class PackedTable:
     # ------------------------------------------------------------------ internals
     cdef int64_t _store(self, object key, object value, double deadline) except -1:
         """Hold ``value`` under ``key``; the key's hash."""
-        if type(value) is not bytes:
+        if not PyBytes_CheckExact(value):
             raise TypeError(f"a packed table holds bytes, not {type(value).__name__}")
         cdef bytes raw = _utf8(key)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(raw)

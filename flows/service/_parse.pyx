@@ -32,11 +32,13 @@ in C").
 'not_an_object'
 """
 
-from cpython.dict cimport PyDict_GetItemWithError
-from cpython.float cimport PyFloat_FromDouble
-from cpython.long cimport PyLong_FromLongLong
+from cpython.bytes cimport PyBytes_CheckExact
+from cpython.dict cimport PyDict_CheckExact, PyDict_GetItemWithError
+from cpython.float cimport PyFloat_CheckExact, PyFloat_FromDouble
+from cpython.long cimport PyLong_CheckExact, PyLong_FromLongLong
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.unicode cimport PyUnicode_CheckExact
 from libc.math cimport fabs, isfinite
 from libc.string cimport memcmp, memcpy
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
@@ -87,12 +89,12 @@ cdef Layout _FEEDBACK = records.FEEDBACK
 # -- the values events.py accepts, in their plain form -----------------------------------
 
 cdef inline bint _identifier(object value):
-    return type(value) is str and 0 < len(<str>value) <= _MAX_ID
+    return PyUnicode_CheckExact(value) and 0 < len(<str>value) <= _MAX_ID
 
 
 cdef inline bint _index(object value):
     """None or an int >= 0 (orjson's ints are never bools)."""
-    return value is None or (type(value) is int and value >= 0)
+    return value is None or (PyLong_CheckExact(value) and value >= 0)
 
 
 cdef inline bint _arm(object value):
@@ -101,7 +103,7 @@ cdef inline bint _arm(object value):
 
 cdef inline bint _number(object value, double* out) except -1:
     """``float(value)`` of an int or float (orjson's ints fit in 64 bits: no overflow)."""
-    if type(value) is float or type(value) is int:
+    if PyFloat_CheckExact(value) or PyLong_CheckExact(value):
         out[0] = value
         return True
     return False
@@ -357,20 +359,20 @@ cdef class _Lane:
     def __cinit__(self, Kind kind, object window, object registry):
         self.kind = kind
         self.message = _Message()
-        self.plain_window = type(window) is float
+        self.plain_window = PyFloat_CheckExact(window)
         self.window = window if self.plain_window else 0.0
-        if type(registry) is Registry and type(registry.experiments) is dict:
+        if type(registry) is Registry and PyDict_CheckExact(registry.experiments):
             self.experiments = registry.experiments
 
     cdef object taken(self, object raw, object origin):
         cdef Py_ssize_t known = 0  # the keys read so far that the message has
         cdef Kind kind = self.kind
-        if self.experiments is None or type(raw) is not bytes or len(<bytes>raw) > _MAX_BYTES:
+        if self.experiments is None or not PyBytes_CheckExact(raw) or len(<bytes>raw) > _MAX_BYTES:
             return None
         cdef _Message data = self.message
         if not data.scan(<const char*><bytes>raw, len(<bytes>raw)):
             parsed = _loads(raw)
-            if type(parsed) is not dict:
+            if not PyDict_CheckExact(parsed):
                 return None
             data.read(parsed)
         if kind == EVENT:
@@ -447,7 +449,7 @@ cdef class _Lane:
             return None
         if <object>found is not self.experiment:
             experiment = <object>found
-            if type(experiment) is not Experiment or type(experiment.name) is not str:
+            if type(experiment) is not Experiment or not PyUnicode_CheckExact(experiment.name):
                 return None
             self.experiment, self.name = experiment, experiment.name
             self.per_unit = experiment.per_unit
@@ -460,7 +462,7 @@ cdef class _Lane:
 
 cdef Kind _event_kind(object kind):
     """The kind a combined stream's ``type`` names; EVENT for anything else."""
-    if type(kind) is str:
+    if PyUnicode_CheckExact(kind):
         if kind == "request":
             return REQUEST
         if kind == "feedback":
@@ -482,10 +484,16 @@ cdef object _loss(_Message data, Py_ssize_t* known):
     return -value if loss is None else value
 
 
+cdef inline bint _by_source(object parse):
+    """Whether ``parse`` is the internal topic's ``ParseBySource`` itself (a subclass
+    may parse otherwise: it has no lane)."""
+    return type(parse) is ParseBySource
+
+
 def has_lane(parse) -> bool:
     """Whether ``parse`` is one this lane stands for: a standard parser
     (``FAST_PARSERS``) or the internal topic's ``ParseBySource``."""
-    return type(parse) is ParseBySource or parse in FAST_PARSERS
+    return _by_source(parse) or parse in FAST_PARSERS
 
 
 def parse_and_route(parse, route, window, registry, batch, bint grouped=True):
@@ -497,7 +505,7 @@ def parse_and_route(parse, route, window, registry, batch, bint grouped=True):
     in the batch's order."""
     cdef _Lane lane, requests_lane = None, feedback_lane = None
     cdef object requests = None
-    if type(parse) is ParseBySource:  # each message's kind is its origin's
+    if _by_source(parse):  # each message's kind is its origin's
         requests = parse.requests
         requests_lane = _Lane(REQUEST, window, registry)
         feedback_lane = _Lane(FEEDBACK, window, registry)

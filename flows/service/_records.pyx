@@ -37,10 +37,13 @@ import dataclasses
 import functools
 from types import MemberDescriptorType
 
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_CheckExact, PyBytes_FromStringAndSize
+from cpython.float cimport PyFloat_CheckExact
+from cpython.long cimport PyLong_CheckExact
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_New, PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_CheckExact
 from libc.string cimport memcpy
 
 from flows.service._int_text cimport write_int64
@@ -90,7 +93,7 @@ cdef class Layout:
             names, plain = tuple(cls.__dict__.get("__slots__", ())), True
         slots = tuple(cls.__dict__.get(name) for name in names)
         if names != fields or not plain or not all(
-            type(slot) is MemberDescriptorType
+            isinstance(slot, MemberDescriptorType)  # a type no class can derive from
             and (<PyMemberDescrObject*>slot).d_member.type == T_OBJECT_EX
             and not (<PyMemberDescrObject*>slot).d_member.flags & READONLY
             for slot in slots
@@ -237,7 +240,7 @@ def messages_only(list batch) -> bool:
     (True, False)
     """
     for item in batch:
-        if type(item) is not tuple:
+        if not PyTuple_CheckExact(item):
             return False
     return True
 
@@ -265,7 +268,7 @@ def internal_copy(tuple routed, dict tags) -> tuple:
 
 cdef object _digits(object text):
     """``text`` (bytes) as a non-negative int, or None unless it is ASCII digits only."""
-    if type(text) is not bytes or not 0 < len(<bytes>text) <= 19 or not text.isdigit():
+    if not PyBytes_CheckExact(text) or not 0 < len(<bytes>text) <= 19 or not text.isdigit():
         return None
     return int(text)
 
@@ -298,7 +301,7 @@ def internal_message(dict seen, dict inputs, str topic, partition, message):
             named = header[1]
         elif header[0] == _STAMPED:
             stamped = header[1]
-    if type(named) is not bytes:
+    if not PyBytes_CheckExact(named):
         return _not_a_copy(message, topic, partition,
                            f"no {_NAMED!r} header naming its input message")
     named_input = _named_input(<bytes>named, inputs)
@@ -356,24 +359,23 @@ def producible(list items) -> bool:
     (True, False)
     """
     for item in items:
-        if type(item) is not tuple or not key_value(<tuple>item):
+        if not PyTuple_CheckExact(item) or not key_value(<tuple>item):
             return False
     return True
 
 
 def split_outputs(list outputs) -> tuple:
-    """A shard's outputs as selections, serialised (``Selection.to_json``) and keyed by
-    instance, and dead letters (``flows.service.dataflow.split_outputs``)."""
+    """A shard's outputs (``instance.Output``) as its answers, serialised
+    (``Selection.to_json``) and keyed by instance, and its dead letters (each output says
+    which it is: ``dead_letter``)."""
     cdef list selections = [], dead = []
     for out in outputs:
-        if type(out) is DeadLetter:
+        if out.dead_letter:
             dead.append(out)
-        elif type(out) is Selection:
+        else:
             selections.append(
                 kept((field(_SELECTION, out, SELECTION_INSTANCE), _selection_json(out)))
             )
-        else:
-            selections.append((out.instance, out.to_json()))
     return selections, dead
 
 
@@ -397,7 +399,7 @@ cdef object _selection_json(object selection):
     cdef _Buffer out
     cdef bytes prob_text
     if (
-        arm_n >= 0 and round_n >= 0 and type(prob) is float
+        arm_n >= 0 and round_n >= 0 and PyFloat_CheckExact(prob)
         and _plain(experiment) and _plain(request_id) and _plain(arm_name)
         and (unit is None or _plain(unit))
     ):
@@ -463,7 +465,7 @@ cdef bint _plain(object text) except -1:
     control character): its bytes are its JSON between quotes."""
     cdef const unsigned char* data
     cdef Py_ssize_t i, n
-    if type(text) is not str or not PyUnicode_IS_ASCII(text):
+    if not PyUnicode_CheckExact(text) or not PyUnicode_IS_ASCII(text):
         return False
     data = PyUnicode_DATA(text)
     n = len(<str>text)
@@ -478,7 +480,7 @@ cdef Py_ssize_t _decimal(object value, char* buf) except -2:
     length, or -1 for anything else (orjson decides)."""
     cdef int overflow = 0
     cdef long long v
-    if type(value) is not int:
+    if not PyLong_CheckExact(value):
         return -1
     v = PyLong_AsLongLongAndOverflow(value, &overflow)
     if overflow:

@@ -346,7 +346,7 @@ class Traced(StatefulBatchLogic[Routed, tuple, Any]):
         handle, trace = self.logic.handle, self.trace
         for batch in values:
             for routed in batch:
-                tag = None if type(routed[2]) is str else trace(routed[2])
+                tag = None if routed[1] is None else trace(routed[2])  # a wake-up: no input
                 out += [(tag, output) for output in handle([routed])]
         return _split_traced(out)
 
@@ -370,23 +370,25 @@ def _split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[tuple], bool]
         return [], StatefulBatchLogic.RETAIN
     selections, dead = [], []
     for tag, out in outputs:
-        if type(out) is DeadLetter:
+        if out.dead_letter:
             dead.append((tag, out))
         else:
             selections.append((tag, out.to_json()))
     return [(selections, dead)], StatefulBatchLogic.RETAIN
 
 
-def _letters_json(raw: int, trace: Callable[[Any], Any] | None, batch: Batch) -> list[KeyedBytes]:
+def _traced(trace: Callable[[Any], Any], batch: Batch) -> list[tuple[Any, DeadLetter]]:
+    """Refusals paired with their tag, as a ``Traced`` shard pairs its dead letters: a
+    refusal's own, ``trace(letter)``."""
+    return [(trace(letter), letter) for letter in batch]
+
+
+def _letters_json(raw: int, tagged: bool, batch: Batch) -> list[KeyedBytes]:
     """Dead letters as (key, JSON bytes), each counted once (all of them pass here): keyed by
-    instance, or with ``trace`` by their tag (a refusal's own: ``trace(letter)``)."""
-    if trace is None:
+    instance, or (``tagged``: each a (tag, letter) pair, ``Traced``) by their tag."""
+    if not tagged:
         return [(d.instance or "", count_dead_letter(d).to_json(raw)) for d in batch]
-    out = []
-    for item in batch:
-        tag, letter = item if type(item) is tuple else (trace(item), item)
-        out.append((tag, count_dead_letter(letter).to_json(raw)))
-    return out
+    return [(tag, count_dead_letter(d).to_json(raw)) for tag, d in batch]
 
 
 def build_flow(
@@ -443,10 +445,13 @@ def build_flow(
         builder = lambda resume: Traced(shard(resume), trace)  # noqa: E731
     served = shard_step(op.merge("events", *events), builder)
     outputs.selections("selections_out", served.oks)
+    if trace is not None:  # the refusals tagged too: every dead letter a (tag, letter) pair
+        refused = op.merge("refusals", *errs)
+        errs = [op.map("traced_refusals", refused, functools.partial(_traced, trace))]
     letters = op.map(
         "dead_letter_json",
         op.merge("dead_letters", *errs, served.errs),
-        functools.partial(_letters_json, guards.dead_letter_raw, trace),
+        functools.partial(_letters_json, guards.dead_letter_raw, trace is not None),
     )
     outputs.dead_letters("dead_letters_out", letters)
     return flow

@@ -17,7 +17,7 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -84,6 +84,8 @@ class Selection:
     arm_name: str
     prob: float
     round: int
+    #: which of a shard's two outputs this is (``DeadLetter`` says True): an answer
+    dead_letter: ClassVar[bool] = False
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -130,6 +132,8 @@ class DeadLetter:
     raw: bytes
     origin: Origin
     instance: str | None = None
+    #: which of a shard's two outputs this is (``Selection`` says False): a dead letter
+    dead_letter: ClassVar[bool] = True
 
     def to_json(self, raw_limit: int = DEFAULT_DEAD_LETTER_RAW) -> bytes:
         raw, detail = self.raw, self.detail
@@ -204,7 +208,7 @@ def _load(raw: bytes) -> dict[str, Any]:
 
 def _identifier(data: dict[str, Any], name: str, required: bool = True) -> str | None:
     value = data.get(name)
-    if type(value) is str and 0 < len(value) <= MAX_ID_LENGTH:  # the common case, first
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH:  # the common case, first
         return value
     if value is None:
         if required:

@@ -166,7 +166,9 @@ class _Run:
         self.now = TS_MIN  # the time of the last event that reached an instance
         self.ended = False  # the source has read everything
         self.read = 0  # lines parsed: the position of the next one
-        self.positions: dict[Origin, int | deque] = {}  # of the lines parsed, until traced
+        # of the lines parsed, until traced; lines of one origin (not from the readers
+        # here): first come, first traced
+        self.positions: dict[Origin, deque[int]] = {}
         self.error: ReplayError | None = None
 
     def _guarded(self, write: Lines) -> Lines:
@@ -191,16 +193,13 @@ class _Run:
         letter; only an event that reaches its instance moves the clock."""
         held = self.positions.get(origin)
         if held is None:
-            self.positions[origin] = self.read
-        elif type(held) is deque:
-            held.append(self.read)
-        else:  # lines of the same origin (not from the readers here): first come, first traced
-            self.positions[origin] = deque((held, self.read))
+            held = self.positions[origin] = deque()
+        held.append(self.read)
         self.read += 1
-        if type(raw) is DeadLetter:  # what the reader made of it (no internal copy)
+        if isinstance(raw, DeadLetter):  # what the reader made of it (no internal copy)
             return raw
         event = self.parsers.get(origin.source, parse_event)(raw, origin, ts_window=math.inf)
-        if type(event) is DeadLetter:
+        if isinstance(event, DeadLetter):
             return event
         if event.ts is None:
             event = dataclasses.replace(event, ts=self.now)
@@ -208,10 +207,10 @@ class _Run:
             detail = f"ts {event.ts!r} is not within [{TS_MIN:g}, {TS_MAX:g}] (Unix seconds)"
             return DeadLetter("ts_out_of_range", detail, event.raw, origin)
         routed = route(self.registry, event)
-        if type(routed) is DeadLetter:
+        if isinstance(routed, DeadLetter):
             return routed
         self.now = event.ts
-        if type(event) is Request:
+        if isinstance(event, Request):
             self.result.requests += 1
         else:
             self.result.feedback += 1
@@ -221,11 +220,11 @@ class _Run:
 
     def trace(self, cause: Request | Feedback | DeadLetter) -> int | None:
         """The position of the line that caused an output (once per line)."""
-        held = self.positions.pop(cause.origin, None)
-        if type(held) is not deque:
-            return held
-        if len(held) > 1:
-            self.positions[cause.origin] = held
+        held = self.positions.get(cause.origin)
+        if held is None:
+            return None
+        if len(held) == 1:
+            del self.positions[cause.origin]
         return held.popleft()
 
     def selections(self, held: list[tuple[Any, bytes]]) -> None:

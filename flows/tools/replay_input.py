@@ -316,7 +316,7 @@ class _Merge:
         if inputs is None:
             return msg.value() or b"", Origin(topic, p, msg.offset(), at)
         copy = internal_message(self.seen[part], inputs, topic, p, msg)
-        return copy if type(copy) is not DeadLetter else (copy, copy.origin)
+        return (copy, copy.origin) if isinstance(copy, DeadLetter) else copy
 
     def _check_ends(self) -> None:
         """Nothing came: partitions read to their end (their last offsets were not

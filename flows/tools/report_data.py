@@ -96,7 +96,7 @@ def log_events(
     request_ts: dict[Key, float] = {}
     feedback: list[dict[str, Any]] = []
     for event in _events(messages):
-        if type(event) is Feedback:
+        if isinstance(event, Feedback):
             feedback.append(orjson.loads(event.raw))
         elif event.ts is not None:
             request_ts[(event.experiment, event.unit, event.request_id)] = event.ts
@@ -114,7 +114,7 @@ def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int]:
     return {
         (e.experiment, e.unit, e.request_id): e.context
         for e in _events(messages)
-        if type(e) is Request and e.context is not None
+        if isinstance(e, Request) and e.context is not None
     }
 
 
@@ -122,7 +122,7 @@ def _events(messages: Iterable[tuple[bytes, Any]]) -> Iterator[Request | Feedbac
     """The requests and feedback of a combined log, through the service's own parser."""
     for raw, origin in messages:
         event = parse_event(raw, origin, ts_window=math.inf)
-        if type(event) is not DeadLetter:
+        if not isinstance(event, DeadLetter):
             yield event
 
 

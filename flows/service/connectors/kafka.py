@@ -26,7 +26,7 @@ from flows.service.dataflow import (
     Wiring,
     unzip_batches,
 )
-from flows.service.events import DeadLetter, Origin, ParseBySource, minimal_dead_letter
+from flows.service.events import DeadLetter, ParseBySource, minimal_dead_letter
 from flows.service.stopping import Stop
 
 
@@ -140,17 +140,13 @@ def _split_batches(step: str, batches: Stream) -> tuple[Stream, Stream]:
 
 
 def _split_batch(batch: list[Any]) -> tuple[list[Message], list[DeadLetter]]:
-    """A consumed batch as messages (bytes, Origin) and dead letters for Kafka's errors."""
+    """A consumed batch as its messages (bytes, Origin) and its dead letters (Kafka's
+    errors; on the internal topic, what is not a copy the service wrote)."""
     if messages_only(batch):  # the common batch, checked in C
         return batch, []
     messages, errors = [], []
     for item in batch:
-        if type(item) is tuple:
-            messages.append(item)
-        elif type(item) is DeadLetter:  # not a copy the service wrote (internal topic)
-            errors.append(item)
-        else:
-            errors.append(_kafka_dead_letter(item))
+        (messages if isinstance(item, tuple) else errors).append(item)
     return messages, errors
 
 
@@ -186,13 +182,3 @@ def _repartition(
         sink(topics.internal)(step, messages)
 
     return Repartition(copy, open_internal, ParseBySource(topics.requests))
-
-
-def _kafka_dead_letter(error: Any) -> DeadLetter:
-    msg = error.msg
-    return DeadLetter(
-        "kafka_error",
-        str(error.err),
-        msg.value or b"",
-        Origin(msg.topic or "?", msg.partition, msg.offset),
-    )

@@ -40,8 +40,17 @@ KafkaItem = (
 tuple produced to the sink's topic (the internal copies are triples, built in C), a
 `KafkaSinkMessage` (its `topic`, `partition` and `headers` are honoured when set; its
 `timestamp` 0 means "now"), or a dict of `Producer.produce` keyword arguments with its
-`topic`."""
-Produced = tuple | dict[str, Any]  # a tuple for the sink's own topic, or produce()'s kwargs
+`topic` (of `topic`, `key`, `value`, `headers`, `partition`, `timestamp`)."""
+Produced = tuple
+"""What the sink produces for an item, one shape: ``(key, value)`` or ``(key, value,
+headers)`` for its own topic (as the shards and the internal topic write them), else
+``(key, value, headers, topic, partition, timestamp)``: ``Producer.produce``'s arguments
+for an item that names its own."""
+
+#: ``produce``'s partition for an item that names none: the partitioner chooses.
+_ANY_PARTITION = -1
+#: What a dict item may give (``produce``'s keyword arguments).
+_PRODUCE_KEYS = frozenset({"topic", "key", "value", "headers", "partition", "timestamp"})
 
 #: How long an epoch's close waits for acknowledgements before it reports the broker
 #: unreachable (readiness), and the first of the doubling intervals at which it logs that
@@ -122,26 +131,33 @@ class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
         self._reports = _Deliveries()  # of the messages produced since the last snapshot
 
     def _produce_args(self, item: KafkaItem) -> Produced:
-        """What ``_send`` produces for ``item``: a (key, value) or (key, value, headers)
-        tuple for the sink's own topic as a plain tuple, else ``produce``'s keyword
-        arguments; TypeError or ValueError for an item it cannot write."""
+        """What ``_send`` produces for ``item`` (``Produced``): a (key, value) or (key,
+        value, headers) tuple for the sink's own topic as a plain tuple (itself, when it is
+        one: ``tuple`` returns a plain tuple as it is); TypeError or ValueError for an item
+        it cannot write."""
         if isinstance(item, tuple) and key_value(item):
-            args: Produced = item if type(item) is tuple else tuple(item)
+            args: Produced = tuple(item)
             topic = self._topic
-        elif type(item) is dict:  # produce()'s arguments themselves
-            args, topic = item, item["topic"]
+        elif isinstance(item, dict):  # produce()'s arguments themselves
+            unknown = item.keys() - _PRODUCE_KEYS
+            if unknown:
+                msg = f"a dict item gives {sorted(_PRODUCE_KEYS)}, not {sorted(unknown)}: {item!r}"
+                raise TypeError(msg)
+            topic = item["topic"]
+            partition = item.get("partition", _ANY_PARTITION)
+            args = (
+                item.get("key"),
+                item.get("value"),
+                item.get("headers"),
+                topic,
+                partition,
+                item.get("timestamp", 0),
+            )
         elif isinstance(item, KafkaSinkMessage):
-            args = {
-                "topic": item.topic or self._topic,
-                "key": item.key,
-                "value": item.value,
-                "timestamp": item.timestamp,
-            }
-            if item.headers:
-                args["headers"] = item.headers
-            if item.partition is not None:
-                args["partition"] = item.partition
-            topic = args["topic"]
+            topic = item.topic or self._topic
+            partition = _ANY_PARTITION if item.partition is None else item.partition
+            headers = item.headers or None
+            args = (item.key, item.value, headers, topic, partition, item.timestamp)
         else:
             msg = (
                 "expected a (key, value) or (key, value, headers) tuple or a "
@@ -155,9 +171,7 @@ class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
 
     def _fields(self, args: Produced) -> tuple[str, Key, Any]:
         """(topic, key, value) of what ``_produce_args`` returned."""
-        if type(args) is tuple:  # (key, value) or (key, value, headers)
-            return self._topic, args[0], args[1]
-        return args["topic"], args.get("key"), args["value"]
+        return (self._topic if len(args) < 4 else args[3]), args[0], args[1]
 
     def send(self, items: list[KafkaItem]) -> None:
         """Produce all items (every one checked first: a bad item fails the batch before
@@ -206,11 +220,10 @@ class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
         one of its messages is too large), and write a stand-in for those refused alone."""
         refused, reports.refused = reports.refused, []
         for key, value, why in refused:
-            alone = self._send([{"topic": self._topic, "key": key, "value": value}])
+            alone = self._send([(key, value)])
             if alone.refused:
                 log.warning("%s: a message was refused (%s); writing a stand-in", self._topic, why)
-                stand_in = {"topic": self._topic, "key": key, "value": self._replace(value, why)}
-                alone = self._send([stand_in])
+                alone = self._send([(key, self._replace(value, why))])
                 for _, lost, again in alone.refused:
                     log.error(
                         "%s: stand-in refused too (%s), not written: %r", self._topic, again, lost
@@ -226,20 +239,29 @@ class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
         return reports
 
     def _produce(self, batch: list[Produced], reports: _Deliveries) -> None:
-        """Produce ``batch``, its failures reported to ``reports``. A tuple is produced
-        with positional arguments, cheaper than through a dict of keyword arguments
+        """Produce ``batch`` (``Produced``), its failures reported to ``reports``, with
+        positional arguments: cheaper than through a dict of keyword arguments
         (bench/RESULTS.md, "the sink's dicts gone"). When the producer's queue is
         full, this waits for what it holds (broker outages included: logged, readiness)."""
         produce, topic = self._producer.produce, self._topic
         for args in batch:
             while True:
                 try:
-                    if type(args) is not tuple:
-                        produce(**args, on_delivery=reports)
-                    elif len(args) == 2:
+                    if len(args) == 2:
                         produce(topic, args[1], args[0], on_delivery=reports)
-                    else:
+                    elif len(args) == 3:
                         produce(topic, args[1], args[0], on_delivery=reports, headers=args[2])
+                    else:  # an item naming its own topic, partition and time
+                        key, value, headers, at, partition, timestamp = args
+                        produce(
+                            at,
+                            value,
+                            key,
+                            partition,
+                            on_delivery=reports,
+                            timestamp=timestamp,
+                            headers=headers,
+                        )
                     break
                 except BufferError:  # local queue full: wait until it is delivered
                     self._wait_for_reports(len(self._producer))

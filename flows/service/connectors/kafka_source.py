@@ -16,12 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import bytewax.operators as op
-from bytewax.connectors.kafka import (
-    KafkaError,
-    KafkaSource,
-    KafkaSourceMessage,
-    _KafkaSourcePartition,
-)
+from bytewax.connectors.kafka import KafkaSource, _KafkaSourcePartition
 from bytewax.connectors.kafka import operators as kop
 from bytewax.dataflow import Dataflow, Stream, operator
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
@@ -29,6 +24,7 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 
 from flows.service._records import internal_message, kafka_batch
 from flows.service.connectors.kafka_sink import names_of
+from flows.service.events import DeadLetter, Origin
 from flows.service.metrics import note_broker_contact, observe_kafka_stats
 from flows.service.stopping import Stop
 from flows.service.stream_clock import STREAM_CLOCK
@@ -78,7 +74,7 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def next_batch(self) -> list[Any]:
         """What one ``consume`` read: Bytewax's items, or (batched) one item holding them
-        as (bytes, Origin) messages and ``KafkaError``s."""
+        as (bytes, Origin) messages and dead letters of Kafka's errors."""
         if Stop.asked():  # a clean end: Bytewax finishes and commits the epoch
             raise StopIteration
         if not self._batched:
@@ -90,7 +86,7 @@ class _ObservedPartition(_KafkaSourcePartition):
         """Bytewax 0.21.1's ``next_batch`` without a ``KafkaSourceMessage`` per message
         (a large share of an event's cost, bench/RESULTS.md, "shards and batches"), read
         in C (``_records.kafka_batch``): messages as ``_converter`` says, errors as
-        ``KafkaError``s, the end of a partition (``tail=False``) noted. It takes what the
+        their dead letters, the end of a partition (``tail=False``) noted. It takes what the
         client has fetched and never waits: a worker reads ~10 partitions (requests,
         feedback, the internal topic) one after the other, and a wait in each empty one
         would make every hop wait for the whole round. Bytewax calls a partition again
@@ -110,7 +106,7 @@ class _ObservedPartition(_KafkaSourcePartition):
         """Stream time: the batch's newest message is read, not yet served (its partition
         holds expiry until it is, ``flows.service.stream_clock``)."""
         item = out[-1] if out else None
-        if type(item) is tuple and item[1].time is not None:
+        if isinstance(item, tuple) and item[1].time is not None:
             STREAM_CLOCK.note_read(self._topic, self._part_idx, item[1].time)
 
     def _converter(self) -> Callable[[Any], Any] | None:
@@ -310,7 +306,8 @@ def internal_messages(
     seeded: dict[str, Any] | None = None,
 ) -> Stream[list[Any]]:
     """Batches of the internal topic, from its start by default (it only holds what this
-    service copied): each a list of messages as (bytes, input Origin) and Kafka errors."""
+    service copied): each a list of messages as (bytes, input Origin) and dead letters
+    (``not_a_copy``, and Kafka's errors)."""
     source = InternalKafkaSource(
         names_of("brokers", brokers),
         [topic],
@@ -367,7 +364,8 @@ def kafka_messages(
     partition (tests, backfills). With `group_id`, each epoch's offsets are committed to
     that consumer group; `on_epoch` is called at each epoch close (see
     `ObservedKafkaSource`). ``batched=True`` returns one stream instead, whose items are
-    lists: what one ``consume`` read, messages and errors in their order. ``seeded``:
+    lists: what one ``consume`` read, in its order: messages as (bytes, Origin) and, for
+    Kafka's errors, their ``kafka_error`` dead letters. ``seeded``:
     where partitions without resume state start (``"step id/partition": offset``).
 
     Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
@@ -410,23 +408,10 @@ def _source_input(step_id: str, flow: Dataflow, *, source: KafkaSource) -> kop.K
 _EOF = ConfluentKafkaError._PARTITION_EOF
 
 
-def _error_item(message: Any, error: Any) -> KafkaError:
-    """A message that carries an error, as Bytewax's ``KafkaError`` item."""
-    return KafkaError(error, _as_source_message(message))
-
-
-def _as_source_message(message: Any) -> KafkaSourceMessage:
-    """Bytewax's message type, for the rare message that carries an error."""
-    return KafkaSourceMessage(
-        key=message.key(),
-        value=message.value(),
-        topic=message.topic(),
-        headers=message.headers() or [],
-        latency=message.latency(),
-        offset=message.offset(),
-        partition=message.partition(),
-        timestamp=message.timestamp(),
-    )
+def _error_item(message: Any, error: Any) -> DeadLetter:
+    """A message that carries an error, as its ``kafka_error`` dead letter."""
+    origin = Origin(message.topic() or "?", message.partition(), message.offset())
+    return DeadLetter("kafka_error", str(error), message.value() or b"", origin)
 
 
 @operator
