@@ -379,6 +379,17 @@ def split_outputs(list outputs) -> tuple:
     return selections, dead
 
 
+def selection_json(selection) -> bytes:
+    """The JSON of an answer on the selections topic (``Selection.to_json``): its keys
+    experiment, unit, request_id, arm, arm_name, prob and round.
+
+    >>> from flows.service.events import Selection
+    >>> selection_json(Selection("home", None, "r1", "home", 1, "b", 0.5, 3))
+    b'{"experiment":"home","unit":null,"request_id":"r1","arm":1,"arm_name":"b","prob":0.5,"round":3}'
+    """
+    return _selection_json(selection)
+
+
 cdef object _selection_json(object selection):
     """``Selection.to_json``, its fields read here (no Python call between): written in C
     when every text is plain (``_plain``), the numbers are exact ints within int64 and a

@@ -88,17 +88,11 @@ class Selection:
     dead_letter: ClassVar[bool] = False
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "experiment": self.experiment,
-                "unit": self.unit,
-                "request_id": self.request_id,
-                "arm": self.arm,
-                "arm_name": self.arm_name,
-                "prob": self.prob,
-                "round": self.round,
-            }
-        )
+        """The answer as written to the selections topic: its wire format has one home,
+        ``flows.service._records.selection_json`` (compiled; it imports this module)."""
+        from flows.service._records import selection_json
+
+        return selection_json(self)
 
 
 def raw_limit_for(max_message_bytes: int) -> int:
