@@ -39,16 +39,13 @@ from cpython.long cimport PyLong_CheckExact, PyLong_FromLongLong
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_CheckExact
-from libc.math cimport fabs, isfinite
+from libc.math cimport isfinite
 from libc.string cimport memcmp, memcpy
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import orjson
 
 from flows.service.events import (
-    MAX_ABS_LOSS,
-    MAX_ID_LENGTH,
-    MAX_MESSAGE_BYTES,
     DeadLetter,
     ParseBySource,
     parse_event,
@@ -57,6 +54,8 @@ from flows.service.events import (
 )
 from flows.service._records cimport Layout, kept
 from flows.service import _records as records
+from flows.service.fields cimport arm as _arm, identifier as _identifier, index as _index
+from flows.service.fields cimport loss_in_range, number as _number, size_accepted, time_in_window
 from flows.service.keys cimport shard_of
 from flows.service.keys import UNIT_SEPARATOR
 from flows.service.registry import Experiment, Registry
@@ -76,9 +75,6 @@ cdef enum Kind:
 FAST_PARSERS = {parse_request: REQUEST, parse_feedback: FEEDBACK, parse_event: EVENT}
 
 cdef object _loads = orjson.loads
-cdef Py_ssize_t _MAX_BYTES = MAX_MESSAGE_BYTES
-cdef Py_ssize_t _MAX_ID = MAX_ID_LENGTH
-cdef double _MAX_LOSS = MAX_ABS_LOSS
 cdef str _SEPARATOR = UNIT_SEPARATOR
 
 
@@ -87,27 +83,6 @@ cdef Layout _FEEDBACK = records.FEEDBACK
 
 
 # -- the values events.py accepts, in their plain form -----------------------------------
-
-cdef inline bint _identifier(object value):
-    return PyUnicode_CheckExact(value) and 0 < len(<str>value) <= _MAX_ID
-
-
-cdef inline bint _index(object value):
-    """None or an int >= 0 (orjson's ints are never bools)."""
-    return value is None or (PyLong_CheckExact(value) and value >= 0)
-
-
-cdef inline bint _arm(object value):
-    return _identifier(value) or _index(value)
-
-
-cdef inline bint _number(object value, double* out) except -1:
-    """``float(value)`` of an int or float (orjson's ints fit in 64 bits: no overflow)."""
-    if PyFloat_CheckExact(value) or PyLong_CheckExact(value):
-        out[0] = value
-        return True
-    return False
-
 
 cdef inline double _wall_clock() noexcept:
     """``time.time()``."""
@@ -367,7 +342,7 @@ cdef class _Lane:
     cdef object taken(self, object raw, object origin):
         cdef Py_ssize_t known = 0  # the keys read so far that the message has
         cdef Kind kind = self.kind
-        if self.experiments is None or not PyBytes_CheckExact(raw) or len(<bytes>raw) > _MAX_BYTES:
+        if self.experiments is None or not PyBytes_CheckExact(raw) or not size_accepted(len(<bytes>raw)):
             return None
         cdef _Message data = self.message
         if not data.scan(<const char*><bytes>raw, len(<bytes>raw)):
@@ -435,9 +410,9 @@ cdef class _Lane:
     cdef object _timestamp(self, object value):
         """``float(ts)`` within the window of the wall clock, else None."""
         cdef double ts
-        if not self.plain_window or not _number(value, &ts) or not isfinite(ts):
+        if not self.plain_window or not _number(value, &ts):
             return None
-        if fabs(ts - _wall_clock()) > self.window:
+        if not time_in_window(ts, self.window, _wall_clock()):
             return None
         return ts
 
@@ -479,7 +454,7 @@ cdef object _loss(_Message data, Py_ssize_t* known):
         return None
     if not _number(reward if loss is None else loss, &value):
         return None
-    if not isfinite(value) or fabs(value) > _MAX_LOSS:
+    if not loss_in_range(value):
         return None
     return -value if loss is None else value
 

@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
-MAX_MESSAGE_BYTES = 64 * 1024
-MAX_ID_LENGTH = 256
-MAX_ABS_LOSS = 1e300
+from flows.service.fields import (
+    MAX_ABS_LOSS,
+    MAX_ID_LENGTH,
+    MAX_MESSAGE_BYTES,
+    arm_ok,
+    identifier_ok,
+    index_ok,
+    loss_ok,
+    number_ok,
+    size_ok,
+    time_ok,
+)
+
 TEN_YEARS = 10 * 365.25 * 86400.0
 #: ``ts`` must lie within this many seconds of the wall clock (``ts_window``; inf: any finite)
 DEFAULT_TS_WINDOW = TEN_YEARS
@@ -189,7 +198,7 @@ class _InvalidError(Exception):
 def _load(raw: bytes) -> dict[str, Any]:
     if not isinstance(raw, bytes | bytearray | memoryview):
         raise _InvalidError("wrong_type", f"message must be bytes, got {type(raw).__name__}")
-    if len(raw) > MAX_MESSAGE_BYTES:
+    if not size_ok(len(raw)):
         raise _InvalidError("oversize", f"message has {len(raw)} bytes, limit {MAX_MESSAGE_BYTES}")
     try:
         data = orjson.loads(raw)
@@ -202,7 +211,7 @@ def _load(raw: bytes) -> dict[str, Any]:
 
 def _identifier(data: dict[str, Any], name: str, required: bool = True) -> str | None:
     value = data.get(name)
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH:  # the common case, first
+    if identifier_ok(value):  # the common case, first
         return value
     if value is None:
         if required:
@@ -217,8 +226,8 @@ def _identifier(data: dict[str, Any], name: str, required: bool = True) -> str |
 
 def _optional_index(data: dict[str, Any], name: str) -> int | None:
     value = data.get(name)
-    if value is None:
-        return None
+    if index_ok(value):
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise _InvalidError("wrong_type", f"{name} must be an integer, got {value!r}")
     if value < 0:
@@ -230,6 +239,8 @@ def _optional_arm(data: dict[str, Any]) -> int | str | None:
     """The served arm a feedback echoes: its index, or its name (which survives arms being
     reordered in the registry)."""
     value = data.get("arm")
+    if arm_ok(value):
+        return value
     if isinstance(value, str):
         if not value or len(value) > MAX_ID_LENGTH:
             raise _InvalidError("bad_value", f"arm must have 1 to {MAX_ID_LENGTH} characters")
@@ -241,10 +252,10 @@ def _optional_time(data: dict[str, Any], window: float) -> float | None:
     value = data.get("ts")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not number_ok(value):
         raise _InvalidError("wrong_type", f"ts must be a number, got {value!r}")
     ts = float(value)
-    if not math.isfinite(ts) or abs(ts - time.time()) > window:
+    if not time_ok(ts, window, time.time()):
         raise _InvalidError(
             "bad_value",
             f"ts {ts!r} is not within {window:g} s of the wall clock (Unix seconds expected)",
@@ -260,10 +271,10 @@ def _loss(data: dict[str, Any]) -> float:
         raise _InvalidError("missing_field", "one of 'loss' or 'reward' is required")
     name = "loss" if has_loss else "reward"
     value = data[name]
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not number_ok(value):
         raise _InvalidError("wrong_type", f"{name} must be a number, got {value!r}")
     value = float(value)
-    if not math.isfinite(value) or abs(value) > MAX_ABS_LOSS:
+    if not loss_ok(value):
         raise _InvalidError("loss_out_of_range", f"|{name}| must be at most {MAX_ABS_LOSS:g}")
     return value if has_loss else -value
 
