@@ -16,7 +16,7 @@ $(VENV)/bin/python:
 	$(PY) -m pip install --quiet --upgrade pip
 
 # the compiled kernel is built by this install (Cython and a C compiler); editing it rebuilds
-KERNEL := setup.py $(wildcard tsi_core/*.pyx tsi_core/*.pxd tsi_core/_kernel_src/*.h flows/service/*.pyx flows/service/*.pxd flows/service/*.h)
+KERNEL := setup.py $(wildcard tsi_core/*.pyx tsi_core/*.pxd tsi_core/_kernel_src/*.h flows/service/*/*.pyx flows/service/*/*.pxd flows/service/*/*.h)
 
 $(RUNTIME): pyproject.toml $(KERNEL) $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e ".[demo]"

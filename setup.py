@@ -1,7 +1,7 @@
 """Builds the compiled modules; the rest is pyproject.toml.
 
 - ``tsi_core/_kernel.pyx``, ``_bandit.pyx``: the algorithm's rounds (the kernel);
-- ``flows/service/_*.pyx``: the service's per-event hot path (draws, parsing, the shard's
+- ``flows/service/*/*.pyx``: the service's per-event hot path (draws, parsing, the shard's
   event loop), each with a Python reference its tests compare it against.
 
 The flags make the arithmetic the same on every machine: no fast-math, no fused
@@ -15,7 +15,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 DETERMINISTIC = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-unsafe-math-optimizations"]
-SOURCES = sorted(Path("tsi_core").glob("*.pyx")) + sorted(Path("flows/service").glob("*.pyx"))
+SOURCES = sorted(Path("tsi_core").glob("*.pyx")) + sorted(Path("flows/service").rglob("*.pyx"))
 
 setup(
     ext_modules=cythonize(

@@ -4,7 +4,7 @@ Run from the repository root (under a minute)::
 
     .venv/bin/python bench/bench_close.py
 
-``SHARDS`` (32) ``ShardLogic`` objects with a shard store (``flows.service.shard_log``)
+``SHARDS`` (32) ``ShardLogic`` objects with a shard store (``flows.service.shards.shard_log``)
 are fed as the dataflow feeds them, on ``bench_engine``'s workload (10 arms, per-unit instances over
 10,000 units, each request followed by its feedback, batches of 1,000 messages). An epoch
 serves ``PAIRS`` requests and their feedback: the first half before a generation turns
@@ -31,13 +31,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_engine import BATCH, messages  # noqa: E402
 
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
-from flows.service.deadlines import WakeUpScheduler  # noqa: E402
-from flows.service.events import Origin, parse_event  # noqa: E402
-from flows.service.gc_freezer import freeze_long_lived  # noqa: E402
-from flows.service.keys import SHARDS  # noqa: E402
-from flows.service.logic import FlowContext, ShardLogic  # noqa: E402
-from flows.service.registry import LiveRegistry, Registry  # noqa: E402
-from flows.service.stream_clock import StreamClock  # noqa: E402
+from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402
+from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
+from flows.service.shards.deadlines import WakeUpScheduler  # noqa: E402
+from flows.service.shards.logic import FlowContext, ShardLogic  # noqa: E402
+from flows.service.shards.stream_clock import StreamClock  # noqa: E402
+from flows.service.wire.events import Origin, parse_event  # noqa: E402
+from flows.service.wire.keys import SHARDS  # noqa: E402
 
 PAIRS = 12_000  # requests and their feedback in an epoch: ~10,000 instances changed
 REPEATS = 5

@@ -33,7 +33,7 @@ through a ``map``, every shard once per activation), shared by the events
 a shard call gets in the engine run. CPU time (``time.process_time``) of each
 stage summed over the batches after a warm-up fifth; median of ``REPEATS`` interleaved
 repeats, each on fresh shards; the cyclic GC set up as in the service's process
-(``flows.service.gc_freezer.freeze_long_lived``).
+(``flows.service.runtime.gc_freezer.freeze_long_lived``).
 """
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ from bench_flow import (  # noqa: E402
 )
 
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
-from flows.service.deadlines import WAKE_UP, WakeUpScheduler  # noqa: E402
-from flows.service.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
-from flows.service.gc_freezer import YOUNG_COLLECTION_THRESHOLD, freeze_long_lived  # noqa: E402
-from flows.service.keys import SHARD_NAMES, SHARDS  # noqa: E402
-from flows.service.logic import REST_AFTER, FlowContext, ShardLogic  # noqa: E402
-from flows.service.registry import LiveRegistry, Registry  # noqa: E402
-from flows.service.stream_clock import StreamClock  # noqa: E402
+from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402
+from flows.service.runtime.gc_freezer import YOUNG_COLLECTION_THRESHOLD, freeze_long_lived  # noqa: E402
+from flows.service.shards.deadlines import WAKE_UP, WakeUpScheduler  # noqa: E402
+from flows.service.shards.logic import REST_AFTER, FlowContext, ShardLogic  # noqa: E402
+from flows.service.shards.stream_clock import StreamClock  # noqa: E402
+from flows.service.wire.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
+from flows.service.wire.keys import SHARD_NAMES, SHARDS  # noqa: E402
 from tsi_core import Bandit  # noqa: E402
 
 BATCH = 1000  # what one consume brings at most (the Kafka source's batch_size)

@@ -109,12 +109,12 @@ from confluent_kafka import Producer
 
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import PARSERS, Guards, parse_route
-from flows.service.events import Origin, Request, parse_feedback, parse_request
-from flows.service.gc_freezer import freeze_long_lived
-from flows.service.instance import Instance
-from flows.service.logic import Routed
-from flows.service.process import Service
-from flows.service.registry import LiveRegistry, Registry
+from flows.service.instances.instance import Instance
+from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.runtime.gc_freezer import freeze_long_lived
+from flows.service.runtime.process import Service
+from flows.service.shards.logic import Routed
+from flows.service.wire.events import Origin, Request, parse_feedback, parse_request
 from flows.testing import kafka_broker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this one
@@ -708,8 +708,8 @@ GROUPS = (
     "Bytewax runtime (Rust run loop, operator shims)",
     "JSON (orjson)",
     "Kafka client (confluent-kafka, Bytewax connector, flows/service/connectors/kafka*.py)",
-    "parsing/validation/serialisation (flows/service/events.py)",
-    "per-instance logic (flows/service/instance.py, logic.py, deadlines.py)",
+    "parsing/validation/serialisation (flows/service/wire/events.py)",
+    "per-instance logic (flows/service/instances/instance.py, logic.py, deadlines.py)",
     "routing and glue (flows/service/dataflow.py, registry.py, metrics.py, stream_clock.py)",
     "algorithm (tsi_core)",
     "other (imports, stdlib)",

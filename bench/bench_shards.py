@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python bench/bench_shards.py --quick      # 5 x 10^4 instances (~1 min)
     .venv/bin/python bench/bench_shards.py              # 10^6 instances (~10 min)
 
-No Bytewax: ``SHARDS`` (32) ``ShardLogic`` objects (``flows.service.logic``), one per
+No Bytewax: ``SHARDS`` (32) ``ShardLogic`` objects (``flows.service.shards.logic``), one per
 shard, are built with ``logic_builder(..., store=DIR)`` and fed directly, events grouped
 per shard (at most ``PER_CALL`` per ``on_batch``, then ``notify_at`` as Bytewax calls it),
 on a per-unit experiment of 10 arms (feedback_ttl 3600 s, retry_window 0: an answered
@@ -61,11 +61,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.keys import SHARDS, instance_key, shard_of
-from flows.service.logic import Routed, ShardLogic, logic_builder
-from flows.service.registry import Experiment, Registry
-from flows.service.shard_store import LINGER
+from flows.service.instances.registry import Experiment, Registry
+from flows.service.shards.logic import Routed, ShardLogic, logic_builder
+from flows.service.shards.shard_store import LINGER
+from flows.service.wire.events import Origin, parse_feedback, parse_request
+from flows.service.wire.keys import SHARDS, instance_key, shard_of
 
 ARMS = ", ".join(f'"a{i}"' for i in range(10))
 REGISTRY = Registry.from_toml(

@@ -42,10 +42,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_flow  # noqa: E402
 from bench_flow import Counter, broker, log, prepare_input, registry_toml, run_once, run_rung  # noqa: E402
 
-from flows.service import dataflow, deadlines, logic  # noqa: E402
+from flows.service import dataflow, logic  # noqa: E402
 from flows.service.connectors import kafka_sink, kafka_source  # noqa: E402
-from flows.service.gc_freezer import freeze_long_lived  # noqa: E402
-from flows.service.registry import Registry  # noqa: E402
+from flows.service.instances.registry import Registry  # noqa: E402
+from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
+from flows.service.shards import deadlines  # noqa: E402
 
 #: (label, owner, attribute): the steps timed. The dataflow's functions are looked up when
 #: a flow is built, so a wrapper set before ``run_once`` builds it is the one called.

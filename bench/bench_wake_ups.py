@@ -14,7 +14,7 @@ the last divided by their number: the cost of one event, the operator's scan of 
 waiting keys included (CPU, not wall time: on this shared host the wall time of the same
 run moved severalfold between consecutive runs). Two
 flows are timed at each N: Bytewax's per-key timers (``notify_at``, what bounded flows use)
-and the unbounded service's wake-ups (one queue per worker, ``flows.service.deadlines``).
+and the unbounded service's wake-ups (one queue per worker, ``flows.service.shards.deadlines``).
 The figure to compare is the cost at N over the cost at 10^3 (the issue's target: at most
 1.5), and the host's speed drifts over minutes: so every run at N is paired with a run at
 10^3 just before it, the ratio taken per pair, and the median of ``REPEATS`` pairs reported
@@ -24,7 +24,7 @@ one pause of the host moved it by a third (bench/RESULTS.md, "Figures behind the
 
 The probes start ``SETTLE_S`` seconds after the last of the N is answered: shards put the
 instances an event left unchanged for a second to rest a few per call
-(``flows.service.shard_store.REST_AFTER``), so right after a burst of 10^6 new instances the
+(``flows.service.shards.shard_store.REST_AFTER``), so right after a burst of 10^6 new instances the
 first calls also pay for putting the burst's last second to rest. ``--settle 0`` probes
 at once, to show that tail.
 """
@@ -48,8 +48,8 @@ from bytewax.testing import run_main
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.service.connectors.memory import memory_wiring, one_per_batch
 from flows.service.dataflow import Inputs, Wiring, build_flow
-from flows.service.events import Origin
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.wire.events import Origin
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a0","a1","a2","a3","a4","a5","a6","a7","a8","a9"]\n'

@@ -3,8 +3,8 @@
 ``python bench/flow_helpers.py serve EPOCH_MS [--no-snapshot] [--no-gc]``
     The Kafka service, configured by the same environment variables as
     ``python -m bytewax.run flows.service.main:flow`` (``TSI_REGISTRY``,
-    ``KAFKA_BOOTSTRAP_SERVERS``, ``TSI_TOPIC_*``; see ``flows.service.settings``), one worker,
-    no recovery, with an epoch interval
+    ``KAFKA_BOOTSTRAP_SERVERS``, ``TSI_TOPIC_*``; see ``flows.service.runtime.settings``),
+    one worker, no recovery, with an epoch interval
     in milliseconds (``bytewax.run -s`` only takes whole seconds). Every full (generation 2)
     garbage collection is logged to stderr as ``GC2 <ms> ms``. Diagnostics only, to find
     what delays answers: ``--no-snapshot`` replaces ``ShardLogic.snapshot`` (which Bytewax
@@ -47,15 +47,15 @@ PROBE = -1
 
 
 def serve(epoch_ms: float, options: list[str]) -> None:
-    import flows.service.logic
-    from flows.service.process import Service
-    from flows.service.settings import Settings
+    import flows.service.shards.logic
+    from flows.service.runtime.process import Service
+    from flows.service.runtime.settings import Settings
 
     unknown = set(options) - {"--no-snapshot", "--no-gc"}
     if unknown:
         sys.exit(f"unknown options {sorted(unknown)}")
     if "--no-snapshot" in options:
-        flows.service.logic.ShardLogic.snapshot = lambda self: None  # type: ignore[method-assign]
+        flows.service.shards.logic.ShardLogic.snapshot = lambda self: None  # type: ignore[method-assign]
     if "--no-gc" in options:
         gc.disable()
     started: list[float] = []

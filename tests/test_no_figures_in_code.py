@@ -44,14 +44,14 @@ ALLOWED = {
     ("bench/flow_references.py", "waits 1 ms"),
     ("bench/open_loop.py", "1 ms late"),
     # the wake-up source's period (``WakeUps``' ``period`` as the service builds it)
-    ("flows/service/deadlines.py", "10 ms"),
+    ("flows/service/shards/deadlines.py", "10 ms"),
     # the test broker's fetch.wait.max.ms setting, against librdkafka's default
     ("flows/testing/kafka_broker.py", "10 ms, not 500"),
     # the bench's definition of a slow second, and the engine bench's clock step
     ("bench/bench_flow.py", "over 100 ms"),
     ("bench/bench_engine.py", "50 ms a batch"),
     # the producer's message size bound (a setting's limit)
-    ("flows/service/settings.py", "64 KiB at most"),
+    ("flows/service/runtime/settings.py", "64 KiB at most"),
     # where the demo's traffic moves its best arm
     ("flows/tools/traffic.py", "60% of the way"),
 }

@@ -21,7 +21,7 @@ def demo(
     a few broken messages. The report (REPORT.md with PNGs, and REPORT.html, one file)
     says what ran and sets the dead letters beside the faults injected.
     """
-    from flows.service.registry import Registry
+    from flows.service.instances.registry import Registry
     from flows.tools.demo import generate, injected, run_demo, served_log
     from flows.tools.report import write_report
     from flows.tools.report_context import CONTEXT_FILE, ReportContext, save_context

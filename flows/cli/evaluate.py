@@ -9,7 +9,7 @@ import orjson
 import typer
 
 from flows.cli.base import app, fail
-from flows.service.registry import Registry, RegistryError
+from flows.service.instances.registry import Registry, RegistryError
 from flows.tools.evaluation.estimators import MIN_ESS
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import orjson
 import typer
 
 from flows.cli.base import UserError, app, fail
-from flows.service.registry import Registry, RegistryError
+from flows.service.instances.registry import Registry, RegistryError
 
 
 @app.command("inspect")
@@ -27,7 +27,7 @@ def inspect_command(
     """The current allocation (q) and counters of instances, from a recovery directory
     (a cluster's: every process's, `--recovery-dir vol-0/recovery --recovery-dir
     vol-1/recovery`)."""
-    from flows.service.recovery import NotOneClusterError, read_states
+    from flows.service.runtime.recovery import NotOneClusterError, read_states
     from flows.tools.inspect import InspectError, describe, render, select_instances
 
     try:

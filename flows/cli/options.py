@@ -1,4 +1,4 @@
-"""The command-line options of declared settings (``flows.service.options.Option``).
+"""The command-line options of declared settings (``flows.service.runtime.options.Option``).
 
 ``with_options(*options)`` gives a command one option per setting, its flag, help,
 variable and default taken from the declaration. The command does not get the values: it
@@ -18,7 +18,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from flows.service.options import Option
+from flows.service.runtime.options import Option
 
 Command = Callable[..., Any]
 _TYPES = {"value": str | None, "switch": bool | None, "list": list[str] | None}

@@ -22,8 +22,8 @@ import typer
 
 from flows.cli.base import app, fail, progress_bar
 from flows.service.connectors.kafka import Topics
-from flows.service.events import Feedback
-from flows.service.registry import Registry, RegistryError
+from flows.service.instances.registry import Registry, RegistryError
+from flows.service.wire.events import Feedback
 
 if TYPE_CHECKING:
     from flows.tools.replay import Replayed

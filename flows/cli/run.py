@@ -8,12 +8,12 @@ import typer
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
-from flows.service.dir_lock import hold_directory
-from flows.service.metrics import MetricsPortError
-from flows.service.process import run as run_flow
-from flows.service.settings import ConfigError, Settings, options
-from flows.service.startup import ServiceLog, StartupError, describe_start, prepare
-from flows.service.stopping import Stop
+from flows.service.observe.metrics import MetricsPortError
+from flows.service.runtime.dir_lock import hold_directory
+from flows.service.runtime.process import run as run_flow
+from flows.service.runtime.settings import ConfigError, Settings, options
+from flows.service.runtime.startup import ServiceLog, StartupError, describe_start, prepare
+from flows.service.runtime.stopping import Stop
 
 RESTART = 3  # the exit status asking a supervisor to start the service again
 

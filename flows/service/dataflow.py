@@ -16,7 +16,7 @@ merges every ``errs`` into the dead letters. A flow's wiring is two objects: ``I
 Items are batches: a source emits what one read brought (one ``consume`` of a Kafka
 partition), every step handles a list, and a shard receives its part of a batch in one
 item. Bytewax's cost per item is then paid per batch, not per event. Events are routed by
-instance to a fixed number of shards (``flows.service.logic``); a shard is one Bytewax key
+instance to a fixed number of shards (``flows.service.shards.logic``); a shard is one Bytewax key
 and holds many instances.
 """
 
@@ -33,9 +33,14 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream, operator
 from bytewax.operators import StatefulBatchLogic
 
-from flows.service import _parse
-from flows.service.deadlines import WakeUps, WakeUpScheduler
-from flows.service.events import (
+from flows.service.instances.instance import Output
+from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.observe.metrics import count_dead_letter
+from flows.service.shards.deadlines import WakeUps, WakeUpScheduler
+from flows.service.shards.logic import Routed, ShardLogic, logic_builder
+from flows.service.shards.stream_clock import StreamClock
+from flows.service.wire import _parse
+from flows.service.wire.events import (
     DEFAULT_DEAD_LETTER_RAW,
     DEFAULT_TS_WINDOW,
     DeadLetter,
@@ -46,12 +51,7 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.instance import Output
-from flows.service.keys import shard_of
-from flows.service.logic import Routed, ShardLogic, logic_builder
-from flows.service.metrics import count_dead_letter
-from flows.service.registry import LiveRegistry, Registry
-from flows.service.stream_clock import StreamClock
+from flows.service.wire.keys import shard_of
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
@@ -202,7 +202,7 @@ def parse_and_route(
     """A batch of messages as routed events grouped by shard (``by_shard``; not
     ``grouped``: each (key, experiment, event) in the batch's order) and dead letters
     (each message one or the other). The standard parsers' batches take the compiled
-    fast lane (``flows.service._parse``), and so do the internal topic's
+    fast lane (``flows.service.wire._parse``), and so do the internal topic's
     (``ParseBySource``); the lane hands every message it cannot decide exactly to the
     Python parser and ``route``."""
     registry, skip, window = live.current, guards.skip, guards.ts_window
@@ -365,7 +365,7 @@ class Traced(StatefulBatchLogic[Routed, tuple, Any]):
 
 def _split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[tuple], bool]:
     """A ``Traced`` shard's outputs as one item, split as a shard's are
-    (``flows.service.logic.Split``): selections and dead letters keep their tag."""
+    (``flows.service.shards.logic.Split``): selections and dead letters keep their tag."""
     if not outputs:
         return [], StatefulBatchLogic.RETAIN
     selections, dead = [], []
@@ -406,11 +406,11 @@ def build_flow(
 
     ``snapshots=False`` when the flow runs without recovery: per-key snapshots are then
     never built (Bytewax asks for them at every epoch close regardless). ``event_time``
-    for replays: the events' ``ts`` is the time (see ``flows.service.logic.ShardLogic``).
+    for replays: the events' ``ts`` is the time (see ``flows.service.shards.logic.ShardLogic``).
     ``guards``: the ts window, the dead letters' size bound, offsets to skip. A
     ``LiveRegistry`` lets the service swap the registry while the flow runs; ``stream``
     runs the time to live on stream time (the Kafka service). ``store``: where the
-    shards append what each epoch changed (``flows.service.shard_log``); without it a
+    shards append what each epoch changed (``flows.service.shards.shard_log``); without it a
     shard's snapshot holds all its instances.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)

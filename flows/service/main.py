@@ -1,7 +1,7 @@
 """``python -m bytewax.run flows.service.main:flow``: the Kafka service, configured by environment.
 
 The same flow as ``tsi run``, from the same ``Settings`` (the ``TSI_*`` variables of
-``flows.service.settings``), for Bytewax-native deployments; the start-up checks are
+``flows.service.runtime.settings``), for Bytewax-native deployments; the start-up checks are
 ``tsi run``'s. The flow is built when Bytewax asks for it, not at import.
 """
 
@@ -9,10 +9,10 @@ import os
 import sys
 from typing import Any
 
-from flows.service.dir_lock import hold_directory
-from flows.service.metrics import MetricsPortError
-from flows.service.process import Service, start_process
-from flows.service.settings import ConfigError, Settings
+from flows.service.observe.metrics import MetricsPortError
+from flows.service.runtime.dir_lock import hold_directory
+from flows.service.runtime.process import Service, start_process
+from flows.service.runtime.settings import ConfigError, Settings
 
 
 def _recovery_dir() -> str | bool:

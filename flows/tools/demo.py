@@ -34,8 +34,8 @@ from bytewax.testing import run_main
 
 from flows.service.connectors.memory import one_per_batch, unbatched
 from flows.service.dataflow import Inputs, Outputs, Wiring, build_flow
-from flows.service.events import Origin
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.wire.events import Origin
 from flows.tools.report_data import Fault, Injected, ServedLog, log_events, request_contexts
 from flows.tools.traffic import Demo, _ts, generate, registry_toml
 

@@ -1,7 +1,7 @@
 """``tsi inspect``: the allocation and counters of instances, read from a recovery directory.
 
 The flow does not need to run: the latest committed snapshot of each instance is read
-(``flows.service.recovery``) and its bandit rebuilt from its own JSON state.
+(``flows.service.runtime.recovery``) and its bandit rebuilt from its own JSON state.
 
 >>> from tsi_core import Bandit
 >>> b = Bandit(2, instance_id="home")
@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flows.service.keys import shown_key, split_key
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.wire.keys import shown_key, split_key
 from tsi_core import Bandit
 
 

@@ -10,7 +10,7 @@ copies read as the service reads them (each as its original; a second copy dropp
 message that is no copy its ``not_a_copy`` dead letter). Nothing holds the whole log:
 memory is one epoch of outputs plus the instances' own state.
 
-**Time.** Every line is handled at its event time (``flows.service.logic.ShardLogic``
+**Time.** Every line is handled at its event time (``flows.service.shards.logic.ShardLogic``
 expires an instance's deadlines when its next event passes them):
 
 * its own ``ts`` when it is valid: a finite number of Unix seconds within
@@ -43,7 +43,7 @@ they are about (file and line; partition and offset). So a replay of a served lo
 its selections byte for byte in order: the demo's ``selections.jsonl`` from its
 ``events.jsonl``.
 
->>> from flows.service.registry import Registry
+>>> from flows.service.instances.registry import Registry
 >>> reg = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> raw = b'{"type":"request","experiment":"home","request_id":"r1","ts":1767225600}'
 >>> out = replay([(raw, Origin("f", None, 1)), (b"{", Origin("f", None, 2))], reg)
@@ -73,7 +73,8 @@ from bytewax.testing import run_main
 
 from flows.service import dataflow
 from flows.service.dataflow import Message, build_flow, route
-from flows.service.events import (
+from flows.service.instances.registry import Registry
+from flows.service.wire.events import (
     DeadLetter,
     Feedback,
     Origin,
@@ -82,7 +83,6 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.registry import Registry
 from flows.tools.replay_input import TS_MAX, TS_MIN, ReplayError, valid_ts
 
 #: lines per item of the dataflow's input

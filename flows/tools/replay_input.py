@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 
-from flows.service._records import internal_message
 from flows.service.connectors.files import read_lines as read_jsonl
 from flows.service.connectors.kafka import FEEDBACK_TAG, REQUEST_TAG, Topics
 from flows.service.dataflow import Message
-from flows.service.events import DeadLetter, Origin
+from flows.service.wire._records import internal_message
+from flows.service.wire.events import DeadLetter, Origin
 
 #: the valid ``ts`` range, Unix seconds: not before 1970, not after about the year 5100
 TS_MIN, TS_MAX = 0.0, 1e11

@@ -154,7 +154,7 @@ def write_report(
 ) -> Path:
     """REPORT.md, its PNGs and REPORT.html in ``out_dir``; returns the Markdown file.
 
-    ``registry`` (a ``flows.service.registry.Registry``) adds each experiment's
+    ``registry`` (a ``flows.service.instances.registry.Registry``) adds each experiment's
     competition, algorithm variant and feedback TTL; ``injected`` what the traffic
     generator broke on purpose (without it the report says the faults are not known).
 

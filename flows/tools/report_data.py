@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from flows.service.events import DeadLetter, Feedback, Request, parse_event
+from flows.service.wire.events import DeadLetter, Feedback, Request, parse_event
 
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
 
@@ -106,7 +106,7 @@ def log_events(
 def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int]:
     """The context of every request of a log that names one (for ``ServedLog.contexts``).
 
-    >>> from flows.service.events import Origin
+    >>> from flows.service.wire.events import Origin
     >>> raw = b'{"type":"request","experiment":"p","request_id":"r","context":2}'
     >>> request_contexts([(raw, Origin("f"))])
     {('p', None, 'r'): 2}

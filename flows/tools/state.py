@@ -9,10 +9,10 @@ usual, with the same consumer group. Each shard starts from its seed and each in
 partition from the position the old store had committed, so no feedback is lost or
 applied twice.
 
-Both commands hold the recovery lock (``flows.service.dir_lock``) of every directory they
+Both commands hold the recovery lock (``flows.service.runtime.dir_lock``) of every directory they
 touch while they work: a directory a running service holds is refused.
 
-The file is a sequence of records (``flows.service.shard_log.encode``): a header (the
+The file is a sequence of records (``flows.service.shards.shard_log.encode``): a header (the
 format, the input positions, the number of instances), then the instances' entries.
 It is a pickle, like the store it comes from: import only files you made.
 """
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.service.dir_lock import (
+from flows.service.instances.resting import Entry
+from flows.service.runtime.dir_lock import (
     LOCK_PREFIX,
     LOCK_SUFFIX,
     DirectoryInUseError,
@@ -34,16 +35,15 @@ from flows.service.dir_lock import (
     is_lock_file,
     release_directory,
 )
-from flows.service.keys import shard_of
-from flows.service.recovery import (
+from flows.service.runtime.recovery import (
     INPUTS_SEED,
     PARTITION_FILE,
     committed_entries,
     resumed_inputs,
     shard_store,
 )
-from flows.service.resting import Entry
-from flows.service.shard_log import encode, read_payloads, write_seed
+from flows.service.shards.shard_log import encode, read_payloads, write_seed
+from flows.service.wire.keys import shard_of
 
 FORMAT = "tsi.state"
 VERSION = 1

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.service.metrics import Readiness, serve_metrics
-from flows.service.registry import Registry
-from flows.service.settings import client_config
-from flows.service.settings import options as settings_options
+from flows.service.instances.registry import Registry
+from flows.service.observe.metrics import Readiness, serve_metrics
+from flows.service.runtime.settings import client_config
+from flows.service.runtime.settings import options as settings_options
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -41,7 +41,8 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 
 POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
 CLUSTER_DOMAIN = "cluster.local"
-# Read by the service outside the `tsi run` options (flows.service.process, the metrics endpoint).
+# Read by the service outside the `tsi run` options (flows.service.runtime.process, the
+# metrics endpoint).
 EXTRA_ENV = {"KAFKA_BOOTSTRAP_SERVERS", "TSI_METRICS_PORT"}
 
 Problems = list[str]

@@ -1,6 +1,6 @@
-"""The test oracle of ``flows.service.instance``: the same rules in plain Python.
+"""The test oracle of ``flows.service.instances.instance``: the same rules in plain Python.
 
-The service's instance is compiled (``flows/service/instance.pyx``); this is the Python
+The service's instance is compiled (``flows/service/instances/instance.pyx``); this is the Python
 implementation it replaced, kept only for tests, which run random streams through both
 and compare (``tests/service/test_event_loop.py``). It is never imported by the service.
 
@@ -12,8 +12,8 @@ feedback arrives or its time to live passes. Feedback that arrives before its re
 waits in a bounded buffer. Whatever is not applied comes back as a ``DeadLetter`` with
 its reason: nothing is dropped silently, and a refused event changes no state.
 
->>> from flows.service.registry import Registry
->>> from flows.service.events import Origin, parse_request, parse_feedback
+>>> from flows.service.instances.registry import Registry
+>>> from flows.service.wire.events import Origin, parse_request, parse_feedback
 >>> exp = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')["home"]
 >>> inst = Instance(exp, "home")
 >>> [sel] = inst.on_request(parse_request(b'{"experiment":"home","request_id":"r1"}',
@@ -33,12 +33,12 @@ from typing import Any
 
 import orjson
 
-from flows.service import _draw
-from flows.service._answer_book import AnswerBook
-from flows.service._deadline_queue import TimeHeap
-from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
-from flows.service.keys import split_key
-from flows.service.registry import Experiment
+from flows.service.instances import _draw
+from flows.service.instances._answer_book import AnswerBook
+from flows.service.instances.registry import Experiment
+from flows.service.shards._deadline_queue import TimeHeap
+from flows.service.wire.events import DeadLetter, Feedback, Origin, Request, Selection
+from flows.service.wire.keys import split_key
 from tsi_core import Bandit, Ticket
 from tsi_core.migrate import migrate
 from tsi_core.validate import context_problem
@@ -73,7 +73,7 @@ class Handled(list):
 def uniform_draw(seed: int, instance: str, request_id: str) -> float:
     """u in [0, 1) from a stable hash (never the salted built-in ``hash``): the first 53
     bits of the 8-byte BLAKE2b of ``f"{seed}\\x00{instance}\\x00{request_id}"``, computed
-    in C (``flows.service._draw``; the same bits as the hashlib formula it documents).
+    in C (``flows.service.instances._draw``; the same bits as the hashlib formula it documents).
 
     >>> uniform_draw(1, "home", "r1") == uniform_draw(1, "home", "r1")
     True
@@ -536,7 +536,7 @@ class Instance:
         instances holding tickets and answers take ~1 us an entry this way, against ~30 us
         for ``to_dict`` (measured): at an epoch's close, every touched instance pays it.
 
-        >>> from flows.service.registry import Registry
+        >>> from flows.service.instances.registry import Registry
         >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
         >>> inst = Instance(exp, "e")
         >>> inst._put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))

@@ -1,10 +1,10 @@
-"""The test oracle of a shard's event loop (``flows.service._event_loop``): the same
+"""The test oracle of a shard's event loop (``flows.service.shards._event_loop``): the same
 events through ``reference_instance.Instance`` objects, counted as the loop counts, in
 plain Python. Instances never rest here (an epoch only packs their bandits): resting is
 what the compiled shard must make invisible.
 
->>> from flows.service.registry import LiveRegistry, Registry
->>> from flows.service.events import Origin, parse_request
+>>> from flows.service.instances.registry import LiveRegistry, Registry
+>>> from flows.service.wire.events import Origin, parse_request
 >>> live = LiveRegistry(Registry.from_toml('[experiments.e]\\narms = ["a", "b"]'))
 >>> shard = ReferenceShard(lambda: 0.0)
 >>> event = parse_request(b'{"experiment":"e","request_id":"r1"}', Origin("t"))
@@ -20,8 +20,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-from flows.service.events import Request, Selection
-from flows.service.metrics import (
+from flows.service.observe.metrics import (
     AGE_BUCKETS,
     APPLIED,
     DECISIONS,
@@ -35,7 +34,8 @@ from flows.service.metrics import (
     observe_expired,
     thread_tally,
 )
-from flows.service.stream_clock import StreamClock
+from flows.service.shards.stream_clock import StreamClock
+from flows.service.wire.events import Request, Selection
 from tests.service.reference_instance import Instance
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from flows.service.events import Origin, Request, parse_event
-from flows.service.instance import Instance
+from flows.service.instances.instance import Instance
+from flows.service.wire.events import Origin, Request, parse_event
 from flows.testing.kafka_broker import consume_all
 
 REGISTRY_TOML = """

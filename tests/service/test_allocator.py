@@ -4,7 +4,7 @@ import ctypes
 import time
 from pathlib import Path
 
-from flows.service.allocator import malloc_trim, start_trimming
+from flows.service.runtime.allocator import malloc_trim, start_trimming
 
 
 def resident() -> int:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service import _answer_book
-from flows.service.instance import Instance, Settled
-from flows.service.registry import Registry
+from flows.service.instances import _answer_book
+from flows.service.instances.instance import Instance, Settled
+from flows.service.instances.registry import Registry
 from tsi_core import Ticket
 
 AnswerBook, LIMIT = _answer_book.AnswerBook, _answer_book.LIMIT

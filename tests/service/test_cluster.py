@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Producer
 
-from flows.service.recovery import read_states
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.runtime.recovery import read_states
 from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
 from tests.service.streams import (
     REGISTRY_TOML,

@@ -16,7 +16,7 @@ import time
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from flows.service.events import MAX_MESSAGE_BYTES
+from flows.service.wire.events import MAX_MESSAGE_BYTES
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.streams import REGISTRY_TOML, REQUESTS, event_stream, service_env, start_service
 

@@ -7,8 +7,8 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from flows.service.connectors.files import file_wiring
 from flows.service.connectors.memory import memory_wiring, unbatched
 from flows.service.dataflow import Inputs, Outputs, Wiring, build_flow
-from flows.service.events import Origin
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.wire.events import Origin
 
 REGISTRY = Registry.from_toml(
     """

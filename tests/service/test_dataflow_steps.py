@@ -20,12 +20,18 @@ from flows.service.dataflow import (
     shard_step,
     through_internal_topic,
 )
-from flows.service.deadlines import WAKE_UP
-from flows.service.events import DeadLetter, Origin, ParseBySource, parse_feedback, parse_request
-from flows.service.keys import shard_of
-from flows.service.logic import logic_builder
-from flows.service.registry import LiveRegistry, Registry
-from flows.service.stream_clock import StreamClock
+from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.shards.deadlines import WAKE_UP
+from flows.service.shards.logic import logic_builder
+from flows.service.shards.stream_clock import StreamClock
+from flows.service.wire.events import (
+    DeadLetter,
+    Origin,
+    ParseBySource,
+    parse_feedback,
+    parse_request,
+)
+from flows.service.wire.keys import shard_of
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
 LIVE = LiveRegistry(REGISTRY)

@@ -1,4 +1,4 @@
-"""The compiled draw (flows/service/_draw.pyx) against the hashlib formula, bit for bit.
+"""The compiled draw (flows/service/instances/_draw.pyx) against the hashlib formula, bit for bit.
 
 Served logs are replayed, so the draw is a compatibility contract: every input must give
 the float the hashlib formula below gives, or raise the exception it raises.
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service import _draw
+from flows.service.instances import _draw
 
 uniform_draw = _draw.uniform_draw
 

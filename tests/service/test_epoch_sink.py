@@ -13,7 +13,7 @@ from flows.service.connectors import files
 from flows.service.connectors.epoch_sink import EpochAcknowledgedPartition
 from flows.service.connectors.files import JsonLinesSink, file_wiring
 from flows.service.dataflow import build_flow
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
 
 LINES = [("k1", b'{"n":1}'), ("k2", b'{"n":2}')]
 

@@ -16,15 +16,16 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service import _answer_book, _event_loop
-from flows.service import instance as compiled_instance
-from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.instance import Instance, Open
-from flows.service.logic import FlowContext, ShardLogic
-from flows.service.metrics import thread_tally
-from flows.service.registry import LiveRegistry, Registry
-from flows.service.shard_store import LINGER
-from flows.service.stream_clock import StreamClock
+from flows.service.instances import _answer_book
+from flows.service.instances import instance as compiled_instance
+from flows.service.instances.instance import Instance, Open
+from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.observe.metrics import thread_tally
+from flows.service.shards import _event_loop
+from flows.service.shards.logic import FlowContext, ShardLogic
+from flows.service.shards.shard_store import LINGER
+from flows.service.shards.stream_clock import StreamClock
+from flows.service.wire.events import Origin, parse_feedback, parse_request
 from tests.service.reference_shard import ReferenceShard
 from tsi_core import Bandit
 

@@ -5,7 +5,7 @@ import base64
 import orjson
 import pytest
 
-from flows.service.events import (
+from flows.service.wire.events import (
     MAX_MESSAGE_BYTES,
     DeadLetter,
     Feedback,
@@ -123,7 +123,7 @@ def test_outgoing_messages_are_json_with_everything_a_consumer_needs():
     ],
 )
 def test_combined_stream_dispatches_on_type(raw, expected):
-    from flows.service.events import parse_event
+    from flows.service.wire.events import parse_event
 
     out = parse_event(raw, ORIGIN)
     if isinstance(expected, str):
@@ -160,7 +160,7 @@ def test_a_dead_letter_carries_the_original_whole_or_a_prefix_with_size_and_hash
 
 
 def test_raw_limit_keeps_every_dead_letter_under_the_message_limit():
-    from flows.service.events import raw_limit_for
+    from flows.service.wire.events import raw_limit_for
 
     for limit in (10_000, 100_000, 1_000_000, 1_048_588):
         raw = b"\xff" * 2_000_000
@@ -171,7 +171,7 @@ def test_raw_limit_keeps_every_dead_letter_under_the_message_limit():
 def test_the_minimal_dead_letter_keeps_where_and_what_but_no_bytes():
     import hashlib
 
-    from flows.service.events import minimal_dead_letter
+    from flows.service.wire.events import minimal_dead_letter
 
     raw = b"q" * 70_000
     full = DeadLetter("malformed_json", "bad", raw, ORIGIN, "e\x1fu").to_json(raw_limit=10**6)

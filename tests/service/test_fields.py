@@ -1,4 +1,4 @@
-"""What a message's fields must be (``flows.service.fields``, compiled): one body that the
+"""What a message's fields must be (``flows.service.wire.fields``, compiled): one body that the
 parser and its compiled lane both call."""
 
 import doctest
@@ -8,10 +8,10 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.service import _parse, fields
 from flows.service.dataflow import route
-from flows.service.events import DeadLetter, Origin, parse_feedback
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.wire import _parse, fields
+from flows.service.wire.events import DeadLetter, Origin, parse_feedback
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]')
 JSON_VALUES = (

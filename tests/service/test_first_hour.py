@@ -9,7 +9,7 @@ import urllib.request
 
 import orjson
 
-from flows.service.recovery import read_states
+from flows.service.runtime.recovery import read_states
 from flows.testing.kafka_broker import consume_all, unique_topic
 from tests.service.streams import comparable
 from tests.service.test_operating import (

@@ -1,11 +1,11 @@
-"""The collector's freezer (flows.service.gc_freezer): what is alive at a tick is frozen,
+"""The collector's freezer (flows.service.runtime.gc_freezer): what is alive at a tick is frozen,
 every ``thaw_every`` a tick hands it back, and a cycle frozen by mistake is collected
 after the thaw. Ticks are called directly: nothing here depends on timing."""
 
 import gc
 import weakref
 
-from flows.service.gc_freezer import Freezer, start_freezing
+from flows.service.runtime.gc_freezer import Freezer, start_freezing
 
 
 class Node:

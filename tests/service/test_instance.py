@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.service.instance import Instance, uniform_draw
-from flows.service.registry import Registry
+from flows.service.instances.instance import Instance, uniform_draw
+from flows.service.instances.registry import Registry
+from flows.service.wire.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 
 REGISTRY = Registry.from_toml(
     """

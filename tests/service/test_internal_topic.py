@@ -9,11 +9,11 @@ from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource, run_main
 from confluent_kafka import Producer
 
-from flows.service._records import internal_copy
 from flows.service.connectors.kafka import _split_batches
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import internal_messages
-from flows.service.events import DeadLetter, Origin
+from flows.service.wire._records import internal_copy
+from flows.service.wire.events import DeadLetter, Origin
 from flows.testing.kafka_broker import create_topic, unique_topic
 
 TAGS = {"tsi.requests": b"r", "tsi.feedback": b"f"}

@@ -7,9 +7,9 @@ from confluent_kafka import Producer
 from flows.service.connectors.kafka import Topics
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import build_flow
-from flows.service.events import Origin
-from flows.service.process import Service
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.runtime.process import Service
+from flows.service.wire.events import Origin
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 
 REGISTRY = Registry.from_toml(

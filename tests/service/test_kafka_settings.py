@@ -20,7 +20,7 @@ from flows.service.connectors.kafka_config import (
     settings_lines,
     with_rate_limited_logs,
 )
-from flows.service.settings import ConfigError, client_config
+from flows.service.runtime.settings import ConfigError, client_config
 from flows.testing.kafka_broker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

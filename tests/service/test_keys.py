@@ -1,4 +1,4 @@
-"""Instance keys and shard addressing (``flows.service.keys``, compiled): one body, which
+"""Instance keys and shard addressing (``flows.service.wire.keys``, compiled): one body, which
 the parser's compiled lane calls too."""
 
 import doctest
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.service import keys
-from flows.service.keys import SHARD_NAMES, SHARDS, instance_key, shard_of, split_key
+from flows.service.wire import keys
+from flows.service.wire.keys import SHARD_NAMES, SHARDS, instance_key, shard_of, split_key
 
 
 @given(st.text(max_size=64), st.integers(1, 300))

@@ -3,10 +3,10 @@
 import orjson
 from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
-from flows.service import shard_store as store_module
-from flows.service.events import DeadLetter, Origin, parse_feedback, parse_request
-from flows.service.logic import logic_builder
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.shards import shard_store as store_module
+from flows.service.shards.logic import logic_builder
+from flows.service.wire.events import DeadLetter, Origin, parse_feedback, parse_request
 from tsi_core import Bandit
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')

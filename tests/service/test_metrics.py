@@ -17,15 +17,15 @@ from prometheus_client import REGISTRY
 from typer.testing import CliRunner
 
 import flows.service.main
-import flows.service.process
+import flows.service.runtime.process
 from flows.cli import app
-from flows.service import metrics
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import build_flow
-from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.service.logic import logic_builder
-from flows.service.registry import Registry
-from flows.service.settings import ConfigError, Settings
+from flows.service.instances.registry import Registry
+from flows.service.observe import metrics
+from flows.service.runtime.settings import ConfigError, Settings
+from flows.service.shards.logic import logic_builder
+from flows.service.wire.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 
 REGISTRY_TOML = """
 [experiments.m]
@@ -291,7 +291,7 @@ def test_a_failing_metric_update_never_breaks_the_flow(monkeypatch, caplog):
 
     monkeypatch.setattr(metrics, "_by_reason", BrokenDict())
     logic = logic_builder(EXPERIMENTS, clock=lambda: 0.0)(None)
-    with caplog.at_level(logging.WARNING, logger="flows.service.metrics"):
+    with caplog.at_level(logging.WARNING, logger="flows.service.observe.metrics"):
         out = logic.handle(item(logic, "m", request("r1")))
         [selection] = out
         assert isinstance(selection, Selection)
@@ -324,16 +324,18 @@ def test_metrics_are_served_over_http():
 def test_run_starts_the_metrics_server_before_the_flow(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        flows.service.process, "serve_metrics", lambda port, **kw: calls.append(("serve", port))
+        flows.service.runtime.process,
+        "serve_metrics",
+        lambda port, **kw: calls.append(("serve", port)),
     )
     monkeypatch.setattr(
-        flows.service.process, "cli_main", lambda flow, **kw: calls.append(("run", flow))
+        flows.service.runtime.process, "cli_main", lambda flow, **kw: calls.append(("run", flow))
     )
-    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
-    flows.service.process.run("FLOW", metrics_port=9464)
+    monkeypatch.setattr(flows.service.runtime.process, "freeze_long_lived", lambda: None)
+    flows.service.runtime.process.run("FLOW", metrics_port=9464)
     assert calls == [("serve", 9464), ("run", "FLOW")]
     calls.clear()
-    flows.service.process.run("FLOW")
+    flows.service.runtime.process.run("FLOW")
     assert calls == [("run", "FLOW")]
 
 
@@ -350,7 +352,7 @@ def test_tsi_run_passes_the_metrics_port(monkeypatch, tmp_path, args, env, port)
     seen = {}
     monkeypatch.setattr("flows.cli.run.run_flow", lambda *a, **kw: seen.update(kw))
     limits = collections.defaultdict(lambda: 1_048_588)  # every topic there, no broker needed
-    monkeypatch.setattr("flows.service.startup.check_kafka_topics", lambda *a: limits)
+    monkeypatch.setattr("flows.service.runtime.startup.check_kafka_topics", lambda *a: limits)
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
     result = CliRunner().invoke(
         app, ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery", *args], env=env
@@ -363,9 +365,9 @@ def test_bytewax_run_entry_point_serves_metrics_when_the_port_is_set(monkeypatch
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
     served = []
     monkeypatch.setattr(
-        flows.service.process, "serve_metrics", lambda port, **kw: served.append(port)
+        flows.service.runtime.process, "serve_metrics", lambda port, **kw: served.append(port)
     )
-    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
+    monkeypatch.setattr(flows.service.runtime.process, "freeze_long_lived", lambda: None)
     monkeypatch.setenv("TSI_REGISTRY", str(tmp_path / "r.toml"))
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
     assert flows.service.main.flow is not None and served == []

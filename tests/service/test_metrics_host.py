@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 import flows.service.main
-import flows.service.process
+import flows.service.runtime.process
 from flows.cli import app
-from flows.service import metrics
-from flows.service.metrics import DEFAULT_HOST, MetricsPortError, Readiness, serve_metrics
-from flows.service.settings import Settings
+from flows.service.observe import metrics
+from flows.service.observe.metrics import DEFAULT_HOST, MetricsPortError, Readiness, serve_metrics
+from flows.service.runtime.settings import Settings
 
 REGISTRY_TOML = '[experiments.m]\narms = ["a", "b"]\n'
 
@@ -133,7 +133,7 @@ def test_tsi_run_passes_the_metrics_host(monkeypatch, tmp_path, args, env, host)
     seen = {}
     monkeypatch.setattr("flows.cli.run.run_flow", lambda *a, **kw: seen.update(kw))
     limits = collections.defaultdict(lambda: 1_048_588)  # every topic there, no broker needed
-    monkeypatch.setattr("flows.service.startup.check_kafka_topics", lambda *a: limits)
+    monkeypatch.setattr("flows.service.runtime.startup.check_kafka_topics", lambda *a: limits)
     monkeypatch.delenv("TSI_METRICS_HOST", raising=False)
     result = CliRunner().invoke(
         app, ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery", *args], env=env
@@ -145,12 +145,14 @@ def test_tsi_run_passes_the_metrics_host(monkeypatch, tmp_path, args, env, host)
 def test_tsi_run_with_a_bad_host_is_one_line_and_status_2(monkeypatch, tmp_path):
     (tmp_path / "r.toml").write_text(REGISTRY_TOML)
     ran = []
-    monkeypatch.setattr(flows.service.process, "cli_main", lambda flow, **kw: ran.append(flow))
-    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
-    monkeypatch.setattr(flows.service.process, "start_trimming", lambda every: None)
-    monkeypatch.setattr(flows.service.process, "on_signals", lambda say: None)
+    monkeypatch.setattr(
+        flows.service.runtime.process, "cli_main", lambda flow, **kw: ran.append(flow)
+    )
+    monkeypatch.setattr(flows.service.runtime.process, "freeze_long_lived", lambda: None)
+    monkeypatch.setattr(flows.service.runtime.process, "start_trimming", lambda every: None)
+    monkeypatch.setattr(flows.service.runtime.process, "on_signals", lambda say: None)
     limits = collections.defaultdict(lambda: 1_048_588)
-    monkeypatch.setattr("flows.service.startup.check_kafka_topics", lambda *a: limits)
+    monkeypatch.setattr("flows.service.runtime.startup.check_kafka_topics", lambda *a: limits)
     argv = ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery"]
     argv += ["--metrics-port", "9", "--metrics-host", "no-such-host.invalid"]
     result = CliRunner().invoke(app, argv)
@@ -163,12 +165,12 @@ def test_tsi_run_with_a_bad_host_is_one_line_and_status_2(monkeypatch, tmp_path)
 def test_the_process_and_the_bytewax_run_entry_point_pass_the_host(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(
-        flows.service.process, "serve_metrics", lambda port, **kw: calls.append((port, kw))
+        flows.service.runtime.process, "serve_metrics", lambda port, **kw: calls.append((port, kw))
     )
-    monkeypatch.setattr(flows.service.process, "cli_main", lambda flow, **kw: None)
-    monkeypatch.setattr(flows.service.process, "freeze_long_lived", lambda: None)
-    flows.service.process.run("FLOW", metrics_port=9464, metrics_host="127.0.0.1")
-    flows.service.process.run("FLOW", metrics_port=9465)
+    monkeypatch.setattr(flows.service.runtime.process, "cli_main", lambda flow, **kw: None)
+    monkeypatch.setattr(flows.service.runtime.process, "freeze_long_lived", lambda: None)
+    flows.service.runtime.process.run("FLOW", metrics_port=9464, metrics_host="127.0.0.1")
+    flows.service.runtime.process.run("FLOW", metrics_port=9465)
     assert [(port, kw["addr"]) for port, kw in calls] == [(9464, "127.0.0.1"), (9465, "0.0.0.0")]
 
     calls.clear()

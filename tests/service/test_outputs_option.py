@@ -4,7 +4,7 @@ Kafka topics, chosen by one option (``settings.OUTPUT_SINKS``)."""
 import orjson
 import pytest
 
-from flows.service.settings import OUTPUT_SINKS, ConfigError, Settings, output_sink
+from flows.service.runtime.settings import OUTPUT_SINKS, ConfigError, Settings, output_sink
 from flows.testing.kafka_broker import create_topic, unique_topic
 from tests.service.test_operating import produce, requests, run_args, shop, tsi
 

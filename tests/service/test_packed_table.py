@@ -6,8 +6,8 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service import _packed_table
-from flows.service._packed_table import PackedTable
+from flows.service.instances import _packed_table
+from flows.service.instances._packed_table import PackedTable
 
 keys = st.one_of(
     st.sampled_from(["home:u1", "home:u2", "", "é:ü", "a\ud800b", "home:u1 "]),

@@ -1,4 +1,4 @@
-"""The compiled fast lane of ``parse_and_route`` (``flows.service._parse``) against the
+"""The compiled fast lane of ``parse_and_route`` (``flows.service.wire._parse``) against the
 Python path it stands for: ``events.parse_*`` and ``dataflow.route``, message by message.
 
 Results are compared whole with ``==`` and, stricter, by ``exact``: types count (a ``ts``
@@ -16,9 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flows.service import _parse, dataflow
+from flows.service import dataflow
 from flows.service.dataflow import Guards, by_shard, parse_and_route, route
-from flows.service.events import (
+from flows.service.instances.registry import Experiment, LiveRegistry, Registry
+from flows.service.wire import _parse
+from flows.service.wire.events import (
     DEFAULT_TS_WINDOW,
     MAX_MESSAGE_BYTES,
     DeadLetter,
@@ -28,8 +30,7 @@ from flows.service.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.keys import UNIT_SEPARATOR
-from flows.service.registry import Experiment, LiveRegistry, Registry
+from flows.service.wire.keys import UNIT_SEPARATOR
 
 REGISTRY = Registry.from_toml(
     """

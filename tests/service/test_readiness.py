@@ -20,8 +20,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import REGISTRY
 
-from flows.service import metrics
-from flows.service.metrics import (
+from flows.service.observe import metrics
+from flows.service.observe.metrics import (
     MetricsPortError,
     Readiness,
     note_broker_contact,
@@ -183,7 +183,7 @@ def test_a_multi_line_error_detail_still_gives_a_one_line_reason(port, clock):
 
 
 def test_readiness_changes_are_logged_once_each(state, clock, caplog):
-    with caplog.at_level(logging.INFO, logger="flows.service.metrics"):
+    with caplog.at_level(logging.INFO, logger="flows.service.observe.metrics"):
         for _ in range(3):
             assert state.status()[0] is False
         state.note_epoch()
@@ -267,7 +267,7 @@ def test_consumer_lag_appears_with_its_labels(port):
 
 
 def test_a_bad_lag_observation_never_raises(state, caplog):
-    with caplog.at_level(logging.WARNING, logger="flows.service.metrics"):
+    with caplog.at_level(logging.WARNING, logger="flows.service.observe.metrics"):
         observe_consumer_position("t", 0, None, 5)  # type: ignore[arg-type]
         observe_kafka_stats("{not json")
         observe_kafka_stats({"brokers": None, "topics": {"t": {"partitions": {"x": {}}}}})

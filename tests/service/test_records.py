@@ -1,4 +1,4 @@
-"""Records built from compiled code equal the Python constructors' (flows.service._records)."""
+"""Records built from compiled code equal the Python constructors' (flows.service.wire._records)."""
 
 import dataclasses
 import doctest
@@ -11,10 +11,12 @@ from bytewax.connectors.kafka import KafkaSinkMessage
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.service import _records
 from flows.service.connectors.kafka import _split_batch
 from flows.service.connectors.kafka_sink import _CheckedPartition
-from flows.service.events import (
+from flows.service.instances.registry import Registry
+from flows.service.shards.logic import logic_builder
+from flows.service.wire import _records
+from flows.service.wire.events import (
     DeadLetter,
     Feedback,
     Origin,
@@ -22,8 +24,6 @@ from flows.service.events import (
     Selection,
     parse_request,
 )
-from flows.service.logic import logic_builder
-from flows.service.registry import Registry
 
 Layout, kafka_message, kafka_batch = _records.Layout, _records.kafka_message, _records.kafka_batch
 internal_copy, internal_message = _records.internal_copy, _records.internal_message

@@ -11,10 +11,10 @@ import numpy as np
 import orjson
 import pytest
 
-from flows.service.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
-from flows.service.logic import FlowContext, logic_builder
-from flows.service.registry import LiveRegistry, Registry, RegistryError
-from flows.service.resting import state_of
+from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
+from flows.service.instances.resting import state_of
+from flows.service.shards.logic import FlowContext, logic_builder
+from flows.service.wire.events import DeadLetter, Origin, Selection, parse_feedback, parse_request
 from flows.tools.inspect import describe, render
 
 T0 = 1_767_225_600.0
@@ -209,7 +209,7 @@ def test_a_migration_error_is_a_dead_letter_not_a_crash(monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("bad migration")
 
-    monkeypatch.setattr("flows.service.instance.migrate", broken)
+    monkeypatch.setattr("flows.service.instances.instance.migrate", broken)
     live.current = registry("abcde")
     [dead] = logic.handle(item(logic, "e", request("z")))
     assert dead.reason == "internal_error" and "bad migration" in dead.detail

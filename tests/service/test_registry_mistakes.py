@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.service.process import Service
-from flows.service.registry import LiveRegistry, Registry, RegistryError
+from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
+from flows.service.runtime.process import Service
 
 SHOP = '[experiments.shop]\narms = ["a", "b"]\n'
 HOME = '[experiments.home]\narms = ["x", "y"]\n'

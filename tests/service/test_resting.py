@@ -6,10 +6,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.instance import Instance, Open
-from flows.service.registry import Registry
-from flows.service.resting import MAX_RESTING_ENTRIES, Resting, entry_of, revive, state_of
+from flows.service.instances.instance import Instance, Open
+from flows.service.instances.registry import Registry
+from flows.service.instances.resting import MAX_RESTING_ENTRIES, Resting, entry_of, revive, state_of
+from flows.service.wire.events import Origin, parse_feedback, parse_request
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a", "b", "c"]\nfeedback_ttl = 5\nretry_window = 8\n'

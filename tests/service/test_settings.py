@@ -4,9 +4,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.service.process import Service
-from flows.service.registry import Registry, RegistryError
-from flows.service.settings import ConfigError, Settings, client_config
+from flows.service.instances.registry import Registry, RegistryError
+from flows.service.runtime.process import Service
+from flows.service.runtime.settings import ConfigError, Settings, client_config
 
 REGISTRY_TOML = '[experiments.home]\narms = ["a", "b"]\n'
 

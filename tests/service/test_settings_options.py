@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.service.options import ConfigError, Option
-from flows.service.settings import TOPIC_OPTIONS, Settings, options, settings_table
+from flows.service.runtime.options import ConfigError, Option
+from flows.service.runtime.settings import TOPIC_OPTIONS, Settings, options, settings_table
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = list(options())

@@ -7,12 +7,12 @@ import shutil
 import orjson
 import pytest
 
-from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.keys import instance_key, shard_of, split_key
-from flows.service.logic import logic_builder
-from flows.service.registry import LiveRegistry, Registry
-from flows.service.resting import Entry, Resting, revive, state_of
-from flows.service.shard_log import read_payloads, read_records, write_seed
+from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.instances.resting import Entry, Resting, revive, state_of
+from flows.service.shards.logic import logic_builder
+from flows.service.shards.shard_log import read_payloads, read_records, write_seed
+from flows.service.wire.events import Origin, parse_feedback, parse_request
+from flows.service.wire.keys import instance_key, shard_of, split_key
 
 REGISTRY = Registry.from_toml(
     '[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\nfeedback_ttl = 50\n'
@@ -41,10 +41,10 @@ def served(logic, unit, rid, loss=None):
 
 @pytest.fixture(autouse=True)
 def one_shard(monkeypatch):
-    monkeypatch.setattr("flows.service.shard_store.SHARDS", 1)
-    monkeypatch.setattr("flows.service.keys.SHARDS", 1)  # what of_this_layout reads
+    monkeypatch.setattr("flows.service.shards.shard_store.SHARDS", 1)
+    monkeypatch.setattr("flows.service.wire.keys.SHARDS", 1)  # what of_this_layout reads
     monkeypatch.setattr(
-        "flows.service.shard_store.shard_of", lambda key, shards=1: shard_of(key, shards=1)
+        "flows.service.shards.shard_store.shard_of", lambda key, shards=1: shard_of(key, shards=1)
     )
 
 
@@ -157,7 +157,7 @@ def test_the_calls_leave_to_the_close_what_is_about_to_change(tmp_path, monkeypa
     """Keys whose next change is near, a ticket waiting for its feedback (u2) or a
     deadline within CHANGE_NEAR (u1 keeps its answer for 50 s), are not written ahead of
     the close: written now and again soon, they would cost twice the bytes."""
-    monkeypatch.setattr("flows.service.shard_store.CHANGE_NEAR", near)
+    monkeypatch.setattr("flows.service.shards.shard_store.CHANGE_NEAR", near)
     logic = build(tmp_path)
     served(logic, "u1", "r0", loss=1.0)
     served(logic, "u2", "r0")
@@ -230,7 +230,7 @@ def test_restored_instances_answer_as_if_never_interrupted(tmp_path):
 
 
 def test_compaction_keeps_the_generation_a_lagging_commit_names(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.service.shard_log.MIN_COMPACT_BYTES", 0)
+    monkeypatch.setattr("flows.service.shards.shard_log.MIN_COMPACT_BYTES", 0)
     logic = build(tmp_path)
     markers = []
     for epoch in range(40):

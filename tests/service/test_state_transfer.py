@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.service.connectors.kafka_admin import group_offsets
-from flows.service.recovery import (
+from flows.service.instances.registry import Registry
+from flows.service.runtime.recovery import (
     NotOneClusterError,
     check_recovery_dir,
     input_offsets,
@@ -32,7 +33,6 @@ from flows.service.recovery import (
     seeded_inputs,
     store_offsets,
 )
-from flows.service.registry import Registry
 from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
 from flows.tools.state import StateFileError, export_state, import_state, read_state_file
 from tests.service.streams import (
@@ -114,7 +114,7 @@ def test_import_refuses_a_store_in_use_and_a_file_cut_short(tmp_path):
     used = new_store(tmp_path / "used")
     (tmp_path / "empty").mkdir()
     header_only = tmp_path / "state.tsi"
-    from flows.service.shard_log import encode
+    from flows.service.shards.shard_log import encode
 
     header = {"format": "tsi.state", "version": 1, "inputs": {}, "instances": 2}
     header_only.write_bytes(encode([header]))
@@ -231,7 +231,7 @@ def test_one_to_two_to_one_processes_with_a_directory_each_equal_an_uninterrupte
 
 def state_file(path, instances=0):
     """A state file holding nothing but input positions."""
-    from flows.service.shard_log import encode
+    from flows.service.shards.shard_log import encode
 
     inputs = {"tsi.events_in.kafka_input/0-ev": 7}
     header = {"format": "tsi.state", "version": 1, "inputs": inputs, "instances": instances}
@@ -242,7 +242,7 @@ def state_file(path, instances=0):
 def holder(directory, process=0):
     """Another process holding ``directory``'s recovery lock, as a running service does."""
     code = (
-        "import sys, time; from flows.service.dir_lock import hold_directory; "
+        "import sys, time; from flows.service.runtime.dir_lock import hold_directory; "
         f"hold_directory({str(directory)!r}, {process}); print('held', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

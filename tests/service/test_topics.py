@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.service.connectors.kafka_admin import BrokerUnavailableError, check_topics
-from flows.service.recovery import check_recovery_dir
-from flows.service.settings import ConfigError, client_config
+from flows.service.runtime.recovery import check_recovery_dir
+from flows.service.runtime.settings import ConfigError, client_config
 from flows.testing.kafka_broker import create_topic, free_port, unique_topic
 
 TSI = Path(sys.executable).parent / "tsi"

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from flows.service.recovery import read_states
+from flows.service.runtime.recovery import read_states
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.streams import start_service
 

@@ -17,9 +17,18 @@ from bytewax.testing import TestingSource, run_main
 
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import build_flow
-from flows.service.events import Origin, parse_feedback, parse_request
-from flows.service.instance import Instance
-from flows.service.keys import (
+from flows.service.instances.instance import Instance
+from flows.service.instances.registry import Registry
+from flows.service.runtime.recovery import (
+    check_shard_layout,
+    read_states,
+    seed_from_per_instance_snapshots,
+    shard_store,
+)
+from flows.service.runtime.settings import ConfigError, Settings
+from flows.service.runtime.startup import StartupError, prepare
+from flows.service.wire.events import Origin, parse_feedback, parse_request
+from flows.service.wire.keys import (
     SHARD_NAMES,
     SHARDS,
     instance_key,
@@ -27,15 +36,6 @@ from flows.service.keys import (
     shard_name,
     shard_of,
 )
-from flows.service.recovery import (
-    check_shard_layout,
-    read_states,
-    seed_from_per_instance_snapshots,
-    shard_store,
-)
-from flows.service.registry import Registry
-from flows.service.settings import ConfigError, Settings
-from flows.service.startup import StartupError, prepare
 from flows.tools.state import export_state, import_state
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b", "c"]\nper_unit = true\n')
@@ -95,8 +95,8 @@ def serve_once(recovery, messages, monkeypatch=None):
     wiring = memory_wiring(origins, [], selections, dead)
     if monkeypatch is not None:
         monkeypatch.setattr("flows.service.dataflow.shard_of", legacy_shard_of)
-        monkeypatch.setattr("flows.service.shard_store.shard_of", legacy_shard_of)
-        monkeypatch.setattr("flows.service.shard_store.of_this_layout", lambda shard: True)
+        monkeypatch.setattr("flows.service.shards.shard_store.shard_of", legacy_shard_of)
+        monkeypatch.setattr("flows.service.shards.shard_store.of_this_layout", lambda shard: True)
         slow = lambda raw, origin, **kw: parse_request(raw, origin, **kw)  # noqa: E731
         inputs = dataclasses.replace(wiring.inputs, parsers={"requests": slow})
         wiring = dataclasses.replace(wiring, inputs=inputs)

@@ -15,14 +15,14 @@ from bytewax.testing import run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.service import _deadline_queue
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import Wiring, build_flow
-from flows.service.deadlines import WAKE_UP, DeadlineQueue, WakeUpScheduler
-from flows.service.events import Origin, parse_request
-from flows.service.keys import shard_of
-from flows.service.logic import logic_builder
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.shards import _deadline_queue
+from flows.service.shards.deadlines import WAKE_UP, DeadlineQueue, WakeUpScheduler
+from flows.service.shards.logic import logic_builder
+from flows.service.wire.events import Origin, parse_request
+from flows.service.wire.keys import shard_of
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
 

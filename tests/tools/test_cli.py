@@ -38,7 +38,7 @@ def test_an_unexpected_error_is_one_line_naming_the_command_and_exit_status_1(
     def damaged(_directory):
         raise ValueError("shard shard-014-of-032: the record at byte 13\n  is damaged")
 
-    monkeypatch.setattr("flows.service.recovery.read_states", damaged)
+    monkeypatch.setattr("flows.service.runtime.recovery.read_states", damaged)
     monkeypatch.delenv("TSI_TRACEBACK", raising=False)
     status, err = run_main(monkeypatch, capsys, "inspect", "--recovery-dir", str(tmp_path))
     assert status == 1
@@ -52,7 +52,7 @@ def test_tsi_traceback_shows_the_whole_story(monkeypatch, capsys, tmp_path):
     def damaged(_directory):
         raise ValueError("damaged")
 
-    monkeypatch.setattr("flows.service.recovery.read_states", damaged)
+    monkeypatch.setattr("flows.service.runtime.recovery.read_states", damaged)
     monkeypatch.setenv("TSI_TRACEBACK", "1")
     monkeypatch.setattr(sys, "argv", ["tsi", "inspect", "--recovery-dir", str(tmp_path)])
     with pytest.raises(ValueError, match="damaged"):

@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
 from flows.testing.kafka_broker import create_topic, unique_topic
 from flows.tools.evaluation import EvaluationError, evaluate, load_log
 from flows.tools.evaluation.compare import compare, configurations

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from arena.lab.environments import bernoulli, contextual, piecewise_stationary
-from flows.service.instance import uniform_draw
-from flows.service.registry import Registry
+from flows.service.instances.instance import uniform_draw
+from flows.service.instances.registry import Registry
 from flows.tools.evaluation import (
     BANDIT,
     FULL_INFORMATION,

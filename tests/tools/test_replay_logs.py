@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 import flows.tools.replay as replay_module
 from flows.cli import app
-from flows.service.events import Origin
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.wire.events import Origin
 from flows.tools.replay import AT_END, BATCH, Outputs, Replayed, replay
 from flows.tools.replay_input import kafka_range, merge_by_time
 
@@ -236,7 +236,7 @@ def test_the_input_is_streamed_and_outputs_are_written_as_they_come(monkeypatch)
 MEMORY_PROBE = """
 import itertools, resource, sys
 from pathlib import Path
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
 from flows.tools.replay import Outputs, replay
 from flows.tools.replay_input import read_lines
 

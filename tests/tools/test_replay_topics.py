@@ -19,10 +19,10 @@ from confluent_kafka import Producer
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.service._records import internal_copy
 from flows.service.connectors.kafka import FEEDBACK_TAG, REQUEST_TAG
-from flows.service.events import Origin
-from flows.service.keys import instance_key
+from flows.service.wire._records import internal_copy
+from flows.service.wire.events import Origin
+from flows.service.wire.keys import instance_key
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 
 TOML = (

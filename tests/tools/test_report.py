@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
 from flows.tools.demo import injected, run_demo, served_log
 from flows.tools.report import Injected, ServedLog, summarise, write_report
 from flows.tools.report_data import windowed
@@ -249,7 +249,7 @@ def test_the_html_renders_in_headless_chromium(demo, tmp_path):
 def test_lines_the_service_refuses_do_not_reach_the_report(line, tmp_path):
     """Ids of another JSON type, a ts or a loss that is not a number: the service's dead
     letters; the report reads around them and is written."""
-    from flows.service.events import Origin
+    from flows.service.wire.events import Origin
     from flows.tools.report_data import log_events
 
     good = b'{"type":"request","experiment":"a","request_id":"ok","ts":1}'

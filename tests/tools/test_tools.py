@@ -16,8 +16,8 @@ from arena.lab.environments import bernoulli
 from flows.cli import app
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import build_flow
-from flows.service.events import Origin
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
+from flows.service.wire.events import Origin
 from flows.tools.demo import run_demo
 from flows.tools.replay import replay
 from flows.tools.replay_input import merge_by_time, read_lines

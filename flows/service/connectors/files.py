@@ -15,7 +15,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from flows.service.connectors.epoch_sink import EpochAcknowledgedPartition, EpochAcknowledgedSink
 from flows.service.dataflow import Inputs, Message, Outputs, Wiring
-from flows.service.events import Origin
+from flows.service.wire.events import Origin
 
 
 def read_lines(path: Path, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[Message, int]]:

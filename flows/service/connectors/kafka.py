@@ -10,7 +10,6 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from confluent_kafka import OFFSET_BEGINNING
 
-from flows.service._records import internal_copy, messages_only
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink, Replacement
 from flows.service.connectors.kafka_source import (
     internal_messages,
@@ -26,8 +25,9 @@ from flows.service.dataflow import (
     Wiring,
     unzip_batches,
 )
-from flows.service.events import DeadLetter, ParseBySource, minimal_dead_letter
-from flows.service.stopping import Stop
+from flows.service.runtime.stopping import Stop
+from flows.service.wire._records import internal_copy, messages_only
+from flows.service.wire.events import DeadLetter, ParseBySource, minimal_dead_letter
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def kafka_wiring(
     ``starting_offset`` starts from them) and call ``on_epoch`` when an epoch closes. A
     dead letter the broker refuses for good (too large) is written as its
     ``minimal_dead_letter`` instead. ``seeded``: where input partitions without resume
-    state start (an imported store, ``flows.service.recovery.seeded_inputs``). ``process``:
+    state start (an imported store, ``flows.service.runtime.recovery.seeded_inputs``). ``process``:
     this process's index in its cluster (its sinks write through their partition of it).
     """
 

@@ -24,9 +24,9 @@ from bytewax.connectors.kafka import KafkaSinkMessage
 from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, Producer
 
-from flows.service._records import key_value, producible
 from flows.service.connectors.epoch_sink import EpochAcknowledgedPartition, EpochAcknowledgedSink
-from flows.service.metrics import note_broker_contact
+from flows.service.observe.metrics import note_broker_contact
+from flows.service.wire._records import key_value, producible
 
 Key = str | bytes | None
 Headers = list[tuple[str, bytes | None]]
@@ -344,7 +344,7 @@ class DeliveryCheckedKafkaSink(EpochAcknowledgedSink[None]):
     for what it is (``REFUSED_FOR_GOOD``: too large, invalid) would fail every replay the
     same way: with ``replace`` it is written as the stand-in ``replace(value, error)``
     returns instead (the dead-letter sink writes
-    ``flows.service.events.minimal_dead_letter``).
+    ``flows.service.wire.events.minimal_dead_letter``).
 
     Producer defaults (all overridable through `add_config`): `enable.idempotence=true`
     (no duplicates or reordering from internal retries), `acks=all`, `linger.ms=1`

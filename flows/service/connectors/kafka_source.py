@@ -22,12 +22,12 @@ from bytewax.dataflow import Dataflow, Stream, operator
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
-from flows.service._records import internal_message, kafka_batch
 from flows.service.connectors.kafka_sink import names_of
-from flows.service.events import DeadLetter, Origin
-from flows.service.metrics import note_broker_contact, observe_kafka_stats
-from flows.service.stopping import Stop
-from flows.service.stream_clock import STREAM_CLOCK
+from flows.service.observe.metrics import note_broker_contact, observe_kafka_stats
+from flows.service.runtime.stopping import Stop
+from flows.service.shards.stream_clock import STREAM_CLOCK
+from flows.service.wire._records import internal_message, kafka_batch
+from flows.service.wire.events import DeadLetter, Origin
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +104,14 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def _note_read(self, out: list[Any]) -> None:
         """Stream time: the batch's newest message is read, not yet served (its partition
-        holds expiry until it is, ``flows.service.stream_clock``)."""
+        holds expiry until it is, ``flows.service.shards.stream_clock``)."""
         item = out[-1] if out else None
         if isinstance(item, tuple) and item[1].time is not None:
             STREAM_CLOCK.note_read(self._topic, self._part_idx, item[1].time)
 
     def _converter(self) -> Callable[[Any], Any] | None:
         """How a message becomes an item: None for (bytes, Origin), built in C
-        (``flows.service._records.kafka_message``)."""
+        (``flows.service.wire._records.kafka_message``)."""
         return None
 
     def _process_stats(self, json_stats: str) -> None:
@@ -124,7 +124,7 @@ class _ObservedPartition(_KafkaSourcePartition):
 
     def _caught_up(self, stats: dict[str, Any]) -> bool | None:
         """Whether this partition has read all there is (stream time,
-        ``flows.service.stream_clock``), or None while its end is not known: librdkafka
+        ``flows.service.shards.stream_clock``), or None while its end is not known: librdkafka
         reports an empty partition's end (``hi_offset``) only after its first fetch."""
         try:
             partitions = stats["topics"][self._topic]["partitions"]

@@ -23,7 +23,7 @@ friends), ``policy`` (replaying the configuration), ``results`` (what comes back
 figures and Markdown), ``compare`` (several configurations on one log).
 
 >>> import json
->>> from flows.service.registry import Registry
+>>> from flows.service.instances.registry import Registry
 >>> registry = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> rows = [json.dumps({"experiment": "home", "losses": [0.25, 0.75]})] * 40
 >>> result = evaluate(read_log(rows), registry)["home"]

@@ -5,7 +5,7 @@ replaced (``--variant``): the counterfactual value of each on the same logged ev
 on a served log, the served policy's own value (the mean loss it got, with its interval).
 
 >>> import json
->>> from flows.service.registry import Registry
+>>> from flows.service.instances.registry import Registry
 >>> from flows.tools.evaluation import read_log
 >>> base = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> rows = [json.dumps({"experiment": "home", "arm": t % 2, "prob": 0.5, "loss": t % 2})
@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from flows.service.registry import Registry
+from flows.service.instances.registry import Registry
 from flows.tools.evaluation.estimators import MIN_ESS, Estimate
 from flows.tools.evaluation.logs import EvaluationError, Log
 from flows.tools.evaluation.policy import evaluate

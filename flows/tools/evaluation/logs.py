@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from flows.service.events import MAX_ABS_LOSS, MAX_ID_LENGTH
+from flows.service.wire.events import MAX_ABS_LOSS, MAX_ID_LENGTH
 
 FULL_INFORMATION = "full-information"
 BANDIT = "bandit"

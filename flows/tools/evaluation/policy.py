@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from flows.service.instance import uniform_draw
-from flows.service.registry import Experiment, Registry
+from flows.service.instances.instance import uniform_draw
+from flows.service.instances.registry import Experiment, Registry
 from flows.tools.evaluation.estimators import (
     MIN_ESS,
     ips_estimate,

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from flows.service.events import (
+from flows.service.wire.events import (
     DeadLetter,
     Feedback,
     Origin,

@@ -15,14 +15,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from flows.service.allocator import TRIM_EVERY
 from flows.service.connectors.files import outputs_to
 from flows.service.connectors.kafka import Topics
 from flows.service.connectors.kafka_config import KafkaSettingsError, load_client_settings
 from flows.service.dataflow import Guards, Outputs, parse_skips
-from flows.service.events import DEFAULT_DEAD_LETTER_RAW, DEFAULT_TS_WINDOW, raw_limit_for
-from flows.service.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
-from flows.service.options import (
+from flows.service.observe.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from flows.service.runtime.allocator import TRIM_EVERY
+from flows.service.runtime.options import (
     ConfigError,
     Option,
     Parser,
@@ -35,7 +34,8 @@ from flows.service.options import (
     seconds,
     switch,
 )
-from flows.service.shard_log import MIN_EPOCHS
+from flows.service.shards.shard_log import MIN_EPOCHS
+from flows.service.wire.events import DEFAULT_DEAD_LETTER_RAW, DEFAULT_TS_WINDOW, raw_limit_for
 
 DEFAULT_BROKERS = "127.0.0.1:9092"
 DEFAULT_GROUP = "tsi"

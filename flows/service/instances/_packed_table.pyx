@@ -8,7 +8,7 @@ one record in an arena, ``<key length><value length><key><value>`` (the lengths 
 varints: 3 B for a short key and a value under 2^14 bytes), and one 8-byte slot of an
 open-addressing index (24 bits of the key's hash beside a 40-bit offset): about 20 B
 beyond its own bytes at the index's load factor. Removed and replaced records are holes
-in the arena, squeezed out when they reach a quarter of it. The table holds what ``flows.service.resting.Resting`` kept
+in the arena, squeezed out when they reach a quarter of it. The table holds what ``flows.service.instances.resting.Resting`` kept
 in its dict; it is compared with a dict by a property test.
 
 A timed table (``PackedTable(timed=True)``, instances waiting with one ticket) also keeps

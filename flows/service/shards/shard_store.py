@@ -2,11 +2,11 @@
 
 One ``ShardStore`` per shard holds its instances in three tiers, as Kafka Streams layers
 a cache over a store over a changelog: live ``Instance`` objects (the cache: what events
-change), resting records (packed bytes in C tables, ``flows.service.resting``) and, with
-recovery, the shard's append-only log (``flows.service.shard_log``). An instance unchanged
+change), resting records (packed bytes in C tables, ``flows.service.instances.resting``) and, with
+recovery, the shard's append-only log (``flows.service.shards.shard_log``). An instance unchanged
 for a generation is put to rest (and written ahead of the epoch's close); an epoch's close
 appends what changed since last written. The store knows nothing of Bytewax: the adapter
-(``flows.service.logic.ShardLogic``) maps Bytewax's calls onto it.
+(``flows.service.shards.logic.ShardLogic``) maps Bytewax's calls onto it.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.service import _event_loop as event_loop
-from flows.service._deadline_queue import TimeHeap
-from flows.service.deadlines import DeadlineQueue, WakeUpScheduler
-from flows.service.events import DeadLetter, Feedback, Origin, Request
-from flows.service.instance import Instance, Output
-from flows.service.keys import SHARDS, of_this_layout, shard_of, split_key
-from flows.service.metrics import observe_expired, observe_restored
-from flows.service.registry import Experiment, LiveRegistry
-from flows.service.resting import Entry, Resting, entry_of, open_tickets, revive
-from flows.service.shard_log import ShardLog
-from flows.service.stream_clock import StreamClock
+from flows.service.instances.instance import Instance, Output
+from flows.service.instances.registry import Experiment, LiveRegistry
+from flows.service.instances.resting import Entry, Resting, entry_of, open_tickets, revive
+from flows.service.observe.metrics import observe_expired, observe_restored
+from flows.service.shards import _event_loop as event_loop
+from flows.service.shards._deadline_queue import TimeHeap
+from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
+from flows.service.shards.shard_log import ShardLog
+from flows.service.shards.stream_clock import StreamClock
+from flows.service.wire.events import DeadLetter, Feedback, Origin, Request
+from flows.service.wire.keys import SHARDS, of_this_layout, shard_of, split_key
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class FlowContext:
     """What every shard of one dataflow shares: the registry, the clock, whether
     snapshots are built (recovery on), whether the flow runs on event time, and the stream
     clock (the Kafka service: an event's time is its Kafka timestamp and tickets expire on
-    stream time, see ``flows.service.stream_clock``)."""
+    stream time, see ``flows.service.shards.stream_clock``)."""
 
     registry: LiveRegistry
     clock: Callable[[], float] = time.time
@@ -77,7 +77,7 @@ class FlowContext:
     stream: StreamClock | None = None
     # wake-ups from the worker's queue of this flow's scheduler instead of Bytewax timers
     wake_ups: WakeUpScheduler | None = None
-    # with snapshots: the directory of the shards' logs (``flows.service.shard_log``);
+    # with snapshots: the directory of the shards' logs (``flows.service.shards.shard_log``);
     # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
     store: Path | None = None
     rest_after: float = REST_AFTER  # see REST_AFTER; 0 settles at every call
@@ -106,8 +106,8 @@ class ShardStore:
     as it is (archived: snapshotted unchanged, shown by ``tsi inspect``) and comes back
     to life if the experiment returns.
 
-    >>> from flows.service.registry import LiveRegistry, Registry
-    >>> from flows.service.events import Origin, parse_request
+    >>> from flows.service.instances.registry import LiveRegistry, Registry
+    >>> from flows.service.wire.events import Origin, parse_request
     >>> live = LiveRegistry(Registry.from_toml('[experiments.e]\\narms = ["a", "b"]'))
     >>> store = ShardStore(FlowContext(live, clock=lambda: 0.0, snapshots=False))
     >>> event = parse_request(b'{"experiment":"e","request_id":"r1"}', Origin("t"))
@@ -211,7 +211,7 @@ class ShardStore:
         self._settle(len(events))
         return out
 
-    # What the compiled loop (``flows.service._event_loop``) uses of a shard: ``instances``,
+    # What the compiled loop (``flows.service.shards._event_loop``) uses of a shard: ``instances``,
     # ``touched``, ``deadlines``, ``context`` and the three methods below.
     def changed(self, key: str) -> None:
         """An event reached instance ``key``: snapshot it, and wake it at its next deadline."""

@@ -101,9 +101,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from flows.service.events import DeadLetter
-from flows.service.instance import Early, Open
-from flows.service.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
+from flows.service.instances.instance import Early, Open
+from flows.service.shards.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
+from flows.service.wire.events import DeadLetter
 
 __all__ = [
     "DEFAULT_HOST",
@@ -189,7 +189,7 @@ _tallies_lock = threading.Lock()
 
 def thread_tally() -> _Tally:
     """The tally of the calling thread (the shard's event loop adds to it what each
-    event did, see ``flows.service._event_loop``)."""
+    event did, see ``flows.service.shards._event_loop``)."""
     return _tallies.get(get_ident()) or _mine()
 
 
@@ -291,7 +291,7 @@ class _MetricsCollector:
         yield family(CounterMetricFamily, "tsi_retries",
                      "Selections answering a request_id already served.", RETRIES)  # fmt: skip
         feedback = CounterMetricFamily(
-            "tsi_feedback", "Feedback by outcome (see flows.service.metrics).",
+            "tsi_feedback", "Feedback by outcome (see flows.service.observe.metrics).",
             labels=["experiment", "outcome"],
         )  # fmt: skip
         for experiment, counts in sorted(experiments.items()):

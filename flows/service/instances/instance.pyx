@@ -8,10 +8,10 @@ waits in a bounded buffer. Whatever is not applied comes back as a ``DeadLetter`
 its reason: nothing is dropped silently, and a refused event changes no state.
 
 This module is compiled, and it is the only body of these rules: the shard's event loop
-(``flows.service._event_loop``) calls the same operations a test or a tool calls.
+(``flows.service.shards._event_loop``) calls the same operations a test or a tool calls.
 
->>> from flows.service.registry import Registry
->>> from flows.service.events import Origin, parse_request, parse_feedback
+>>> from flows.service.instances.registry import Registry
+>>> from flows.service.wire.events import Origin, parse_request, parse_feedback
 >>> exp = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')["home"]
 >>> inst = Instance(exp, "home")
 >>> [sel] = inst.on_request(parse_request(b'{"experiment":"home","request_id":"r1"}',
@@ -28,10 +28,10 @@ from libc.math cimport INFINITY
 
 import orjson
 
-from flows.service._answer_book cimport AnswerBook
-from flows.service._deadline_queue cimport TimeHeap
-from flows.service._draw cimport uniform_draw as _draw
-from flows.service._records cimport (
+from flows.service.instances._answer_book cimport AnswerBook
+from flows.service.shards._deadline_queue cimport TimeHeap
+from flows.service.instances._draw cimport uniform_draw as _draw
+from flows.service.wire._records cimport (
     ARM,
     CONTEXT,
     LOSS,
@@ -43,9 +43,9 @@ from flows.service._records cimport (
     field,
     kept,
 )
-from flows.service import _records as records
-from flows.service.events import DeadLetter, Feedback, Origin, Selection
-from flows.service.keys import split_key
+from flows.service.wire import _records as records
+from flows.service.wire.events import DeadLetter, Feedback, Origin, Selection
+from flows.service.wire.keys import split_key
 from tsi_core import Bandit, Ticket
 from tsi_core.migrate import migrate
 from tsi_core.validate import context_problem
@@ -64,7 +64,7 @@ if Ticket._fields[:4] != ("instance", "round", "arm", "prob"):
 def uniform_draw(seed: int, instance: str, request_id: str) -> float:
     """u in [0, 1) from a stable hash (never the salted built-in ``hash``): the first 53
     bits of the 8-byte BLAKE2b of ``f"{seed}\\x00{instance}\\x00{request_id}"``, computed
-    in C (``flows.service._draw``; the same bits as the hashlib formula it documents).
+    in C (``flows.service.instances._draw``; the same bits as the hashlib formula it documents).
 
     >>> uniform_draw(1, "home", "r1") == uniform_draw(1, "home", "r1")
     True
@@ -401,7 +401,7 @@ cdef class Instance:
         table's heap of (deadline, request_id), the answers in its book, the feedback
         waiting for its request.
 
-        >>> from flows.service.registry import Registry
+        >>> from flows.service.instances.registry import Registry
         >>> Instance(Registry.from_toml('[experiments.e]\\narms = ["a"]')["e"], "e").holding()
         {'bandit': None, 'table': False, 'deadlines': None, 'book': 0, 'n_early': 0}
         """
@@ -771,7 +771,7 @@ cdef class Instance:
         """The entries as plain tuples (``compact_to_entries`` reads them back), or None
         when feedback waits for its request (kept whole only by ``to_dict``).
 
-        >>> from flows.service.registry import Registry
+        >>> from flows.service.instances.registry import Registry
         >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
         >>> inst = Instance(exp, "e")
         >>> inst.put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))

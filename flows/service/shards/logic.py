@@ -19,18 +19,18 @@ from typing import Any
 
 from bytewax.operators import StatefulBatchLogic
 
-from flows.service._records import split_outputs
-from flows.service.deadlines import WakeUpScheduler
-from flows.service.events import DeadLetter
-from flows.service.instance import Output
-from flows.service.registry import LiveRegistry, Registry
-from flows.service.shard_store import REST_AFTER, FlowContext, Routed, ShardStore
-from flows.service.stream_clock import StreamClock
+from flows.service.instances.instance import Output
+from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.shards.deadlines import WakeUpScheduler
+from flows.service.shards.shard_store import REST_AFTER, FlowContext, Routed, ShardStore
+from flows.service.shards.stream_clock import StreamClock
+from flows.service.wire._records import split_outputs
+from flows.service.wire.events import DeadLetter
 
 __all__ = ["REST_AFTER", "FlowContext", "Routed", "ShardLogic", "Split", "logic_builder"]
 
 #: A shard's outputs as Bytewax gets them: the selections' JSON keyed by instance, and the
-#: dead letters (``flows.service._records.split_outputs``).
+#: dead letters (``flows.service.wire._records.split_outputs``).
 Split = tuple[list[tuple[str, bytes]], list[DeadLetter]]
 
 

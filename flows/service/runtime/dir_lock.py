@@ -20,7 +20,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from flows.service.settings import ConfigError
+from flows.service.runtime.settings import ConfigError
 
 LOCK_PREFIX, LOCK_SUFFIX = ".tsi-process-", ".lock"
 _held: dict[tuple[Path, int], int] = {}  # (directory, process) -> the locked descriptor

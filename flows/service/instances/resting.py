@@ -6,9 +6,9 @@ was packed under; any other instance is its full ``Instance.to_dict()``. A resta
 entries without building instances: an idle one becomes an instance on its next event,
 so restarting a shard of many idle users costs little more than reading its bytes.
 
->>> from flows.service.registry import Registry
+>>> from flows.service.instances.registry import Registry
 >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
->>> from flows.service.instance import Instance, Open, compact_to_entries, entries_to_dict
+>>> from flows.service.instances.instance import Instance, Open, compact_to_entries, entries_to_dict
 >>> inst = Instance(exp, "e"); inst.rest()
 >>> entry = entry_of(inst)
 >>> entry.kind, revive(entry, exp).bandit.n_rounds
@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from flows.service import _packed_table
-from flows.service._answer_book import AnswerBook
-from flows.service.instance import (
+from flows.service.instances import _packed_table
+from flows.service.instances._answer_book import AnswerBook
+from flows.service.instances.instance import (
     ANSWER_CODES,
     Instance,
     Open,
     compact_to_entries,
     entries_to_dict,
 )
-from flows.service.keys import split_key
-from flows.service.registry import Experiment
+from flows.service.instances.registry import Experiment
+from flows.service.wire.keys import split_key
 from tsi_core import Bandit
 
 #: Entries an instance may rest with. A busy shared instance keeps thousands of answers
@@ -149,7 +149,7 @@ def open_tickets(entry: Entry) -> int:
 
 class Resting:
     """The saved instances a shard holds without building them, in C tables
-    (``flows.service._packed_table``): an idle one as its packed bandit, one waiting on
+    (``flows.service.instances._packed_table``): an idle one as its packed bandit, one waiting on
     tickets or kept answers as its packed bandit and their plain tuples, by the earliest
     of their deadlines (``due``); any other (one whose experiment left the registry, one that
     could not be built) as its ``Entry``. Each record names the definition it was packed
@@ -161,7 +161,7 @@ class Resting:
     ``Instance``, and one waiting on its ticket a fraction of what it would live
     (bench/RESULTS.md, "Figures behind the code": resting tables and entries).
 
-    >>> from flows.service.registry import Registry
+    >>> from flows.service.instances.registry import Registry
     >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
     >>> resting = Resting()
     >>> inst = Instance(exp, "e"); inst.rest(); _ = entry_of(inst)
@@ -249,8 +249,8 @@ class Resting:
         first) that holds kept answers alone, one at least due; None for any other (the
         caller builds it).
 
-        >>> from flows.service.instance import Settled
-        >>> from flows.service.registry import Registry
+        >>> from flows.service.instances.instance import Settled
+        >>> from flows.service.instances.registry import Registry
         >>> exp = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]')["e"]
         >>> inst, resting = Instance(exp, "e"), Resting()
         >>> inst.put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))

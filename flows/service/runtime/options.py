@@ -8,10 +8,11 @@ is the default (``empty=True``: it is a value, which the parser reads, usually a
 >>> port = Option("TSI_METRICS_PORT", "--metrics-port", "Metrics port.", optional(port_number))
 >>> port.read({"TSI_METRICS_PORT": "9100"}), port.read({})
 (9100, None)
->>> port.read({"TSI_METRICS_PORT": "x"})
-Traceback (most recent call last):
-...
-flows.service.options.ConfigError: --metrics-port / TSI_METRICS_PORT must be a port number, got 'x'
+>>> try:
+...     port.read({"TSI_METRICS_PORT": "x"})
+... except ConfigError as exc:
+...     print(exc)
+--metrics-port / TSI_METRICS_PORT must be a port number, got 'x'
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ instances has many that live for hours. ``freeze_long_lived`` freezes what is al
 generation's threshold; a daemon thread then freezes what has lived a second, every
 second, so a full collection walks only what is younger. Frozen objects are still freed
 by reference counting, as every instance, ticket and event of the service is (they hold
-no cycles: ``flows.service._records``). A cycle among frozen objects would wait for the
+no cycles: ``flows.service.wire._records``). A cycle among frozen objects would wait for the
 thaw, every ``THAW_EVERY`` seconds, when the next full collection walks everything once.
 
 The freezer cuts the GC's time by a third to a half and most of its full collections

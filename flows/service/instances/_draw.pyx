@@ -22,7 +22,7 @@ import hashlib
 
 from libc.stdint cimport uint8_t, uint64_t
 
-from flows.service._int_text cimport write_int64
+from flows.service.wire._int_text cimport write_int64
 
 cdef extern from "_blake2b.h":
     ctypedef struct tsi_blake2b_state:

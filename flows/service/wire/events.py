@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from flows.service.fields import (
+from flows.service.wire.fields import (
     MAX_ABS_LOSS,
     MAX_ID_LENGTH,
     MAX_MESSAGE_BYTES,
@@ -98,8 +98,8 @@ class Selection:
 
     def to_json(self) -> bytes:
         """The answer as written to the selections topic: its wire format has one home,
-        ``flows.service._records.selection_json`` (compiled; it imports this module)."""
-        from flows.service._records import selection_json
+        ``flows.service.wire._records.selection_json`` (compiled; it imports this module)."""
+        from flows.service.wire._records import selection_json
 
         return selection_json(self)
 
@@ -354,7 +354,7 @@ def parse_event(
 class ParseBySource:
     """The parser of the internal topic, whose copies name the topic they came from: a
     copy of ``requests`` is parsed as a request, any other as feedback. The compiled lane
-    (``flows.service._parse``) knows it as it knows the three above.
+    (``flows.service.wire._parse``) knows it as it knows the three above.
 
     >>> parse = ParseBySource("tsi.requests")
     >>> parse(b'{"experiment":"e","request_id":"r1"}', Origin("tsi.requests")).request_id

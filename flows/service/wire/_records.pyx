@@ -46,11 +46,11 @@ from cpython.tuple cimport PyTuple_CheckExact, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_CheckExact
 from libc.string cimport memcpy
 
-from flows.service._int_text cimport write_int64
+from flows.service.wire._int_text cimport write_int64
 
 from orjson import dumps
 
-from flows.service.events import DeadLetter, Feedback, Origin, Request, Selection
+from flows.service.wire.events import DeadLetter, Feedback, Origin, Request, Selection
 
 
 cdef extern from *:
@@ -383,7 +383,7 @@ def selection_json(selection) -> bytes:
     """The JSON of an answer on the selections topic (``Selection.to_json``): its keys
     experiment, unit, request_id, arm, arm_name, prob and round.
 
-    >>> from flows.service.events import Selection
+    >>> from flows.service.wire.events import Selection
     >>> selection_json(Selection("home", None, "r1", "home", 1, "b", 0.5, 3))
     b'{"experiment":"home","unit":null,"request_id":"r1","arm":1,"arm_name":"b","prob":0.5,"round":3}'
     """

@@ -29,10 +29,11 @@ from flows.service.connectors.kafka_admin import check_topics as check_kafka_top
 from flows.service.connectors.kafka_config import settings_lines, with_rate_limited_logs
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
-from flows.service.dir_lock import is_empty
-from flows.service.metrics import note_broker_contact
-from flows.service.process import Service
-from flows.service.recovery import (
+from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
+from flows.service.observe.metrics import note_broker_contact
+from flows.service.runtime.dir_lock import is_empty
+from flows.service.runtime.process import Service
+from flows.service.runtime.recovery import (
     REBUILD_HINT,
     check_recovery_dir,
     check_shard_layout,
@@ -41,8 +42,7 @@ from flows.service.recovery import (
     seeded_inputs,
     store_offsets,
 )
-from flows.service.registry import LiveRegistry, Registry, RegistryError
-from flows.service.settings import (
+from flows.service.runtime.settings import (
     ConfigError,
     Settings,
     client_config,

@@ -20,7 +20,7 @@ pickles: keep the store as private as the recovery directory. Writes are not fsy
 a killed process loses nothing (the page cache survives it); a power cut may lose the
 last epochs, as Bytewax's own partitions may.
 
->>> import tempfile; from flows.service.resting import Entry
+>>> import tempfile; from flows.service.instances.resting import Entry
 >>> log = ShardLog(Path(tempfile.mkdtemp()), "shard-001")
 >>> entries, problem = log.resume(None)
 >>> marker = log.compact([Entry("e", "e", "state", {})])
@@ -30,6 +30,7 @@ last epochs, as Bytewax's own partitions may.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import re
@@ -38,7 +39,58 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from flows.service.resting import Entry
+from flows.service.instances.resting import Entry
+
+#: Where the service's modules lived before they moved into rooms (2026-11-29): a log, a
+#: seed or a snapshot written before names a class (``resting.Entry``) by its old path.
+MOVED = {
+    "flows.service.events": "flows.service.wire.events",
+    "flows.service.fields": "flows.service.wire.fields",
+    "flows.service.keys": "flows.service.wire.keys",
+    "flows.service._parse": "flows.service.wire._parse",
+    "flows.service._records": "flows.service.wire._records",
+    "flows.service.instance": "flows.service.instances.instance",
+    "flows.service._answer_book": "flows.service.instances._answer_book",
+    "flows.service._draw": "flows.service.instances._draw",
+    "flows.service.resting": "flows.service.instances.resting",
+    "flows.service._packed_table": "flows.service.instances._packed_table",
+    "flows.service.registry": "flows.service.instances.registry",
+    "flows.service.shard_store": "flows.service.shards.shard_store",
+    "flows.service.shard_log": "flows.service.shards.shard_log",
+    "flows.service.logic": "flows.service.shards.logic",
+    "flows.service._event_loop": "flows.service.shards._event_loop",
+    "flows.service.deadlines": "flows.service.shards.deadlines",
+    "flows.service._deadline_queue": "flows.service.shards._deadline_queue",
+    "flows.service.stream_clock": "flows.service.shards.stream_clock",
+    "flows.service.metrics": "flows.service.observe.metrics",
+    "flows.service.process": "flows.service.runtime.process",
+    "flows.service.startup": "flows.service.runtime.startup",
+    "flows.service.settings": "flows.service.runtime.settings",
+    "flows.service.options": "flows.service.runtime.options",
+    "flows.service.recovery": "flows.service.runtime.recovery",
+    "flows.service.dir_lock": "flows.service.runtime.dir_lock",
+    "flows.service.stopping": "flows.service.runtime.stopping",
+    "flows.service.allocator": "flows.service.runtime.allocator",
+    "flows.service.gc_freezer": "flows.service.runtime.gc_freezer",
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(MOVED.get(module, module), name)
+
+
+def loads(payload: bytes) -> Any:
+    """``pickle.loads``, reading a class by the path it had when it was written
+    (``MOVED``).
+
+    >>> old = pickle.dumps(Entry("k", "e", "packed", None), protocol=0).replace(
+    ...     b"flows.service.instances.resting", b"flows.service.resting")
+    >>> loads(old)
+    Entry(key='k', experiment='e', kind='packed', data=None)
+    """
+    return _Unpickler(io.BytesIO(payload)).load()
+
 
 HEADER = struct.Struct("<II")
 MIN_COMPACT_BYTES = 1 << 20  # below this a log is never rewritten
@@ -210,7 +262,7 @@ def read_payloads(path: Path, end: int | None = None) -> tuple[list[Any], int, s
         if len(payload) < size or zlib.crc32(payload) != crc:
             return out, at, f"{path.name}: the record at byte {at} is damaged"
         try:
-            out.append(pickle.loads(payload))
+            out.append(loads(payload))
         except Exception as exc:  # a record that passed its CRC but does not load
             return out, at, f"{path.name}: the record at byte {at} does not load ({exc})"
         at += HEADER.size + size

@@ -2,7 +2,7 @@
 """Parsing and routing of message batches, compiled: the fast lane of
 ``flows.service.dataflow.parse_and_route``.
 
-``flows.service.events`` is the reference. This module accepts only what it can decide
+``flows.service.wire.events`` is the reference. This module accepts only what it can decide
 exactly and hands everything else to it: a message takes the lane when it is ``bytes``
 within the size limit, orjson reads it as an object whose keys are all known to its
 parser, each holding a plain valid value, and it names a known experiment (with its unit
@@ -21,8 +21,8 @@ message most of this step's instructions (bench/RESULTS.md, "The common message 
 in C").
 
 >>> from flows.service.dataflow import route
->>> from flows.service.events import Origin
->>> from flows.service.registry import Registry
+>>> from flows.service.wire.events import Origin
+>>> from flows.service.instances.registry import Registry
 >>> registry = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> batch = [(b'{"experiment":"home","request_id":"r1"}', Origin("t")), (b'[]', Origin("t"))]
 >>> shards, dead = parse_and_route(parse_request, route, 3600.0, registry, batch)
@@ -45,20 +45,20 @@ from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import orjson
 
-from flows.service.events import (
+from flows.service.wire.events import (
     DeadLetter,
     ParseBySource,
     parse_event,
     parse_feedback,
     parse_request,
 )
-from flows.service._records cimport Layout, kept
-from flows.service import _records as records
-from flows.service.fields cimport arm as _arm, identifier as _identifier, index as _index
-from flows.service.fields cimport loss_in_range, number as _number, size_accepted, time_in_window
-from flows.service.keys cimport shard_of
-from flows.service.keys import UNIT_SEPARATOR
-from flows.service.registry import Experiment, Registry
+from flows.service.wire._records cimport Layout, kept
+from flows.service.wire import _records as records
+from flows.service.wire.fields cimport arm as _arm, identifier as _identifier, index as _index
+from flows.service.wire.fields cimport loss_in_range, number as _number, size_accepted, time_in_window
+from flows.service.wire.keys cimport shard_of
+from flows.service.wire.keys import UNIT_SEPARATOR
+from flows.service.instances.registry import Experiment, Registry
 
 
 cdef extern from "Python.h":

@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from flows.service.keys import UNIT_SEPARATOR, instance_key
+from flows.service.wire.keys import UNIT_SEPARATOR, instance_key
 from tsi_core import Bandit, Ticket
 from tsi_core.bandit import configure
 from tsi_core.competition import competition_from_spec

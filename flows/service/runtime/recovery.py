@@ -3,7 +3,7 @@ hold (``read_states``: the per-instance state the dataflow snapshotted).
 
 Bytewax keeps one SQLite file per recovery partition; the stateful step's rows hold each
 shard's marker into its log (``shards/`` beside the partitions, see
-``flows.service.shard_log``) at each epoch. The state of record is the latest marker at
+``flows.service.shards.shard_log``) at each epoch. The state of record is the latest marker at
 or before the partition's committed epoch: what a restart resumes from (the commit lags
 the newest snapshot by the backup interval). Only read recovery directories you trust:
 snapshots and logs are pickles.
@@ -12,7 +12,6 @@ snapshots and logs are pickles.
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -20,11 +19,18 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from flows.service.dir_lock import is_empty, is_lock_file
-from flows.service.keys import SHARDS, of_this_layout, shard_of
-from flows.service.resting import Entry, state_of
-from flows.service.settings import ConfigError
-from flows.service.shard_log import ShardLog, read_payloads, read_records, shards_in, write_seed
+from flows.service.instances.resting import Entry, state_of
+from flows.service.runtime.dir_lock import is_empty, is_lock_file
+from flows.service.runtime.settings import ConfigError
+from flows.service.shards.shard_log import (
+    ShardLog,
+    loads,
+    read_payloads,
+    read_records,
+    shards_in,
+    write_seed,
+)
+from flows.service.wire.keys import SHARDS, of_this_layout, shard_of
 
 STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
@@ -119,7 +125,7 @@ def _committed_steps(files: list[Path], step_pattern: str) -> Iterator[tuple[str
                 (step_pattern, committed),
             ).fetchall()
         for step, key, blob in rows:
-            yield step, key, None if blob is None else pickle.loads(blob)
+            yield step, key, None if blob is None else loads(blob)
 
 
 def _committed_here(directory: str | Path) -> list[Path]:

@@ -137,9 +137,7 @@ class StreamClock:
             return -math.inf, []
         wall = self._wall()
         holding = self._holding(wall)
-        reached = (
-            wall if not holding else min(self._served.get(p[:2], -math.inf) for p in holding)
-        )
+        reached = wall if not holding else min(self._served.get(p[:2], -math.inf) for p in holding)
         if reached > self._reached[0]:
             self._reached = (reached, wall)
         return reached, holding

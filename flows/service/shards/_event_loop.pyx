@@ -4,7 +4,7 @@
 Every event a shard gets passes here, in order: a wake-up asks the shard for what is due
 (``ShardStore.expire_due``); a request or feedback finds its instance (or has the shard
 bind it: built new, or revived from its resting bytes, ``ShardStore.bind``), follows a
-changed experiment, and is handled by the instance (``flows.service.instance``, the only
+changed experiment, and is handled by the instance (``flows.service.instances.instance``, the only
 body of the instance's rules), then counted. The loop reaches the shard only through
 what ``ShardStore`` declares for it: ``instances``, ``touched``, ``deadlines``,
 ``context``, ``bind``, ``expire_due`` and ``changed``.
@@ -13,9 +13,9 @@ Counting has one body, here: what an event did (its outputs and the instance's
 ``Changes``) is added in C and handed to the thread's tally (``metrics.thread_tally``)
 before anything else counts and at the end of each batch.
 
->>> from flows.service.shard_store import FlowContext, ShardStore
->>> from flows.service.registry import LiveRegistry, Registry
->>> from flows.service.events import Origin, parse_request
+>>> from flows.service.shards.shard_store import FlowContext, ShardStore
+>>> from flows.service.instances.registry import LiveRegistry, Registry
+>>> from flows.service.wire.events import Origin, parse_request
 >>> live = LiveRegistry(Registry.from_toml('[experiments.home]\\narms = ["a", "b"]'))
 >>> shard = ShardStore(FlowContext(live))
 >>> home = live.current["home"]
@@ -32,8 +32,8 @@ from libc.math cimport INFINITY
 
 from time import time
 
-from flows.service.events import DeadLetter, Request
-from flows.service._records cimport (
+from flows.service.wire.events import DeadLetter, Request
+from flows.service.wire._records cimport (
     FEEDBACK_ORIGIN,
     FEEDBACK_TS,
     PARTITION,
@@ -44,9 +44,9 @@ from flows.service._records cimport (
     Layout,
     field,
 )
-from flows.service import _records as records
-from flows.service.instance cimport Changes, Instance
-from flows.service.metrics import (
+from flows.service.wire import _records as records
+from flows.service.instances.instance cimport Changes, Instance
+from flows.service.observe.metrics import (
     AGE_BUCKETS,
     APPLIED,
     DECISIONS,

@@ -1,6 +1,6 @@
 """Running the service: the Kafka dataflow (``Service``) and this process around it (``run``).
 
-``tsi run`` (after its start-up checks, ``flows.service.startup``) and ``python -m
+``tsi run`` (after its start-up checks, ``flows.service.runtime.startup``) and ``python -m
 bytewax.run flows.service.main:flow`` start the same flow from the same ``Settings``.
 """
 
@@ -19,17 +19,17 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
-from flows.service.allocator import TRIM_EVERY, start_trimming
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.dataflow import Guards, Outputs, build_flow
-from flows.service.dir_lock import hold_directory, is_empty
-from flows.service.gc_freezer import freeze_long_lived
-from flows.service.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
-from flows.service.recovery import seeded_inputs, shard_store
-from flows.service.registry import LiveRegistry, Registry
-from flows.service.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
-from flows.service.stopping import Stop, on_signals
-from flows.service.stream_clock import STREAM_CLOCK
+from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
+from flows.service.runtime.allocator import TRIM_EVERY, start_trimming
+from flows.service.runtime.dir_lock import hold_directory, is_empty
+from flows.service.runtime.gc_freezer import freeze_long_lived
+from flows.service.runtime.recovery import seeded_inputs, shard_store
+from flows.service.runtime.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
+from flows.service.runtime.stopping import Stop, on_signals
+from flows.service.shards.stream_clock import STREAM_CLOCK
 
 log = logging.getLogger("tsi")
 
@@ -144,14 +144,14 @@ def run(
     With ``metrics_port``, Prometheus metrics are served on it at ``metrics_host`` (``/metrics``,
     ``/ready`` after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
     SIGHUP (``Service.reload_registry``); freed memory goes back every ``trim_every`` s;
-    SIGINT and SIGTERM end it cleanly (``flows.service.stopping``; ``say`` prints the line
+    SIGINT and SIGTERM end it cleanly (``flows.service.runtime.stopping``; ``say`` prints the line
     of a forced exit). The flow returns once it has ended; ``Stop`` says why.
     """
     recovery = None
     if recovery_dir is not None:
         directory = Path(recovery_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        hold_directory(directory, process_id or 0)  # one writer (flows.service.dir_lock)
+        hold_directory(directory, process_id or 0)  # one writer (flows.service.runtime.dir_lock)
         if is_empty(directory):
             init_db_dir(directory, max(1, len(addresses or [None])))
         recovery = RecoveryConfig(str(directory), timedelta(seconds=backup_every))
@@ -176,9 +176,9 @@ def start_process(
 ) -> None:
     """What every service process does before its flow runs, whichever way it was started:
     serve metrics and probes, reload the registry on SIGHUP, end cleanly on SIGINT and
-    SIGTERM (``flows.service.stopping``; ``say`` prints a forced exit's line), settle the
+    SIGTERM (``flows.service.runtime.stopping``; ``say`` prints a forced exit's line), settle the
     start-up heap, and hand freed memory back every ``trim_every`` seconds
-    (``flows.service.allocator``)."""
+    (``flows.service.runtime.allocator``)."""
     if on_reload is not None:
         signal.signal(signal.SIGHUP, lambda *_: on_reload())
     on_signals(say=say)
