@@ -59,7 +59,7 @@ def test_the_readmes_are_all_checked():
 def test_the_check_finds_a_wrong_path_and_ignores_what_is_not_one():
     text = (
         "See `tests/test_deploy.py` and `flows/metrics.py`, `flows/service/observe/metrics.py`,\n"
-        "`flows/service/_*.pyx`, `deploy/k8s/` (the manifests), `kafka-consumer-groups.sh`,\n"
+        "`flows/service/*/_*.pyx`, `deploy/k8s/` (the manifests), `kafka-consumer-groups.sh`,\n"
         "`/var/lib/tsi`, `experiment/unit`, `DIR/shards/`.\n\n"
         "```sh\ndeploy/kafka/start.sh /tmp/kafka-data   # deploy/kafka/nothing.sh\n```\n"
     )
