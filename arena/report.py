@@ -420,6 +420,39 @@ def ratios_to_best(
     return out
 
 
+def per_table_ratios(
+    outcomes: Sequence[Outcome],
+    default: str,
+    baselines: Sequence[str],
+    families: Sequence[str],
+    n_seeds: int,
+    transform: str = "identity",
+) -> dict[str, np.ndarray]:
+    """Family -> per draw, the default's mean normalised regret over its ``n_seeds``
+    instances / the least of ``baselines``' on that draw (outcomes merged by
+    ``arena.runner.merge``: the draws' instances side by side), where every least is
+    positive.
+
+    >>> from arena.runner import Outcome
+    >>> def o(name, values):
+    ...     return Outcome(name, "tsi", "env", np.ones(4), np.array(values),
+    ...                    np.zeros((1, 4)), np.array([1]), True)
+    >>> rows = [o("d", [1, 1, 3, 3]), o("b", [2, 2, 1, 1])]
+    >>> per_table_ratios(rows, "d", ["b"], ["env"], 2)["env"].tolist()
+    [0.5, 3.0]
+    """
+    cells = {(o.environment, o.contender): o for o in outcomes if o.transform == transform}
+    out = {}
+    for env in families:
+        base = [cells[(env, b)].normalised for b in baselines if (env, b) in cells]
+        if (env, default) not in cells or not base:
+            continue
+        least = np.min([b.reshape(-1, n_seeds).mean(axis=1) for b in base], axis=0)
+        if (least > 0).all():
+            out[env] = cells[(env, default)].normalised.reshape(-1, n_seeds).mean(axis=1) / least
+    return out
+
+
 def geometric_mean(values: Sequence[float]) -> float:
     """The geometric mean of positive ``values``.
 
