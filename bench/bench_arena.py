@@ -193,7 +193,8 @@ def split_lines(plan: dict[str, Any]) -> list[str]:
         "### Which tables chose the default, and which are held out",
         "",
         "Tables are named *family seed* (`arena.lab.tables`; the seeds of the arena's "
-        "old suite are `suite_seeds(0)`). None of the tables below is scored here.",
+        "old suite are `suite_seeds(0)`). None of the tables below is scored here but "
+        f'{FTL_TABLE.family} {FTL_TABLE.seed} (see "Not held out").',
         "",
     ]
     lines += [
