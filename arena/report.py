@@ -343,3 +343,218 @@ def plot_speed(speeds: Sequence[Speed], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ---------------------------------------------------------------- held out
+def _ratio(value: float, best: float) -> str:
+    """value / best, or the difference Δ when either is not positive.
+
+    >>> _ratio(0.3, 0.2), _ratio(-0.05, 0.1)
+    ('×1.50', 'Δ -0.15')
+    """
+    return f"×{value / best:.2f}" if best > 0 and value >= 0 else f"Δ {value - best:+.2g}"
+
+
+def headline_table(
+    outcomes: Sequence[Outcome],
+    default: str,
+    paper: str,
+    baselines: Sequence[str],
+    held_out: Sequence[str],
+    transform: str = "identity",
+) -> str:
+    """Per family: the default's mean normalised regret beside the paper's and the
+    ``baselines``', its ratio to the best of those baselines and to the paper, and the best
+    contender of the row; ``held_out`` names the families scored on held-out draws.
+
+    >>> from arena.runner import Outcome
+    >>> def o(name, mean):
+    ...     return Outcome(name, "tsi", "env", np.ones(2), np.array([mean, mean]),
+    ...                    np.zeros((1, 2)), np.array([1]), True)
+    >>> rows = [o("d", 0.3), o("p", 0.6), o("b1", 0.2), o("b2", 0.4)]
+    >>> print(headline_table(rows, "d", "p", ["b1", "b2"], ["env"]).splitlines()[2])
+    | env | yes | 0.300 ± 0.000 | 0.600 | 0.200 | 0.400 | ×1.50 | ×0.50 | b1 (0.200) |
+    """
+    cells = {(o.environment, o.contender): o for o in outcomes if o.transform == transform}
+    lines = [
+        f"| Family | held out | {default} | {paper} | "
+        + " | ".join(baselines)
+        + " | default / best of those baselines | default / paper | best of the row |",
+        "|---|---|" + "---:|" * (len(baselines) + 4) + "---|",
+    ]
+    for env in _environments([o for o in outcomes if o.transform == transform]):
+        if (env, default) not in cells:
+            continue
+        mine = cells[(env, default)]
+        base = [cells[(env, b)].mean for b in baselines if (env, b) in cells]
+        row = [o for (e, _), o in cells.items() if e == env]
+        top = min(row, key=lambda o: o.mean)
+        pap = cells.get((env, paper))
+        lines.append(
+            f"| {env} | {'yes' if env in held_out else 'no'} | {_pair(mine.mean, mine.spread)} | "
+            + ("" if pap is None else _num(pap.mean))
+            + " | "
+            + " | ".join(_num(cells[(env, b)].mean) if (env, b) in cells else "" for b in baselines)
+            + f" | {_ratio(mine.mean, min(base)) if base else ''}"
+            + f" | {'' if pap is None else _ratio(mine.mean, pap.mean)}"
+            + f" | {top.contender} ({_num(top.mean)}) |"
+        )
+    return "\n".join(lines)
+
+
+def ratios_to_best(
+    outcomes: Sequence[Outcome],
+    default: str,
+    baselines: Sequence[str],
+    families: Sequence[str],
+    transform: str = "identity",
+) -> dict[str, float]:
+    """Family -> the default's mean normalised regret / the least of ``baselines``', for
+    the ``families`` where that least is positive."""
+    cells = {(o.environment, o.contender): o.mean for o in outcomes if o.transform == transform}
+    out = {}
+    for env in families:
+        base = [cells[(env, b)] for b in baselines if (env, b) in cells]
+        if (env, default) in cells and base and min(base) > 0:
+            out[env] = cells[(env, default)] / min(base)
+    return out
+
+
+def per_table_ratios(
+    outcomes: Sequence[Outcome],
+    default: str,
+    baselines: Sequence[str],
+    families: Sequence[str],
+    n_seeds: int,
+    transform: str = "identity",
+) -> dict[str, np.ndarray]:
+    """Family -> per draw, the default's mean normalised regret over its ``n_seeds``
+    instances / the least of ``baselines``' on that draw (outcomes merged by
+    ``arena.runner.merge``: the draws' instances side by side), where every least is
+    positive.
+
+    >>> from arena.runner import Outcome
+    >>> def o(name, values):
+    ...     return Outcome(name, "tsi", "env", np.ones(4), np.array(values),
+    ...                    np.zeros((1, 4)), np.array([1]), True)
+    >>> rows = [o("d", [1, 1, 3, 3]), o("b", [2, 2, 1, 1])]
+    >>> per_table_ratios(rows, "d", ["b"], ["env"], 2)["env"].tolist()
+    [0.5, 3.0]
+    """
+    cells = {(o.environment, o.contender): o for o in outcomes if o.transform == transform}
+    out = {}
+    for env in families:
+        base = [cells[(env, b)].normalised for b in baselines if (env, b) in cells]
+        if (env, default) not in cells or not base:
+            continue
+        least = np.min([b.reshape(-1, n_seeds).mean(axis=1) for b in base], axis=0)
+        if (least > 0).all():
+            out[env] = cells[(env, default)].normalised.reshape(-1, n_seeds).mean(axis=1) / least
+    return out
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean of positive ``values``.
+
+    >>> round(geometric_mean([1.0, 4.0]), 6)
+    2.0
+    """
+    if not values or min(values) <= 0:
+        raise ValueError(f"geometric_mean needs positive values, got {list(values)!r}")
+    return float(np.exp(np.mean(np.log(values))))
+
+
+# ---------------------------------------------------------------- frontier (issue #39)
+#: issue #39's targets on the frontier's axes
+FRONTIER_TARGETS = {"geo_mean": 1.25, "max": 1.5, "ftl_breaker": 35.0}
+
+
+def frontier_table(rows: Sequence[dict[str, float]], preset: float) -> str:
+    """The rate constant c against the held-out stationary ratios and the FTL-breaker
+    regret (rows as ``bench/bobw/frontier.json`` holds them); the preset in bold, each
+    figure that meets its target marked ✓.
+
+    >>> print(frontier_table([{"c": 2, "geo_mean": 1.2, "max": 5.8, "ftl_breaker": 65.3}], 2.0)
+    ...       .splitlines()[2])
+    | **2 (preset)** | 1.20 ✓ | 5.80 | 65.3 |
+    """
+    lines = [
+        "| c | held-out stationary: geometric mean / best baseline | worst table | "
+        "FTL-breaker regret |",
+        "|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        c = f"**{r['c']:g} (preset)**" if r["c"] == preset else f"{r['c']:g}"
+        marks = {k: " ✓" if r[k] <= limit else "" for k, limit in FRONTIER_TARGETS.items()}
+        lines.append(
+            f"| {c} | {r['geo_mean']:.2f}{marks['geo_mean']} | {r['max']:.2f}{marks['max']} | "
+            f"{r['ftl_breaker']:.1f}{marks['ftl_breaker']} |"
+        )
+    return "\n".join(lines)
+
+
+def section_of(text: str, heading: str) -> str:
+    """The body of the Markdown section whose heading line is ``heading``, up to the next
+    heading of the same or a higher level.
+
+    >>> section_of("# a\\nx\\n## b\\ny\\n\\n## c\\nz", "## b")
+    'y'
+    """
+    lines = text.splitlines()
+    if heading not in lines:
+        raise ValueError(f"no section {heading!r} in the text")
+    level = len(heading) - len(heading.lstrip("#"))
+    body = []
+    for line in lines[lines.index(heading) + 1 :]:
+        hashes = len(line) - len(line.lstrip("#"))
+        if 0 < hashes <= level and line[hashes : hashes + 1] == " ":
+            break
+        body.append(line)
+    return "\n".join(body).strip("\n")
+
+
+def paragraph_of(text: str, start: str) -> str:
+    """The paragraph (up to a blank line) that begins with ``start``.
+
+    >>> paragraph_of("a\\n\\nWhy b.\\nc\\n\\nd", "Why b.")
+    'Why b.\\nc'
+    """
+    for block in text.split("\n\n"):
+        if block.lstrip("\n").startswith(start):
+            return block.strip("\n")
+    raise ValueError(f"no paragraph starting {start!r} in the text")
+
+
+def plot_frontier(rows: Sequence[dict[str, float]], preset: float, path: Path) -> Path:
+    """FTL-breaker regret against the held-out stationary geometric-mean ratio, one point
+    per rate constant c (the worst table's ratio beside it), the targets as lines."""
+    plt = _pyplot()
+
+    with plt.style.context("default"):
+        fig, ax = plt.subplots(figsize=(7, 4.6))
+        xs = [r["ftl_breaker"] for r in rows]
+        ax.plot(xs, [r["geo_mean"] for r in rows], "o-", label="geometric mean / best baseline")
+        ax.plot(xs, [r["max"] for r in rows], "s:", color="grey", label="worst table")
+        for r in rows:
+            weight = "bold" if r["c"] == preset else "normal"
+            ax.annotate(
+                f"c={r['c']:g}" + (" (preset)" if r["c"] == preset else ""),
+                (r["ftl_breaker"], r["geo_mean"]),
+                textcoords="offset points",
+                xytext=(4, 6),
+                fontsize=8,
+                fontweight=weight,
+            )
+        ax.axvline(FRONTIER_TARGETS["ftl_breaker"], color="red", linewidth=0.8, linestyle="--")
+        ax.axhline(FRONTIER_TARGETS["geo_mean"], color="red", linewidth=0.8, linestyle="--")
+        ax.axhline(FRONTIER_TARGETS["max"], color="orange", linewidth=0.8, linestyle="--")
+        ax.set_yscale("log")
+        ax.set_xlabel("FTL-breaker regret (T = 10^4; target ≤ 35, dashed)")
+        ax.set_ylabel("bobw / best baseline, held-out stationary (log)")
+        ax.set_title("bobw's rate constant c: stationary against adversarial (issue #39)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return path

@@ -19,7 +19,7 @@ import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -403,22 +403,59 @@ def single_instance_speed(
     return Speed(contender.name, n_arms, statistics.median(rates), tuple(rates))
 
 
+def merge(outcomes: Sequence[Outcome]) -> Outcome:
+    """One outcome from a contender's outcomes on several draws of a family (same rounds):
+    their instances side by side, a failure's instance numbered across the draws.
+
+    >>> from arena.lab.environments import bernoulli
+    >>> c = tsi_contenders(["paper"])[0]
+    >>> both = merge([play(bernoulli(200, 3, s), c, 2, s) for s in (1, 2)])
+    >>> both.normalised.shape, both.curve.shape[1]
+    ((4,), 4)
+    """
+    if not outcomes:
+        raise ValueError("merge needs at least one outcome, got none")
+    first = outcomes[0]
+    offsets = np.cumsum([0, *(len(o.normalised) for o in outcomes[:-1])])
+    failures = tuple(
+        replace(f, instance=f.instance + int(off))
+        for o, off in zip(outcomes, offsets, strict=True)
+        for f in o.failures
+    )
+    return replace(
+        first,
+        regret=np.concatenate([o.regret for o in outcomes]),
+        normalised=np.concatenate([o.normalised for o in outcomes]),
+        curve=np.concatenate([o.curve for o in outcomes], axis=1),
+        expected=all(o.expected for o in outcomes),
+        failures=failures,
+        seconds=sum(o.seconds for o in outcomes),
+        notes=tuple(dict.fromkeys(n for o in outcomes for n in o.notes)),
+    )
+
+
 def run_arena(
-    environments: Sequence[LossTable],
+    families: Mapping[str, Sequence[LossTable]],
     contenders: Sequence[Contender],
     n_seeds: int,
     seed: int = 0,
     transforms: Sequence[tuple[str, float, float]] = TRANSFORMS,
     progress: Callable[[str], None] | None = None,
 ) -> list[Outcome]:
-    """Every contender on every environment under every transform, same seeds throughout."""
+    """Every contender on every family: with the raw losses on each of the family's draws
+    (``n_seeds`` instances each, algorithm seed ``seed`` + draw index), merged into one
+    outcome; under the other transforms on its first draw only (what they show is
+    invariance, or its lack, which one draw shows)."""
     outcomes = []
-    for env in environments:
+    for family, draws in families.items():
+        if not draws:
+            raise ValueError(f"family {family!r} has no draws")
         for label, scale, shift in transforms:
-            shown = env if (scale, shift) == (1.0, 0.0) else env.affine(scale, shift)
+            identity = (scale, shift) == (1.0, 0.0)
             for contender in contenders:
                 if progress is not None:
-                    progress(f"{env.name} {label}: {contender.name}")
-                out = play(shown, contender, n_seeds, seed)
-                outcomes.append(replace(out, environment=env.name, transform=label))
+                    progress(f"{family} {label}: {contender.name}")
+                shown = draws if identity else [draws[0].affine(scale, shift)]
+                played = [play(env, contender, n_seeds, seed + k) for k, env in enumerate(shown)]
+                outcomes.append(replace(merge(played), environment=family, transform=label))
     return outcomes

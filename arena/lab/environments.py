@@ -39,6 +39,7 @@ __all__ = [
     "piecewise_stationary",
     "spiky",
     "suite",
+    "suite_seeds",
     "supervised",
 ]
 
@@ -332,6 +333,16 @@ def supervised(
     return LossTable(name, losses, ctx[order], int(ctx.max()) + 1)
 
 
+def suite_seeds(seed: int = 0) -> list[int]:
+    """The table seeds ``suite(n_rounds, seed)`` gives its seven environments, in order.
+
+    >>> suite_seeds(0) == suite_seeds(0) != suite_seeds(1)
+    True
+    """
+    seed = check_int("seed", seed, 0)
+    return [int(np.random.SeedSequence([seed, k]).generate_state(1)[0]) for k in range(7)]
+
+
 def suite(n_rounds: int, seed: int = 0) -> list[LossTable]:
     """The arena's standard environments (all but ``supervised``, which needs data).
 
@@ -341,8 +352,7 @@ def suite(n_rounds: int, seed: int = 0) -> list[LossTable]:
     from ``seed``.
     """
     n_rounds = check_int("n_rounds", n_rounds, 1)
-    seed = check_int("seed", seed, 0)
-    seeds = [int(np.random.SeedSequence([seed, k]).generate_state(1)[0]) for k in range(7)]
+    seeds = suite_seeds(seed)
     return [
         bernoulli(n_rounds, 10, seeds[0]),
         gaussian(n_rounds, 10, seeds[1]),
