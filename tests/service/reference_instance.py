@@ -514,6 +514,7 @@ class Instance:
             self.experiment.arms[ticket.arm],
             ticket.prob,
             ticket.round,
+            ticket.why,
         )
 
     def _dead(self, event: Request | Feedback, reason: str, detail: str) -> DeadLetter:
@@ -541,7 +542,7 @@ class Instance:
         >>> inst = Instance(exp, "e")
         >>> inst._put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
         >>> inst.compact_entries()
-        (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None), None, 9.0),)
+        (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None, 'bandit'), None, 9.0),)
         """
         out = list(self._kept or ())  # the kept answers first, as compact tuples
         for entry in self._live():
