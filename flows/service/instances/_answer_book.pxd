@@ -7,7 +7,6 @@ cdef struct Answer:
     PyObject *rid  # a str
     PyObject *unit  # a str, or NULL for None
     PyObject *instance  # the ticket's instance (a str)
-    PyObject *why  # the ticket's why (a str)
     long long round
     long long context  # the ticket's context; -1 for None
     long long arm

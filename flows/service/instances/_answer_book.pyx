@@ -6,8 +6,8 @@ After its feedback (or its expiry) a request's answer is kept ``retry_window`` s
 feedback. Held as entry objects (a ``Settled``, its ``Ticket``, its numbers, a slot in
 the instance's dict and heap) an answer takes several times a row's bytes and a few
 allocations (bench/RESULTS.md, "kept answers in C rows"); a busy service keeps an hour
-of them. Here it is one 88-byte row and its hash: the request_id, unit and why strings
-it already had, the ticket's numbers in C. At most ``LIMIT`` rows: the answers of an
+of them. Here it is one 80-byte row and its hash: the request_id and unit strings it
+already had, the ticket's numbers in C. At most ``LIMIT`` rows: the answers of an
 instance beyond that (a busy shared instance) are kept as entries, with their heap. A row comes out as the compact tuple of ``Instance.compact_entries``
 (kind, rid, ticket as a tuple, unit, deadline), the same values bit for bit.
 
@@ -16,12 +16,12 @@ a request of a user with 15 answers reads two cache lines, not 15 rows), kept in
 order they came, and dropped at their deadline by ``expire``.
 
 >>> book = AnswerBook()
->>> book.add("s", "r1", ("home", 1, 0, 0.5, 0.5, None, "bandit"), None, 10.0)
+>>> book.add("s", "r1", ("home", 1, 0, 0.5, 0.5, None), None, 10.0)
 True
 >>> "r1" in book, "r2" in book, len(book), book.due
 (True, False, 1, 10.0)
 >>> book.pop("r1")
-('s', 'r1', ('home', 1, 0, 0.5, 0.5, None, 'bandit'), None, 10.0)
+('s', 'r1', ('home', 1, 0, 0.5, 0.5, None), None, 10.0)
 >>> len(book), book.next_deadline()
 (0, None)
 """
@@ -69,7 +69,6 @@ cdef class AnswerBook:
         Py_DECREF(<object>row.rid)
         Py_XDECREF(row.unit)
         Py_DECREF(<object>row.instance)
-        Py_DECREF(<object>row.why)
 
     cdef Py_ssize_t find(self, str rid) except -2:
         """The row of ``rid``, or -1."""
@@ -93,12 +92,11 @@ cdef class AnswerBook:
         cdef long long round_, arm, context = -1
         if self.n >= _LIMIT or (kind != "s" and kind != "x"):
             return False
-        if not isinstance(ticket, tuple) or len(ticket) != 7:
+        if not isinstance(ticket, tuple) or len(ticket) != 6:
             return False
         cdef tuple fields = <tuple>ticket  # a Ticket is a tuple: its fields read in place
-        instance, prob, weight_share, why = fields[0], fields[3], fields[4], fields[6]
-        if not (PyUnicode_CheckExact(instance) and PyUnicode_CheckExact(why)
-                and _count(fields[1], &round_)
+        instance, prob, weight_share = fields[0], fields[3], fields[4]
+        if not (PyUnicode_CheckExact(instance) and _count(fields[1], &round_)
                 and _count(fields[2], &arm)
                 and PyFloat_CheckExact(prob) and PyFloat_CheckExact(weight_share)
                 and (fields[5] is None or _count(fields[5], &context))
@@ -108,13 +106,11 @@ cdef class AnswerBook:
             self._grow()
         cdef Answer *row = &self.answers[self.n]
         row.rid, row.unit, row.instance = <PyObject*>rid, <PyObject*>unit, <PyObject*>instance
-        row.why = <PyObject*>why
         if unit is None:
             row.unit = NULL
         Py_INCREF(rid)
         Py_XINCREF(row.unit)
         Py_INCREF(instance)
-        Py_INCREF(why)
         self.hashes[self.n] = hash(rid)
         row.round, row.arm, row.prob, row.weight_share = round_, arm, prob, weight_share
         row.context = context
@@ -142,7 +138,7 @@ cdef class AnswerBook:
         """Row ``i`` as a compact tuple."""
         cdef Answer *row = &self.answers[i]
         ticket = (<object>row.instance, row.round, row.arm, row.prob, row.weight_share,
-                  None if row.context < 0 else row.context, <object>row.why)
+                  None if row.context < 0 else row.context)
         return ("s" if row.kind == b"s"[0] else "x", <object>row.rid, ticket,
                 None if row.unit == NULL else <object>row.unit, row.deadline)
 
