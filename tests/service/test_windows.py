@@ -129,7 +129,8 @@ AGGREGATES = {  # in arrival order, as the instance combines them (float additio
 
 def saved_and_back(inst, exp, how):
     """``inst`` through one of its saved forms."""
-    if how == "pickle":
+    if how == "pickle":  # an instance pickles at rest (its bandit packed)
+        inst.rest()
         return pickle.loads(pickle.dumps(inst))
     if how == "to_dict":
         return Instance.from_dict(exp, orjson.loads(orjson.dumps(inst.to_dict())))

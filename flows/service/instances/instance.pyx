@@ -211,8 +211,9 @@ cdef inline double _combined(Open entry, int aggregate) noexcept:
 # ------------------------------------------------------------------ outcomes
 cdef class Changes:
     """What handling an event changed, for whoever counts (the metrics): open tickets
-    (``pending``) and waiting feedback (``early``) gained or lost, feedback ``applied``,
-    and whether it was a ``retry`` of a served request. The shard's loop keeps one and
+    (``pending``) and waiting feedback (``early``) gained or lost, feedback ``applied``
+    or ``collected`` in its window, whether it was a ``retry`` of a served request, and
+    the named-context attributes that went to their ``other`` slot. The shard's loop keeps one and
     clears it before each event."""
 
     cdef void clear(self) noexcept:
@@ -230,15 +231,18 @@ class Handled(list):
     ([], 1)
     """
 
-    __slots__ = ("applied", "early", "pending", "retry")
+    __slots__ = ("applied", "collected", "early", "pending", "retry")
 
-    def __init__(self, outputs=(), pending=0, early=0, applied=0, retry=False):
+    def __init__(self, outputs=(), pending=0, early=0, applied=0, retry=False, collected=0):
         super().__init__(outputs)
         self.pending, self.early, self.applied, self.retry = pending, early, applied, retry
+        self.collected = collected
 
 
 cdef object _handled(list out, Changes changes):
-    return Handled(out, changes.pending, changes.early, changes.applied, changes.retry)
+    return Handled(
+        out, changes.pending, changes.early, changes.applied, changes.retry, changes.collected
+    )
 
 
 # --------------------------------------------------------------------- terms
@@ -716,6 +720,7 @@ cdef class Instance:
         served += waited
         served.pending += waited.pending
         served.applied += waited.applied
+        served.collected += waited.collected
         served.early = -1
         return served
 
