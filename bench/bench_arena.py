@@ -225,7 +225,6 @@ def headline_lines(outcomes: list, plan: dict[str, Any]) -> list[str]:
     families = list(dict.fromkeys(o.environment for o in outcomes))
     held = [f for f in families if f not in NOT_HELD_OUT]
     stationary = [f for f in held if f in STATIONARY]
-    ratios = ratios_to_best(outcomes, DEFAULT, BEST_OF, stationary)
     cells = {(o.environment, o.contender): o for o in outcomes if o.transform == "identity"}
     lines = [
         f"### Headline: the default (`{DEFAULT_VARIANT}`) on held-out tables",
@@ -239,35 +238,57 @@ def headline_lines(outcomes: list, plan: dict[str, Any]) -> list[str]:
         headline_table(outcomes, DEFAULT, PAPER, BEST_OF, held),
         "",
     ]
-    if ratios:
-        geo = geometric_mean(list(ratios.values()))
-        over = [f"{f} ×{r:.2f}" for f, r in ratios.items() if r > PER_TABLE]
-        lines.append(
-            f"- Stationary held-out families ({len(ratios)}): default / best of "
-            f"({', '.join(BEST_OF)}) from ×{min(ratios.values()):.2f} to "
-            f"×{max(ratios.values()):.2f}, geometric mean ×{geo:.2f} "
-            f"(issue #39: ≤ {PER_TABLE} on every table, ≤ {GEO_MEAN} in geometric mean); "
-            + (f"above ×{PER_TABLE}: {', '.join(over)}." if over else f"none above ×{PER_TABLE}.")
-        )
-    per_table = per_table_ratios(outcomes, DEFAULT, BEST_OF, stationary, plan["seeds"])
-    if per_table:
-        every = np.concatenate(list(per_table.values()))
-        k, worst = max(
-            ((k, (f, r)) for f, rs in per_table.items() for k, r in enumerate(rs)),
-            key=lambda x: x[1][1],
-        )
-        above = [
-            f"{f} {int((rs > PER_TABLE).sum())}/{len(rs)}"
-            for f, rs in per_table.items()
-            if (rs > PER_TABLE).any()
-        ]
-        lines.append(
-            f"- Per table ({len(every)} stationary held-out tables; the default's mean over "
-            "its instances / the better of the two baselines' on the same table): worst "
-            f"×{worst[1]:.2f} ({worst[0]} seed {FIRST_HELD_OUT_SEED + k}), geometric mean "
-            f"×{geometric_mean(list(every)):.2f}; tables above ×{PER_TABLE}: "
-            f"{int((every > PER_TABLE).sum())}" + (f" ({', '.join(above)})." if above else ".")
-        )
+    lines += _family_ratio_lines(ratios_to_best(outcomes, DEFAULT, BEST_OF, stationary))
+    lines += _per_table_lines(
+        per_table_ratios(outcomes, DEFAULT, BEST_OF, stationary, plan["seeds"])
+    )
+    lines += _adversarial_lines(held, cells)
+    lines += _ftl_lines(cells, plan)
+    return [*lines, ""]
+
+
+def _family_ratio_lines(ratios: dict[str, float]) -> list[str]:
+    """The stationary held-out families' ratios of means against issue #39's targets."""
+    if not ratios:
+        return []
+    geo = geometric_mean(list(ratios.values()))
+    over = [f"{f} ×{r:.2f}" for f, r in ratios.items() if r > PER_TABLE]
+    return [
+        f"- Stationary held-out families ({len(ratios)}): default / best of "
+        f"({', '.join(BEST_OF)}) from ×{min(ratios.values()):.2f} to "
+        f"×{max(ratios.values()):.2f}, geometric mean ×{geo:.2f} "
+        f"(issue #39: ≤ {PER_TABLE} on every table, ≤ {GEO_MEAN} in geometric mean); "
+        + (f"above ×{PER_TABLE}: {', '.join(over)}." if over else f"none above ×{PER_TABLE}.")
+    ]
+
+
+def _per_table_lines(per_table: dict[str, np.ndarray]) -> list[str]:
+    """The stationary held-out tables one by one: the worst, the geometric mean, and how
+    many exceed issue #39's per-table target."""
+    if not per_table:
+        return []
+    every = np.concatenate(list(per_table.values()))
+    k, worst = max(
+        ((k, (f, r)) for f, rs in per_table.items() for k, r in enumerate(rs)),
+        key=lambda x: x[1][1],
+    )
+    above = [
+        f"{f} {int((rs > PER_TABLE).sum())}/{len(rs)}"
+        for f, rs in per_table.items()
+        if (rs > PER_TABLE).any()
+    ]
+    return [
+        f"- Per table ({len(every)} stationary held-out tables; the default's mean over "
+        "its instances / the better of the two baselines' on the same table): worst "
+        f"×{worst[1]:.2f} ({worst[0]} seed {FIRST_HELD_OUT_SEED + k}), geometric mean "
+        f"×{geometric_mean(list(every)):.2f}; tables above ×{PER_TABLE}: "
+        f"{int((every > PER_TABLE).sum())}" + (f" ({', '.join(above)})." if above else ".")
+    ]
+
+
+def _adversarial_lines(held: list[str], cells: dict[tuple[str, str], Any]) -> list[str]:
+    """Each held-out adversarial family: the default against the paper's variant."""
+    lines = []
     for f in held:
         if f in STATIONARY or (f, DEFAULT) not in cells or (f, PAPER) not in cells:
             continue
@@ -277,14 +298,19 @@ def headline_lines(outcomes: list, plan: dict[str, Any]) -> list[str]:
             f"- {f}: default {mine:.3f} against the paper's {paper:.3f}: {verdict} than the "
             f"paper + {100 * PAPER_MARGIN:.0f}% (issue #39's target on adversarial tables)."
         )
+    return lines
+
+
+def _ftl_lines(cells: dict[tuple[str, str], Any], plan: dict[str, Any]) -> list[str]:
+    """The default's regret on the FTL-breaker (its tuning table), if it was run."""
     ftl = cells.get((FTL_TABLE.family, DEFAULT))
-    if ftl is not None:
-        lines.append(
-            f"- FTL-breaker (tuning table, not held out): the default's regret "
-            f"{ftl.regret.mean():.1f} ± {ftl.regret.std(ddof=1):.1f} in loss units at "
-            f"T = {plan['rounds']:,} (issue #39: ≤ 35 at T = 10^4)."
-        )
-    return [*lines, ""]
+    if ftl is None:
+        return []
+    return [
+        f"- FTL-breaker (tuning table, not held out): the default's regret "
+        f"{ftl.regret.mean():.1f} ± {ftl.regret.std(ddof=1):.1f} in loss units at "
+        f"T = {plan['rounds']:,} (issue #39: ≤ 35 at T = 10^4)."
+    ]
 
 
 def frontier_lines(plots_dir: Path, quote_targets: bool) -> tuple[list[str], Path]:

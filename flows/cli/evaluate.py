@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,15 +10,31 @@ import orjson
 import typer
 
 from flows.cli.base import app, fail
+from flows.cli.options import with_options
 from flows.service.instances.registry import Registry, RegistryError
+from flows.service.runtime.settings import (
+    CLIENT_OPTIONS,
+    TOPIC_OPTIONS,
+    ConfigError,
+    consumer_from_env,
+)
 from flows.tools.evaluation.estimators import MIN_ESS
 
 if TYPE_CHECKING:
     from flows.tools.evaluation.compare import Comparison
+    from flows.tools.evaluation.inputs import Inputs
+
+
+_TOPICS = ("selections", "events", "feedback", "requests")
+#: The service's settings an evaluation from Kafka reads, declared once with ``tsi run``'s:
+#: the brokers, the client settings, and the topics the service wrote and read.
+EVALUATE_OPTIONS = (*CLIENT_OPTIONS, *(TOPIC_OPTIONS[k] for k in _TOPICS))
 
 
 @app.command()
+@with_options(*EVALUATE_OPTIONS)
 def evaluate(
+    env: Mapping[str, str],
     log: Path | None = typer.Argument(
         None,
         help="A JSONL log (full information, or bandit records with 'prob'), or the "
@@ -27,13 +44,6 @@ def evaluate(
     events: Path | None = typer.Option(None, help="Requests and feedback (field 'type')."),
     feedback: Path | None = typer.Option(None, help="Feedback sent to the service (JSONL)."),
     requests: Path | None = typer.Option(None, help="Requests (their contexts), with --feedback."),
-    brokers: str | None = typer.Option(
-        None, envvar="KAFKA_BOOTSTRAP_SERVERS", help="Kafka brokers, to read the topics below."
-    ),
-    selections_topic: str | None = typer.Option(None, help="The service's selections topic."),
-    events_topic: str | None = typer.Option(None, help="Combined requests and feedback topic."),
-    feedback_topic: str | None = typer.Option(None, help="Feedback topic."),
-    requests_topic: str | None = typer.Option(None, help="Requests topic (their contexts)."),
     registry: list[Path] = typer.Option(
         [], help="A configuration to evaluate (registry TOML); repeat to compare several."
     ),
@@ -55,17 +65,16 @@ def evaluate(
 
     Reads a log written for evaluation, or what the service, tsi demo or tsi replay wrote
     (selections joined with feedback inside the command): files, a demo directory, or
-    the Kafka topics. Every off-policy estimate shows its effective sample size (ESS);
-    below --min-ess it says "insufficient data" instead of a figure.
+    the Kafka topics (with --selections-topic: the service's topics as tsi run names
+    them, the events topic or else the requests and feedback topics). Every off-policy
+    estimate shows its effective sample size (ESS); below --min-ess it says
+    "insufficient data" instead of a figure.
     """
     from flows.tools.evaluation import EvaluationError
     from flows.tools.evaluation.compare import compare, configurations
-    from flows.tools.evaluation.inputs import Inputs, read_inputs
+    from flows.tools.evaluation.inputs import read_inputs
 
-    given = Inputs(
-        log, selections, events, feedback, requests, brokers,
-        selections_topic, events_topic, feedback_topic, requests_topic,
-    )  # fmt: skip
+    given = _inputs(env, log, selections, events, feedback, requests)
     try:
         data, paths = read_inputs(given, registry)
         chosen = configurations([(str(p), Registry.load(p)) for p in paths], variant)
@@ -76,6 +85,31 @@ def evaluate(
     typer.echo(text)
     if out is not None:
         _write(result, out, text)
+
+
+def _inputs(env: Mapping[str, str], *files: Path | None) -> Inputs:
+    """The sources: the files given, or (``--selections-topic`` given, by flag or
+    variable) the service's topics as ``env`` names them, read from its brokers with its
+    client settings; a one-line error for a bad setting."""
+    from flows.tools.evaluation.inputs import Inputs
+
+    if not TOPIC_OPTIONS["selections"].given(env):
+        return Inputs(*files)
+    try:
+        brokers, consumer = consumer_from_env(env)
+        selections, events, feedback, requests = (TOPIC_OPTIONS[k].read(env) for k in _TOPICS)
+    except ConfigError as exc:
+        fail("evaluate", str(exc))
+    two = events is None  # the service reads the two input topics, or the events topic
+    return Inputs(
+        *files,
+        brokers=brokers,
+        selections_topic=selections,
+        events_topic=events,
+        feedback_topic=feedback if two else None,
+        requests_topic=requests if two else None,
+        consumer=consumer,
+    )
 
 
 def _write(result: Comparison, out: Path, text: str) -> None:

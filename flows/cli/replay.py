@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -21,17 +21,32 @@ import orjson
 import typer
 
 from flows.cli.base import app, fail, progress_bar
-from flows.service.connectors.kafka import Topics
+from flows.cli.options import with_options
 from flows.service.instances.registry import Registry, RegistryError
+from flows.service.runtime.settings import (
+    CLIENT_OPTIONS,
+    TOPIC_OPTIONS,
+    ConfigError,
+    consumer_from_env,
+)
 from flows.service.wire.events import Feedback
 
 if TYPE_CHECKING:
     from flows.tools.replay import Replayed
     from flows.tools.replay_input import TopicLog
 
+#: The service's settings a replay from Kafka reads, declared once with ``tsi run``'s: the
+#: brokers, the client settings, and which topic is which in the service's setup.
+REPLAY_OPTIONS = (
+    *CLIENT_OPTIONS,
+    *(TOPIC_OPTIONS[k] for k in ("requests", "feedback", "internal")),
+)
+
 
 @app.command()
+@with_options(*REPLAY_OPTIONS)
 def replay(
+    env: Mapping[str, str],
     registry: Path = typer.Option(..., help="Experiments registry (TOML)."),
     events: Path | None = typer.Option(None, help="Combined log (field 'type'), in order."),
     requests: Path | None = typer.Option(None, help="Requests log (merged by 'ts')."),
@@ -39,21 +54,9 @@ def replay(
     topic: list[str] = typer.Option(
         [],
         help="Kafka topic to replay: the combined one, or repeated for the two input topics "
-        "(merged by time), or the service's internal topic (its copies).",
-    ),
-    requests_topic: str = typer.Option(
-        Topics.requests, envvar="TSI_TOPIC_REQUESTS", help="Which --topic holds requests."
-    ),
-    feedback_topic: str = typer.Option(
-        Topics.feedback, envvar="TSI_TOPIC_FEEDBACK", help="Which --topic holds feedback."
-    ),
-    internal_topic: str = typer.Option(
-        Topics.internal,
-        envvar="TSI_TOPIC_INTERNAL",
-        help="Which --topic is the service's internal topic (read as its copies).",
-    ),
-    brokers: str = typer.Option(
-        "127.0.0.1:9092", envvar="KAFKA_BOOTSTRAP_SERVERS", help="Kafka brokers (with --topic)."
+        "(merged by time), or the service's internal topic (its copies); read from --brokers "
+        "with --kafka-config, each named by tsi run's --requests-topic, --feedback-topic and "
+        "--internal-topic.",
     ),
     from_offset: int | None = typer.Option(None, min=0, help="First offset (each partition)."),
     to_offset: int | None = typer.Option(None, min=0, help="Stop before this offset."),
@@ -69,48 +72,104 @@ def replay(
     '--topic tsi.requests --topic tsi.feedback' or '--topic tsi.events.internal' (the
     order it served in); the topic names are tsi run's (TSI_TOPIC_*).
     """
-    from flows.tools.replay_input import ReplayError, TopicLog
+    _check_sources(events, requests, feedback, topic)
+    kafka = _topic_source(topic, env, from_offset, to_offset) if topic else None
+    reg, messages, kinds = _open(registry, events, requests, feedback, kafka, out)
+    _write_inputs(out, registry, events, requests, feedback, kafka)
+    kept = _Kept() if report else None
+    result = _run(messages, kinds, reg, seed, out, kept)
+    summary = _summary(result, events or ", ".join(topic) or f"{requests} and {feedback}")
+    if kept is not None:
+        summary += f"; report: {_report(kept, out, summary, reg, _context(events, seed))}"
+    typer.echo(summary)
+    if result.events and not result.served and not result.applied_feedback:
+        fail("replay", _all_dead(result, out) + _read_as_combined(kafka))
 
+
+@dataclass(frozen=True)
+class _TopicSource:
+    """The topics ``--topic`` names, read from ``brokers`` with the consumer's client
+    settings, from offset ``start`` to ``end``."""
+
+    log: TopicLog
+    brokers: str
+    consumer: dict[str, Any]
+    start: int | None
+    end: int | None
+
+    def read(self) -> Iterator[Any]:
+        return self.log.read(self.brokers, self.start, self.end, self.consumer)
+
+
+def _check_sources(
+    events: Path | None, requests: Path | None, feedback: Path | None, topic: list[str]
+) -> None:
+    """One source: ``--events``, ``--requests`` with ``--feedback`` (two files), or
+    ``--topic``; else a one-line error."""
     sources = [events is not None, requests is not None or feedback is not None, bool(topic)]
     if sum(sources) != 1 or (sources[1] and (requests is None or feedback is None)):
         fail("replay", "give --events, or --requests with --feedback, or --topic")
     if requests is not None and feedback is not None and requests.resolve() == feedback.resolve():
         fail("replay", "--requests and --feedback must be two different files")
+
+
+def _topic_source(
+    topic: list[str], env: Mapping[str, str], start: int | None, end: int | None
+) -> _TopicSource:
+    """The topics to replay, each read as what it is in the service's setup that ``env``
+    describes (``REPLAY_OPTIONS``); a one-line error for a bad setting or combination."""
+    from flows.tools.replay_input import ReplayError, TopicLog
+
     try:
-        topics = None
-        if topic:
-            names = (requests_topic, feedback_topic, internal_topic or None)
-            topics = TopicLog(tuple(topic), *names)
+        names = (TOPIC_OPTIONS[k].read(env) for k in ("requests", "feedback", "internal"))
+        log = TopicLog(tuple(topic), *names)
+        brokers, consumer = consumer_from_env(env)
+    except (ConfigError, ReplayError) as exc:
+        fail("replay", str(exc))
+    return _TopicSource(log, brokers, consumer, start, end)
+
+
+def _open(
+    registry: Path,
+    events: Path | None,
+    requests: Path | None,
+    feedback: Path | None,
+    kafka: _TopicSource | None,
+    out: Path,
+) -> tuple[Registry, Iterator[Any], dict[str, str]]:
+    """The registry, the log's messages and their kinds (``_open_log``), and ``out`` made;
+    a one-line error if any of them fails."""
+    from flows.tools.replay_input import ReplayError
+
+    try:
         reg = Registry.load(registry)
-        messages, kinds = _open_log(
-            events, requests, feedback, topics, brokers, from_offset, to_offset
-        )
+        messages, kinds = _open_log(events, requests, feedback, kafka)
         out.mkdir(parents=True, exist_ok=True)
     except (RegistryError, ReplayError) as exc:
         fail("replay", str(exc))
     except OSError as exc:
         fail("replay", f"cannot write to {out}: {exc.strerror}")
-    _write_inputs(out, registry, events, requests, feedback, topic or None, brokers)
-    kept = _Kept() if report else None
-    result = _run(messages, kinds, reg, seed, out, kept)
-    source = events or ", ".join(topic) or f"{requests} and {feedback}"
-    summary = (
+    return reg, messages, kinds
+
+
+def _summary(result: Replayed, source: object) -> str:
+    """The line a replay ends with: what it read from ``source`` and what came of it."""
+    return (
         f"{result.events:,} lines from {source}: {result.served:,} selections, "
         f"{result.applied_feedback:,} feedback applied, {sum(result.reasons.values()):,} dead "
         f"letters, {sum(result.at_end_reasons.values()):,} pending at the end"
     )
-    if kept is not None:
-        context = _context(events, seed)
-        summary += f"; report: {_report(kept, out, summary, reg, context)}"
-    typer.echo(summary)
-    if result.events and not result.served and not result.applied_feedback:
-        said = _all_dead(result, out)
-        if topics is not None and topics.combined:
-            said += (
-                f" ({', '.join(topics.combined)} read as combined events: name the service's "
-                "topics with --requests-topic, --feedback-topic, --internal-topic, as for tsi run)"
-            )
-        fail("replay", said)
+
+
+def _read_as_combined(kafka: _TopicSource | None) -> str:
+    """When every line was a dead letter: which topics were read as combined events, and
+    how to name the service's own topics instead ('' when none was)."""
+    if kafka is None or not kafka.log.combined:
+        return ""
+    return (
+        f" ({', '.join(kafka.log.combined)} read as combined events: name the service's "
+        "topics with --requests-topic, --feedback-topic, --internal-topic, as for tsi run)"
+    )
 
 
 def _all_dead(result: Replayed, out: Path) -> str:
@@ -135,16 +194,21 @@ def _all_dead(result: Replayed, out: Path) -> str:
     return f"{said}; see {out}"
 
 
-def _write_inputs(out: Path, registry: Path, *sources: Any) -> None:
+def _write_inputs(
+    out: Path,
+    registry: Path,
+    events: Path | None,
+    requests: Path | None,
+    feedback: Path | None,
+    kafka: _TopicSource | None,
+) -> None:
     """``inputs.json``: what was replayed (absolute paths), for ``tsi evaluate OUT``."""
-    names = ("events", "requests", "feedback", "topics", "brokers")
-    given = dict(zip(names, sources, strict=True))
-    if given["topics"] is None:
-        given["brokers"] = None
-    manifest = {
-        name: str(value.resolve()) if isinstance(value, Path) else value
-        for name, value in {"registry": registry, **given}.items()
+    given = {"registry": registry, "events": events, "requests": requests, "feedback": feedback}
+    manifest: dict[str, Any] = {
+        name: None if value is None else str(value.resolve()) for name, value in given.items()
     }
+    manifest["topics"] = None if kafka is None else list(kafka.log.topics)
+    manifest["brokers"] = None if kafka is None else kafka.brokers
     try:
         (out / "inputs.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     except OSError as exc:
@@ -189,10 +253,7 @@ def _open_log(
     events: Path | None,
     requests: Path | None,
     feedback: Path | None,
-    topics: TopicLog | None,
-    brokers: str,
-    from_offset: int | None,
-    to_offset: int | None,
+    kafka: _TopicSource | None,
 ) -> tuple[Any, dict[str, str]]:
     """The messages to replay, read as they are needed, and the kind of each source file
     or topic (empty for one combined log). Files are checked first: a missing one is an
@@ -207,8 +268,8 @@ def _open_log(
                 raise ReplayError(f"cannot read {path}: {exc.strerror}") from None
     if events is not None:
         return _started(read_lines(events)), {}
-    if topics is not None:
-        return _started(topics.read(brokers, from_offset, to_offset)), topics.kinds
+    if kafka is not None:
+        return _started(kafka.read()), kafka.log.kinds
     kinds = {str(requests): "request", str(feedback): "feedback"}
     return _started(merge_by_time(read_lines(requests), read_lines(feedback))), kinds
 

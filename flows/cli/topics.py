@@ -11,6 +11,7 @@ from flows.cli.base import app, fail
 from flows.cli.options import with_options
 from flows.service.connectors.kafka import Topics
 from flows.service.runtime.settings import (
+    CLIENT_OPTIONS,
     TOPIC_OPTIONS,
     ConfigError,
     client_config,
@@ -23,7 +24,7 @@ app.add_typer(topics_app, name="topics")
 
 _TIMEOUT = typer.Option(30.0, min=0.1, help="Seconds to wait for the brokers.")
 #: What both commands are told of the service: its brokers, client settings and topics.
-SERVICE_OPTIONS = (option("brokers"), option("kafka_config"), *TOPIC_OPTIONS.values())
+SERVICE_OPTIONS = (*CLIENT_OPTIONS, *TOPIC_OPTIONS.values())
 
 
 def _service_topic_names(topics: Topics) -> list[str]:
@@ -120,7 +121,8 @@ def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
 
 def _service(env: Mapping[str, str]) -> tuple[list[str], Path | None, Topics]:
     """The brokers, the client settings file and the topics ``env`` gives (``ConfigError``)."""
-    return option("brokers").read(env), option("kafka_config").read(env), topics_from_env(env)
+    brokers, config = (each.read(env) for each in CLIENT_OPTIONS)
+    return brokers, config, topics_from_env(env)
 
 
 def _lag_lines(group: str | None, read: list[str], lags: list) -> list[str]:

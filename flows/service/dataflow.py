@@ -416,8 +416,28 @@ def build_flow(
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     inputs, outputs = wiring.inputs, wiring.outputs
     flow = Dataflow(flow_id)
+    routed, errs = _read_inputs(flow, inputs, guards, live)
+    events = [op.merge("routed", *routed)]
+    # unbounded inputs: the shards wish their wake-ups into this flow's scheduler, and the
+    # wake-up source reads them back as events of the shards
+    scheduler = None if inputs.ending is None else WakeUpScheduler()
+    if scheduler is not None:
+        now = clock if stream is None else stream.now
+        events.append(wake_up_events(flow, scheduler, inputs.ending, now))
+    builder = logic_builder(live, clock, snapshots, event_time, stream, scheduler, store)
+    served = shard_step(op.merge("events", *events), _traced_builder(builder, outputs.trace))
+    outputs.selections("selections_out", served.oks)
+    _write_dead_letters(outputs, errs, served.errs, guards.dead_letter_raw)
+    return flow
+
+
+def _read_inputs(
+    flow: Dataflow, inputs: Inputs, guards: Guards, live: LiveRegistry
+) -> tuple[list[Stream[Batch]], list[Stream[Batch]]]:
+    """Every source parsed and routed (through the internal topic when there is one): the
+    streams of routed events, and every refusal's stream (the sources' own among them)."""
     routed: list[Stream[Batch]] = []
-    errs: list[Stream[Batch]] = []  # every refusal, merged into the dead letters below
+    errs: list[Stream[Batch]] = []
     per_shard = inputs.repartition is None
     # Requests first: when both topics have a backlog, the source built first is read
     # first, and feedback read before its request would crowd the early-feedback buffer.
@@ -430,28 +450,30 @@ def build_flow(
         errs += [parsed.errs] if unread is None else [unread, parsed.errs]
     if inputs.repartition is not None:
         internal = through_internal_topic(flow, inputs.repartition, routed, guards, live)
-        routed = [internal.oks]
-        errs.append(internal.errs)
-    events = [op.merge("routed", *routed)]
-    # unbounded inputs: the shards wish their wake-ups into this flow's scheduler, and the
-    # wake-up source reads them back as events of the shards
-    scheduler = None if inputs.ending is None else WakeUpScheduler()
-    if scheduler is not None:
-        now = clock if stream is None else stream.now
-        events.append(wake_up_events(flow, scheduler, inputs.ending, now))
-    builder = logic_builder(live, clock, snapshots, event_time, stream, scheduler, store)
-    trace, shard = outputs.trace, builder
-    if trace is not None:
-        builder = lambda resume: Traced(shard(resume), trace)  # noqa: E731
-    served = shard_step(op.merge("events", *events), builder)
-    outputs.selections("selections_out", served.oks)
-    if trace is not None:  # the refusals tagged too: every dead letter a (tag, letter) pair
-        refused = op.merge("refusals", *errs)
-        errs = [op.map("traced_refusals", refused, functools.partial(_traced, trace))]
+        return [internal.oks], [*errs, internal.errs]
+    return routed, errs
+
+
+def _traced_builder(
+    builder: Callable[[Any], StatefulBatchLogic], trace: Callable[[Any], Any] | None
+) -> Callable[[Any], StatefulBatchLogic]:
+    """``builder``, its shards wrapped in ``Traced`` when the outputs are traced."""
+    if trace is None:
+        return builder
+    return lambda resume: Traced(builder(resume), trace)
+
+
+def _write_dead_letters(
+    outputs: Outputs, refusals: list[Stream[Batch]], shard_letters: Stream[Batch], raw: int
+) -> None:
+    """Every refusal and the shards' dead letters, as JSON, to the dead-letter sink; traced
+    outputs tag the refusals too (every dead letter a (tag, letter) pair)."""
+    if outputs.trace is not None:
+        refused = op.merge("refusals", *refusals)
+        refusals = [op.map("traced_refusals", refused, functools.partial(_traced, outputs.trace))]
     letters = op.map(
         "dead_letter_json",
-        op.merge("dead_letters", *errs, served.errs),
-        functools.partial(_letters_json, guards.dead_letter_raw, trace is not None),
+        op.merge("dead_letters", *refusals, shard_letters),
+        functools.partial(_letters_json, raw, outputs.trace is not None),
     )
     outputs.dead_letters("dead_letters_out", letters)
-    return flow

@@ -158,13 +158,18 @@ class TopicLog:
         return {self.requests: "request", self.feedback: "feedback"}
 
     def read(
-        self, brokers: str, start: int | None = None, end: int | None = None
+        self,
+        brokers: str,
+        start: int | None = None,
+        end: int | None = None,
+        config: dict[str, Any] | None = None,
     ) -> Iterator[Message]:
-        """The messages of the topics' ranges (see ``kafka_range``)."""
+        """The messages of the topics' ranges, read with the client settings ``config``
+        (see ``kafka_range``)."""
         copies = None
         if self.internal in self.topics:
             copies = {self.internal: {REQUEST_TAG: self.requests, FEEDBACK_TAG: self.feedback}}
-        return kafka_range(brokers, self.ordered, start, end, copies=copies)
+        return kafka_range(brokers, self.ordered, start, end, config, copies=copies)
 
 
 def kafka_range(

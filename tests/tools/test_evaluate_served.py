@@ -14,6 +14,7 @@ from flows.service.instances.registry import Registry
 from flows.testing.kafka_broker import create_topic, unique_topic
 from flows.tools.evaluation import EvaluationError, evaluate, load_log
 from flows.tools.evaluation.compare import compare, configurations
+from flows.tools.evaluation.inputs import Inputs
 from flows.tools.evaluation.served import join_served, served_directory
 
 
@@ -127,12 +128,21 @@ def test_service_files_and_topics_give_the_same_evaluation(demo_dir, kafka_boots
          "--events-topic", topics["events"], "--registry", str(demo_dir / "registry.toml"),
          "--out", str(tmp_path / "topics")],
     )  # fmt: skip
+    # the same topics named as tsi run is told them: its environment variables
+    run_env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "TSI_TOPIC_EVENTS": topics["events"]}
+    by_env = CliRunner(env={**run_env, "TSI_TOPIC_SELECTIONS": topics["selections"]}).invoke(
+        app,
+        ["evaluate", "--registry", str(demo_dir / "registry.toml"), "--out", str(tmp_path / "env")],
+    )
     assert by_files.exit_code == 0 and by_topics.exit_code == 0, by_topics.output
+    assert by_env.exit_code == 0, by_env.output
     files = orjson.loads((tmp_path / "files" / "evaluation.json").read_bytes())
     kafka = orjson.loads((tmp_path / "topics" / "evaluation.json").read_bytes())
     [(label, from_files)] = files["configurations"].items()
     assert from_files["experiments"] == kafka["configurations"][label]["experiments"]
     assert files["served"] == kafka["served"]
+    by_name = (tmp_path / "env" / "evaluation.json").read_bytes()
+    assert by_name == (tmp_path / "topics" / "evaluation.json").read_bytes()
 
 
 SELECTION = (
@@ -187,7 +197,7 @@ def test_one_half_of_a_served_log_says_what_to_add(tmp_path, name, content, mess
     [
         (["--selections", "s.jsonl"], "--selections needs --events or --feedback"),
         (["x.jsonl", "--selections", "s.jsonl"], "give one source"),
-        (["--selections-topic", "t", "--events-topic", "e"], "needs --brokers"),
+        (["DIR", "--selections-topic", "t"], "give one source"),
         (["--variant", "fast", "DIR"], "variant must be one of"),
     ],
 )
@@ -196,6 +206,20 @@ def test_contradicting_sources_get_one_clear_line(demo_dir, args, message):
     result = CliRunner(env={"KAFKA_BOOTSTRAP_SERVERS": ""}).invoke(app, ["evaluate", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_the_selections_topic_variable_is_a_source_as_its_flag_is(demo_dir):
+    """TSI_TOPIC_SELECTIONS is --selections-topic (as for tsi run): with a LOG, two sources."""
+    env = {"TSI_TOPIC_SELECTIONS": "tsi.selections"}
+    result = CliRunner(env=env).invoke(app, ["evaluate", str(demo_dir)])
+    assert result.exit_code == 2, result.output
+    assert "give one source" in result.output and "TSI_TOPIC_SELECTIONS" in result.output
+
+
+def test_topics_without_brokers_are_refused_by_the_library():
+    """The command always has brokers (tsi run's default); the library still says so."""
+    given = Inputs(selections_topic="t", events_topic="e")
+    assert given.problem() == "--selections-topic needs --brokers (or KAFKA_BOOTSTRAP_SERVERS)"
 
 
 def test_a_replay_directory_is_evaluated_from_the_logs_it_names(demo_dir, tmp_path):

@@ -39,6 +39,10 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     # how soon partitions added to a topic are noticed (librdkafka's default: 5 minutes)
     "topic.metadata.refresh.interval.ms": 30000,
+    # Bytewax builds one consumer a partition, and librdkafka prefetches up to 64 MiB into
+    # each: a flood of new users then waits in those buffers and sets the process's peak
+    # memory. A few MiB a partition keep the worker fed (it reads batches of a thousand).
+    "queued.max.messages.kbytes": 4096,
 }
 
 

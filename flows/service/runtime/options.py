@@ -64,6 +64,10 @@ class Option:
             return "required"
         return self.shown or (f"`{self.default}`" if self.default else "none")
 
+    def given(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` gives the setting a value (not empty), by flag or variable."""
+        return bool(env.get(self.var, "").strip())
+
     def read(self, env: Mapping[str, str]) -> Any:
         """The setting's value in ``env`` (its default when unset)."""
         text = env.get(self.var, "").strip()

@@ -346,6 +346,23 @@ def option(key: str) -> Option:
     return next(f.metadata["option"] for f in fields(Settings) if f.name == key)
 
 
+#: How a command reaches the brokers, as ``tsi run`` does: the bootstrap servers and the
+#: client settings file. ``tsi topics``, ``tsi replay`` and ``tsi evaluate`` take it.
+CLIENT_OPTIONS = (option("brokers"), option("kafka_config"))
+
+
+def consumer_from_env(env: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
+    """The bootstrap servers (comma-joined, as librdkafka takes them) and the consumer's
+    client settings that ``CLIENT_OPTIONS`` read in ``env`` (``ConfigError``).
+
+    >>> consumer_from_env({"KAFKA_BOOTSTRAP_SERVERS": "a:9092, b:9092"})
+    ('a:9092,b:9092', {})
+    """
+    brokers, config = (each.read(env) for each in CLIENT_OPTIONS)
+    consumer, _ = client_config(config)
+    return ",".join(brokers), consumer
+
+
 def settings_table() -> str:
     """README's table of the settings (a test keeps README's copy the same)."""
     rows = ["| variable | flag | meaning | default |", "|---|---|---|---|"]

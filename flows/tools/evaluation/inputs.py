@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flows.tools.evaluation.logs import EvaluationError, Log, load_log
 from flows.tools.evaluation.served import (
@@ -39,13 +40,17 @@ class Inputs:
     events_topic: str | None = None
     feedback_topic: str | None = None
     requests_topic: str | None = None
+    consumer: dict[str, Any] | None = None  # the topics' client settings (librdkafka's)
 
     def problem(self) -> str | None:
         """Why these sources cannot be read together, or None."""
         files = self.selections is not None
         topics = self.selections_topic is not None
         if sum([self.log is not None, files, topics]) != 1:
-            return "give one source: a LOG (file or directory), --selections, or --selections-topic"
+            return (
+                "give one source: a LOG (file or directory), --selections, or "
+                "--selections-topic (TSI_TOPIC_SELECTIONS)"
+            )
         if files and (self.events is None) == (self.feedback is None):
             return "--selections needs --events or --feedback"
         if topics and (self.events_topic is None) == (self.feedback_topic is None):
@@ -112,7 +117,7 @@ def _served_topics(given: Inputs) -> Served:
         if topic is None:
             return None
         try:
-            return [raw for raw, _ in kafka_range(given.brokers, topic)]
+            return [raw for raw, _ in kafka_range(given.brokers, topic, config=given.consumer)]
         except ReplayError as exc:
             raise EvaluationError(str(exc)) from None
 
