@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from flows.service.instances.instance import Instance
-from flows.service.instances.registry import Registry, RegistryError
+from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 from tsi_core import Allocation
 
@@ -195,3 +195,17 @@ def test_a_definition_edit_migrates(edit):
     assert inst.bandit.n_arms == len(edited.arms)
     assert inst.bandit.n_updates == 30
     assert inst.bandit.competition.to_dict() == edited.competition.to_dict()
+
+
+@pytest.mark.parametrize(
+    "bad", ["min_share = 0.5", 'aggregate = "median"', 'force_arm = "red"', "burn_in = -3"]
+)
+def test_a_reload_with_a_bad_value_keeps_the_running_registry(tmp_path, bad):
+    path = tmp_path / "registry.toml"
+    path.write_text(BASE + "min_share = 0.1")
+    live = LiveRegistry(Registry.load(path), path)
+    path.write_text(BASE + bad)
+    said = live.reload()
+    assert "reload refused, the running registry stays" in said
+    assert bad.split(" = ")[0] in said
+    assert not live.apply() and live.current["e"].min_share == 0.1

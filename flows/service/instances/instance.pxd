@@ -61,7 +61,6 @@ cdef class Terms:
     cdef readonly int aggregate  # an AGGREGATE: FIRST, SUM, MEAN, LAST, MAX
     cdef readonly object contexts  # ``serving.NamedContexts``, or None
     cdef readonly dict arm_index  # arm name -> index
-    cdef readonly object allocation
 
 
 cdef enum Aggregate:

@@ -265,7 +265,6 @@ cdef class Terms:
         self.aggregate = AGGREGATES.index(experiment.aggregate)
         self.contexts = experiment.contexts
         self.arm_index = {name: i for i, name in enumerate(self.arms)}
-        self.allocation = experiment.allocation
 
 
 AGGREGATES = serving.AGGREGATES  # in the order of the ``Aggregate`` codes
