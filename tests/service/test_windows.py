@@ -290,8 +290,25 @@ def test_values_not_listed_go_to_other_and_are_counted():
     after = _other_counts()
     assert after[("named", "device")] - before.get(("named", "device"), 0) == 2
     assert after[("named", "plan")] - before.get(("named", "plan"), 0) == 1
-    served = thread_tally().served
-    assert served[("named", "bandit")] >= 3
+    assert served_total("named", "bandit") >= 3
+
+
+def served_total(experiment, why):
+    for metric in REGISTRY.collect():
+        if metric.name == "tsi_served":
+            for sample in metric.samples:
+                if sample.labels == {"experiment": experiment, "why": why}:
+                    return sample.value
+    return 0
+
+
+def test_selections_are_counted_by_why():
+    registry = Registry.from_toml(f"[experiments.whys]\narms = {ARMS}\nburn_in = 4\n")
+    shard = ShardStore(FlowContext(LiveRegistry(registry)))
+    exp = registry["whys"]
+    _event_loop.handle(shard, [("whys", exp, request(f"r{i}", "whys")) for i in range(10)])
+    _event_loop.handle(shard, [("whys", exp, request("r0", "whys"))])  # a retry
+    assert (served_total("whys", "burn_in"), served_total("whys", "bandit")) == (5, 6)
 
 
 def _other_counts():

@@ -184,7 +184,8 @@ class _Tally:
         self.last_event = 0.0  # time() when the last event was handled
         self.last_ts = 0.0  # the ts of the last event that had one
         self.experiments: dict[str, list[int]] = {}
-        self.served: dict[tuple[str, str], int] = {}  # (experiment, why) -> selections
+        # (experiment, why) -> selections, for each why but "bandit" (decisions - these)
+        self.served: dict[tuple[str, str], int] = {}
         # per kind (True: request): counts per bucket (the last is +Inf), then the sum
         self.processing = {k: [0] * (len(PROCESSING_BUCKETS) + 1) + [0.0] for k in (True, False)}
         self.age = {k: [0] * (len(AGE_BUCKETS) + 1) + [0.0] for k in (True, False)}
@@ -324,7 +325,13 @@ class _MetricsCollector:
         by_why = CounterMetricFamily(
             "tsi_served", "Selections emitted by what served them.", labels=["experiment", "why"]
         )
-        for (experiment, why), n in sorted(served.items()):
+        by_bandit = {name: counts[DECISIONS] for name, counts in experiments.items()}
+        for (experiment, _), n in served.items():
+            by_bandit[experiment] = by_bandit.get(experiment, 0) - n
+        for experiment, why, n in sorted(
+            [(e, "bandit", n) for e, n in by_bandit.items()]
+            + [(e, w, n) for (e, w), n in served.items()]
+        ):
             by_why.add_metric([experiment, why], n)
         yield by_why
         yield family(CounterMetricFamily, "tsi_retries",

@@ -137,7 +137,7 @@ cdef class _Counts:
     cdef str name
     cdef long decisions, retries, pending, early, early_feedback, applied, collected, instances
     cdef dict by_slot  # a dead letter's slot (SLOT_OF_REASON) -> count
-    cdef dict by_why  # a selection's why -> count
+    cdef dict by_why  # a selection's why, other than "bandit" -> count
     cdef bint counted
     cdef list counters  # the experiment's counters in the tally ``counters_of``
     cdef object counters_of
@@ -331,7 +331,8 @@ cdef class _Loop:
                 c.decisions += 1
                 c.retries += changes.retry
                 why = field(_SELECTION, item, SELECTION_WHY)
-                c.by_why[why] = c.by_why.get(why, 0) + 1
+                if why != "bandit":  # the others; the bandit's are the rest of decisions
+                    c.by_why[why] = c.by_why.get(why, 0) + 1
         (self.processing_request if is_request else self.processing_feedback).add(
             _monotonic() - started
         )
