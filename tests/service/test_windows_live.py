@@ -2,6 +2,7 @@
 open and aggregates half collected loses and doubles nothing, and a live registry edit
 (SIGHUP) of each serving setting takes effect at once."""
 
+import base64
 import random
 import signal
 import subprocess
@@ -256,9 +257,44 @@ def test_a_live_edit_of_each_serving_setting_takes_effect(kafka_bootstrap, tmp_p
             seconds=30,
         )
         assert metric(port, "tsi_served_total", experiment="shop", why="forced") == 20
+        reasons = [d["reason"] for d in messages(kafka_bootstrap, names["dlq"])]
+        assert reasons == [], reasons  # the defaulted windows are no dead letters
+        # contexts (a definition edit: migrated; the open tickets without a context retire)
+        # and requests restricted to eligible arms
+        edit(2, 'contexts = { device = ["ios", "android"] }')
+        asked = [
+            ("c-1", {"context": {"device": "tv"}}),
+            ("c-2", {"context": {"device": "ios"}, "eligible": ["b"]}),
+            ("c-3", {"context": {"device": "ios", "os": "x"}}),
+            ("c-4", {"context": {"device": "ios"}, "eligible": ["b", "zz"]}),
+            ("c-5", {"context": 2, "eligible": [0, 2]}),
+        ]
+        produce(
+            kafka_bootstrap,
+            names["ev"],
+            [{"type": "request", "experiment": "shop", "request_id": r, **f} for r, f in asked],
+        )
+        wait_for(lambda: len(answers("c-")) == 3, proc)
+        served = answers("c-")
+        assert served["c-2"]["arm_name"] == "b" and served["c-5"]["arm_name"] in ("a", "c")
+        wait_for(
+            lambda: (
+                metric(port, "tsi_context_other_total", experiment="shop", attribute="device") == 1
+            ),
+            proc,
+            seconds=10,
+        )
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    reasons = [d["reason"] for d in messages(kafka_bootstrap, names["dlq"])]
-    assert reasons == [], reasons  # the defaulted windows are no dead letters
+    letters = messages(kafka_bootstrap, names["dlq"])
+    by_request = {
+        orjson.loads(base64.b64decode(d["raw_b64"]))["request_id"]: d["reason"] for d in letters
+    }
+    assert (by_request.pop("c-3"), by_request.pop("c-4")) == (
+        "unknown_context_attribute",
+        "unknown_arm",
+    )
+    assert set(by_request.values()) == {"context_retired"}  # the open f-, h- and b- tickets
+    assert set(by_request) == set(forced) | set(held) | set(burnt)
