@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from flows.service.dataflow import Guards, parse_and_route
 from flows.service.instances.instance import Instance, Open, compact_to_entries
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.instances.resting import entry_of, revive
@@ -344,3 +345,22 @@ def test_the_shard_counts_defaulted_and_collected_outcomes():
     assert shard.expire_due() == []
     delta = [a - b for a, b in zip(counts, before, strict=True)]
     assert (delta[COLLECTED], delta[APPLIED], delta[DEFAULTED], delta[PENDING]) == (2, 1, 1, 0)
+
+
+def test_eligible_and_named_contexts_come_through_the_parser_of_batches():
+    """The compiled lane takes plain requests only; these go the general path, whole."""
+    registry = Registry.from_toml(f"[experiments.e]\narms = {ARMS}\n{NAMED}\n")
+    raw = [
+        {"experiment": "e", "request_id": "r1", "eligible": ["green", 2]},
+        {"experiment": "e", "request_id": "r2", "context": {"device": "ios", "plan": "pro"}},
+        {"experiment": "e", "request_id": "r3", "context": 4},
+    ]
+    batch = [(orjson.dumps(m), Origin("t", 0, i)) for i, m in enumerate(raw)]
+    routed, dead = parse_and_route(parse_request, Guards(), LiveRegistry(registry), batch, False)
+    assert dead == []
+    got = [(e.request_id, e.eligible, e.context) for _, _, e in routed]
+    assert got == [
+        ("r1", ("green", 2), None),
+        ("r2", None, {"device": "ios", "plan": "pro"}),
+        ("r3", None, 4),
+    ]
