@@ -41,8 +41,11 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     "topic.metadata.refresh.interval.ms": 30000,
     # Bytewax builds one consumer a partition, and librdkafka prefetches up to 64 MiB into
     # each: a flood of new users then waits in those buffers and sets the process's peak
-    # memory. A few MiB a partition keep the worker fed (it reads batches of a thousand).
-    "queued.max.messages.kbytes": 4096,
+    # memory. One MiB a partition keeps the worker fed (it reads batches of a thousand)
+    # when a full buffer is refilled at once: librdkafka otherwise waits a second
+    # (fetch.queue.backoff.ms) before it fetches for a partition whose buffer was full.
+    "queued.max.messages.kbytes": 1024,
+    "fetch.queue.backoff.ms": 5,
 }
 
 
