@@ -27,7 +27,7 @@ ValueError: min_share 0.5 with 2 arms: M·f must be < 1
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -92,8 +92,14 @@ class Allocation:
         return self == _PLAIN
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able settings (every field, by name)."""
-        return asdict(self)
+        """JSON-able settings (every field, by name, as Python numbers)."""
+        return {
+            "min_share": float(self.min_share),
+            "holdout_arm": None if self.holdout_arm is None else int(self.holdout_arm),
+            "holdout_share": float(self.holdout_share),
+            "burn_in": int(self.burn_in),
+            "force_arm": None if self.force_arm is None else int(self.force_arm),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Allocation:
