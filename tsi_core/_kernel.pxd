@@ -123,6 +123,7 @@ cdef class Table:
     cdef double* row(self, Py_ssize_t i) except NULL
     cdef int check_context(self, int64_t ctx) except -1
     cdef int check_mask(self, const unsigned char* mask, const Alloc* alloc) except -1
-    cdef const unsigned char* mask_of(self, object eligible, Py_ssize_t rows) except? NULL
+    cdef const unsigned char* mask_of(self, object eligible, Py_ssize_t rows,
+                                      Py_ssize_t* stride) except? NULL
     cdef int check_ticket(self, int64_t ctx, int64_t arm, double q, double p,
                           double loss) except -1

@@ -821,34 +821,45 @@ cdef class Table:
             raise ValueError(f"force_arm {alloc.force_arm} is not among the eligible arms {arms}")
         return 0
 
-    cdef const unsigned char* mask_of(self, object eligible, Py_ssize_t rows) except? NULL:
-        """The first byte of an eligible mask: None (NULL), M bytes (every row), or
-        (rows, M) bytes, C-contiguous uint8."""
-        cdef const unsigned char[::1] flat
+    cdef const unsigned char* mask_of(self, object eligible, Py_ssize_t rows,
+                                      Py_ssize_t* stride) except? NULL:
+        """The first byte of an eligible mask (1: eligible): None (NULL), M bytes (every
+        row: ``stride`` 0) or rows·M bytes (``stride`` M), as a bytes-like object or a
+        C-contiguous uint8 array of shape (M,) or (rows, M)."""
+        cdef const unsigned char[::1] flat = None
         cdef Py_ssize_t m = self.kernel.n_arms
+        stride[0] = 0
         if eligible is None:
             return NULL
-        if not isinstance(eligible, np.ndarray) or eligible.dtype != np.uint8 \
-                or not eligible.flags.c_contiguous \
-                or eligible.shape not in ((m,), (rows, m)):
-            raise ValueError(f"an eligible mask must be a C-contiguous uint8 array of shape "
-                             f"({m},) or ({rows}, {m}), got {eligible!r:.80}")
-        flat = eligible.reshape(-1)
+        try:
+            if isinstance(eligible, np.ndarray):
+                if eligible.flags.c_contiguous and eligible.ndim <= 2:
+                    flat = eligible.reshape(-1)  # a view: its buffer is the caller's
+            else:
+                flat = eligible
+        except (TypeError, ValueError, BufferError):
+            flat = None
+        if flat is None or flat.shape[0] not in (m, rows * m):
+            raise ValueError(f"an eligible mask must be {m} or {rows}×{m} bytes (uint8), "
+                             f"got {eligible!r:.80}")
+        if flat.shape[0] != m:
+            stride[0] = m
         return &flat[0]
 
     def select(self, Py_ssize_t i, int64_t context, double u, allocation=None,
                eligible=None):
         """(arm, q, p, round, why) drawn for row ``i`` with the uniform draw ``u`` in
         [0, 1) under ``allocation`` (an ``Allocation``; None: none) among the arms of
-        ``eligible`` (a uint8 mask of M entries; None: all); ``q`` is the probability the
-        arm was served with, ``round`` counts the row's selections from 1 and ``why``
-        indexes ``WHYS``."""
+        ``eligible`` (a mask of M bytes, ``mask_of``; None: all); ``q`` is the
+        probability the arm was served with, ``round`` counts the row's selections from 1
+        and ``why`` indexes ``WHYS``."""
         cdef int64_t arm
         cdef int why
         cdef double q, p
         cdef double* row = self.row(i)
+        cdef Py_ssize_t stride
         cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
-        cdef const unsigned char* mask = self.mask_of(eligible, 1)
+        cdef const unsigned char* mask = self.mask_of(eligible, 1, &stride)
         self.check_context(context)
         self.check_mask(mask, &alloc)
         if not (0.0 <= u < 1.0):
@@ -871,8 +882,9 @@ cdef class Table:
         out = np.empty(self.kernel.n_arms)
         cdef double[::1] view = out
         cdef double* row = self.row(i)
+        cdef Py_ssize_t stride
         cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
-        cdef const unsigned char* mask = self.mask_of(eligible, 1)
+        cdef const unsigned char* mask = self.mask_of(eligible, 1, &stride)
         self.check_context(context)
         self.check_mask(mask, &alloc)
         self.kernel.serving_row(row, <int>context, &alloc, mask, &view[0])
@@ -903,11 +915,10 @@ cdef class Table:
         ``eligible`` (None; a uint8 mask of M entries for every event; or one per event,
         shape (events, M))."""
         cdef Py_ssize_t e, n = rows.shape[0]
-        cdef Py_ssize_t m = self.kernel.n_arms
+        cdef Py_ssize_t stride
         cdef int code
         cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
-        cdef const unsigned char* mask = self.mask_of(eligible, n)
-        cdef Py_ssize_t stride = 0 if eligible is None or eligible.ndim == 1 else m
+        cdef const unsigned char* mask = self.mask_of(eligible, n, &stride)
         self._check_lengths(n, contexts.shape[0], u.shape[0], arms.shape[0], q.shape[0],
                             p.shape[0])
         if why is not None:
@@ -946,10 +957,9 @@ cdef class Table:
         """The probabilities of each event's next selection, shape (events, M): the
         learner's q, or P under ``allocation`` and ``eligible`` (as for ``select_many``)."""
         cdef Py_ssize_t e, n = rows.shape[0]
+        cdef Py_ssize_t stride
         cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
-        cdef const unsigned char* mask = self.mask_of(eligible, n)
-        cdef Py_ssize_t m = self.kernel.n_arms
-        cdef Py_ssize_t stride = 0 if eligible is None or eligible.ndim == 1 else m
+        cdef const unsigned char* mask = self.mask_of(eligible, n, &stride)
         self._check_lengths(n, contexts.shape[0])
         out = np.empty((n, self.kernel.n_arms))
         cdef double[:, ::1] view = out

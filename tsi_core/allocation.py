@@ -117,24 +117,36 @@ class Allocation:
 _PLAIN = Allocation()
 
 
-def eligible_mask(eligible: Any, n_arms: int) -> np.ndarray | None:
-    """The eligible arms of one request as a uint8 mask of length ``n_arms``, or None for
-    all arms (None given, or every arm named). ``eligible`` is a non-empty sequence of
-    distinct arm indices or a boolean mask of length M; anything else raises
+def eligible_mask(eligible: Any, n_arms: int) -> bytearray | None:
+    """The eligible arms of one request as a mask of ``n_arms`` bytes (1: eligible), or
+    None for all arms (None given, or every arm named). ``eligible`` is a non-empty
+    sequence of distinct arm indices or a boolean mask of length M; anything else raises
     ``ValueError`` naming it.
 
-    >>> eligible_mask([2, 0], 3).tolist(), eligible_mask([True, True], 2)
+    >>> list(eligible_mask([2, 0], 3)), eligible_mask([True, True], 2)
     ([1, 0, 1], None)
     """
     if eligible is None:
         return None
+    if (type(eligible) is list or type(eligible) is tuple) and eligible:  # without numpy
+        mask = bytearray(n_arms)
+        for arm in eligible:
+            if type(arm) is not int:
+                break
+            if not 0 <= arm < n_arms:
+                raise ValueError(f"eligible arm {arm} is outside the arms [0, {n_arms - 1}]")
+            if mask[arm]:
+                raise ValueError(f"eligible arms repeat: {eligible!r}")
+            mask[arm] = 1
+        else:
+            return None if len(eligible) == n_arms else mask
     given = np.asarray(eligible) if not isinstance(eligible, str | bytes | dict | set) else None
     if given is None or given.ndim != 1:
         raise ValueError(f"eligible must be arm indices or a boolean mask, got {eligible!r}")
     if given.dtype == bool:
         if given.shape != (n_arms,):
             raise ValueError(f"an eligible mask must have {n_arms} entries, got {eligible!r}")
-        mask = given.astype(np.uint8)
+        mask = bytearray(given.astype(np.uint8).tobytes())
     else:
         if len(given) == 0 or not np.issubdtype(given.dtype, np.integer):
             raise ValueError(f"eligible must be a non-empty list of arm indices, got {eligible!r}")
@@ -143,8 +155,9 @@ def eligible_mask(eligible: Any, n_arms: int) -> np.ndarray | None:
             raise ValueError(f"eligible arm {int(bad[0])} is outside the arms [0, {n_arms - 1}]")
         if len(np.unique(given)) != len(given):
             raise ValueError(f"eligible arms repeat: {eligible!r}")
-        mask = np.zeros(n_arms, dtype=np.uint8)
-        mask[given] = 1
-    if not mask.any():
+        mask = bytearray(n_arms)
+        for arm in given.tolist():
+            mask[arm] = 1
+    if not any(mask):
         raise ValueError(f"no eligible arm: {eligible!r}")
-    return None if mask.all() else mask
+    return None if all(mask) else mask
