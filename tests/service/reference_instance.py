@@ -541,7 +541,7 @@ class Instance:
         >>> inst = Instance(exp, "e")
         >>> inst._put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
         >>> inst.compact_entries()
-        (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None), None, 9.0),)
+        (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None, 'bandit'), None, 9.0),)
         """
         out = list(self._kept or ())  # the kept answers first, as compact tuples
         for entry in self._live():
@@ -604,13 +604,14 @@ def entries_to_dict(entries: Iterable[Entry]) -> dict[str, list]:
 
 
 def compact_to_entries(kept: tuple[tuple, ...]) -> list[Entry]:
-    """The entries ``Instance.compact_entries`` wrote, as objects."""
+    """The entries ``Instance.compact_entries`` wrote, as objects (a ticket written
+    before ``Ticket.why`` has six fields: it reads as "bandit")."""
     out: list[Entry] = []
     for kind, rid, ticket, unit, deadline, *origin in kept:
         if kind == "o":
-            out.append(Open(rid, Ticket._make(ticket), unit, deadline, Origin(*origin[0])))
+            out.append(Open(rid, Ticket(*ticket), unit, deadline, Origin(*origin[0])))
         else:
-            out.append(_COMPACT_KINDS[kind](rid, Ticket._make(ticket), unit, deadline))
+            out.append(_COMPACT_KINDS[kind](rid, Ticket(*ticket), unit, deadline))
     return out
 
 

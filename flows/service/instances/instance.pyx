@@ -776,7 +776,7 @@ cdef class Instance:
         >>> inst = Instance(exp, "e")
         >>> inst.put(Settled("r1", inst.bandit.select(u=0.5), None, 9.0))
         >>> inst.compact_entries()
-        (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None), None, 9.0),)
+        (('s', 'r1', ('e', 1, 1, 0.5, 0.5, None, 'bandit'), None, 9.0),)
         """
         out = list(self._kept or ())  # the kept answers first, as compact tuples
         for entry in self._live():
@@ -848,13 +848,14 @@ def entries_to_dict(entries) -> dict:
 
 
 def compact_to_entries(tuple items) -> list:
-    """The entries ``Instance.compact_entries`` wrote, as objects."""
+    """The entries ``Instance.compact_entries`` wrote, as objects (a ticket written
+    before ``Ticket.why`` has six fields: it reads as "bandit")."""
     out = []
     for kind, rid, ticket, unit, deadline, *origin in items:
         if kind == "o":
-            out.append(Open(rid, Ticket._make(ticket), unit, deadline, Origin(*origin[0])))
+            out.append(Open(rid, Ticket(*ticket), unit, deadline, Origin(*origin[0])))
         else:
-            out.append(_COMPACT_KINDS[kind](rid, Ticket._make(ticket), unit, deadline))
+            out.append(_COMPACT_KINDS[kind](rid, Ticket(*ticket), unit, deadline))
     return out
 
 
