@@ -39,8 +39,8 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     # how soon partitions added to a topic are noticed (librdkafka's default: 5 minutes)
     "topic.metadata.refresh.interval.ms": 30000,
-    # Bytewax builds one consumer a partition, and librdkafka prefetches up to 64 MiB into
-    # each: a flood of new users then waits in those buffers and sets the process's peak
+    # Bytewax builds one consumer a partition, and librdkafka's default prefetch into each
+    # is large: a flood of new users then waits in those buffers and sets the process's peak
     # memory. One MiB a partition keeps the worker fed (it reads batches of a thousand)
     # when a full buffer is refilled at once: librdkafka otherwise waits a second
     # (fetch.queue.backoff.ms) before it fetches for a partition whose buffer was full.
