@@ -375,7 +375,9 @@ def kafka_messages(
     Kafka's errors, their ``kafka_error`` dead letters. ``seeded``:
     where partitions without resume state start (``"step id/partition": offset``).
 
-    Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
+    Defaults added over Bytewax's (`SOURCE_DEFAULTS`, each with its reason):
+    `auto.offset.reset=earliest`, a small prefetch a partition, refilled without
+    librdkafka's one-second pause.
     `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
     soon as one byte arrives (`fetch.min.bytes=1`), so lowering it does not lower the
     latency of new messages and only multiplies idle fetch requests. It does bound how long
