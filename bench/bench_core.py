@@ -56,7 +56,7 @@ Batch, N=10,000 and M=10: instance-rounds/s (N * rounds / seconds) of
 Cost of the API layer (argument checks, tickets, the pending-ticket registry): both loops
 take u from a precomputed array.
 * ``Bandit Fixed() M=... (u given)``: ``t = b.select(u=u); b.update(t, loss)``, against
-  ``kernel Table M=...``: ``arm, q, p, n = t.select(0, 0, u); t.update(0, 0, arm, q, p,
+  ``kernel Table M=...``: ``arm, q, p, n, why = t.select(0, 0, u); t.update(0, 0, arm, q, p,
   loss)`` on ``t = Table(k, k.initial_rows(1))``, ``k = Bandit(M)._table.kernel``.
 * ``BatchBandit Fixed() (u given)``: ``bb.select(u=...)``, against ``kernel Table
   N=10,000``: ``t.select_many(rows, contexts, u, arms, q, p)`` and ``t.update_many(rows,
@@ -296,7 +296,7 @@ def loop_table(t: Table, table: list, start: int, rounds: int) -> float:
     select, update, n_rows, n_draws = t.select, t.update, len(table), len(draws)
     t0 = time.perf_counter()
     for i in range(start, start + rounds):
-        arm, q, p, _ = select(0, 0, draws[i % n_draws])
+        arm, q, p, _, _ = select(0, 0, draws[i % n_draws])
         update(0, 0, arm, q, p, table[i % n_rows][arm])
     return time.perf_counter() - t0
 

@@ -6,6 +6,7 @@
 >>> b.update(sel, loss=12.5)
 """
 
+from tsi_core.allocation import Allocation
 from tsi_core.bandit import Bandit, TicketError
 from tsi_core.batch import BatchBandit, TicketBatch
 from tsi_core.competition import Contextual, Fixed, Markov, Switching, competition_from_dict
@@ -15,6 +16,7 @@ from tsi_core.variant import VARIANTS, Variant
 
 __all__ = [
     "VARIANTS",
+    "Allocation",
     "Bandit",
     "BatchBandit",
     "Contextual",

@@ -21,10 +21,17 @@ from libc.string cimport memcpy
 import numpy as np
 
 from tsi_core._kernel cimport (
-    C_D_EXP, C_D_MANT, C_HEAD, C_N_ROUNDS, C_N_UPDATES, C_PSI, C_VN, Kernel, Table,
+    C_D_EXP, C_D_MANT, C_HEAD, C_N_ROUNDS, C_N_UPDATES, C_PSI, C_VN, WHY_FORCED, Alloc,
+    Kernel, Table, alloc_of,
 )
+from tsi_core._kernel import WHYS
+from tsi_core.allocation import Allocation, eligible_mask
 from tsi_core.ticket import Ticket, TicketError
 from tsi_core.validate import check_draw, check_loss, context_problem
+
+cdef tuple _WHYS = WHYS
+cdef str _FORCED = WHYS[WHY_FORCED]
+cdef object _PLAIN = Allocation()
 
 
 cdef extern from *:
@@ -54,21 +61,22 @@ cdef inline void put(object ticket, Py_ssize_t i, object item):
 
 
 cdef inline object new_ticket(object instance, int64_t round_, int64_t arm, double q,
-                              double p, object context):
-    """Ticket(instance, round_, arm, q, p, context), allocated as tuple.__new__ does for a
-    tuple subclass, without the intermediate tuple."""
-    cdef object ticket = PyType_GenericAlloc(<PyTypeObject*>Ticket, 6)
+                              double p, object context, int why):
+    """Ticket(instance, round_, arm, q, p, context, WHYS[why]), allocated as
+    tuple.__new__ does for a tuple subclass, without the intermediate tuple."""
+    cdef object ticket = PyType_GenericAlloc(<PyTypeObject*>Ticket, 7)
     put(ticket, 0, instance)
     put(ticket, 1, round_)
     put(ticket, 2, arm)
     put(ticket, 3, q)
     put(ticket, 4, p)
     put(ticket, 5, context)
+    put(ticket, 6, <object>PyTuple_GET_ITEM(_WHYS, why))
     return ticket
 
 
 cdef inline bint _atomic(object ticket):
-    """Whether a ticket holds only a str, ints, floats and None: then a table of such
+    """Whether a ticket holds only strs, ints, floats and None: then a table of such
     tickets cannot be part of a reference cycle, and is kept out of the cyclic GC's
     walks (CPython tracks a dict from the first tuple subclass put in it, tracked or
     not; an instance with many pending tickets kept one such dict walked at every
@@ -78,6 +86,7 @@ cdef inline bint _atomic(object ticket):
         type(field(ticket, 0)) is str and type(field(ticket, 1)) is int
         and type(field(ticket, 2)) is int and type(field(ticket, 3)) is float
         and type(field(ticket, 4)) is float and (context is None or type(context) is int)
+        and type(field(ticket, 6)) is str
     )
 
 
@@ -155,6 +164,7 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
     made.variant = template.variant
     cdef BanditCore bandit = made
     bandit._seed, bandit.instance_id = template._seed, instance_id
+    bandit._allocation, bandit._alloc = template._allocation, template._alloc
     cdef Table table = Table.__new__(Table)
     table.kernel, table.rows, table.n, table.data = kernel, rows, 1, row
     bandit.attach(table)
@@ -162,7 +172,8 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
 
 
 cdef class BanditCore:
-    """Row 0 of a one-row kernel table, the pending tickets, and the instance's draws."""
+    """Row 0 of a one-row kernel table, the pending tickets, the instance's draws, and
+    its allocation (``tsi_core.allocation``: configuration, not learned state)."""
 
     cdef readonly Table _table
     cdef readonly object _row
@@ -176,6 +187,21 @@ cdef class BanditCore:
     cdef object _generator
     cdef object _bit_generator      # keeps the C state below alive
     cdef tsi_bitgen_t* _bitgen
+    cdef readonly object _allocation  # None: Allocation(), the learner's q as it is
+    cdef Alloc _alloc
+
+    @property
+    def allocation(self):
+        """How traffic is allocated around the learner (``Allocation``); setting it is a
+        live edit, checked against the arms, and changes no learned state."""
+        return _PLAIN if self._allocation is None else self._allocation
+
+    @allocation.setter
+    def allocation(self, allocation):
+        if allocation is None:
+            allocation = _PLAIN
+        self._alloc = alloc_of(allocation, self._kernel.n_arms)  # checks it first
+        self._allocation = None if allocation.plain else allocation
 
     def _attach(self, Table table):
         """Make ``table`` (one row) this instance's state."""
@@ -231,11 +257,16 @@ cdef class BanditCore:
         return self._bitgen.next_double(self._bitgen.state)
 
     # -------------------------------------------------------------- decisions
-    def select(self, context=None, u=None):
-        """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw."""
+    def select(self, context=None, u=None, eligible=None):
+        """Draw an arm; ``u`` in [0, 1) replaces the instance's own uniform draw;
+        ``eligible`` (arm indices or a boolean mask; None: all) the arms that may be
+        served. The ticket's ``prob`` is the probability the arm was served with."""
         cdef int64_t arm
         cdef int64_t row = 0
+        cdef int why
         cdef double q, p, draw
+        cdef const unsigned char[::1] view
+        cdef const unsigned char* mask = NULL
         if type(context) is int and 0 <= context < self._n_contexts and self._n_contexts > 1:
             row = context  # the common contextual case, checked here without a call
         elif context is not None or self._n_contexts > 1:
@@ -243,20 +274,29 @@ cdef class BanditCore:
             if problem is not None:
                 raise ValueError(problem)
             row = context
+        if eligible is not None:
+            given = eligible_mask(eligible, self._kernel.n_arms)
+            if given is not None:
+                view = given
+                mask = &view[0]
+                self._table.check_mask(mask, &self._alloc)
         if u is None:
             draw = self._draw()
         elif isinstance(u, float) and 0.0 <= <double>u < 1.0:
             draw = u
         else:
             draw = check_draw(u)
-        self._kernel.select_row(self._data, <int>row, draw, &arm, &q, &p)
+        self._kernel.select_row(self._data, <int>row, draw, &self._alloc, mask, &arm, &q, &p,
+                                &why)
         ticket = new_ticket(self.instance_id, <int64_t>self._data[C_N_ROUNDS], arm, q, p,
-                            context)
+                            context, why)
         self.hold(ticket)
         return ticket
 
     def update(self, ticket, loss):
-        """Apply the loss of a ticket's arm; each ticket exactly once, in any order."""
+        """Apply the loss of a ticket's arm; each ticket exactly once, in any order. The
+        update uses the probability the arm was served with (the ticket's ``prob``); a
+        ticket served because an arm was forced is settled and teaches nothing."""
         cdef double value
         self.check_pending(ticket)
         if isinstance(loss, float) and isfinite(<double>loss):
@@ -269,7 +309,9 @@ cdef class BanditCore:
         cdef double q = field(ticket, 3)
         cdef double p = field(ticket, 4)
         self._table.check_ticket(row, arm, q, p, value)
-        self._kernel.update_row(self._data, <int>row, arm, q, p, value)
+        why = field(ticket, 6)
+        if why is not _FORCED and why != _FORCED:
+            self._kernel.update_row(self._data, <int>row, arm, q, p, value)
         self.settle(ticket)
 
     def discard(self, ticket):

@@ -18,6 +18,38 @@ cdef enum Kind:
     SWITCHING = 1
     MARKOV = 2
 
+cdef enum Why:
+    # why a selection's arm was served (``WHYS`` names them)
+    WHY_BANDIT = 0
+    WHY_HOLDOUT = 1
+    WHY_BURN_IN = 2
+    WHY_FORCED = 3
+
+cdef struct Alloc:
+    # an ``Allocation`` as the round reads it; all zero: none (the learner's q as it is)
+    bint active          # any setting below applies
+    double min_share     # f: π_a = f + (1 - M_e·f)·q̃_a
+    double holdout_share  # s (0: no holdout)
+    int64_t holdout_arm
+    double burn_in       # selections served uniformly (a count)
+    bint forced
+    int64_t force_arm
+
+cdef struct Serving:
+    # one request's base distribution π over the eligible arms, and its holdout
+    int n_eligible
+    bint uniform        # π = 1/M_e (burn-in, or q̃ underflowed)
+    double scale        # q_i = w_i·scale + spread
+    double spread
+    double norm         # Σ q over E (1: E is every arm, q̃ = q)
+    double floor        # f
+    double keep         # 1 - M_e·f
+    double share        # the holdout's s for this request (0 when none or not eligible)
+    int64_t holdout_arm
+    int why             # the base distribution's reason: bandit or burn-in
+
+cdef Alloc alloc_of(object allocation, int n_arms) except *
+
 cdef struct Step:
     double psi
     double vn
@@ -64,9 +96,14 @@ cdef class Kernel:
                                double est) noexcept nogil
     cdef double policy(self, const double* row, int ctx, double* w, double* scale,
                        double* spread) noexcept nogil
-    cdef void select_row(self, double* row, int ctx, double u, int64_t* arm,
-                         double* q, double* p) noexcept nogil
+    cdef void select_row(self, double* row, int ctx, double u, const Alloc* alloc,
+                         const unsigned char* mask, int64_t* arm, double* q, double* p,
+                         int* why) noexcept nogil
+    cdef double serving(self, const double* row, int ctx, const Alloc* alloc,
+                        const unsigned char* mask, double* w, Serving* sv) noexcept nogil
     cdef void policy_row(self, const double* row, int ctx, double* out) noexcept nogil
+    cdef void serving_row(self, const double* row, int ctx, const Alloc* alloc,
+                          const unsigned char* mask, double* out) noexcept nogil
     cdef void update_row(self, double* row, int ctx, int64_t arm, double q, double p,
                          double loss) noexcept nogil
     cdef void cumulative_update(self, double* state, int ctx, int64_t arm,
@@ -85,5 +122,8 @@ cdef class Table:
 
     cdef double* row(self, Py_ssize_t i) except NULL
     cdef int check_context(self, int64_t ctx) except -1
+    cdef int check_mask(self, const unsigned char* mask, const Alloc* alloc) except -1
+    cdef const unsigned char* mask_of(self, object eligible, Py_ssize_t rows,
+                                      Py_ssize_t* stride) except? NULL
     cdef int check_ticket(self, int64_t ctx, int64_t arm, double q, double p,
                           double loss) except -1

@@ -19,7 +19,7 @@ needed, and a selection needs no exp), normalised log-weights per class (Markov)
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
->>> arm, q, p, n = t.select(0, 0, 0.5)      # instance 0, context 0, u = 0.5
+>>> arm, q, p, n, why = t.select(0, 0, 0.5)      # instance 0, context 0, u = 0.5
 >>> t.update(0, 0, arm, q, p, 7.0)
 >>> t.rows[:, N_UPDATES].tolist()
 [1.0, 0.0]
@@ -28,11 +28,11 @@ needed, and a selection needs no exp), normalised log-weights per class (Markov)
 import numpy as np
 
 from libc.math cimport INFINITY, copysign, fabs, frexp, isfinite, isinf, isnan, ldexp, sqrt
-from libc.stdint cimport int64_t
+from libc.stdint cimport int8_t, int64_t
 
 from tsi_core._kernel cimport (
     C_D_EXP, C_D_MANT, C_HEAD, C_N_ROUNDS, C_N_UPDATES, C_PSI, C_VN, CUMULATIVE, MARKOV,
-    SWITCHING, Step,
+    SWITCHING, WHY_BANDIT, WHY_BURN_IN, WHY_FORCED, WHY_HOLDOUT, Alloc, Serving, Step,
 )
 
 cdef extern from "_kernel_src/detmath.h":
@@ -46,6 +46,11 @@ TSALLIS_CUT = 3.0
 cdef double CUT = TSALLIS_CUT
 
 KINDS = {"cumulative": CUMULATIVE, "switching": SWITCHING, "markov": MARKOV}
+
+#: why a selection's arm was served, by the code the round records (``TicketBatch.why``)
+WHYS = tuple(dict(sorted({
+    WHY_BANDIT: "bandit", WHY_HOLDOUT: "holdout", WHY_BURN_IN: "burn_in", WHY_FORCED: "forced"
+}.items())).values())
 
 
 def exp(double x) -> float:
@@ -236,6 +241,49 @@ cdef inline void normalise(double* logw, Py_ssize_t n) noexcept nogil:
 cdef inline double powered(double v, const Step* s, double eta_phi, bint hit) noexcept nogil:
     """log z = r·log w - η·φ·[hit], with r·(-inf) = -inf."""
     return (s.r * v if isfinite(v) else -INFINITY) - (eta_phi if hit else 0.0)
+
+
+cdef inline double base_share(const Serving* sv, double w) noexcept nogil:
+    """π of an eligible arm of weight w (``Kernel.serving``)."""
+    if sv.uniform:
+        return 1.0 / sv.n_eligible
+    return sv.floor + sv.keep * ((w * sv.scale + sv.spread) / sv.norm)
+
+
+cdef inline double served_share(const Serving* sv, double w, Py_ssize_t arm) noexcept nogil:
+    """P(arm) = s·[arm = h] + (1 - s)·π_arm, the probability an eligible arm is served."""
+    return (1.0 - sv.share) * base_share(sv, w) + (sv.share if arm == sv.holdout_arm else 0.0)
+
+
+cdef inline const unsigned char* row_mask(const unsigned char* mask,
+                                          Py_ssize_t offset) noexcept nogil:
+    """An event's eligible mask within a batch's (NULL stays NULL: every arm)."""
+    if mask == NULL:
+        return mask
+    return mask + offset
+
+
+cdef Alloc alloc_of(object allocation, int n_arms) except *:
+    """The round's view of an ``Allocation`` (None: none), checked against ``n_arms``."""
+    from tsi_core.allocation import Allocation
+    cdef Alloc a
+    a.active, a.min_share, a.holdout_share, a.holdout_arm = False, 0.0, 0.0, -1
+    a.burn_in, a.forced, a.force_arm = 0.0, False, -1
+    if allocation is None:
+        return a
+    if not isinstance(allocation, Allocation):
+        raise ValueError(f"allocation must be an Allocation or None, got {allocation!r}")
+    if allocation.plain:
+        return a
+    allocation.check(n_arms)
+    a.active = True
+    a.min_share = allocation.min_share
+    a.holdout_share = allocation.holdout_share
+    a.holdout_arm = -1 if allocation.holdout_arm is None else allocation.holdout_arm
+    a.burn_in = allocation.burn_in
+    a.forced = allocation.force_arm is not None
+    a.force_arm = allocation.force_arm if a.forced else -1
+    return a
 
 
 cdef class Kernel:
@@ -446,31 +494,95 @@ cdef class Kernel:
         scale[0] = (1.0 - eps) / total
         return total
 
-    cdef void select_row(self, double* row, int ctx, double u, int64_t* arm,
-                         double* q, double* p) noexcept nogil:
-        """Inverse-CDF draw from q = w·((1-ε)/Σw) + ε/M; records q and p = w/Σw."""
+    cdef void select_row(self, double* row, int ctx, double u, const Alloc* alloc,
+                         const unsigned char* mask, int64_t* arm, double* q, double* p,
+                         int* why) noexcept nogil:
+        """Inverse-CDF draw of an arm with the uniform draw u; records the probability it
+        was served with (q) and its weight share p = w/Σw (the learner's, always). Without
+        an allocation (``alloc`` NULL or inactive) and eligibility (``mask`` NULL) the draw
+        is from q = w·((1-ε)/Σw) + ε/M; otherwise the allocation's rule applies (a forced
+        arm, a holdout, the base distribution of ``serving``). Counts the selection."""
         cdef double* w = &self.scratch[0]
-        cdef double scale, spread
-        cdef double total = self.policy(row, ctx, w, &scale, &spread)
-        cdef double acc = 0.0
-        cdef Py_ssize_t i, chosen = 0
-        if self.n_arms <= 64:  # few arms: count the cumulative q <= u, without branches
-            for i in range(self.n_arms):
-                acc += w[i] * scale + spread
-                chosen += acc <= u
-        else:  # many arms: stop at the first cumulative q above u
-            chosen = self.n_arms
-            for i in range(self.n_arms):
-                acc += w[i] * scale + spread
-                if u < acc:
-                    chosen = i
-                    break
-        if chosen > self.n_arms - 1:
-            chosen = self.n_arms - 1
-        arm[0] = chosen
-        q[0] = w[chosen] * scale + spread
+        cdef double scale, spread, total, share, acc = 0.0
+        cdef Py_ssize_t i, chosen = 0, last = -1
+        cdef Serving sv
+        if (alloc == NULL or not alloc.active) and mask == NULL:
+            total = self.policy(row, ctx, w, &scale, &spread)
+            if self.n_arms <= 64:  # few arms: count the cumulative q <= u, without branches
+                for i in range(self.n_arms):
+                    acc += w[i] * scale + spread
+                    chosen += acc <= u
+            else:  # many arms: stop at the first cumulative q above u
+                chosen = self.n_arms
+                for i in range(self.n_arms):
+                    acc += w[i] * scale + spread
+                    if u < acc:
+                        chosen = i
+                        break
+            if chosen > self.n_arms - 1:
+                chosen = self.n_arms - 1
+            arm[0], why[0] = chosen, WHY_BANDIT
+            q[0] = w[chosen] * scale + spread
+        else:
+            total = self.serving(row, ctx, alloc, mask, w, &sv)
+            if alloc != NULL and alloc.forced:
+                chosen, why[0] = alloc.force_arm, WHY_FORCED
+            elif sv.share > 0.0 and u < sv.share:
+                chosen, why[0] = sv.holdout_arm, WHY_HOLDOUT
+            else:  # from π, with the draw that remains: u' = (u - s)/(1 - s)
+                u = (u - sv.share) / (1.0 - sv.share)
+                chosen = -1
+                for i in range(self.n_arms):
+                    if mask != NULL and not mask[i]:
+                        continue
+                    share = base_share(&sv, w[i])
+                    acc += share
+                    if share > 0.0:
+                        last = i
+                    if u < acc:
+                        chosen = i
+                        break
+                if chosen < 0:  # u beyond the rounded total: the last arm that can be served
+                    chosen = last
+                why[0] = sv.why
+            arm[0] = chosen
+            q[0] = 1.0 if why[0] == WHY_FORCED else served_share(&sv, w[chosen], chosen)
         p[0] = w[chosen] / total
         row[C_N_ROUNDS] += 1.0
+
+    cdef double serving(self, const double* row, int ctx, const Alloc* alloc,
+                        const unsigned char* mask, double* w, Serving* sv) noexcept nogil:
+        """The base distribution π of the next selection over the eligible arms E
+        (``mask``, NULL for all), and the holdout's share of this request: the rule of
+        ``tsi_core.allocation``. π is uniform over E while the selections so far are fewer
+        than the burn-in; else the learner's q restricted to E and renormalised (q̃ = q
+        when E is every arm; uniform when Σ_E q underflows to 0), floored additively:
+        π_a = f + (1 - M_e·f)·q̃_a. The holdout (arm h, share s) applies when h is in E.
+        Writes the learner's weights into ``w`` and returns Σw (``policy``)."""
+        cdef Py_ssize_t i
+        cdef double total = self.policy(row, ctx, w, &sv.scale, &sv.spread)
+        cdef double norm = 0.0
+        sv.n_eligible = self.n_arms
+        if mask != NULL:
+            sv.n_eligible = 0
+            for i in range(self.n_arms):
+                if mask[i]:
+                    sv.n_eligible += 1
+                    norm += w[i] * sv.scale + sv.spread
+        sv.norm = 1.0 if sv.n_eligible == self.n_arms else norm
+        sv.why = WHY_BANDIT
+        sv.uniform = not (sv.norm > 0.0)
+        sv.floor, sv.share, sv.holdout_arm = 0.0, 0.0, -1
+        if alloc != NULL and alloc.active:
+            if row[C_N_ROUNDS] < alloc.burn_in:
+                sv.uniform, sv.why = True, WHY_BURN_IN
+            sv.floor = alloc.min_share
+            if alloc.holdout_share > 0.0 and (mask == NULL or mask[alloc.holdout_arm]):
+                sv.share, sv.holdout_arm = alloc.holdout_share, alloc.holdout_arm
+        if sv.uniform:
+            sv.floor = 0.0
+        sv.keep = 1.0 - sv.n_eligible * sv.floor
+        return total
 
     cdef void policy_row(self, const double* row, int ctx, double* out) noexcept nogil:
         cdef double* w = &self.scratch[0]
@@ -479,6 +591,25 @@ cdef class Kernel:
         self.policy(row, ctx, w, &scale, &spread)
         for i in range(self.n_arms):
             out[i] = w[i] * scale + spread
+
+    cdef void serving_row(self, const double* row, int ctx, const Alloc* alloc,
+                          const unsigned char* mask, double* out) noexcept nogil:
+        """P, the probability of each arm at the next selection (0 for arms not eligible):
+        the probability ``select_row`` logs for the arm it serves."""
+        cdef double* w = &self.scratch[0]
+        cdef Serving sv
+        cdef Py_ssize_t i
+        if (alloc == NULL or not alloc.active) and mask == NULL:
+            self.policy_row(row, ctx, out)
+            return
+        self.serving(row, ctx, alloc, mask, w, &sv)
+        for i in range(self.n_arms):
+            if alloc != NULL and alloc.forced:
+                out[i] = 1.0 if i == alloc.force_arm else 0.0
+            elif mask != NULL and not mask[i]:
+                out[i] = 0.0
+            else:
+                out[i] = served_share(&sv, w[i], i)
 
     cdef void update_row(self, double* row, int ctx, int64_t arm, double q, double p,
                          double loss) noexcept nogil:
@@ -676,32 +807,87 @@ cdef class Table:
             raise ValueError(f"loss must be a finite real number, got {loss!r}")
         return 0
 
-    def select(self, Py_ssize_t i, int64_t context, double u):
-        """(arm, q, p, round) drawn for row ``i`` with the uniform draw ``u`` in [0, 1);
-        ``round`` counts the row's selections from 1."""
+    cdef int check_mask(self, const unsigned char* mask, const Alloc* alloc) except -1:
+        """An eligible mask (NULL: every arm) names at least one arm, and the forced arm."""
+        cdef Py_ssize_t i, n = 0
+        if mask == NULL:
+            return 0
+        for i in range(self.kernel.n_arms):
+            n += mask[i] != 0
+        if n == 0:
+            raise ValueError("no eligible arm: a request needs at least one")
+        if alloc.forced and not mask[alloc.force_arm]:
+            arms = [a for a in range(self.kernel.n_arms) if mask[a]]
+            raise ValueError(f"force_arm {alloc.force_arm} is not among the eligible arms {arms}")
+        return 0
+
+    cdef const unsigned char* mask_of(self, object eligible, Py_ssize_t rows,
+                                      Py_ssize_t* stride) except? NULL:
+        """The first byte of an eligible mask (1: eligible): None (NULL), M bytes (every
+        row: ``stride`` 0) or rows·M bytes (``stride`` M), as a bytes-like object or a
+        C-contiguous uint8 array of shape (M,) or (rows, M)."""
+        cdef const unsigned char[::1] flat = None
+        cdef Py_ssize_t m = self.kernel.n_arms
+        stride[0] = 0
+        if eligible is None:
+            return NULL
+        try:
+            if isinstance(eligible, np.ndarray):
+                if eligible.flags.c_contiguous and eligible.ndim <= 2:
+                    flat = eligible.reshape(-1)  # a view: its buffer is the caller's
+            else:
+                flat = eligible
+        except (TypeError, ValueError, BufferError):
+            flat = None
+        if flat is None or flat.shape[0] not in (m, rows * m):
+            raise ValueError(f"an eligible mask must be {m} or {rows}×{m} bytes (uint8), "
+                             f"got {eligible!r:.80}")
+        if flat.shape[0] != m:
+            stride[0] = m
+        return &flat[0]
+
+    def select(self, Py_ssize_t i, int64_t context, double u, allocation=None,
+               eligible=None):
+        """(arm, q, p, round, why) drawn for row ``i`` with the uniform draw ``u`` in
+        [0, 1) under ``allocation`` (an ``Allocation``; None: none) among the arms of
+        ``eligible`` (a mask of M bytes, ``mask_of``; None: all); ``q`` is the
+        probability the arm was served with, ``round`` counts the row's selections from 1
+        and ``why`` indexes ``WHYS``."""
         cdef int64_t arm
+        cdef int why
         cdef double q, p
         cdef double* row = self.row(i)
+        cdef Py_ssize_t stride
+        cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
+        cdef const unsigned char* mask = self.mask_of(eligible, 1, &stride)
         self.check_context(context)
+        self.check_mask(mask, &alloc)
         if not (0.0 <= u < 1.0):
             raise ValueError(f"u must be a real number in [0, 1), got {u!r}")
-        self.kernel.select_row(row, <int>context, u, &arm, &q, &p)
-        return arm, q, p, <int64_t>row[C_N_ROUNDS]
+        self.kernel.select_row(row, <int>context, u, &alloc, mask, &arm, &q, &p, &why)
+        return arm, q, p, <int64_t>row[C_N_ROUNDS], why
 
     def update(self, Py_ssize_t i, int64_t context, int64_t arm, double q, double p,
                double loss):
-        """Apply the loss of an arm selected with probability q (weight share p)."""
+        """Apply the loss of an arm served with probability q (weight share p)."""
         cdef double* row = self.row(i)
         self.check_ticket(context, arm, q, p, loss)
         self.kernel.update_row(row, <int>context, arm, q, p, loss)
 
-    def probabilities(self, Py_ssize_t i, int64_t context) -> np.ndarray:
-        """q of every arm for row ``i`` in ``context`` (a new array)."""
+    def probabilities(self, Py_ssize_t i, int64_t context, allocation=None,
+                      eligible=None) -> np.ndarray:
+        """The probability of each arm at row ``i``'s next selection in ``context``
+        (a new array): the learner's q, or under ``allocation`` and ``eligible`` (as for
+        ``select``) the probability P each arm would be served with."""
         out = np.empty(self.kernel.n_arms)
         cdef double[::1] view = out
         cdef double* row = self.row(i)
+        cdef Py_ssize_t stride
+        cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
+        cdef const unsigned char* mask = self.mask_of(eligible, 1, &stride)
         self.check_context(context)
-        self.kernel.policy_row(row, <int>context, &view[0])
+        self.check_mask(mask, &alloc)
+        self.kernel.serving_row(row, <int>context, &alloc, mask, &view[0])
         return out
 
     def weight_shares(self, Py_ssize_t i, int64_t context) -> np.ndarray:
@@ -722,19 +908,35 @@ cdef class Table:
         return out
 
     def select_many(self, const int64_t[::1] rows, const int64_t[::1] contexts,
-                    const double[::1] u, int64_t[::1] arms, double[::1] q, double[::1] p):
-        """One selection per event, in order, into ``arms``, ``q`` and ``p``."""
+                    const double[::1] u, int64_t[::1] arms, double[::1] q, double[::1] p,
+                    int8_t[::1] why=None, allocation=None, eligible=None):
+        """One selection per event, in order, into ``arms``, ``q``, ``p`` and ``why``
+        (needed with an allocation or a mask), under ``allocation`` among the arms of
+        ``eligible`` (None; a uint8 mask of M entries for every event; or one per event,
+        shape (events, M))."""
         cdef Py_ssize_t e, n = rows.shape[0]
+        cdef Py_ssize_t stride
+        cdef int code
+        cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
+        cdef const unsigned char* mask = self.mask_of(eligible, n, &stride)
         self._check_lengths(n, contexts.shape[0], u.shape[0], arms.shape[0], q.shape[0],
                             p.shape[0])
+        if why is not None:
+            self._check_lengths(n, why.shape[0])
+        elif alloc.active or mask != NULL:
+            raise ValueError("why is required with an allocation or eligible arms")
         for e in range(n):
             self.row(rows[e])
             self.check_context(contexts[e])
+            self.check_mask(row_mask(mask, e * stride), &alloc)
             if not (0.0 <= u[e] < 1.0):
                 raise ValueError(f"u[{e}] = {u[e]!r} is not in [0, 1)")
         for e in range(n):
             self.kernel.select_row(self.data + rows[e] * self.kernel.width, <int>contexts[e],
-                                   u[e], &arms[e], &q[e], &p[e])
+                                   u[e], &alloc, row_mask(mask, e * stride),
+                                   &arms[e], &q[e], &p[e], &code)
+            if why is not None:
+                why[e] = code
 
     def update_many(self, const int64_t[::1] rows, const int64_t[::1] contexts,
                     const int64_t[::1] arms, const double[::1] q, const double[::1] p,
@@ -750,18 +952,24 @@ cdef class Table:
             self.kernel.update_row(self.data + rows[e] * self.kernel.width, <int>contexts[e],
                                    arms[e], q[e], p[e], losses[e])
 
-    def probabilities_many(self, const int64_t[::1] rows, const int64_t[::1] contexts):
-        """q of every arm per event, shape (events, M)."""
+    def probabilities_many(self, const int64_t[::1] rows, const int64_t[::1] contexts,
+                           allocation=None, eligible=None):
+        """The probabilities of each event's next selection, shape (events, M): the
+        learner's q, or P under ``allocation`` and ``eligible`` (as for ``select_many``)."""
         cdef Py_ssize_t e, n = rows.shape[0]
+        cdef Py_ssize_t stride
+        cdef Alloc alloc = alloc_of(allocation, self.kernel.n_arms)
+        cdef const unsigned char* mask = self.mask_of(eligible, n, &stride)
         self._check_lengths(n, contexts.shape[0])
         out = np.empty((n, self.kernel.n_arms))
         cdef double[:, ::1] view = out
         for e in range(n):
             self.row(rows[e])
             self.check_context(contexts[e])
+            self.check_mask(row_mask(mask, e * stride), &alloc)
         for e in range(n):
-            self.kernel.policy_row(self.data + rows[e] * self.kernel.width, <int>contexts[e],
-                                   &view[e, 0])
+            self.kernel.serving_row(self.data + rows[e] * self.kernel.width, <int>contexts[e],
+                                    &alloc, row_mask(mask, e * stride), &view[e, 0])
         return out
 
     def _check_lengths(self, Py_ssize_t n, *others):

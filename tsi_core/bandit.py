@@ -21,6 +21,7 @@ import numpy as np
 
 from tsi_core._bandit import MAX_COUNT, BanditCore, unpacked
 from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table, exp_array
+from tsi_core.allocation import Allocation, eligible_mask
 from tsi_core.competition import Fixed, competition_from_dict
 from tsi_core.structures import Structure, SwitchingWeights
 from tsi_core.ticket import Ticket, TicketError
@@ -106,7 +107,9 @@ class Bandit(BanditCore):
     times the variant's ``gamma_scale``);
     ``seed`` for the instance's own draws; ``instance_id`` names the instance on its
     tickets (random when not given); ``variant`` the algorithm (``tsi_core.variant``: a
-    preset's name, "paper" for the paper's Algorithm 1, or a ``Variant``). ``select``,
+    preset's name, "paper" for the paper's Algorithm 1, or a ``Variant``); ``allocation``
+    how traffic is allocated around the learner (``tsi_core.allocation``: a floor, a
+    holdout, a burn-in, a forced arm; a settable property). ``select``,
     ``update`` and ``discard`` are compiled (``tsi_core._bandit``); the round itself is
     the kernel's (``tsi_core._kernel``), which ``BatchBandit`` and the service share.
     """
@@ -121,16 +124,22 @@ class Bandit(BanditCore):
         seed: int | None = None,
         instance_id: str | None = None,
         variant: str | Variant | None = None,
+        allocation: Allocation | None = None,
     ) -> None:
         self.n_arms, self.competition, self.structure, self.gamma, self.variant = configure(
             n_arms, competition, gamma, seed, variant
         )
+        if allocation is not None and not isinstance(allocation, Allocation):
+            raise ValueError(f"allocation must be an Allocation or None, got {allocation!r}")
+        if allocation is not None:
+            allocation.check(self.n_arms)
         if instance_id is not None and not isinstance(instance_id, str):
             raise ValueError(f"instance_id must be a string, got {instance_id!r}")
         self.instance_id = instance_id if instance_id is not None else os.urandom(8).hex()
         self._seed = seed
         kernel = self.structure.kernel(self.gamma, self.variant)
         self._attach(Table(kernel, kernel.initial_rows(1)))
+        self.allocation = allocation
 
     # ------------------------------------------------ state (one row of the kernel's table)
     psi = _Column(PSI, float, "ψ, the smallest loss seen (+inf before any), or the mean")
@@ -179,8 +188,22 @@ class Bandit(BanditCore):
         return self._table.kernel.scale(self._vn) / self.D
 
     # ------------------------------------------------------------------ decisions
-    def probabilities(self, context: int | None = None) -> np.ndarray:
-        """q: the distribution the next selection (in this context) is drawn from."""
+    def probabilities(self, context: int | None = None, eligible: Any = None) -> np.ndarray:
+        """P: the probability of each arm at the next selection (in this context, among
+        the ``eligible`` arms as ``select`` takes them), under the allocation: what a
+        ticket's ``prob`` would be. With no allocation and every arm eligible, q.
+
+        >>> b = Bandit(3, allocation=Allocation(holdout_arm=0, holdout_share=0.5))
+        >>> b.probabilities().round(4).tolist(), b.policy().round(4).tolist()
+        ([0.6667, 0.1667, 0.1667], [0.3333, 0.3333, 0.3333])
+        """
+        ctx = check_context(self.structure, context)
+        mask = eligible_mask(eligible, self.n_arms)
+        return self._table.probabilities(0, ctx, self._allocation, mask)
+
+    def policy(self, context: int | None = None) -> np.ndarray:
+        """q: the learner's own distribution (in this context), before the allocation and
+        eligibility (``probabilities``)."""
         return self._table.probabilities(0, check_context(self.structure, context))
 
     def weight_shares(self, context: int | None = None) -> np.ndarray:
@@ -198,6 +221,7 @@ class Bandit(BanditCore):
             "competition": self.competition.to_dict(),
             "gamma": self.gamma,
             "variant": self.variant.to_dict(),
+            "allocation": self.allocation.to_dict(),
             "psi": None if math.isinf(self.psi) else self.psi,
             "vn": self._vn,
             "d_mant": self._d_mant,
@@ -224,6 +248,7 @@ class Bandit(BanditCore):
                 data["gamma"],
                 instance_id=data["instance_id"],
                 variant=Variant.from_dict(data.get("variant", "paper")),  # before: the paper's
+                allocation=Allocation.from_dict(data.get("allocation", {})),  # before: none
             )
             weights = np.array(
                 [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
@@ -285,7 +310,8 @@ class Bandit(BanditCore):
     ) -> Bandit:
         """Rebuild an instance from ``pack()``; ``template`` is any instance of the same
         configuration (arms, competition, γ, variant, seed), whose own state is not used, and
-        ``pending`` the tickets that were pending when it was packed."""
+        ``pending`` the tickets that were pending when it was packed. The allocation is
+        the template's (configuration: the bytes do not carry it)."""
         b = unpacked(cls, blob, template, instance_id)
         for ticket in pending:
             if not isinstance(ticket, Ticket) or ticket.instance != instance_id:

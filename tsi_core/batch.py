@@ -20,15 +20,23 @@ from typing import Any
 
 import numpy as np
 
-from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, Table
+from tsi_core._kernel import D_EXP, D_MANT, HEAD, N_ROUNDS, N_UPDATES, PSI, VN, WHYS, Table
+from tsi_core.allocation import Allocation
 from tsi_core.bandit import TicketError, configure
 from tsi_core.validate import check_draws, check_int, check_int_vector, is_real
 from tsi_core.variant import Variant
 
+FORCED = WHYS.index("forced")
+
 
 @dataclass(frozen=True, eq=False)
 class TicketBatch:
-    """The selections of one ``BatchBandit.select`` call, one entry per instance."""
+    """The selections of one ``BatchBandit.select`` call, one entry per instance.
+
+    ``probs`` are the probabilities the arms were served with (see ``Ticket.prob``);
+    ``why`` is an int8 array of codes, ``WHYS[code]`` the reason each arm was served
+    ("bandit", "holdout", "burn_in", "forced"; ``Ticket.why``); None given: all "bandit".
+    """
 
     owner: str
     serial: int
@@ -39,6 +47,11 @@ class TicketBatch:
     weight_shares: np.ndarray  # the paper's p of each chosen arm (see Ticket.weight_share)
     contexts: np.ndarray
     every: bool = False  # one entry per instance of the BatchBandit, in order
+    why: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.why is None:
+            object.__setattr__(self, "why", np.zeros(len(self.instances), dtype=np.int8))
 
     def __len__(self) -> int:
         return len(self.instances)
@@ -78,8 +91,8 @@ class BatchBandit:
     ``select`` draws for all (or the chosen) instances at once and returns a
     ``TicketBatch``; ``update`` applies losses for a ticket batch, or for the entries
     chosen by ``where`` (feedback may arrive in parts and late). Instance i is row i of
-    ``rows`` (the kernel's layout: statistics, then the class's state). ``variant`` as
-    for ``Bandit``.
+    ``rows`` (the kernel's layout: statistics, then the class's state). ``variant`` and
+    ``allocation`` (one for every instance; a settable property) as for ``Bandit``.
     """
 
     def __init__(
@@ -90,11 +103,13 @@ class BatchBandit:
         gamma: float | None = None,
         seed: int | None = None,
         variant: str | Variant | None = None,
+        allocation: Allocation | None = None,
     ) -> None:
         self.n_instances = check_int("n_instances", n_instances, 1)
         self.n_arms, self.competition, self.structure, self.gamma, self.variant = configure(
             n_arms, competition, gamma, seed, variant
         )
+        self.allocation = allocation
         self._rng = np.random.default_rng(seed)
         self.token = os.urandom(8).hex()
         kernel = self.structure.kernel(self.gamma, self.variant)
@@ -103,6 +118,20 @@ class BatchBandit:
         self._no_context = np.zeros(self.n_instances, dtype=np.int64)
         self._open: dict[int, np.ndarray] = {}
         self._serials = itertools.count(1)
+
+    @property
+    def allocation(self) -> Allocation:
+        """How traffic is allocated around the learner, for every instance
+        (``tsi_core.allocation``); setting it is a live edit and changes no learned state."""
+        return self._allocation
+
+    @allocation.setter
+    def allocation(self, allocation: Allocation | None) -> None:
+        if allocation is None:
+            allocation = Allocation()
+        if not isinstance(allocation, Allocation):
+            raise ValueError(f"allocation must be an Allocation or None, got {allocation!r}")
+        self._allocation = allocation.check(self.n_arms)
 
     # ------------------------------------------------------------- state views
     @property
@@ -166,20 +195,55 @@ class BatchBandit:
             raise ValueError("contexts given but the competition class has no contexts")
         return check_int_vector("contexts", contexts, n, 0, c - 1)
 
-    def probabilities(self, instances: Any = None, contexts: Any = None) -> np.ndarray:
-        """q for each chosen instance (rows in the order given), shape (n, M)."""
+    def _eligible(self, eligible: Any, n: int) -> np.ndarray | None:
+        """A uint8 mask of shape (n, M) or (M,) from booleans of that shape, or None for
+        every arm; ``ValueError`` naming a row with no eligible arm (the round refuses a
+        forced arm that is not eligible)."""
+        if eligible is None:
+            return None
+        given = np.asarray(eligible)
+        m = self.n_arms
+        if given.dtype != bool or given.shape not in ((m,), (n, m)):
+            raise ValueError(
+                f"eligible must be booleans of shape ({m},) or ({n}, {m}), got {eligible!r:.200}"
+            )
+        empty = np.flatnonzero(~given.reshape(-1, m).any(axis=1))
+        if len(empty):
+            raise ValueError(f"eligible row {empty[0]} has no eligible arm")
+        return None if given.all() else np.ascontiguousarray(given, dtype=np.uint8)
+
+    def probabilities(
+        self, instances: Any = None, contexts: Any = None, eligible: Any = None
+    ) -> np.ndarray:
+        """P for each chosen instance (rows in the order given), shape (n, M): the
+        probability of each arm at its next selection under the allocation, among the
+        ``eligible`` arms (as ``select`` takes them); q with neither."""
+        rows = self._rows(instances)
+        ctx = self._contexts(contexts, len(rows))
+        mask = self._eligible(eligible, len(rows))
+        return self._table.probabilities_many(rows, ctx, self._allocation, mask)
+
+    def policy(self, instances: Any = None, contexts: Any = None) -> np.ndarray:
+        """q, the learners' own distributions (before allocation and eligibility), (n, M)."""
         rows = self._rows(instances)
         return self._table.probabilities_many(rows, self._contexts(contexts, len(rows)))
 
-    def select(self, instances: Any = None, contexts: Any = None, u: Any = None) -> TicketBatch:
-        """Draw one arm per chosen instance; ``u`` gives the uniform draws (else the seed)."""
+    def select(
+        self, instances: Any = None, contexts: Any = None, u: Any = None, eligible: Any = None
+    ) -> TicketBatch:
+        """Draw one arm per chosen instance; ``u`` gives the uniform draws (else the seed);
+        ``eligible`` booleans of shape (n, M), or (M,) for every instance, the arms each
+        request may be served (None: all)."""
         rows = self._rows(instances)
         n = len(rows)
         ctx = self._contexts(contexts, n)
+        mask = self._eligible(eligible, n)
         u = self._rng.random(n) if u is None else check_draws(u, n)
         arms = np.empty(n, dtype=np.int64)
-        probs, shares = np.empty(n), np.empty(n)
-        self._table.select_many(rows, ctx, np.ascontiguousarray(u), arms, probs, shares)
+        probs, shares, why = np.empty(n), np.empty(n), np.empty(n, dtype=np.int8)
+        self._table.select_many(
+            rows, ctx, np.ascontiguousarray(u), arms, probs, shares, why, self._allocation, mask
+        )
         serial = next(self._serials)
         self._open[serial] = np.ones(n, dtype=bool)
         return TicketBatch(
@@ -192,6 +256,7 @@ class BatchBandit:
             shares,
             ctx,
             instances is None,
+            why,
         )
 
     def _take(self, tickets: Any, where: Any) -> np.ndarray:
@@ -214,9 +279,11 @@ class BatchBandit:
         return take
 
     def update(self, tickets: TicketBatch, losses: Any, where: Any = None) -> None:
-        """Apply the losses of a ticket batch (``losses`` has one entry per ticket)."""
-        take = self._take(tickets, where)
-        losses = checked_losses(losses, take)
+        """Apply the losses of a ticket batch (``losses`` has one entry per ticket); the
+        entries served because an arm was forced are settled and teach nothing."""
+        settle = self._take(tickets, where)
+        losses = checked_losses(losses, settle)
+        take = settle & (tickets.why != FORCED)
         if take.all():
             parts = (tickets.instances, tickets.contexts, tickets.arms, tickets.probs)
             shares, values = tickets.weight_shares, losses
@@ -225,7 +292,7 @@ class BatchBandit:
             parts += (tickets.probs[take],)
             shares, values = tickets.weight_shares[take], losses[take]
         self._table.update_many(*parts, shares, np.ascontiguousarray(values))
-        self._settle(tickets.serial, take)
+        self._settle(tickets.serial, settle)
 
     def discard(self, tickets: TicketBatch, where: Any = None) -> None:
         """Forget ticket entries without feedback (their time to live ran out)."""

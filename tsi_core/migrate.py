@@ -38,6 +38,10 @@ continues, or None for a new arm; old arms not named are retired.
   same way, S and D kept: p per context follows the rules above (new arms: geometric mean
   p, or ``new_arm_share``), since the Tsallis p is not a per-arm function of Φ.
 
+The new bandit has the plain allocation (``tsi_core.allocation``): an allocation names arms
+by index, and the indices change; the caller sets it for the new arms. Tickets keep their
+``why``.
+
 Pending tickets follow the arm map (``Migration.tickets``, by round): a ticket of a retired
 arm, or of a context the new class does not have, is no longer pending (None); a context
 becomes None when the new class has none. ``Migration.remap`` does the same for settled

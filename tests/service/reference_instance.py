@@ -611,13 +611,14 @@ def entries_to_dict(entries: Iterable[Entry]) -> dict[str, list]:
 
 
 def compact_to_entries(kept: tuple[tuple, ...]) -> list[Entry]:
-    """The entries ``Instance.compact_entries`` wrote, as objects."""
+    """The entries ``Instance.compact_entries`` wrote, as objects (a ticket written
+    before ``Ticket.why`` has six fields: it reads as "bandit")."""
     out: list[Entry] = []
     for kind, rid, ticket, unit, deadline, *origin in kept:
         if kind == "o":
-            out.append(Open(rid, Ticket._make(ticket), unit, deadline, Origin(*origin[0])))
+            out.append(Open(rid, Ticket(*ticket), unit, deadline, Origin(*origin[0])))
         else:
-            out.append(_COMPACT_KINDS[kind](rid, Ticket._make(ticket), unit, deadline))
+            out.append(_COMPACT_KINDS[kind](rid, Ticket(*ticket), unit, deadline))
     return out
 
 

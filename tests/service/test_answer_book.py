@@ -13,6 +13,7 @@ from flows.service.instances import _answer_book
 from flows.service.instances.instance import Instance, Settled
 from flows.service.instances.registry import Registry
 from tsi_core import Ticket
+from tsi_core._kernel import WHYS
 
 AnswerBook, LIMIT = _answer_book.AnswerBook, _answer_book.LIMIT
 RIDS = [f"r{i}" for i in range(LIMIT + 8)]
@@ -27,6 +28,7 @@ answers = st.tuples(
         st.floats(0, 1),
         st.floats(0, 1),
         st.one_of(st.none(), st.integers(0, 2**40)),
+        st.sampled_from(WHYS),
     ),
     st.one_of(st.none(), st.text(max_size=5)),
     st.floats(-1e12, 1e12, allow_nan=False),
@@ -82,21 +84,23 @@ def test_the_book_behaves_as_an_ordered_dict_of_its_tuples(ops):
 @pytest.mark.parametrize(
     "bad",
     [
-        ("s", "r1", ("home", True, 0, 0.5, 0.5, None), None, 1.0),  # a bool round
-        ("s", "r1", ("home", 1, 0, 1, 0.5, None), None, 1.0),  # an int prob
-        ("s", "r1", ("home", 1, -1, 0.5, 0.5, None), None, 1.0),  # a negative arm
-        ("s", "r1", ("home", 2**63, 0, 0.5, 0.5, None), None, 1.0),  # a round past int64
-        ("s", "r1", ("home", 1, 0, 0.5, 0.5, -3), None, 1.0),  # a negative context
-        ("s", "r1", ("home", 1, 0, 0.5, 0.5, None), b"u1", 1.0),  # a unit not a str
-        ("s", "r1", (b"home", 1, 0, 0.5, 0.5, None), None, 1.0),  # an instance not a str
+        ("s", "r1", ("home", True, 0, 0.5, 0.5, None, "bandit"), None, 1.0),  # a bool round
+        ("s", "r1", ("home", 1, 0, 1, 0.5, None, "bandit"), None, 1.0),  # an int prob
+        ("s", "r1", ("home", 1, -1, 0.5, 0.5, None, "bandit"), None, 1.0),  # a negative arm
+        ("s", "r1", ("home", 2**63, 0, 0.5, 0.5, None, "bandit"), None, 1.0),  # round > int64
+        ("s", "r1", ("home", 1, 0, 0.5, 0.5, -3, "bandit"), None, 1.0),  # a negative context
+        ("s", "r1", ("home", 1, 0, 0.5, 0.5, None, "bandit"), b"u1", 1.0),  # a unit not a str
+        ("s", "r1", (b"home", 1, 0, 0.5, 0.5, None, "bandit"), None, 1.0),  # instance not str
+        ("s", "r1", ("home", 1, 0, 0.5, 0.5, None, "nudge"), None, 1.0),  # an unknown why
+        ("s", "r1", ("home", 1, 0, 0.5, 0.5, None), None, 1.0),  # six fields: before ``why``
         ("s", "r1", ("home", 1, 0, 0.5, 0.5), None, 1.0),  # a ticket of five fields
-        ("o", "r1", ("home", 1, 0, 0.5, 0.5, None), None, 1.0),  # not an answer's kind
+        ("o", "r1", ("home", 1, 0, 0.5, 0.5, None, "bandit"), None, 1.0),  # not an answer's kind
     ],
 )
 def test_a_value_a_row_cannot_hold_exactly_is_refused_and_changes_nothing(bad):
     """The caller then keeps the answer as an entry: nothing is rounded or retyped."""
     book = AnswerBook()
-    book.add("s", "r0", ("home", 1, 0, 0.5, 0.5, None), None, 2.0)
+    book.add("s", "r0", ("home", 1, 0, 0.5, 0.5, None, "bandit"), None, 2.0)
     before = list(book)
     assert book.add(*bad) is False
     assert list(book) == before and "r1" not in book
@@ -104,22 +108,28 @@ def test_a_value_a_row_cannot_hold_exactly_is_refused_and_changes_nothing(bad):
 
 
 def test_a_deadline_that_is_not_a_float_is_refused_from_compact_tuples():
-    assert AnswerBook.of([("s", "r1", ("home", 1, 0, 0.5, 0.5, None), None, 9)]) is None
+    assert AnswerBook.of([("s", "r1", ("home", 1, 0, 0.5, 0.5, None, "bandit"), None, 9)]) is None
 
 
 def test_a_full_book_refuses_the_next_answer():
     book = AnswerBook()
     for i in range(LIMIT):
-        assert book.add("s", f"r{i}", ("home", i + 1, 0, 0.5, 0.5, None), None, float(i))
-    assert not book.add("s", "one more", ("home", 99, 0, 0.5, 0.5, None), None, 1.0)
+        assert book.add("s", f"r{i}", ("home", i + 1, 0, 0.5, 0.5, None, "burn_in"), None, i * 1.0)
+    assert not book.add("s", "one more", ("home", 99, 0, 0.5, 0.5, None, "bandit"), None, 1.0)
     assert len(book) == LIMIT and "one more" not in book
 
 
 def test_a_book_pickles_as_its_answers():
     book = AnswerBook()
-    book.add("x", "r1", ("home", 3, 1, 0.25, 0.5, 2), "u1", 5.5)
+    book.add("x", "r1", ("home", 3, 1, 0.25, 0.5, 2, "holdout"), "u1", 5.5)
     again = pickle.loads(pickle.dumps(book))
     assert list(again) == list(book) and again.due == 5.5
+
+
+def test_a_book_pickled_before_why_reads_its_tickets_as_the_bandits():
+    """A book pickled when tickets had six fields unpickles with why "bandit"."""
+    old = _answer_book._book_of([("x", "r1", ("home", 3, 1, 0.25, 0.5, 2), "u1", 5.5)])
+    assert list(old) == [("x", "r1", ("home", 3, 1, 0.25, 0.5, 2, "bandit"), "u1", 5.5)]
 
 
 def test_the_strings_a_book_held_are_let_go():
@@ -128,7 +138,7 @@ def test_the_strings_a_book_held_are_let_go():
     counts = [sys.getrefcount(s) for s in (rid, unit, instance)]
     for leave in ("pop", "expire", "drop"):
         book = AnswerBook()
-        book.add("s", rid, (instance, 1, 0, 0.5, 0.5, None), unit, 1.0)
+        book.add("s", rid, (instance, 1, 0, 0.5, 0.5, None, "bandit"), unit, 1.0)
         assert [sys.getrefcount(s) for s in (rid, unit, instance)] == [c + 1 for c in counts]
         if leave == "pop":
             item = book.pop(rid)

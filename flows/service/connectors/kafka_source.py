@@ -39,10 +39,13 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     # how soon partitions added to a topic are noticed (librdkafka's default: 5 minutes)
     "topic.metadata.refresh.interval.ms": 30000,
-    # Bytewax builds one consumer a partition, and librdkafka prefetches up to 64 MiB into
-    # each: a flood of new users then waits in those buffers and sets the process's peak
-    # memory. A few MiB a partition keep the worker fed (it reads batches of a thousand).
-    "queued.max.messages.kbytes": 4096,
+    # Bytewax builds one consumer a partition, and librdkafka's default prefetch into each
+    # is large: a flood of new users then waits in those buffers and sets the process's peak
+    # memory. One MiB a partition keeps the worker fed (it reads batches of a thousand)
+    # when a full buffer is refilled at once: librdkafka otherwise waits a second
+    # (fetch.queue.backoff.ms) before it fetches for a partition whose buffer was full.
+    "queued.max.messages.kbytes": 1024,
+    "fetch.queue.backoff.ms": 5,
 }
 
 
@@ -372,7 +375,9 @@ def kafka_messages(
     Kafka's errors, their ``kafka_error`` dead letters. ``seeded``:
     where partitions without resume state start (``"step id/partition": offset``).
 
-    Defaults added over Bytewax's: `auto.offset.reset=earliest` (see `SOURCE_DEFAULTS`).
+    Defaults added over Bytewax's (`SOURCE_DEFAULTS`, each with its reason):
+    `auto.offset.reset=earliest`, a small prefetch a partition, refilled without
+    librdkafka's one-second pause.
     `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
     soon as one byte arrives (`fetch.min.bytes=1`), so lowering it does not lower the
     latency of new messages and only multiplies idle fetch requests. It does bound how long

@@ -14,6 +14,7 @@ cdef struct Answer:
     double weight_share
     double deadline
     char kind  # b"s" settled, b"x" expired (``instance.ANSWER_CODES``)
+    unsigned char why  # the ticket's ``why``, its index in ``tsi_core._kernel.WHYS``
 
 
 cdef class AnswerBook:

@@ -16,12 +16,12 @@ a request of a user with 15 answers reads two cache lines, not 15 rows), kept in
 order they came, and dropped at their deadline by ``expire``.
 
 >>> book = AnswerBook()
->>> book.add("s", "r1", ("home", 1, 0, 0.5, 0.5, None), None, 10.0)
+>>> book.add("s", "r1", ("home", 1, 0, 0.5, 0.5, None, "holdout"), None, 10.0)
 True
 >>> "r1" in book, "r2" in book, len(book), book.due
 (True, False, 1, 10.0)
 >>> book.pop("r1")
-('s', 'r1', ('home', 1, 0, 0.5, 0.5, None), None, 10.0)
+('s', 'r1', ('home', 1, 0, 0.5, 0.5, None, 'holdout'), None, 10.0)
 >>> len(book), book.next_deadline()
 (0, None)
 """
@@ -34,6 +34,10 @@ from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.unicode cimport PyUnicode_CheckExact
 from libc.math cimport INFINITY
 from libc.string cimport memmove
+
+from tsi_core._kernel import WHYS
+
+cdef tuple _WHYS = WHYS
 
 cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
@@ -90,11 +94,15 @@ cdef class AnswerBook:
         ticket was found, or ``add`` looked); False (nothing done) when the book is full
         or a value is not one a row holds exactly (then the caller keeps an entry)."""
         cdef long long round_, arm, context = -1
+        cdef unsigned char why
         if self.n >= _LIMIT or (kind != "s" and kind != "x"):
             return False
-        if not isinstance(ticket, tuple) or len(ticket) != 6:
+        if not isinstance(ticket, tuple) or len(ticket) != 7:
             return False
         cdef tuple fields = <tuple>ticket  # a Ticket is a tuple: its fields read in place
+        if not (PyUnicode_CheckExact(fields[6]) and fields[6] in _WHYS):
+            return False
+        why = _WHYS.index(fields[6])
         instance, prob, weight_share = fields[0], fields[3], fields[4]
         if not (PyUnicode_CheckExact(instance) and _count(fields[1], &round_)
                 and _count(fields[2], &arm)
@@ -113,7 +121,7 @@ cdef class AnswerBook:
         Py_INCREF(instance)
         self.hashes[self.n] = hash(rid)
         row.round, row.arm, row.prob, row.weight_share = round_, arm, prob, weight_share
-        row.context = context
+        row.context, row.why = context, why
         row.deadline = deadline
         row.kind = b"s"[0] if kind == "s" else b"x"[0]
         self.n += 1
@@ -138,7 +146,7 @@ cdef class AnswerBook:
         """Row ``i`` as a compact tuple."""
         cdef Answer *row = &self.answers[i]
         ticket = (<object>row.instance, row.round, row.arm, row.prob, row.weight_share,
-                  None if row.context < 0 else row.context)
+                  None if row.context < 0 else row.context, _WHYS[row.why])
         return ("s" if row.kind == b"s"[0] else "x", <object>row.rid, ticket,
                 None if row.unit == NULL else <object>row.unit, row.deadline)
 
@@ -226,5 +234,9 @@ cdef class AnswerBook:
 
 
 def _book_of(items):
-    """Unpickling: the book of ``items``."""
-    return AnswerBook.of(items)
+    """Unpickling: the book of ``items`` (a ticket pickled before ``Ticket.why`` has six
+    fields: its arm was the bandit's)."""
+    return AnswerBook.of(
+        (kind, rid, ticket + ("bandit",) if len(ticket) == 6 else ticket, unit, deadline)
+        for kind, rid, ticket, unit, deadline in items
+    )

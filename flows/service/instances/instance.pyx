@@ -996,7 +996,8 @@ def entries_to_dict(entries) -> dict:
 
 
 def compact_to_entries(tuple items) -> list:
-    """The entries ``Instance.compact_entries`` wrote, as objects."""
+    """The entries ``Instance.compact_entries`` wrote, as objects (a ticket written
+    before ``Ticket.why`` has six fields: it reads as "bandit")."""
     out = []
     for kind, rid, ticket, unit, deadline, *rest in items:
         if kind == "o":  # rest: its origin, and what its window combined, if anything
