@@ -209,3 +209,33 @@ def test_a_reload_with_a_bad_value_keeps_the_running_registry(tmp_path, bad):
     assert "reload refused, the running registry stays" in said
     assert bad.split(" = ")[0] in said
     assert not live.apply() and live.current["e"].min_share == 0.1
+
+
+NAMED = 'contexts = { device = ["ios", "web"], plan = ["free", "pro"] }'
+
+
+@pytest.mark.parametrize(
+    ("edit", "refused"),
+    [
+        ('contexts = { device = ["ios", "web", "tv"], plan = ["free", "pro"] }', False),
+        (NAMED, False),
+        ("", False),  # no contexts: the class changes, migrated by the mean over contexts
+        ('contexts = { device = ["web", "ios"], plan = ["free", "pro"] }', True),
+        ('contexts = { device = ["ios", "web"], plan = ["free", "pro", "team"] }', True),
+        ('contexts = { plan = ["free", "pro"], device = ["ios", "web"] }', True),
+        ('contexts = { device = ["ios", "web"] }', True),
+        ('contexts = { device = ["ios", "web"], plan = ["free", "pro"], os = ["a"] }', True),
+        ('contexts = { device = ["ios", "android"], plan = ["free", "pro"] }', True),
+    ],
+)
+def test_a_reload_that_renumbers_named_contexts_is_refused(tmp_path, edit, refused):
+    path = tmp_path / "registry.toml"
+    path.write_text(BASE + NAMED)
+    live = LiveRegistry(Registry.load(path), path)
+    path.write_text(BASE + edit)
+    said = live.reload()
+    assert ("renumbers its combinations" in said) is refused, said
+    before = live.current["e"].contexts
+    assert live.apply() is not refused
+    expected = before if refused else Registry.load(path)["e"].contexts
+    assert live.current["e"].contexts == expected

@@ -515,6 +515,29 @@ def changes(old: Registry, new: Registry) -> str:
     return "; ".join(said) or "no change"
 
 
+def renumbered_contexts(old: Registry, new: Registry) -> str | None:
+    """The problem with an edit of an experiment's named contexts that would keep what was
+    learned under other combinations (``NamedContexts.renumbers``), or None.
+
+    >>> text = '[experiments.a]\\narms = ["x", "y"]\\ncontexts = {d = [%s]}'
+    >>> old = Registry.from_toml(text % '"i", "w"')
+    >>> new = Registry.from_toml(text % '"w", "i"')
+    >>> renumbered_contexts(old, old) is None
+    True
+    >>> renumbered_contexts(old, new)[:60]
+    "experiment 'a': this edit of contexts renumbers its combinat"
+    """
+    for name in sorted(old.experiments.keys() & new.experiments.keys()):
+        before, after = old.experiments[name].contexts, new.experiments[name].contexts
+        if after is not None and after.renumbers(before):
+            return (
+                f"experiment {name!r}: this edit of contexts renumbers its combinations, so "
+                "what each learned would serve other ones; only values appended to the first "
+                "attribute keep them (start a new experiment for this change)"
+            )
+    return None
+
+
 class LiveRegistry:
     """The registry a running flow reads: ``current``, replaced whole by ``reload``.
 
@@ -542,6 +565,9 @@ class LiveRegistry:
             pending = Registry.load(self.path)
         except RegistryError as exc:
             return f"registry reload refused, the running registry stays: {exc}"
+        problem = renumbered_contexts(self.current, pending)
+        if problem is not None:
+            return f"registry reload refused, the running registry stays: {problem}"
         self._pending = pending
         return (
             f"registry {self.path} reloaded, applied when the current epoch closes: "

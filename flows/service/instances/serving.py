@@ -16,7 +16,7 @@ attribute written being the most significant digit.
 >>> named.n_contexts
 9
 >>> named.index({"device": "android", "plan": "pro"})
-(5, ())
+(4, ())
 >>> named.index({"device": "web", "plan": "free"})
 (6, ('device',))
 """
@@ -121,6 +121,26 @@ class NamedContexts:
                 )
             attributes.append((name, tuple(values)))
         return cls(tuple(attributes))
+
+    def renumbers(self, old: NamedContexts | None) -> bool:
+        """Whether replacing ``old`` by these contexts moves combinations to other indices
+        (what was learned is kept by index, so it would stay under other names). Values
+        appended to the first attribute keep every index (the first new value takes over
+        what ``other`` learned); any other change renumbers.
+
+        >>> old = NamedContexts.read({"device": ["ios", "web"], "plan": ["free"]})
+        >>> NamedContexts.read({"device": ["ios", "web", "tv"], "plan": ["free"]}).renumbers(old)
+        False
+        >>> NamedContexts.read({"device": ["ios", "web"], "plan": ["free", "pro"]}).renumbers(old)
+        True
+        """
+        if old is None or old == self:
+            return False
+        if [name for name, _ in old.attributes] != [name for name, _ in self.attributes]:
+            return True
+        (_, first_old), *rest_old = old.attributes
+        (_, first_new), *rest_new = self.attributes
+        return rest_old != rest_new or first_new[: len(first_old)] != first_old
 
     @property
     def n_contexts(self) -> int:
