@@ -1,8 +1,9 @@
 """Several registry configurations evaluated on one log, side by side.
 
-A configuration is a registry as written, or with every experiment's ``variant``
-replaced (``--variant``): the counterfactual value of each on the same logged events, and,
-on a served log, the served policy's own value (the mean loss it got, with its interval).
+A configuration is a registry as written, with its experiments' traffic allocations, or
+with every experiment's ``variant`` replaced (``--variant``): the counterfactual value of
+each on the same logged events, and, on a served log, the served policy's own value (the
+mean loss it got, with its interval).
 
 >>> import json
 >>> from flows.service.instances.registry import Registry
@@ -18,7 +19,8 @@ on a served log, the served policy's own value (the mean loss it got, with its i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from flows.service.instances.registry import Registry
@@ -34,24 +36,31 @@ from flows.tools.evaluation.results import (
     markdown_table,
 )
 from flows.tools.evaluation.served import Served
+from tsi_core import Allocation
 from tsi_core.variant import variant_of
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """A registry to evaluate, and how the report names it."""
+    """A registry to evaluate, its experiments' allocations (by name; absent:
+    ``Allocation()``), and how the report names it."""
 
     label: str
     registry: Registry
+    allocations: Mapping[str, Allocation] = field(default_factory=dict)
 
 
 def configurations(
-    registries: list[tuple[str, Registry]], variants: list[str] | None = None
+    registries: list[tuple[str, Registry]],
+    variants: list[str] | None = None,
+    allocations: Mapping[str, Mapping[str, Allocation]] | None = None,
 ) -> list[Configuration]:
-    """Each registry as written, then with each of ``variants`` in every experiment."""
+    """Each registry as written, then with each of ``variants`` in every experiment;
+    ``allocations``: each registry's (by label), from ``allocations.load_registry``."""
     out = []
     for label, registry in registries:
-        out.append(Configuration(label, registry))
+        allocated = (allocations or {}).get(label, {})
+        out.append(Configuration(label, registry, allocated))
         for name in variants or []:
             try:
                 variant_of(name)
@@ -60,7 +69,7 @@ def configurations(
             changed = {
                 n: dataclasses.replace(e, variant=name) for n, e in registry.experiments.items()
             }
-            out.append(Configuration(f"{label}, variant {name}", Registry(changed)))
+            out.append(Configuration(f"{label}, variant {name}", Registry(changed), allocated))
     return out
 
 
@@ -128,7 +137,18 @@ class Comparison:
             + "\n\nThe first column is the replay estimate of each configuration learning "
             "online on these events; IPS and SNIPS weight every event. The served policy's "
             f"row is the mean loss the service got, with its interval. {ess_note(first.min_ess)}"
+            + _forced_note(first)
         )
+
+
+def _forced_note(r: BanditLogResult) -> str:
+    """The rows served a forced arm, left out of every figure of the table."""
+    if not r.forced:
+        return ""
+    return (
+        f" {r.forced:,} rows served a forced arm (why = forced) are excluded from every "
+        "figure here, the served policy's included: no other arm could be served there."
+    )
 
 
 def _bandit_row(label: str, r: BanditLogResult) -> tuple[str, ...]:
@@ -156,7 +176,10 @@ def compare(
     if not chosen:
         raise EvaluationError("no configuration to evaluate: give --registry")
     evaluations = [
-        (c.label, evaluate(log, c.registry, experiment, switches, level, seed, min_ess))
+        (
+            c.label,
+            evaluate(log, c.registry, experiment, switches, level, seed, min_ess, c.allocations),
+        )
         for c in chosen
     ]
     return Comparison(log.source, evaluations, served)
