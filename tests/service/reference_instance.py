@@ -435,6 +435,12 @@ class Instance:
             self._put(Settled(rid, entry.ticket, entry.unit, deadline))
         return Handled(pending=-1, applied=1)
 
+    def take_closed(self) -> tuple[int, int]:
+        """Windows closed by ``expire`` applying feedback or a default: none, as the
+        oracle's experiments neither aggregate nor default (tests/service/test_windows.py
+        checks those rules against bare bandits)."""
+        return 0, 0
+
     def expire(self, now: float) -> list[Output]:
         """Close what has waited too long: tickets without feedback, feedback without
         request; kept answers past their retry window go without a word."""
@@ -514,6 +520,7 @@ class Instance:
             self.experiment.arms[ticket.arm],
             ticket.prob,
             ticket.round,
+            ticket.why,
         )
 
     def _dead(self, event: Request | Feedback, reason: str, detail: str) -> DeadLetter:

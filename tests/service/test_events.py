@@ -94,7 +94,7 @@ def test_non_bytes_message_is_a_dead_letter_not_a_crash():
 
 
 def test_outgoing_messages_are_json_with_everything_a_consumer_needs():
-    sel = Selection("e", "u", "r", "e\x1fu", 2, "blue", 0.25, 7)
+    sel = Selection("e", "u", "r", "e\x1fu", 2, "blue", 0.25, 7, "holdout")
     assert orjson.loads(sel.to_json()) == {
         "experiment": "e",
         "unit": "u",
@@ -103,6 +103,7 @@ def test_outgoing_messages_are_json_with_everything_a_consumer_needs():
         "arm_name": "blue",
         "prob": 0.25,
         "round": 7,
+        "why": "holdout",
     }
     dead = DeadLetter("oversize", "too big", b"\x00\xffraw", ORIGIN, "e")
     data = orjson.loads(dead.to_json())

@@ -242,6 +242,7 @@ def orjson_oracle(answer: Selection) -> bytes:
             "arm_name": answer.arm_name,
             "prob": answer.prob,
             "round": answer.round,
+            "why": answer.why,
         }
     )
 

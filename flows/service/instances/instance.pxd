@@ -24,6 +24,8 @@ cdef class Answered(RequestEntry):
 
 cdef class Open(Answered):
     cdef public object origin
+    cdef public long collected  # feedback combined so far (an ``aggregate`` other than first)
+    cdef public double combined  # their sum, last or max
 
 
 cdef class Settled(Answered):
@@ -39,8 +41,9 @@ cdef class Early(RequestEntry):
 
 
 cdef class Changes:
-    cdef public int pending, early, applied
+    cdef public int pending, early, applied, collected
     cdef public bint retry
+    cdef public tuple others  # named-context attributes whose value went to ``other``
 
     cdef void clear(self) noexcept
 
@@ -53,6 +56,19 @@ cdef class Terms:
     cdef readonly double ttl, retry_window
     cdef readonly bint per_unit
     cdef readonly Py_ssize_t n_contexts, early_limit
+    cdef readonly bint has_default
+    cdef readonly double default_loss
+    cdef readonly int aggregate  # an AGGREGATE: FIRST, SUM, MEAN, LAST, MAX
+    cdef readonly object contexts  # ``serving.NamedContexts``, or None
+    cdef readonly dict arm_index  # arm name -> index
+
+
+cdef enum Aggregate:
+    FIRST = 0
+    SUM = 1
+    MEAN = 2
+    LAST = 3
+    MAX = 4
 
 
 cdef Terms terms_of(object experiment)
@@ -70,6 +86,7 @@ cdef class Instance:
     cdef AnswerBook _kept  # answers kept for retries (never an empty book)
     cdef Py_ssize_t _n_early
     cdef list _notices
+    cdef long _closed_applied, _closed_defaulted  # windows closed by ``expire``, untold
 
     cdef object live_bandit(self)
     cdef object _get(self, str rid)
@@ -79,6 +96,10 @@ cdef class Instance:
     cdef int _unkept(self) except -1
     cdef object _answer(self, str rid, object ticket, object unit)
     cdef object _dead(self, object event, str reason, str detail)
+    cdef object _served_context(self, object request, object context, list out,
+                                Changes changes)
+    cdef object _eligible(self, object request, object eligible, list out)
+    cdef int _close(self, Open entry, double loss, double now) except -1
     cdef int request(self, object request, double now, list out, Changes changes) except -1
     cdef int feedback(self, object feedback, double now, list out, Changes changes) except -1
     cpdef list expire(self, double now)

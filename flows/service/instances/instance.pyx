@@ -34,6 +34,7 @@ from flows.service.instances._draw cimport uniform_draw as _draw
 from flows.service.wire._records cimport (
     ARM,
     CONTEXT,
+    ELIGIBLE,
     LOSS,
     REQUEST_ID,
     REQUEST_ORIGIN,
@@ -46,6 +47,7 @@ from flows.service.wire._records cimport (
 from flows.service.wire import _records as records
 from flows.service.wire.events import DeadLetter, Feedback, Origin, Selection
 from flows.service.wire.keys import split_key
+from flows.service.instances import serving
 from tsi_core import Bandit, Ticket
 from tsi_core.migrate import migrate
 from tsi_core.validate import context_problem
@@ -105,19 +107,26 @@ cdef class Answered(RequestEntry):
 
 @cython.no_gc
 cdef class Open(Answered):
-    """A served selection waiting for its feedback until ``deadline``; ``origin`` is where
-    the request came from, for the dead letter if it expires."""
+    """A served selection waiting for its feedback until ``deadline`` (the end of its
+    window); ``origin`` is where the request came from, for the dead letter if it
+    expires. With an ``aggregate`` other than ``first``, the feedback of the window is
+    combined as it comes: ``collected`` of them, their sum, last or max ``combined``."""
 
-    FIELDS = ("rid", "ticket", "unit", "deadline", "origin")
+    FIELDS = ("rid", "ticket", "unit", "deadline", "origin", "collected", "combined")
 
-    def __init__(self, str rid, ticket, unit, double deadline, origin):
+    def __init__(self, str rid, ticket, unit, double deadline, origin, long collected=0,
+                 double combined=0.0):
         self.rid, self.ticket, self.unit, self.deadline, self.origin = (
             rid, ticket, unit, deadline, origin
         )
+        self.collected, self.combined = collected, combined
         self.kind = OPEN
 
     def _fields(self) -> tuple:
-        return (self.rid, self.ticket, self.unit, self.deadline, self.origin)
+        return (
+            self.rid, self.ticket, self.unit, self.deadline, self.origin, self.collected,
+            self.combined,
+        )
 
 
 @cython.no_gc
@@ -181,16 +190,36 @@ cdef inline Early _early(str rid, object feedback, double deadline):
     return entry
 
 
+cdef inline void _collect(Open entry, int aggregate, double loss) noexcept:
+    """Add a feedback's ``loss`` to what its window combined."""
+    if entry.collected == 0 or aggregate == LAST:
+        entry.combined = loss
+    elif aggregate == MAX:
+        entry.combined = max(entry.combined, loss)
+    else:  # SUM and MEAN add up
+        entry.combined += loss
+    entry.collected += 1
+
+
+cdef inline double _combined(Open entry, int aggregate) noexcept:
+    """The loss a window's feedback makes."""
+    if aggregate == MEAN:
+        return entry.combined / entry.collected
+    return entry.combined
+
+
 # ------------------------------------------------------------------ outcomes
 cdef class Changes:
     """What handling an event changed, for whoever counts (the metrics): open tickets
-    (``pending``) and waiting feedback (``early``) gained or lost, feedback ``applied``,
-    and whether it was a ``retry`` of a served request. The shard's loop keeps one and
+    (``pending``) and waiting feedback (``early``) gained or lost, feedback ``applied``
+    or ``collected`` in its window, whether it was a ``retry`` of a served request, and
+    the named-context attributes that went to their ``other`` slot. The shard's loop keeps one and
     clears it before each event."""
 
     cdef void clear(self) noexcept:
-        self.pending = self.early = self.applied = 0
+        self.pending = self.early = self.applied = self.collected = 0
         self.retry = False
+        self.others = None
 
 
 class Handled(list):
@@ -202,15 +231,18 @@ class Handled(list):
     ([], 1)
     """
 
-    __slots__ = ("applied", "early", "pending", "retry")
+    __slots__ = ("applied", "collected", "early", "pending", "retry")
 
-    def __init__(self, outputs=(), pending=0, early=0, applied=0, retry=False):
+    def __init__(self, outputs=(), pending=0, early=0, applied=0, retry=False, collected=0):
         super().__init__(outputs)
         self.pending, self.early, self.applied, self.retry = pending, early, applied, retry
+        self.collected = collected
 
 
 cdef object _handled(list out, Changes changes):
-    return Handled(out, changes.pending, changes.early, changes.applied, changes.retry)
+    return Handled(
+        out, changes.pending, changes.early, changes.applied, changes.retry, changes.collected
+    )
 
 
 # --------------------------------------------------------------------- terms
@@ -228,8 +260,14 @@ cdef class Terms:
         self.per_unit = experiment.per_unit
         self.n_contexts = experiment.n_contexts
         self.early_limit = experiment.early_feedback_limit
+        self.has_default = experiment.default_loss is not None
+        self.default_loss = experiment.default_loss if self.has_default else 0.0
+        self.aggregate = AGGREGATES.index(experiment.aggregate)
+        self.contexts = experiment.contexts
+        self.arm_index = {name: i for i, name in enumerate(self.arms)}
 
 
+AGGREGATES = serving.AGGREGATES  # in the order of the ``Aggregate`` codes
 cdef dict _terms = {}
 cdef Terms _last_terms = None
 cdef enum:
@@ -300,10 +338,13 @@ cdef class Instance:
         the bandit migrated (``tsi_core.migrate``). Open tickets of a retired arm (or
         context) are closed with an ``arm_retired`` (``context_retired``) dead letter,
         which ``take_notices`` hands out; answers kept for retries of a retired arm are
-        dropped."""
+        dropped. The serving settings (``allocation``, the window's rules) apply at once
+        and change nothing learned."""
         old_arms = self.experiment.arms if old_arms is None else old_arms
         bandit = self.live_bandit()  # unpacked with the definition it was packed with
         if experiment.same_state_as(old_arms, bandit):
+            if bandit.allocation != experiment.allocation:
+                bandit.allocation = experiment.allocation
             self.experiment, self.terms = experiment, terms_of(experiment)
             return
         template = experiment.template
@@ -315,6 +356,7 @@ cdef class Instance:
             variant=template.variant,
             new_arm_share=experiment.new_arm_share,
         )
+        moved.bandit.allocation = experiment.allocation
         notices = []
         for entry in list(self.entries().values()):
             if entry.kind == EARLY:
@@ -571,6 +613,15 @@ cdef class Instance:
         cdef Answered answered
         rid = field(_REQUEST, request, REQUEST_ID)
         context = field(_REQUEST, request, CONTEXT)
+        eligible = field(_REQUEST, request, ELIGIBLE)
+        if type(context) is dict:  # named attributes: their combination's index
+            context = self._served_context(request, context, out, changes)
+            if context is None:
+                return 0
+        if eligible is not None:
+            eligible = self._eligible(request, eligible, out)
+            if eligible is None:
+                return 0
         entry = self._get(rid)
         if entry is not None and (<RequestEntry>entry).kind != EARLY:
             answered = entry
@@ -589,7 +640,15 @@ cdef class Instance:
             reason = "missing_field" if context is None else "context_out_of_range"
             out.append(self._dead(request, reason, f"experiment {terms.name!r}: {problem}"))
             return 0
-        ticket = self.live_bandit().select(context, _draw(terms.seed, self.key, rid))
+        try:
+            ticket = self.live_bandit().select(
+                context, _draw(terms.seed, self.key, rid), eligible
+            )
+        except ValueError as exc:  # the forced arm is not eligible
+            if eligible is None:
+                raise
+            out.append(self._dead(request, "ineligible_arms", f"{exc}"))
+            return 0
         origin = field(_REQUEST, request, REQUEST_ORIGIN)
         if type(field(_ORIGIN, origin, SOURCE)) is str:
             kept(origin)  # strings and numbers only: never walked by the cyclic GC
@@ -604,12 +663,63 @@ cdef class Instance:
             changes.early = -1
         return 0
 
+    cdef object _served_context(self, object request, object context, list out,
+                                Changes changes):
+        """The index of a request's named context (``others`` in ``changes``: the
+        attributes whose value went to their ``other`` slot); None, with its dead letter
+        in ``out``, if the experiment has no named contexts or an attribute is missing or
+        unknown."""
+        cdef Terms terms = self.terms
+        where = f"experiment {terms.name!r}"
+        if terms.contexts is None:
+            detail = f"{where} has no named contexts, got context {context!r}"
+            out.append(self._dead(request, "context_out_of_range", detail))
+            return None
+        try:
+            index, others = terms.contexts.index(context)
+        except KeyError as exc:
+            detail = f"{where}: context attribute {exc.args[0]!r} is missing"
+            out.append(self._dead(request, "missing_field", detail))
+            return None
+        except ValueError as exc:
+            out.append(self._dead(request, "unknown_context_attribute", f"{where}: {exc}"))
+            return None
+        if others:
+            changes.others = others
+        return index
+
+    cdef object _eligible(self, object request, object eligible, list out):
+        """A request's eligible arms (names or indices) as a tuple of indices; None, with
+        its dead letter in ``out``, for an empty list, an arm the experiment does not
+        have (``unknown_arm``) or one named twice (``ineligible_arms``)."""
+        cdef Terms terms = self.terms
+        cdef Py_ssize_t n = len(terms.arms)
+        indices, unknown = [], []
+        for arm in eligible:
+            found = terms.arm_index.get(arm) if type(arm) is str else (arm if arm < n else None)
+            if found is None:
+                unknown.append(arm)
+            else:
+                indices.append(found)
+        if unknown:
+            detail = f"experiment {terms.name!r} has no arm {unknown}, arms {list(terms.arms)}"
+            out.append(self._dead(request, "unknown_arm", detail))
+            return None
+        if not indices or len(set(indices)) != len(indices):
+            detail = (
+                f"eligible must name distinct arms of {list(terms.arms)}, got {list(eligible)}"
+            )
+            out.append(self._dead(request, "ineligible_arms", detail))
+            return None
+        return tuple(indices)
+
     def apply_waiting(self, served, Early waiting, double now) -> Handled:
         """``served``, a request's answer, with the feedback that waited for it applied."""
         waited = self.on_feedback(waiting.feedback, now)
         served += waited
         served.pending += waited.pending
         served.applied += waited.applied
+        served.collected += waited.collected
         served.early = -1
         return served
 
@@ -652,7 +762,12 @@ cdef class Instance:
             )
             out.append(self._dead(feedback, "arm_mismatch", detail))
             return 0
-        self.live_bandit().update(answered.ticket, field(_FEEDBACK, feedback, LOSS))
+        loss = field(_FEEDBACK, feedback, LOSS)
+        if terms.aggregate != FIRST:  # combined, applied once when the window ends
+            _collect(<Open>answered, terms.aggregate, loss)
+            changes.collected += 1
+            return 0
+        self.live_bandit().update(answered.ticket, loss)
         deadline = now + terms.retry_window
         if self._keep_answer("s", answered, deadline):
             self._drop(answered)
@@ -685,6 +800,14 @@ cdef class Instance:
                 entry = self._one
             else:
                 break
+            if entry.kind == OPEN and (<Open>entry).collected > 0:  # its window's feedback
+                self._close(<Open>entry, _combined(<Open>entry, self.terms.aggregate), now)
+                self._closed_applied += 1
+                continue
+            if entry.kind == OPEN and self.terms.has_default:  # none came: the default
+                self._close(<Open>entry, self.terms.default_loss, now)
+                self._closed_defaulted += 1
+                continue
             if entry.kind == OPEN:
                 self.live_bandit().discard((<Open>entry).ticket)  # while the entry holds it
                 out.append(self._expired(entry))
@@ -706,6 +829,24 @@ cdef class Instance:
                 )
             self._drop(entry)
         return out
+
+    cdef int _close(self, Open entry, double loss, double now) except -1:
+        """End a window: apply ``loss`` to its ticket, and keep its answer for retries
+        (later feedback is ``late_feedback``) for the retry window."""
+        self.live_bandit().update(entry.ticket, loss)
+        window = self.terms.retry_window
+        if window > 0:
+            self._put(_answered(EXPIRED, entry.rid, entry.ticket, entry.unit, now + window))
+        else:
+            self._drop(entry)
+        return 0
+
+    def take_closed(self) -> tuple:
+        """(windows closed with their feedback combined, windows closed with the default
+        loss) by ``expire`` since last asked: what the metrics count."""
+        closed = (self._closed_applied, self._closed_defaulted)
+        self._closed_applied = self._closed_defaulted = 0
+        return closed
 
     def _expired(self, Open served):
         """A ticket without feedback; the request is re-encoded from what was kept of it."""
@@ -750,7 +891,8 @@ cdef class Instance:
         cdef tuple t = <tuple>ticket
         arm = t[2]
         return kept(_SELECTION.built((
-            self.terms.name, self._unit(unit), rid, self.key, arm, self.terms.arms[arm], t[3], t[1]
+            self.terms.name, self._unit(unit), rid, self.key, arm, self.terms.arms[arm], t[3], t[1],
+            t[6],
         )))
 
     cdef object _dead(self, object event, str reason, str detail):
@@ -787,6 +929,8 @@ cdef class Instance:
             if kind == "o":
                 origin = entry.origin
                 item += ((origin.source, origin.partition, origin.offset, origin.time),)
+                if (<Open>entry).collected:  # a window's feedback combined so far
+                    item += ((<Open>entry).collected, (<Open>entry).combined)
             out.append(item)
         return tuple(out)
 
@@ -799,7 +943,11 @@ cdef class Instance:
         for item in data["open"]:
             ticket = Ticket.from_dict(item["ticket"])
             origin = Origin(*item["origin"])
-            inst._put(Open(item["request_id"], ticket, item["unit"], item["deadline"], origin))
+            collected, combined = item.get("collected", (0, 0.0))
+            inst._put(Open(
+                item["request_id"], ticket, item["unit"], item["deadline"], origin, collected,
+                combined,
+            ))
         for rid, ticket, unit, forget in data["settled"]:
             inst._put(Settled(rid, Ticket.from_dict(ticket), unit, forget))
         for rid, ticket, unit, forget in data.get("expired", ()):  # older snapshots: none
@@ -851,9 +999,9 @@ def compact_to_entries(tuple items) -> list:
     """The entries ``Instance.compact_entries`` wrote, as objects (a ticket written
     before ``Ticket.why`` has six fields: it reads as "bandit")."""
     out = []
-    for kind, rid, ticket, unit, deadline, *origin in items:
-        if kind == "o":
-            out.append(Open(rid, Ticket(*ticket), unit, deadline, Origin(*origin[0])))
+    for kind, rid, ticket, unit, deadline, *rest in items:
+        if kind == "o":  # rest: its origin, and what its window combined, if anything
+            out.append(Open(rid, Ticket(*ticket), unit, deadline, Origin(*rest[0]), *rest[1:]))
         else:
             out.append(_COMPACT_KINDS[kind](rid, Ticket(*ticket), unit, deadline))
     return out
@@ -870,13 +1018,16 @@ def _arms_of(dict data, experiment, n_arms) -> tuple:
 
 
 def _open_to_dict(o) -> dict:
-    return {
+    saved = {
         "request_id": o.rid,
         "ticket": o.ticket.to_dict(),
         "unit": o.unit,
         "deadline": o.deadline,
         "origin": [o.origin.source, o.origin.partition, o.origin.offset],
     }
+    if o.collected:  # a window's feedback combined so far
+        saved["collected"] = [o.collected, o.combined]
+    return saved
 
 
 def _feedback_to_dict(f) -> dict:

@@ -13,7 +13,19 @@ seed = 42                # seeds the hashed draws
 early_feedback_limit = 1000   # feedback waiting for its request, per instance
 new_arm_share = 0.1      # optional: p of an arm added later (default: the mean log-weight)
 renamed_arms = { green = "lime" }   # optional: arm "green" is now called "lime"
+default_loss = 1.0       # optional: the loss of a window closed without feedback
+aggregate = "first"      # first | sum | mean | last | max: a window's feedback combined
+min_share = 0.02         # optional: every arm served with probability >= this
+holdout = { arm = "control", share = 0.1 }   # optional: a share of requests held out
+burn_in = 500            # optional: an instance's first requests served uniformly
+force_arm = "control"    # optional: everyone gets this arm, nothing is learned
+contexts = { device = ["ios", "android"], plan = ["free", "pro"] }   # named contexts
 ```
+
+The serving settings (``serving``: the last six above, and feedback_ttl, retry_window,
+early_feedback_limit, seed) change how the bandit is served, not what it learned: a
+live edit applies them at once. Arms, competition (``contexts`` makes one), gamma and
+variant define its state: an edit migrates it.
 
 Arms are matched by name when the registry changes under learned state (see
 ``Experiment.arm_map`` and the README's "Changing an experiment"). Anything else, at the
@@ -41,8 +53,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from flows.service.instances import serving
+from flows.service.instances.serving import NamedContexts
 from flows.service.wire.keys import UNIT_SEPARATOR, instance_key
-from tsi_core import Bandit, Ticket
+from tsi_core import Allocation, Bandit, Ticket
 from tsi_core.bandit import configure
 from tsi_core.competition import competition_from_spec
 from tsi_core.variant import DEFAULT_VARIANT
@@ -68,6 +82,13 @@ class Experiment:
     renamed_arms: tuple[tuple[str, str], ...] = ()  # (old name, new name)
     retry_after: float | None = None  # the ``retry_window`` setting; None: feedback_ttl
     variant: str = DEFAULT_VARIANT  # a preset of ``tsi_core.variant``
+    default_loss: float | None = None  # the loss of a window closed without feedback
+    aggregate: str = "first"  # how a window's feedback is combined (``serving.AGGREGATES``)
+    min_share: float = 0.0
+    holdout: tuple[str, float] | None = None  # (arm, share)
+    burn_in: int = 0
+    force_arm: str | None = None
+    contexts: NamedContexts | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """The definition alone, without the caches (the template bandit, its packing and
@@ -150,7 +171,29 @@ class Experiment:
 
     def _build(self, key: str) -> Bandit:
         return Bandit(
-            len(self.arms), self.competition, self.gamma, instance_id=key, variant=self.variant
+            len(self.arms),
+            self.competition,
+            self.gamma,
+            instance_id=key,
+            variant=self.variant,
+            allocation=self.allocation,
+        )
+
+    @functools.cached_property
+    def allocation(self) -> Allocation:
+        """The traffic allocation of the serving settings, arms by index.
+
+        >>> r = Registry.from_toml('[experiments.e]\\narms = ["a", "b"]\\nforce_arm = "b"')
+        >>> r["e"].allocation.force_arm
+        1
+        """
+        index, held = self.arms.index, self.holdout
+        return Allocation(
+            min_share=self.min_share,
+            holdout_arm=None if held is None else index(held[0]),
+            holdout_share=0.0 if held is None else held[1],
+            burn_in=self.burn_in,
+            force_arm=None if self.force_arm is None else index(self.force_arm),
         )
 
     @functools.cached_property
@@ -230,6 +273,13 @@ KNOWN_SETTINGS = frozenset(
         "renamed_arms",
         "retry_window",
         "variant",
+        "default_loss",
+        "aggregate",
+        "min_share",
+        "holdout",
+        "burn_in",
+        "force_arm",
+        "contexts",
     }
 )
 
@@ -280,7 +330,17 @@ def _experiment(name: str, table: Any) -> Experiment:
     if not name or len(name) > 256 or UNIT_SEPARATOR in name:
         raise RegistryError(f"{where}: invalid experiment name")
     arms = _arms(table.get("arms"), where)
-    competition = _competition(table.get("competition"), where)
+    try:
+        contexts = NamedContexts.read(table.get("contexts"))
+        serving_settings = _serving(table, arms)
+    except ValueError as exc:
+        raise RegistryError(f"{where}: {exc}") from None
+    competition = _competition(table.get("competition", _named(contexts)), where)
+    if contexts is not None and competition.to_dict() != _named(contexts):
+        raise RegistryError(
+            f"{where}: contexts make the competition {_named(contexts)}, "
+            f"competition says {competition.to_dict()}"
+        )
     gamma, seed = table.get("gamma"), table.get("seed", 0)
     variant = table.get("variant", DEFAULT_VARIANT)
     try:
@@ -289,7 +349,7 @@ def _experiment(name: str, table: Any) -> Experiment:
         )  # a preset's name: TOML has no other
     except ValueError as exc:
         raise RegistryError(f"{where}: {exc}") from None
-    return Experiment(
+    experiment = Experiment(
         name,
         arms,
         competition,
@@ -302,7 +362,34 @@ def _experiment(name: str, table: Any) -> Experiment:
         _renamed(table.get("renamed_arms", {}), arms, where),
         _retry_window(table.get("retry_window"), where),
         variant,
+        **serving_settings,
+        contexts=contexts,
     )
+    try:
+        experiment.allocation.check(len(arms))
+    except ValueError as exc:
+        raise RegistryError(f"{where}: {exc}") from None
+    return experiment
+
+
+def _named(contexts: NamedContexts | None) -> dict[str, Any] | None:
+    """The competition spec of named contexts: the contextual class over their product."""
+    if contexts is None:
+        return None
+    return {"kind": "contextual", "n_contexts": contexts.n_contexts}
+
+
+def _serving(table: dict[str, Any], arms: tuple[str, ...]) -> dict[str, Any]:
+    """The serving settings of an experiment's table (``serving``: ``ValueError`` naming
+    the bad one)."""
+    return {
+        "default_loss": serving.default_loss(table.get("default_loss")),
+        "aggregate": serving.aggregate(table.get("aggregate", "first")),
+        "min_share": serving.min_share(table.get("min_share", 0.0), len(arms)),
+        "holdout": serving.holdout(table.get("holdout"), arms),
+        "burn_in": serving.burn_in(table.get("burn_in", 0)),
+        "force_arm": serving.force_arm(table.get("force_arm"), arms),
+    }
 
 
 def _arms(arms: Any, where: str) -> tuple[str, ...]:

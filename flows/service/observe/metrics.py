@@ -10,6 +10,8 @@ cluster serves its own (sum them in Prometheus).
 | metric | type | labels | counts |
 |---|---|---|---|
 | ``tsi_decisions_total`` | counter | experiment | selections emitted, answers to retries included |
+| ``tsi_served_total`` | counter | experiment, why | the same, by what served them (``why``) |
+| ``tsi_context_other_total`` | counter | experiment, attribute | values not listed (``other``) |
 | ``tsi_retries_total`` | counter | experiment | selections for a request_id already served |
 | ``tsi_feedback_total`` | counter | experiment, outcome | feedback by outcome (below) |
 | ``tsi_dead_letters_total`` | counter | reason | every dead letter, upstream refusals included |
@@ -25,11 +27,14 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_consumer_lag`` | gauge | topic, partition | high watermark − next offset to read |
 | ``tsi_ready`` | gauge | | 1 while ``/ready`` answers 200, else 0 |
 
-``kind`` is ``request`` or ``feedback``. Outcomes of ``tsi_feedback_total``:
+``kind`` is ``request`` or ``feedback``; ``why`` is ``bandit``, ``holdout``, ``burn_in`` or
+``forced``. Outcomes of ``tsi_feedback_total``:
 
 | outcome | the feedback ... |
 |---|---|
 | ``applied`` | updated the bandit (on arrival, or when the request it waited for came) |
+| ``collected`` | was combined in its window (``aggregate``), applied once when it ends |
+| ``defaulted`` | never came: its window ended and ``default_loss`` was applied |
 | ``early`` | came before its request and waits: counted again once settled |
 | ``duplicate`` | came for a request_id that has its feedback (applied or waiting) |
 | ``arm_mismatch`` | names another arm than the one served |
@@ -37,6 +42,9 @@ cluster serves its own (sum them in Prometheus).
 | ``unknown`` | waited ``feedback_ttl`` for its request in vain (``unknown_ticket``) |
 | ``expired_ticket`` | never came: a ticket expired without it (``ticket_expired``) |
 | ``late`` | came after its ticket expired, within the retry window (``late_feedback``) |
+
+With an ``aggregate`` other than ``first``, each feedback of a window is ``collected`` and
+the window's combined loss counts once as ``applied`` when the window ends.
 
 The metrics are told what happened, never peek: an instance returns a ``Handled`` for each
 event (its outputs, and the open tickets, waiting feedback and applied feedback it gained
@@ -111,6 +119,7 @@ __all__ = [
     "REGISTRY",
     "MetricsPortError",
     "Readiness",
+    "count_context_other",
     "count_dead_letter",
     "note_broker_contact",
     "note_epoch_completed",
@@ -131,7 +140,7 @@ AGE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 3
 KINDS = {True: "request", False: "feedback"}  # label of an event kind (is a request)
 OUTCOMES = (
     "applied", "early", "duplicate", "arm_mismatch", "early_buffer_full", "unknown",
-    "expired_ticket", "late",
+    "expired_ticket", "late", "collected", "defaulted",
 )  # fmt: skip
 # dead letters of an instance that are the fate of a feedback (or of a ticket)
 FEEDBACK_REASONS = {
@@ -148,6 +157,7 @@ DECISIONS, RETRIES, PENDING, EARLY, INSTANCES = range(5)
 FEEDBACK = {outcome: 5 + i for i, outcome in enumerate(OUTCOMES)}
 _SLOTS = 5 + len(OUTCOMES)
 APPLIED, EARLY_FEEDBACK = FEEDBACK["applied"], FEEDBACK["early"]
+COLLECTED, DEFAULTED = FEEDBACK["collected"], FEEDBACK["defaulted"]
 SLOT_OF_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
 # the gauge a dead letter of expiry (or of a registry change) lowers
 _EXPIRY = {
@@ -158,17 +168,24 @@ _EXPIRY = {
 }
 
 DEAD_LETTERS = Counter("tsi_dead_letters", "Dead letters by reason.", ["reason"])
+CONTEXT_OTHER = Counter(
+    "tsi_context_other",
+    "Named-context requests whose value of an attribute was not listed (its other slot).",
+    ["experiment", "attribute"],
+)
 
 
 class _Tally:
     """What one thread (a Bytewax worker) counted; only that thread writes it."""
 
-    __slots__ = ("age", "experiments", "last_event", "last_ts", "processing")
+    __slots__ = ("age", "experiments", "last_event", "last_ts", "processing", "served")
 
     def __init__(self) -> None:
         self.last_event = 0.0  # time() when the last event was handled
         self.last_ts = 0.0  # the ts of the last event that had one
         self.experiments: dict[str, list[int]] = {}
+        # (experiment, why) -> selections, for each why but "bandit" (decisions - these)
+        self.served: dict[tuple[str, str], int] = {}
         # per kind (True: request): counts per bucket (the last is +Inf), then the sum
         self.processing = {k: [0] * (len(PROCESSING_BUCKETS) + 1) + [0.0] for k in (True, False)}
         self.age = {k: [0] * (len(AGE_BUCKETS) + 1) + [0.0] for k in (True, False)}
@@ -207,11 +224,16 @@ def _failed(what: str) -> None:
 
 def observe_expired(instance: Any, out: list) -> None:
     """Account for what ``Instance.expire`` (or a registry change) returned: expired or
-    retired tickets and unknown feedback."""
+    retired tickets and unknown feedback, and the windows it closed applying their
+    feedback or the default loss (``Instance.take_closed``)."""
     try:
-        if not out:
+        applied, defaulted = instance.take_closed()
+        if not out and not applied and not defaulted:
             return
         c = _mine().experiment(instance.experiment.name)
+        c[PENDING] -= applied + defaulted
+        c[APPLIED] += applied
+        c[DEFAULTED] += defaulted
         for item in out:
             gauge = _EXPIRY.get(item.reason)
             if gauge is not None:
@@ -238,6 +260,15 @@ def observe_restored(experiment: str, instance: Any = None, pending: int = 0) ->
         _failed("observe_restored")
 
 
+def count_context_other(experiment: str, attributes: tuple[str, ...]) -> None:
+    """Count a request whose named context put ``attributes`` in their ``other`` slot."""
+    try:
+        for attribute in attributes:
+            CONTEXT_OTHER.labels(experiment, attribute).inc()
+    except Exception:
+        _failed("count_context_other")
+
+
 _by_reason: dict[str, Any] = {}
 
 
@@ -257,12 +288,13 @@ class _MetricsCollector:
     """Sums the threads' tallies into metric families when Prometheus scrapes."""
 
     def describe(self) -> list[Metric]:
-        return list(self._families({}, {}, {}))
+        return list(self._families({}, {}, {}, {}))
 
     def collect(self) -> Iterator[Metric]:
         with _tallies_lock:
             tallies = list(_tallies.values())
         experiments: dict[str, list[int]] = {}
+        served: dict[tuple[str, str], int] = {}
         processing = {k: [0] * (len(PROCESSING_BUCKETS) + 2) for k in (True, False)}
         age = {k: [0] * (len(AGE_BUCKETS) + 2) for k in (True, False)}
         for tally in tallies:
@@ -270,15 +302,17 @@ class _MetricsCollector:
                 total = experiments.setdefault(name, [0] * _SLOTS)
                 for i, n in enumerate(list(counts)):
                     total[i] += n
+            for labels, n in list(tally.served.items()):
+                served[labels] = served.get(labels, 0) + n
             for mine, total in ((tally.processing, processing), (tally.age, age)):
                 for kind in (True, False):
                     for i, n in enumerate(list(mine[kind])):
                         total[kind][i] += n
-        return self._families(experiments, processing, age)
+        return self._families(experiments, served, processing, age)
 
     @staticmethod
     def _families(
-        experiments: dict[str, list[int]], processing: dict, age: dict
+        experiments: dict[str, list[int]], served: dict, processing: dict, age: dict
     ) -> Iterator[Metric]:
         def family(kind: type, name: str, doc: str, slot: int) -> Metric:
             metric = kind(name, doc, labels=["experiment"])
@@ -288,6 +322,18 @@ class _MetricsCollector:
 
         yield family(CounterMetricFamily, "tsi_decisions",
                      "Selections emitted, answers to retries included.", DECISIONS)  # fmt: skip
+        by_why = CounterMetricFamily(
+            "tsi_served", "Selections emitted by what served them.", labels=["experiment", "why"]
+        )
+        by_bandit = {name: counts[DECISIONS] for name, counts in experiments.items()}
+        for (experiment, _), n in served.items():
+            by_bandit[experiment] = by_bandit.get(experiment, 0) - n
+        for experiment, why, n in sorted(
+            [(e, "bandit", n) for e, n in by_bandit.items()]
+            + [(e, w, n) for (e, w), n in served.items()]
+        ):
+            by_why.add_metric([experiment, why], n)
+        yield by_why
         yield family(CounterMetricFamily, "tsi_retries",
                      "Selections answering a request_id already served.", RETRIES)  # fmt: skip
         feedback = CounterMetricFamily(

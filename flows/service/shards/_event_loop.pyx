@@ -39,6 +39,7 @@ from flows.service.wire._records cimport (
     PARTITION,
     REQUEST_ORIGIN,
     REQUEST_TS,
+    SELECTION_WHY,
     SOURCE,
     TIME,
     Layout,
@@ -49,6 +50,7 @@ from flows.service.instances.instance cimport Changes, Instance
 from flows.service.observe.metrics import (
     AGE_BUCKETS,
     APPLIED,
+    COLLECTED,
     DECISIONS,
     EARLY,
     EARLY_FEEDBACK,
@@ -57,6 +59,7 @@ from flows.service.observe.metrics import (
     PROCESSING_BUCKETS,
     RETRIES,
     SLOT_OF_REASON,
+    count_context_other,
     observe_expired,
     thread_tally,
 )
@@ -64,6 +67,7 @@ from flows.service.observe.metrics import (
 cdef Layout _REQUEST = records.REQUEST
 cdef Layout _FEEDBACK = records.FEEDBACK
 cdef Layout _ORIGIN = records.ORIGIN
+cdef Layout _SELECTION = records.SELECTION
 
 
 cdef inline double _monotonic() noexcept:
@@ -131,8 +135,9 @@ cdef class _Counts:
     slots of an experiment's tally (``metrics``) it writes, and the dead letters by slot."""
 
     cdef str name
-    cdef long decisions, retries, pending, early, early_feedback, applied, instances
+    cdef long decisions, retries, pending, early, early_feedback, applied, collected, instances
     cdef dict by_slot  # a dead letter's slot (SLOT_OF_REASON) -> count
+    cdef dict by_why  # a selection's why, other than "bandit" -> count
     cdef bint counted
     cdef list counters  # the experiment's counters in the tally ``counters_of``
     cdef object counters_of
@@ -140,6 +145,7 @@ cdef class _Counts:
     def __init__(self, str name):
         self.name = name
         self.by_slot = {}
+        self.by_why = {}
 
 
 cdef class _Loop:
@@ -311,7 +317,10 @@ cdef class _Loop:
         c.pending += changes.pending
         c.early += changes.early
         c.applied += changes.applied
+        c.collected += changes.collected
         c.early_feedback += changes.early > 0
+        if changes.others is not None:  # a named context went to its other slot
+            count_context_other(c.name, changes.others)
         for i in range(first, len(out)):
             item = out[i]
             if item.dead_letter:
@@ -321,6 +330,9 @@ cdef class _Loop:
             else:  # an answer
                 c.decisions += 1
                 c.retries += changes.retry
+                why = field(_SELECTION, item, SELECTION_WHY)
+                if why != "bandit":  # the others; the bandit's are the rest of decisions
+                    c.by_why[why] = c.by_why.get(why, 0) + 1
         (self.processing_request if is_request else self.processing_feedback).add(
             _monotonic() - started
         )
@@ -363,6 +375,7 @@ cdef class _Loop:
             _add(slots, RETRIES, c.retries)
             _add(slots, PENDING, c.pending)
             _add(slots, APPLIED, c.applied)
+            _add(slots, COLLECTED, c.collected)
             _add(slots, EARLY, c.early)
             _add(slots, EARLY_FEEDBACK, c.early_feedback)
             _add(slots, INSTANCES, c.instances)
@@ -370,7 +383,12 @@ cdef class _Loop:
                 for slot, n in c.by_slot.items():
                     slots[slot] += n
                 c.by_slot.clear()
-            c.decisions = c.retries = c.pending = c.applied = c.early = 0
+            if c.by_why:
+                served = tally.served
+                for why, n in c.by_why.items():
+                    served[c.name, why] = served.get((c.name, why), 0) + n
+                c.by_why.clear()
+            c.decisions = c.retries = c.pending = c.applied = c.collected = c.early = 0
             c.early_feedback = c.instances = 0
             c.counted = False
         self.counted.clear()

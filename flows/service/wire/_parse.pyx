@@ -6,7 +6,8 @@
 exactly and hands everything else to it: a message takes the lane when it is ``bytes``
 within the size limit, orjson reads it as an object whose keys are all known to its
 parser, each holding a plain valid value, and it names a known experiment (with its unit
-when the experiment keeps one bandit per unit). The lane then builds the same ``Request``
+when the experiment keeps one bandit per unit; a request's ``eligible`` arms or named
+``context`` object are never plain). The lane then builds the same ``Request``
 or ``Feedback``, instance key and shard as ``events.parse_*`` and ``dataflow.route``. Any
 other message (every refusal, anything unusual) goes through the Python parser and
 ``route``, so each dead letter is the one ``events.py`` writes; the tests run generated
@@ -368,7 +369,7 @@ cdef class _Lane:
         if key is None:
             return None
         return self._routed(key, _REQUEST.built((
-            self.experiment_id, self.unit, self.request_id, context, self.ts, raw, origin
+            self.experiment_id, self.unit, self.request_id, context, self.ts, raw, origin, None
         )))
 
     cdef object _feedback(self, _Message data, Py_ssize_t known, object raw, object origin):

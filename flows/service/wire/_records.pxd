@@ -44,6 +44,7 @@ cdef enum:
     CONTEXT = 3  # of a Request
     REQUEST_TS = 4
     REQUEST_ORIGIN = 6
+    ELIGIBLE = 7
     LOSS = 3  # of a Feedback
     ARM = 4
     FEEDBACK_TS = 5
@@ -52,3 +53,4 @@ cdef enum:
     PARTITION = 1
     TIME = 3
     SELECTION_INSTANCE = 3  # of a Selection
+    SELECTION_WHY = 8

@@ -147,12 +147,15 @@ cdef object kept(object record):
 # The events' layouts, one each for every compiled module (``cdef Layout _X = X``); their
 # field numbers are in _records.pxd.
 ORIGIN = Layout(Origin, ("source", "partition", "offset", "time"))
-REQUEST = Layout(Request, ("experiment", "unit", "request_id", "context", "ts", "raw", "origin"))
+REQUEST = Layout(
+    Request, ("experiment", "unit", "request_id", "context", "ts", "raw", "origin", "eligible")
+)
 FEEDBACK = Layout(
     Feedback, ("experiment", "unit", "request_id", "loss", "arm", "ts", "raw", "origin")
 )
 SELECTION = Layout(
-    Selection, ("experiment", "unit", "request_id", "instance", "arm", "arm_name", "prob", "round")
+    Selection,
+    ("experiment", "unit", "request_id", "instance", "arm", "arm_name", "prob", "round", "why"),
 )
 cdef Layout _ORIGIN = ORIGIN
 cdef Layout _SELECTION = SELECTION
@@ -381,11 +384,11 @@ def split_outputs(list outputs) -> tuple:
 
 def selection_json(selection) -> bytes:
     """The JSON of an answer on the selections topic (``Selection.to_json``): its keys
-    experiment, unit, request_id, arm, arm_name, prob and round.
+    experiment, unit, request_id, arm, arm_name, prob, round and why.
 
     >>> from flows.service.wire.events import Selection
-    >>> selection_json(Selection("home", None, "r1", "home", 1, "b", 0.5, 3))
-    b'{"experiment":"home","unit":null,"request_id":"r1","arm":1,"arm_name":"b","prob":0.5,"round":3}'
+    >>> selection_json(Selection("home", None, "r1", "home", 1, "b", 0.5, 3, "bandit"))
+    b'{"experiment":"home","unit":null,"request_id":"r1","arm":1,"arm_name":"b","prob":0.5,"round":3,"why":"bandit"}'
     """
     return _selection_json(selection)
 
@@ -402,7 +405,7 @@ cdef object _selection_json(object selection):
     cdef Layout at = _SELECTION
     experiment, unit, request_id = at.get(selection, 0), at.get(selection, 1), at.get(selection, 2)
     arm, arm_name = at.get(selection, 4), at.get(selection, 5)
-    prob, rounds = at.get(selection, 6), at.get(selection, 7)
+    prob, rounds, why = at.get(selection, 6), at.get(selection, 7), at.get(selection, 8)
     cdef char arm_text[24]
     cdef char round_text[24]
     cdef Py_ssize_t arm_n = _decimal(arm, arm_text)
@@ -411,7 +414,7 @@ cdef object _selection_json(object selection):
     cdef bytes prob_text
     if (
         arm_n >= 0 and round_n >= 0 and PyFloat_CheckExact(prob)
-        and _plain(experiment) and _plain(request_id) and _plain(arm_name)
+        and _plain(experiment) and _plain(request_id) and _plain(arm_name) and _plain(why)
         and (unit is None or _plain(unit))
     ):
         prob_text = dumps(prob)
@@ -434,7 +437,9 @@ cdef object _selection_json(object selection):
         _put(&out, prob_text, len(prob_text))
         _put(&out, b',"round":', 9)
         _put(&out, round_text + 24 - round_n, round_n)
-        _put(&out, b"}", 1)
+        _put(&out, b',"why":"', 8)
+        _put_ascii(&out, why)
+        _put(&out, b'"}', 2)
         if not out.full:
             return PyBytes_FromStringAndSize(out.data, out.n)
     return dumps({
@@ -445,6 +450,7 @@ cdef object _selection_json(object selection):
         "arm_name": arm_name,
         "prob": prob,
         "round": rounds,
+        "why": why,
     })
 
 

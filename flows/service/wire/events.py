@@ -61,10 +61,11 @@ class Request:
     experiment: str
     unit: str | None
     request_id: str
-    context: int | None
+    context: int | dict[str, str] | None  # an index, or named attributes' values
     ts: float | None
     raw: bytes
     origin: Origin
+    eligible: tuple[int | str, ...] | None = None  # the arms (names or indices) it may get
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,9 @@ class Feedback:
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """The answer to a request; ``prob`` is the propensity the arm was drawn with."""
+    """The answer to a request; ``prob`` is the probability the arm was served with (all
+    of the allocation applied: floor, holdout, burn-in, eligibility) and ``why`` what
+    served it: ``bandit``, ``holdout``, ``burn_in`` or ``forced``."""
 
     experiment: str
     unit: str | None
@@ -93,6 +96,7 @@ class Selection:
     arm_name: str
     prob: float
     round: int
+    why: str = "bandit"
     #: which of a shard's two outputs this is (``DeadLetter`` says True): an answer
     dead_letter: ClassVar[bool] = False
 
@@ -248,6 +252,32 @@ def _optional_arm(data: dict[str, Any]) -> int | str | None:
     return _optional_index(data, "arm")
 
 
+def _context(data: dict[str, Any]) -> int | dict[str, str] | None:
+    """An index, or a non-empty object of attribute names to values (strings)."""
+    value = data.get("context")
+    if not isinstance(value, dict):
+        return _optional_index(data, "context")
+    if not value or not all(identifier_ok(name) and identifier_ok(v) for name, v in value.items()):
+        raise _InvalidError(
+            "wrong_type",
+            f"context must be an integer or an object of attribute names to strings, got {value!r}",
+        )
+    return value
+
+
+def _eligible(data: dict[str, Any]) -> tuple[int | str, ...] | None:
+    """The arms a request may get: a list of arm names or indices (checked against the
+    experiment's arms where it is served)."""
+    value = data.get("eligible")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(arm_ok(arm) and arm is not None for arm in value):
+        raise _InvalidError(
+            "wrong_type", f"eligible must be a list of arm names or indices, got {value!r}"
+        )
+    return tuple(value)
+
+
 def _optional_time(data: dict[str, Any], window: float) -> float | None:
     value = data.get("ts")
     if value is None:
@@ -284,10 +314,11 @@ def _request(data: dict[str, Any], raw: bytes, origin: Origin, window: float) ->
         experiment=_identifier(data, "experiment"),
         unit=_identifier(data, "unit", required=False),
         request_id=_identifier(data, "request_id"),
-        context=_optional_index(data, "context"),
+        context=_context(data),
         ts=_optional_time(data, window),
         raw=bytes(raw),
         origin=origin,
+        eligible=_eligible(data),
     )
 
 
