@@ -11,7 +11,7 @@ import typer
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
-from flows.service.instances.registry import RegistryError
+from flows.service.instances.registry import Registry, RegistryError
 from flows.service.runtime.settings import (
     CLIENT_OPTIONS,
     TOPIC_OPTIONS,
@@ -71,19 +71,13 @@ def evaluate(
     "insufficient data" instead of a figure.
     """
     from flows.tools.evaluation import EvaluationError
-    from flows.tools.evaluation.allocations import load_registry
     from flows.tools.evaluation.compare import compare, configurations
     from flows.tools.evaluation.inputs import read_inputs
 
     given = _inputs(env, log, selections, events, feedback, requests)
     try:
         data, paths = read_inputs(given, registry)
-        loaded = {str(p): load_registry(p) for p in paths}
-        chosen = configurations(
-            [(label, reg) for label, (reg, _) in loaded.items()],
-            variant,
-            {label: allocations for label, (_, allocations) in loaded.items()},
-        )
+        chosen = configurations([(str(p), Registry.load(p)) for p in paths], variant)
         result = compare(data.log, chosen, experiment, switches, level, seed, data.served, min_ess)
     except (RegistryError, EvaluationError) as exc:
         fail("evaluate", str(exc))

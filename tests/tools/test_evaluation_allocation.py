@@ -13,9 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.service.instances.registry import RegistryError
+from flows.service.instances.registry import Registry
 from flows.tools.evaluation import EvaluationError, evaluate, load_log, read_log
-from flows.tools.evaluation.allocations import registry_from_toml
 from flows.tools.evaluation.compare import compare, configurations
 from flows.tools.evaluation.served import join_served
 from tsi_core import Allocation, Bandit
@@ -28,7 +27,7 @@ LOGGING = Allocation(min_share=0.05, holdout_arm=3, holdout_share=0.1)
 
 def registry(extra: str = ""):
     """An experiment "shop" over ARMS with the allocation settings in ``extra``."""
-    return registry_from_toml(f"[experiments.shop]\narms = {json.dumps(ARMS)}\nseed = 4\n{extra}")
+    return Registry.from_toml(f"[experiments.shop]\narms = {json.dumps(ARMS)}\nseed = 4\n{extra}")
 
 
 def served_log(n: int, seed: int, forced_every: int = 0) -> list[dict]:
@@ -80,12 +79,12 @@ def test_ips_and_snips_recover_a_known_policy_value_with_floors_holdouts_and_eli
     holdout on "d" and varying eligible arms: over 12 seeds, the estimates centre on the
     value computed by hand, their intervals cover it, and they are far from the value the
     same target would have if every arm were eligible."""
-    reg, allocations = registry('burn_in = 1000000000\nholdout = { arm = "d", share = 0.3 }')
+    reg = registry('burn_in = 1000000000\nholdout = { arm = "d", share = 0.3 }')
     errors, covered, wrong = {"ips": [], "snips": []}, 0, []
     for seed in range(12):
         rows = served_log(3000, seed)
         assert {r["why"] for r in rows} == {"bandit", "holdout"}
-        result = evaluate(read_log(lines(rows)), reg, allocations=allocations)["shop"]
+        result = evaluate(read_log(lines(rows)), reg)["shop"]
         truth = served_value(rows, 0.3, 3)
         for name in errors:
             estimate = getattr(result, name)
@@ -106,11 +105,11 @@ def test_a_learning_policy_is_evaluated_as_it_would_serve():
     target distribution: zero off the eligible arms, at least the floor (scaled by the
     holdout) on each eligible one, the holdout's share on its arm; SNIPS covers the value
     along the policy's path."""
-    reg, allocations = registry('min_share = 0.05\nholdout = { arm = "a", share = 0.2 }')
+    reg = registry('min_share = 0.05\nholdout = { arm = "a", share = 0.2 }')
     covered = 0
     for seed in range(10):
         rows = served_log(3000, 100 + seed)
-        result = evaluate(read_log(lines(rows)), reg, allocations=allocations)["shop"]
+        result = evaluate(read_log(lines(rows)), reg)["shop"]
         p = result.probabilities
         np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
         for t, row in enumerate(rows):
@@ -127,11 +126,11 @@ def test_the_eligible_arms_change_the_target_probability():
     """The same log with and without its eligible arms, for a target uniform over the
     allowed arms (a burn-in that never ends): its probability of the logged arm is 1/|E|
     with them, 1/M without, and differs exactly on the rows that restricted the arms."""
-    reg, allocations = registry("burn_in = 1000000000")
+    reg = registry("burn_in = 1000000000")
     rows = served_log(500, 7)
-    kept = evaluate(read_log(lines(rows)), reg, allocations=allocations)["shop"]
+    kept = evaluate(read_log(lines(rows)), reg)["shop"]
     dropped = [{k: v for k, v in row.items() if k != "eligible"} for row in rows]
-    ignored = evaluate(read_log(lines(dropped)), reg, allocations=allocations)["shop"]
+    ignored = evaluate(read_log(lines(dropped)), reg)["shop"]
     restricted = np.array([len(r["eligible"]) < len(ARMS) for r in rows])
     differs = ~np.isclose(kept.weights, ignored.weights, rtol=0, atol=1e-12)
     prob = np.array([r["prob"] for r in rows])
@@ -143,13 +142,13 @@ def test_the_eligible_arms_change_the_target_probability():
 def test_forced_rows_are_counted_and_left_out():
     """Rows served a forced arm are left out of every estimate (the same figures as the
     log with those lines blank) and counted, in JSON and Markdown."""
-    reg, allocations = registry("min_share = 0.02")
+    reg = registry("min_share = 0.02")
     rows = served_log(2000, 3, forced_every=5)
     forced = sum(r["why"] == "forced" for r in rows)
     assert forced == 400 and all(r["prob"] == 1.0 for r in rows if r["why"] == "forced")
-    result = evaluate(read_log(lines(rows)), reg, allocations=allocations)["shop"]
+    result = evaluate(read_log(lines(rows)), reg)["shop"]
     blanked = ["" if r["why"] == "forced" else json.dumps(r) for r in rows]
-    alone = evaluate(read_log(blanked), reg, allocations=allocations)["shop"]
+    alone = evaluate(read_log(blanked), reg)["shop"]
     assert result.forced == forced and result.rounds == 2000 - forced
     for name in ("policy", "ips", "snips", "logged"):
         assert getattr(result, name) == getattr(alone, name)
@@ -157,7 +156,7 @@ def test_forced_rows_are_counted_and_left_out():
     figures = result.to_dict()
     assert figures["forced_excluded"] == forced and figures["served_by"]["forced"] == forced
     assert f"The {forced:,} rows served a forced arm are excluded" in result.to_markdown()
-    table = compare(read_log(lines(rows)), configurations([("r", reg)], [], {"r": allocations}))
+    table = compare(read_log(lines(rows)), configurations([("r", reg)]))
     assert "served a forced arm (why = forced) are excluded" in table.to_markdown()
     assert table.to_dict()["configurations"]["r"]["experiments"]["shop"]["forced_excluded"] == 400
 
@@ -165,14 +164,14 @@ def test_forced_rows_are_counted_and_left_out():
 def test_a_log_of_forced_rows_alone_is_refused():
     rows = [{"experiment": "shop", "arm": 1, "prob": 1.0, "loss": 0, "why": "forced"}] * 3
     with pytest.raises(EvaluationError, match="every one of its 3 rows was served a forced arm"):
-        evaluate(read_log(lines(rows)), registry()[0])
+        evaluate(read_log(lines(rows)), registry())
 
 
 def test_holdout_traffic_is_compared_with_the_bandit_traffic():
     """Mean observed loss of each group, with intervals, and their difference: the
     holdout arm "d" is the worst, so the bandit's traffic loses less."""
     rows = served_log(6000, 11)
-    result = evaluate(read_log(lines(rows)), registry()[0])["shop"]
+    result = evaluate(read_log(lines(rows)), registry())["shop"]
     comparison = result.holdout
     held = [r["loss"] for r in rows if r["why"] == "holdout"]
     served = [r["loss"] for r in rows if r["why"] == "bandit"]
@@ -188,7 +187,7 @@ def test_holdout_traffic_is_compared_with_the_bandit_traffic():
     text = result.to_markdown()
     assert "holdout (arm 'd')" in text and "bandit − holdout" in text and "95% CI" in text
     plain = [{**r, "why": "bandit"} for r in rows]
-    assert evaluate(read_log(lines(plain)), registry()[0])["shop"].holdout is None
+    assert evaluate(read_log(lines(plain)), registry())["shop"].holdout is None
 
 
 GOOD = {"experiment": "shop", "arm": 1, "prob": 0.5, "loss": 1, "eligible": ["b", "c"]}
@@ -230,7 +229,7 @@ def test_eligible_arms_the_experiment_refuses_name_the_line(tmp_path, bad, fragm
     path.write_text("\n".join(lines([GOOD, GOOD, bad, GOOD])) + "\n", encoding="utf-8")
     log = load_log(path)  # valid on its own
     with pytest.raises(EvaluationError) as caught:
-        evaluate(log, registry()[0])
+        evaluate(log, registry())
     message = str(caught.value)
     assert message.startswith(f"{path}:3: ") and "\n" not in message
     for fragment in fragments:
@@ -238,28 +237,9 @@ def test_eligible_arms_the_experiment_refuses_name_the_line(tmp_path, bad, fragm
 
 
 def test_an_evaluated_forced_arm_that_a_request_does_not_allow_is_refused():
-    reg, allocations = registry('force_arm = "d"')
+    reg = registry('force_arm = "d"')
     with pytest.raises(EvaluationError, match=r"^<log>:2: .*forces arm 'd'.*\['b', 'c'\]"):
-        evaluate(read_log(["", json.dumps(GOOD)]), reg, allocations=allocations)
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ('force_arm = "zz"', "force_arm 'zz' is not one of the arms"),
-        ('holdout = { arm = "zz", share = 0.1 }', "holdout arm 'zz' is not one of the arms"),
-        ('holdout = { arm = "a" }', "holdout must be a table {arm = NAME, share = S}"),
-        ('holdout = { arm = "a", share = 1.5 }', "holdout_share must be a real number in [0, 1)"),
-        ("min_share = 0.3", "min_share 0.3 with 4 arms: M·f must be < 1"),
-        ("burn_in = -1", "burn_in must be in [0, 2**53)"),
-        ('burn_in = "x"', "burn_in must be an integer, got 'x'"),
-        ("min_shares = 0.1", "min_shares"),
-    ],
-)
-def test_bad_allocation_settings_are_refused_naming_them(extra, message):
-    with pytest.raises(RegistryError) as caught:
-        registry(extra)
-    assert message in str(caught.value)
+        evaluate(read_log(["", json.dumps(GOOD)]), reg)
 
 
 def test_the_join_carries_why_from_selections_and_eligible_from_requests():
@@ -270,7 +250,7 @@ def test_the_join_carries_why_from_selections_and_eligible_from_requests():
     ]
     events = [
         b'{"type":"request","experiment":"shop","request_id":"r1","eligible":["a","d"]}',
-        b'{"type":"request","experiment":"shop","request_id":"r2"}',
+        b'{"type":"request","experiment":"shop","request_id":"r2","context":{"device":"ios"}}',
         b'{"type":"request","experiment":"shop","request_id":"r3","eligible":"b"}',
         b'{"type":"feedback","experiment":"shop","request_id":"r1","loss":1}',
         b'{"type":"feedback","experiment":"shop","request_id":"r2","loss":0}',
@@ -279,6 +259,7 @@ def test_the_join_carries_why_from_selections_and_eligible_from_requests():
     served = join_served(selections, events)
     got = [(r.why, r.eligible) for r in served.log.records]
     assert got == [("holdout", ("a", "d")), ("bandit", None), ("bandit", None)]
+    assert served.log.records[1].context == {"device": "ios"}
     assert served.refused == 1  # the request whose eligible arms are no list
     bad = [selections[0].replace(b'"holdout"', b'"later"')]
     with pytest.raises(EvaluationError, match=r"^<served>:1: why must be one of .*'later'"):
@@ -302,4 +283,29 @@ def test_the_command_evaluates_a_registry_with_allocation_settings(tmp_path):
     assert shop["forced_excluded"] == 150 and shop["rounds"] == 1350
     reg.write_text(f"[experiments.shop]\narms = {json.dumps(ARMS)}\nmin_share = 0.5\n")
     refused = CliRunner().invoke(app, ["evaluate", str(path), "--registry", str(reg)])
-    assert refused.exit_code != 0 and "min_share 0.5 with 4 arms" in refused.output
+    assert refused.exit_code != 0 and "min_share" in refused.output and "0.5" in refused.output
+
+
+def test_named_contexts_are_the_experiments_indices():
+    """A log's named contexts give the evaluation of the same log with the indices the
+    service serves them under (a value not listed: its attribute's ``other`` slot); a
+    missing attribute is refused naming the line."""
+    reg = Registry.from_toml(
+        '[experiments.shop]\narms = ["a", "b"]\ncontexts = { device = ["ios", "web"] }'
+    )
+    rng = np.random.default_rng(2)
+    devices = rng.choice(["ios", "web", "tv"], size=600).tolist()
+    named, indexed = [], []
+    for device in devices:
+        arm = int(rng.integers(2))
+        row = {"experiment": "shop", "arm": arm, "prob": 0.5, "loss": float(arm == 1)}
+        named.append({**row, "context": {"device": device}})
+        indexed.append({**row, "context": ["ios", "web", "tv"].index(device)})
+    a = evaluate(read_log(lines(named)), reg)["shop"]
+    b = evaluate(read_log(lines(indexed)), reg)["shop"]
+    assert a.snips == b.snips and np.array_equal(a.probabilities, b.probabilities)
+    missing = [*named[:2], {**named[2], "context": {"plan": "pro"}}]
+    with pytest.raises(EvaluationError, match=r"^<log>:3: unknown context attribute"):
+        evaluate(read_log(lines(missing)), reg)
+    with pytest.raises(EvaluationError, match=r"^<log>:1: named context .* has no contexts"):
+        evaluate(read_log(lines(named[:1])), registry())

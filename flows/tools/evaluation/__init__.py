@@ -22,8 +22,7 @@ are the file's, from 1. Every malformed line raises ``EvaluationError`` naming
 feedback and requests it was sent) is joined into a bandit log by ``served``.
 
 Modules: ``logs`` (reading and checking logs), ``served`` (joining the service's logs),
-``inputs`` (which sources and registries a command names), ``allocations`` (a registry's
-traffic allocations), ``estimators`` (IPS and
+``inputs`` (which sources and registries a command names), ``estimators`` (IPS and
 friends), ``policy`` (replaying the configuration), ``results`` (what comes back, as JSON
 figures and Markdown), ``compare`` (several configurations on one log).
 

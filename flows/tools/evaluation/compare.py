@@ -1,8 +1,8 @@
 """Several registry configurations evaluated on one log, side by side.
 
-A configuration is a registry as written, with its experiments' traffic allocations, or
-with every experiment's ``variant`` replaced (``--variant``): the counterfactual value of
-each on the same logged events, and, on a served log, the served policy's own value (the
+A configuration is a registry as written, traffic allocations included, or with every
+experiment's ``variant`` replaced (``--variant``): the counterfactual value of each on
+the same logged events, and, on a served log, the served policy's own value (the
 mean loss it got, with its interval).
 
 >>> import json
@@ -19,8 +19,7 @@ mean loss it got, with its interval).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flows.service.instances.registry import Registry
@@ -36,31 +35,24 @@ from flows.tools.evaluation.results import (
     markdown_table,
 )
 from flows.tools.evaluation.served import Served
-from tsi_core import Allocation
 from tsi_core.variant import variant_of
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """A registry to evaluate, its experiments' allocations (by name; absent:
-    ``Allocation()``), and how the report names it."""
+    """A registry to evaluate, and how the report names it."""
 
     label: str
     registry: Registry
-    allocations: Mapping[str, Allocation] = field(default_factory=dict)
 
 
 def configurations(
-    registries: list[tuple[str, Registry]],
-    variants: list[str] | None = None,
-    allocations: Mapping[str, Mapping[str, Allocation]] | None = None,
+    registries: list[tuple[str, Registry]], variants: list[str] | None = None
 ) -> list[Configuration]:
-    """Each registry as written, then with each of ``variants`` in every experiment;
-    ``allocations``: each registry's (by label), from ``allocations.load_registry``."""
+    """Each registry as written, then with each of ``variants`` in every experiment."""
     out = []
     for label, registry in registries:
-        allocated = (allocations or {}).get(label, {})
-        out.append(Configuration(label, registry, allocated))
+        out.append(Configuration(label, registry))
         for name in variants or []:
             try:
                 variant_of(name)
@@ -69,7 +61,7 @@ def configurations(
             changed = {
                 n: dataclasses.replace(e, variant=name) for n, e in registry.experiments.items()
             }
-            out.append(Configuration(f"{label}, variant {name}", Registry(changed), allocated))
+            out.append(Configuration(f"{label}, variant {name}", Registry(changed)))
     return out
 
 
@@ -176,10 +168,7 @@ def compare(
     if not chosen:
         raise EvaluationError("no configuration to evaluate: give --registry")
     evaluations = [
-        (
-            c.label,
-            evaluate(log, c.registry, experiment, switches, level, seed, min_ess, c.allocations),
-        )
+        (c.label, evaluate(log, c.registry, experiment, switches, level, seed, min_ess))
         for c in chosen
     ]
     return Comparison(log.source, evaluations, served)

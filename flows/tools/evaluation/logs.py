@@ -47,7 +47,7 @@ class BanditRecord(NamedTuple):
     line: int
     experiment: str
     unit: str | None
-    context: int | None
+    context: int | dict[str, str] | None  # an index, or named attributes' values
     arm: int
     prob: float
     loss: float
@@ -158,7 +158,12 @@ def _record(data: dict[str, Any], kind: str, where: str, number: int) -> Any:
     experiment = _identifier(data, "experiment", where, required=True)
     unit = _identifier(data, "unit", where, required=False)
     context = data.get("context")
-    if context is not None and not is_int(context, 0):
+    if kind == BANDIT and isinstance(context, dict) and context:
+        if not all(isinstance(v, str) for v in context.values()):
+            raise EvaluationError(
+                f"{where}: a named context maps attributes to strings, got {_clip(context)}"
+            )
+    elif context is not None and not is_int(context, 0):
         raise EvaluationError(f"{where}: context must be an integer >= 0, got {context!r}")
     if kind == FULL_INFORMATION:
         losses = _losses(data["losses"], where)

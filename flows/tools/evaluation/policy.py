@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,7 @@ from flows.tools.evaluation.results import (
     InstanceRegret,
 )
 from flows.tools.loss_table import LossTable
-from tsi_core import Allocation, Bandit, Switching
+from tsi_core import Bandit, Switching
 from tsi_core.bandit import check_context
 from tsi_core.structures import Structure
 
@@ -65,12 +64,11 @@ def evaluate(
     level: float = 0.95,
     seed: int = 0,
     min_ess: float = MIN_ESS,
-    allocations: Mapping[str, Allocation] | None = None,
 ) -> Evaluation:
     """Evaluate each experiment of the log (or only ``experiment``) as the registry
-    configures it, serving with its allocation in ``allocations`` (default
-    ``Allocation()``; ``allocations.load_registry`` reads them): full-information logs
-    with ``evaluate_full_information``, bandit logs with ``evaluate_bandit_log``.
+    configures it, serving as it would (its ``allocation``: floor, holdout, burn-in,
+    forced arm): full-information logs with ``evaluate_full_information``, bandit logs
+    with ``evaluate_bandit_log``.
 
     ``switches``: the competitor's switches in full-information replays (default the
     competition's ``switches`` for a Switching class, else 3; unused for bandit logs).
@@ -95,22 +93,14 @@ def evaluate(
                 f"(it has {known})"
             )
         structure = _structure(exp)
-        allocation = (allocations or {}).get(name, _PLAIN)
         if log.kind == BANDIT:
-            records = [served_arms(exp, allocation, r, log.source) for r in records]
+            records = [served_arms(exp, r, log.source) for r in records]
         keys = [record_key(exp, structure, r, log.source) for r in records]
         if log.kind == FULL_INFORMATION:
-            results[name] = evaluate_full_information(
-                exp, records, keys, switches, seed, allocation
-            )
+            results[name] = evaluate_full_information(exp, records, keys, switches, seed)
         else:
-            results[name] = evaluate_bandit_log(
-                exp, records, keys, level, seed, min_ess, allocation
-            )
+            results[name] = evaluate_bandit_log(exp, records, keys, level, seed, min_ess)
     return Evaluation(log.source, log.kind, results)
-
-
-_PLAIN = Allocation()
 
 
 def _groups(log: Log, experiment: str | None) -> dict[str, list[Any]]:
@@ -163,16 +153,17 @@ def record_key(exp: Experiment, structure: Structure, record: Any, source: str) 
     return exp.instance_key(record.unit)
 
 
-def served_arms(
-    exp: Experiment, allocation: Allocation, record: BanditRecord, source: str
-) -> BanditRecord:
-    """The record with its eligible arms as sorted indices of ``exp``'s arms (None: all),
-    after the checks that need them: every named arm is one of the experiment's, the
-    logged arm is eligible, an only eligible arm was served with prob 1, and the
-    evaluated ``allocation``'s forced arm, if any, is eligible."""
+def served_arms(exp: Experiment, record: BanditRecord, source: str) -> BanditRecord:
+    """The record with its named context as the experiment's index (``contexts``), and
+    its eligible arms as sorted indices of ``exp``'s arms (None: all), after the checks
+    that need them: every named arm is one of the experiment's, the logged arm is
+    eligible, an only eligible arm was served with prob 1, and the experiment's forced
+    arm, if any, is eligible."""
+    where, arms = f"{source}:{record.line}", exp.arms
+    if isinstance(record.context, dict):
+        record = record._replace(context=_named_context(exp, record.context, where))
     if record.eligible is None:
         return record
-    where, arms = f"{source}:{record.line}", exp.arms
     indices = []
     for arm in record.eligible:
         index = arms.index(arm) if arm in arms else arm
@@ -193,13 +184,28 @@ def served_arms(
         raise EvaluationError(
             f"{where}: the only eligible arm is served with prob 1, got prob {record.prob!r}"
         )
-    forced = allocation.force_arm
+    forced = exp.allocation.force_arm
     if forced is not None and forced not in indices:
         raise EvaluationError(
             f"{where}: the evaluated configuration forces arm {arms[forced]!r}, which this "
             f"request does not allow ({list(record.eligible)})"
         )
     return record._replace(eligible=None if len(indices) == len(arms) else tuple(sorted(indices)))
+
+
+def _named_context(exp: Experiment, context: dict[str, str], where: str) -> int:
+    """The index of a named context in ``exp``'s ``contexts`` (a value not listed: its
+    attribute's ``other`` slot, as the service serves it)."""
+    if exp.contexts is None:
+        raise EvaluationError(
+            f"{where}: named context {context!r}, but experiment {exp.name!r} has no contexts"
+        )
+    try:
+        return exp.contexts.index(context)[0]
+    except KeyError as exc:
+        raise EvaluationError(f"{where}: context attribute {exc.args[0]!r} is missing") from None
+    except ValueError as exc:
+        raise EvaluationError(f"{where}: {exc}") from None
 
 
 def _context_refused(exp: Experiment, structure: Structure, context: Any, where: str) -> str:
@@ -227,9 +233,8 @@ def evaluate_full_information(
     keys: list[str],
     switches: int | None = None,
     seed: int = 0,
-    allocation: Allocation = _PLAIN,
 ) -> FullInformationResult:
-    """Replay ``exp``'s bandits, serving with ``allocation``, over validated rows
+    """Replay ``exp``'s bandits, serving with its allocation, over validated rows
     (``keys``: each row's instance).
 
     Each row: q_t = the instance's serving distribution P (``probabilities``), the
@@ -240,7 +245,7 @@ def evaluate_full_information(
     minimum, so large offsets do not cancel the regret away.
     """
     s = _default_switches(exp) if switches is None else switches
-    replay = _FullReplay(exp, records, s, seed, allocation)
+    replay = _FullReplay(exp, records, s, seed)
     rows_of: dict[str, list[int]] = {}
     for t, key in enumerate(keys):
         rows_of.setdefault(key, []).append(t)
@@ -252,16 +257,8 @@ def evaluate_full_information(
 class _FullReplay:
     """The running sums of a full-information replay, one instance after the other."""
 
-    def __init__(
-        self,
-        exp: Experiment,
-        records: list[FullRecord],
-        switches: int,
-        seed: int,
-        allocation: Allocation,
-    ):
+    def __init__(self, exp: Experiment, records: list[FullRecord], switches: int, seed: int):
         self.exp, self.records, self.switches, self.seed = exp, records, switches, seed
-        self.allocation = allocation
         n = len(records)
         self.table = np.array([r.losses for r in records], dtype=float)
         self.curve_centred = np.empty(n)  # q_t·(l_t − floor of its instance)
@@ -277,7 +274,7 @@ class _FullReplay:
     def _play(self, key: str, rows: list[int], centred: np.ndarray) -> None:
         """Run instance ``key``'s bandit over its rows: q_t·l_t and the realised loss."""
         exp, records = self.exp, self.records
-        bandit = _new_bandit(exp, key, self.allocation)
+        bandit = exp.new_bandit(key)
         for i, t in enumerate(rows):
             r = records[t]
             q = bandit.probabilities(r.context)
@@ -374,9 +371,8 @@ def evaluate_bandit_log(
     level: float = 0.95,
     seed: int = 0,
     min_ess: float = MIN_ESS,
-    allocation: Allocation = _PLAIN,
 ) -> BanditLogResult:
-    """Replay ``exp``'s policy, serving with ``allocation``, on validated bandit-feedback
+    """Replay ``exp``'s policy, serving with its allocation, on validated bandit-feedback
     rows and estimate its loss (``min_ess``: see ``BanditLogResult``).
 
     Rows served a forced arm (``why`` "forced", prob 1: no other arm could have been
@@ -423,17 +419,10 @@ def evaluate_bandit_log(
     probs = np.array([r.prob for r in records])
     uniform = bool(np.all(np.abs(probs - 1.0 / m) <= UNIFORM_TOLERANCE))
     p_min = 1.0 / m if uniform else float(probs.min())
-    run = _rejection_replay(exp, records, keys, uniform, p_min, seed, allocation)
+    run = _rejection_replay(exp, records, keys, uniform, p_min, seed)
     return _bandit_result(
         exp, records, uniform, p_min, level, min_ess, *run, served_by=served_by, holdout=holdout
     )
-
-
-def _new_bandit(exp: Experiment, key: str, allocation: Allocation) -> Bandit:
-    """A fresh bandit of instance ``key`` serving with ``allocation``."""
-    bandit = exp.new_bandit(key)
-    bandit.allocation = allocation
-    return bandit
 
 
 def _rejection_replay(
@@ -443,7 +432,6 @@ def _rejection_replay(
     uniform: bool,
     p_min: float,
     seed: int,
-    allocation: Allocation,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Run the policy over the rows: (IPS weights, P_t of every row, accepted rows, number
     of instances)."""
@@ -455,7 +443,7 @@ def _rejection_replay(
     for t, (r, key) in enumerate(zip(records, keys, strict=True)):
         bandit = bandits.get(key)
         if bandit is None:
-            bandit = bandits[key] = _new_bandit(exp, key, allocation)
+            bandit = bandits[key] = exp.new_bandit(key)
         rid = request_id(r.line, seed)
         p = distributions[t] = bandit.probabilities(r.context, r.eligible)
         ticket = bandit.select(r.context, uniform_draw(exp.seed, key, rid), r.eligible)

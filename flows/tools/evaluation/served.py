@@ -50,13 +50,13 @@ from flows.tools.evaluation.logs import (
     BanditRecord,
     EvaluationError,
     Log,
-    check_eligible,
     check_why,
     is_int,
     json_object,
 )
 
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
+Context = int | dict[str, str] | None  # an index, or named attributes' values
 Eligible = tuple[int | str, ...] | None
 
 #: the files ``tsi demo`` and ``tsi replay`` write into their output directory
@@ -103,7 +103,7 @@ def join_served(
     """
     answered, order, retries = _selections(selections, source)
     losses: dict[Key, float] = {}
-    contexts: dict[Key, tuple[int | None, Eligible]] = {}
+    contexts: dict[Key, tuple[Context, Eligible]] = {}
     refused = _read_inputs(feedback, requests, losses, contexts)
     records = []
     for line, key in order:
@@ -167,7 +167,7 @@ def _read_inputs(
     feedback: Iterable[bytes],
     requests: Iterable[bytes] | None,
     losses: dict[Key, float],
-    contexts: dict[Key, tuple[int | None, Eligible]],
+    contexts: dict[Key, tuple[Context, Eligible]],
 ) -> int:
     """Fill the first valid loss, and the context and eligible arms, of each request; the
     refused lines."""
@@ -186,12 +186,7 @@ def _read_inputs(
                 losses.setdefault((event.experiment, event.unit, event.request_id), event.loss)
             elif isinstance(event, Request):
                 key = (event.experiment, event.unit, event.request_id)
-                try:
-                    eligible = check_eligible(orjson.loads(event.raw).get("eligible"), "")
-                except EvaluationError:  # the service refuses such a request
-                    refused += 1
-                    continue
-                contexts.setdefault(key, (event.context, eligible))
+                contexts.setdefault(key, (event.context, event.eligible))
     return refused
 
 
