@@ -7,13 +7,15 @@ Run from the repository root::
     .venv/bin/python bench/bench_conversions.py                 # 10 seeds of 10^5 requests
     .venv/bin/python bench/bench_conversions.py --seeds 2 --requests 5000 --holdout 20000
 
+How long it takes: bench/RESULTS.md, "Experiments as traffic teams run them".
+
 Everything runs through the service's own dataflow (``flows.service.dataflow.build_flow``,
 event time, one worker, in this process) in the closed loop of ``tsi demo``
 (``flows.tools.demo.Loop``): each request is answered by the service before the next one
 is sent, and the feedback the answer causes is queued at its own (later) event time, so
 the run is what a live service would have seen.
 
-**Conversions.** 5 arms convert with probabilities 2%, 3%, 4%, 5%, 6% ("c6" is the best).
+**Conversions.** 5 arms convert with the probabilities ``RATES`` ("c6" is the best).
 A request arrives every second of event time; a conversion sends ``{"loss": 0}`` after an
 exponential delay of a minute, a non-conversion sends nothing; ``feedback_ttl`` is 10
 minutes. The convention is "loss 1 = no conversion": (a) without ``default_loss`` every
@@ -21,12 +23,13 @@ loss the bandit sees is 0, (b) with ``default_loss = 1`` a window that ends with
 conversion teaches a loss of 1. Reported per configuration, averaged over the seeds: the
 share of traffic the best arm gets in each tenth of the stream, the conversion rate of the
 arms served (their expected rate, not the draws), and the regret against the best arm,
-Σ (6% − rate of the arm served), beside uniform traffic's T·(6% − 4%).
+Σ (best rate − rate of the arm served), beside uniform traffic's T·(best − mean rate).
 
 **Holdout.** ``holdout = {arm = "c2", share = 0.1}`` with ``min_share = 0.02``, the same
 conversions and ``default_loss``, over ``--holdout`` requests (10^5 by default): the share
 of requests the service says the holdout served (``why`` = "holdout") against 0.1, and,
-per arm, the Horvitz-Thompson check of the logged ``prob``: (1/T) Σ_t [a_t = a]/prob_t has
+per arm, for each of ``--holdout-seeds`` experiment seeds (the hashed draws), the
+Horvitz-Thompson check of the logged ``prob``: (1/T) Σ_t [a_t = a]/prob_t has
 expectation 1 for every arm when each prob is the arm's true probability.
 """
 
@@ -143,9 +146,10 @@ def conversions(n: int, seeds: int) -> dict:
     return out
 
 
-def holdout(n: int) -> dict:
-    """The holdout's observed share and the Horvitz-Thompson check of the logged prob."""
-    selections = serve(n, 0, HOLDOUT)
+def holdout(n: int, seed: int) -> dict:
+    """The holdout's observed share and the Horvitz-Thompson check of the logged prob,
+    over ``n`` requests with the experiment's ``seed`` (its hashed draws)."""
+    selections = serve(n, seed, HOLDOUT)
     why = np.array([s["why"] for s in selections])
     arms = np.array([s["arm"] for s in selections])
     probs = np.array([s["prob"] for s in selections])
@@ -154,11 +158,14 @@ def holdout(n: int) -> dict:
     for a, name in enumerate(ARMS):
         terms = np.where(arms == a, 1.0 / probs, 0.0)
         ht[name] = {"mean": float(terms.mean()), "se": float(terms.std(ddof=1) / math.sqrt(n))}
+    share_se = math.sqrt(0.1 * 0.9 / n)
+    print(f"holdout seed {seed}: share {share:.5f} (z {(share - 0.1) / share_se:+.2f})", flush=True)
     return {
+        "seed": seed,
         "requests": n,
         "holdout_share": share,
         "expected_share": 0.1,
-        "share_se": math.sqrt(0.1 * 0.9 / n),
+        "share_se": share_se,
         "why": {w: int((why == w).sum()) for w in sorted(set(why.tolist()))},
         "horvitz_thompson": ht,
         "holdout_arm_min_prob": float(probs[why == "holdout"].min()),
@@ -174,6 +181,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--holdout", type=int, default=100_000)
+    parser.add_argument("--holdout-seeds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench/conversions_results.json"))
     args = parser.parse_args()
     result = {
@@ -182,7 +190,7 @@ def main() -> None:
         "seeds": args.seeds,
         "requests": args.requests,
         "conversions": conversions(args.requests, args.seeds),
-        "holdout": holdout(args.holdout),
+        "holdout": [holdout(args.holdout, seed) for seed in range(args.holdout_seeds)],
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -10,7 +10,8 @@ A log is JSON Lines, one object per line, of one of two kinds (all lines the sam
   "why"?, "eligible"?}``, the loss of the logged arm only, with its logged propensity
   ``prob`` (what the service's own selections and feedback give), what served it (``why``:
   ``bandit``, the default, ``holdout``, ``burn_in`` or ``forced``) and the arms the request
-  allowed (``eligible``: arm names or indices; default all). The configuration's policy,
+  allowed (``eligible``: arm names or indices; default all); ``context`` is an index or,
+  for an experiment with named ``contexts``, its attributes' values. The configuration's policy,
   learning online and serving as its registry allocates traffic, is evaluated by replay /
   rejection sampling and by inverse propensity scoring (``evaluate_bandit_log``); rows
   served a forced arm are counted, not evaluated; holdout traffic is compared with the
