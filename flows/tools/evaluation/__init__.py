@@ -6,11 +6,16 @@ A log is JSON Lines, one object per line, of one of two kinds (all lines the sam
   every arm's loss known (simulations, supervised data). The configuration's bandit is
   replayed over the rows and its regret against the best fixed arm and the best switching
   sequence in hindsight is exact (``evaluate_full_information``).
-* **bandit feedback**: ``{"experiment", "unit"?, "context"?, "arm", "prob", "loss"}``, the
-  loss of the logged arm only, with its logged propensity ``prob`` (what the service's own
-  selections and feedback give). The configuration's policy, learning online, is evaluated
-  by replay / rejection sampling and by inverse propensity scoring
-  (``evaluate_bandit_log``).
+* **bandit feedback**: ``{"experiment", "unit"?, "context"?, "arm", "prob", "loss",
+  "why"?, "eligible"?}``, the loss of the logged arm only, with its logged propensity
+  ``prob`` (what the service's own selections and feedback give), what served it (``why``:
+  ``bandit``, the default, ``holdout``, ``burn_in`` or ``forced``) and the arms the request
+  allowed (``eligible``: arm names or indices; default all); ``context`` is an index or,
+  for an experiment with named ``contexts``, its attributes' values. The configuration's policy,
+  learning online and serving as its registry allocates traffic, is evaluated by replay /
+  rejection sampling and by inverse propensity scoring (``evaluate_bandit_log``); rows
+  served a forced arm are counted, not evaluated; holdout traffic is compared with the
+  bandit's.
 
 Other fields (``request_id``, ``ts``, …) are ignored; blank lines are skipped; line numbers
 are the file's, from 1. Every malformed line raises ``EvaluationError`` naming

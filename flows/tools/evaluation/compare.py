@@ -1,8 +1,9 @@
 """Several registry configurations evaluated on one log, side by side.
 
-A configuration is a registry as written, or with every experiment's ``variant``
-replaced (``--variant``): the counterfactual value of each on the same logged events, and,
-on a served log, the served policy's own value (the mean loss it got, with its interval).
+A configuration is a registry as written, traffic allocations included, or with every
+experiment's ``variant`` replaced (``--variant``): the counterfactual value of each on
+the same logged events, and, on a served log, the served policy's own value (the
+mean loss it got, with its interval).
 
 >>> import json
 >>> from flows.service.instances.registry import Registry
@@ -128,7 +129,18 @@ class Comparison:
             + "\n\nThe first column is the replay estimate of each configuration learning "
             "online on these events; IPS and SNIPS weight every event. The served policy's "
             f"row is the mean loss the service got, with its interval. {ess_note(first.min_ess)}"
+            + _forced_note(first)
         )
+
+
+def _forced_note(r: BanditLogResult) -> str:
+    """The rows served a forced arm, left out of every figure of the table."""
+    if not r.forced:
+        return ""
+    return (
+        f" {r.forced:,} rows served a forced arm (why = forced) are excluded from every "
+        "figure here, the served policy's included: no other arm could be served there."
+    )
 
 
 def _bandit_row(label: str, r: BanditLogResult) -> tuple[str, ...]:

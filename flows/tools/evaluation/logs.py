@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from flows.service.wire.events import MAX_ABS_LOSS, MAX_ID_LENGTH
+from tsi_core._kernel import WHYS
 
 FULL_INFORMATION = "full-information"
 BANDIT = "bandit"
@@ -38,15 +39,20 @@ class FullRecord(NamedTuple):
 
 
 class BanditRecord(NamedTuple):
-    """One bandit-feedback row: the logged arm, its logged propensity and its loss."""
+    """One bandit-feedback row: the logged arm, its logged propensity and its loss; what
+    served it (``why``, one of ``tsi_core._kernel.WHYS``) and the arms the request allowed
+    (``eligible``: names or indices, None for all), checked against the experiment's arms
+    by ``evaluate``."""
 
     line: int
     experiment: str
     unit: str | None
-    context: int | None
+    context: int | dict[str, str] | None  # an index, or named attributes' values
     arm: int
     prob: float
     loss: float
+    why: str = "bandit"
+    eligible: tuple[int | str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,13 +158,22 @@ def _record(data: dict[str, Any], kind: str, where: str, number: int) -> Any:
     experiment = _identifier(data, "experiment", where, required=True)
     unit = _identifier(data, "unit", where, required=False)
     context = data.get("context")
-    if context is not None and not is_int(context, 0):
+    if kind == BANDIT and isinstance(context, dict) and context:
+        if not all(isinstance(v, str) for v in context.values()):
+            raise EvaluationError(
+                f"{where}: a named context maps attributes to strings, got {_clip(context)}"
+            )
+    elif context is not None and not is_int(context, 0):
         raise EvaluationError(f"{where}: context must be an integer >= 0, got {context!r}")
     if kind == FULL_INFORMATION:
         losses = _losses(data["losses"], where)
         return FullRecord(number, experiment, unit, context, losses)
     arm, prob, loss = _bandit_fields(data, where)
-    return BanditRecord(number, experiment, unit, context, arm, prob, loss)
+    why = check_why(data.get("why", "bandit"), where)
+    eligible = check_eligible(data.get("eligible"), where)
+    if why == "forced" and prob != 1.0:
+        raise EvaluationError(f"{where}: a forced arm is served with prob 1, got prob {prob!r}")
+    return BanditRecord(number, experiment, unit, context, arm, prob, loss, why, eligible)
 
 
 def _losses(losses: Any, where: str) -> tuple[float, ...]:
@@ -181,6 +196,31 @@ def _bandit_fields(data: dict[str, Any], where: str) -> tuple[int, float, float]
     if not _is_real(prob) or not 0.0 < prob <= 1.0:
         raise EvaluationError(f"{where}: prob must be in (0, 1], got {prob!r}")
     return arm, float(prob), _check_loss(data["loss"], "loss", where)
+
+
+def check_why(why: Any, where: str) -> str:
+    """``why`` if it is one of ``WHYS`` (what served an arm), else ``EvaluationError``."""
+    if not isinstance(why, str) or why not in WHYS:
+        raise EvaluationError(f"{where}: why must be one of {', '.join(WHYS)}, got {_clip(why)}")
+    return why
+
+
+def check_eligible(eligible: Any, where: str) -> tuple[int | str, ...] | None:
+    """A request's eligible arms as a tuple (None: every arm): a non-empty list of
+    distinct arm names or indices, else ``EvaluationError`` naming it."""
+    if eligible is None:
+        return None
+    if (
+        not isinstance(eligible, list)
+        or not eligible
+        or not all(isinstance(a, str) or is_int(a, 0) for a in eligible)
+        or len(set(eligible)) != len(eligible)
+    ):
+        raise EvaluationError(
+            f"{where}: eligible must be a non-empty list of distinct arm names or indices, "
+            f"got {_clip(eligible)}"
+        )
+    return tuple(eligible)
 
 
 def _identifier(data: dict[str, Any], name: str, where: str, required: bool) -> str | None:

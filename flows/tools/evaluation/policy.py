@@ -11,6 +11,7 @@ The policy's draws are reproducible: the arm drawn at the row of line ``n`` by i
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from flows.tools.evaluation.estimators import (
     z_of,
 )
 from flows.tools.evaluation.logs import (
+    BANDIT,
     FULL_INFORMATION,
     BanditRecord,
     EvaluationError,
@@ -37,6 +39,7 @@ from flows.tools.evaluation.results import (
     Evaluation,
     ExperimentResult,
     FullInformationResult,
+    HoldoutComparison,
     InstanceRegret,
 )
 from flows.tools.loss_table import LossTable
@@ -63,7 +66,8 @@ def evaluate(
     min_ess: float = MIN_ESS,
 ) -> Evaluation:
     """Evaluate each experiment of the log (or only ``experiment``) as the registry
-    configures it: full-information logs with ``evaluate_full_information``, bandit logs
+    configures it, serving as it would (its ``allocation``: floor, holdout, burn-in,
+    forced arm): full-information logs with ``evaluate_full_information``, bandit logs
     with ``evaluate_bandit_log``.
 
     ``switches``: the competitor's switches in full-information replays (default the
@@ -89,6 +93,8 @@ def evaluate(
                 f"(it has {known})"
             )
         structure = _structure(exp)
+        if log.kind == BANDIT:
+            records = [served_arms(exp, r, log.source) for r in records]
         keys = [record_key(exp, structure, r, log.source) for r in records]
         if log.kind == FULL_INFORMATION:
             results[name] = evaluate_full_information(exp, records, keys, switches, seed)
@@ -147,6 +153,61 @@ def record_key(exp: Experiment, structure: Structure, record: Any, source: str) 
     return exp.instance_key(record.unit)
 
 
+def served_arms(exp: Experiment, record: BanditRecord, source: str) -> BanditRecord:
+    """The record with its named context as the experiment's index (``contexts``), and
+    its eligible arms as sorted indices of ``exp``'s arms (None: all), after the checks
+    that need them: every named arm is one of the experiment's, the logged arm is
+    eligible, an only eligible arm was served with prob 1, and the experiment's forced
+    arm, if any, is eligible."""
+    where, arms = f"{source}:{record.line}", exp.arms
+    if isinstance(record.context, dict):
+        record = record._replace(context=_named_context(exp, record.context, where))
+    if record.eligible is None:
+        return record
+    indices = []
+    for arm in record.eligible:
+        index = arms.index(arm) if arm in arms else arm
+        if not isinstance(index, int) or not 0 <= index < len(arms):
+            raise EvaluationError(
+                f"{where}: eligible arm {arm!r} is not one of experiment {exp.name!r}'s arms "
+                f"{list(arms)} (or an index 0 to {len(arms) - 1})"
+            )
+        indices.append(index)
+    if len(set(indices)) != len(indices):
+        raise EvaluationError(f"{where}: eligible arms repeat: {list(record.eligible)}")
+    if record.arm not in indices:
+        raise EvaluationError(
+            f"{where}: arm {record.arm} was served, but it is not eligible "
+            f"({list(record.eligible)})"
+        )
+    if len(indices) == 1 and record.prob != 1.0:
+        raise EvaluationError(
+            f"{where}: the only eligible arm is served with prob 1, got prob {record.prob!r}"
+        )
+    forced = exp.allocation.force_arm
+    if forced is not None and forced not in indices:
+        raise EvaluationError(
+            f"{where}: the evaluated configuration forces arm {arms[forced]!r}, which this "
+            f"request does not allow ({list(record.eligible)})"
+        )
+    return record._replace(eligible=None if len(indices) == len(arms) else tuple(sorted(indices)))
+
+
+def _named_context(exp: Experiment, context: dict[str, str], where: str) -> int:
+    """The index of a named context in ``exp``'s ``contexts`` (a value not listed: its
+    attribute's ``other`` slot, as the service serves it)."""
+    if exp.contexts is None:
+        raise EvaluationError(
+            f"{where}: named context {context!r}, but experiment {exp.name!r} has no contexts"
+        )
+    try:
+        return exp.contexts.index(context)[0]
+    except KeyError as exc:
+        raise EvaluationError(f"{where}: context attribute {exc.args[0]!r} is missing") from None
+    except ValueError as exc:
+        raise EvaluationError(f"{where}: {exc}") from None
+
+
 def _context_refused(exp: Experiment, structure: Structure, context: Any, where: str) -> str:
     """The evaluation's words for a context that ``check_context`` refuses."""
     k = structure.n_contexts
@@ -173,14 +234,15 @@ def evaluate_full_information(
     switches: int | None = None,
     seed: int = 0,
 ) -> FullInformationResult:
-    """Replay ``exp``'s bandits over validated rows (``keys``: each row's instance).
+    """Replay ``exp``'s bandits, serving with its allocation, over validated rows
+    (``keys``: each row's instance).
 
-    Each row: q_t = the instance's distribution, the expected loss q_t·l_t is counted, the
-    arm is drawn with u = uniform_draw(exp.seed, key, request_id(line, seed)) and the
-    bandit updated with that arm's loss. Competitor losses come from
-    ``flows.tools.loss_table.LossTable`` on each instance's table (exact DP for the
-    switching sequence). Sums are taken on losses minus each instance's minimum, so large
-    offsets do not cancel the regret away.
+    Each row: q_t = the instance's serving distribution P (``probabilities``), the
+    expected loss q_t·l_t is counted, the arm is drawn with u = uniform_draw(exp.seed,
+    key, request_id(line, seed)) and the bandit updated with that arm's loss. Competitor
+    losses come from ``flows.tools.loss_table.LossTable`` on each instance's table (exact
+    DP for the switching sequence). Sums are taken on losses minus each instance's
+    minimum, so large offsets do not cancel the regret away.
     """
     s = _default_switches(exp) if switches is None else switches
     replay = _FullReplay(exp, records, s, seed)
@@ -310,34 +372,57 @@ def evaluate_bandit_log(
     seed: int = 0,
     min_ess: float = MIN_ESS,
 ) -> BanditLogResult:
-    """Replay ``exp``'s policy on validated bandit-feedback rows and estimate its loss
-    (``min_ess``: see ``BanditLogResult``).
+    """Replay ``exp``'s policy, serving with its allocation, on validated bandit-feedback
+    rows and estimate its loss (``min_ess``: see ``BanditLogResult``).
+
+    Rows served a forced arm (``why`` "forced", prob 1: no other arm could have been
+    served) carry nothing about another policy: they are counted and left out, and the
+    estimates are over the other rows. The policy is evaluated as it would serve: its
+    probability of an arm at row t is P_t = ``bandit.probabilities(context, eligible)``
+    of the row's instance, with the allocation (floor, holdout, burn-in, forced arm) and
+    the row's eligible arms; its draws and updates are its tickets' (``select`` with the
+    row's eligible arms), as in the service.
 
     Logging is uniform when every prob is 1/M within 1e-9; then p_min = 1/M, else p_min
     is the smallest logged prob. At each row t (logged arm a_t, propensity prob_t, loss
-    l_t), the row's instance has distribution q_t; the IPS weight is q_t(a_t)/prob_t. The
-    policy draws its arm with u = uniform_draw(exp.seed, key, request_id(line, seed)) and
-    the event is accepted when that arm is a_t and, unless logging is uniform, a second
-    draw v (request id + "/accept") is below p_min/prob_t. An accepted event updates the
-    policy with the loss (with its own ticket); a rejected one is discarded and leaves its
-    learning state unchanged.
+    l_t) the IPS weight is P_t(a_t)/prob_t. The policy draws its arm with u =
+    uniform_draw(exp.seed, key, request_id(line, seed)) and the event is accepted when
+    that arm is a_t and, unless logging is uniform, a second draw v (request id +
+    "/accept") is below p_min/prob_t. An accepted event updates the policy with the loss
+    (with its own ticket); a rejected one is discarded and leaves its learning state
+    unchanged.
 
-    Why this works: P(accept, arm a | history, context) = prob(a)·q_t(a)·p_min/prob(a)
-    = p_min·q_t(a). So an event is accepted with probability p_min whatever the context,
-    and the accepted arm is distributed as q_t: the accepted events are a sample of the
-    policy's own online interaction (Li et al. 2011 for uniform logging, where the
-    second draw is not needed; rejection sampling with constant c = 1/p_min as in Dudík,
-    Erhan, Langford, Li 2012). c = 1/p_min is the smallest constant that keeps the
-    acceptance probability q/(c·prob) ≤ 1 for every arm whatever the learning policy's q
-    (q can approach 1 on any arm), provided no propensity of the logging policy is below
-    the smallest one in the log; the expected number accepted is T·p_min.
+    Why this works: P(accept, arm a | history, context, eligible) = prob(a)·P_t(a)·p_min/
+    prob(a) = p_min·P_t(a). So an event is accepted with probability p_min whatever the
+    context and the eligible arms, and the accepted arm is distributed as P_t: the
+    accepted events are a sample of the policy's own online interaction (Li et al. 2011
+    for uniform logging, where the second draw is not needed; rejection sampling with
+    constant c = 1/p_min as in Dudík, Erhan, Langford, Li 2012). c = 1/p_min is the
+    smallest constant that keeps the acceptance probability P/(c·prob) ≤ 1 for every arm
+    whatever the learning policy's P (P can approach 1 on any arm), provided no
+    propensity of the logging policy is below the smallest one in the log; the expected
+    number accepted is T·p_min.
+
+    The holdout: when rows were served by the holdout (``why`` "holdout"), the mean loss
+    of that traffic is compared with the bandit's (``why`` "bandit"), as logged.
     """
+    served_by = dict(Counter(r.why for r in records))
+    holdout = _holdout(exp, records, level)
+    kept = [t for t, r in enumerate(records) if r.why != "forced"]
+    if not kept:
+        raise EvaluationError(
+            f"experiment {exp.name!r}: every one of its {len(records)} rows was served a "
+            "forced arm (why = forced): no other arm could be served, nothing to evaluate"
+        )
+    records, keys = [records[t] for t in kept], [keys[t] for t in kept]
     m = len(exp.arms)
     probs = np.array([r.prob for r in records])
     uniform = bool(np.all(np.abs(probs - 1.0 / m) <= UNIFORM_TOLERANCE))
     p_min = 1.0 / m if uniform else float(probs.min())
     run = _rejection_replay(exp, records, keys, uniform, p_min, seed)
-    return _bandit_result(exp, records, uniform, p_min, level, min_ess, *run)
+    return _bandit_result(
+        exp, records, uniform, p_min, level, min_ess, *run, served_by=served_by, holdout=holdout
+    )
 
 
 def _rejection_replay(
@@ -348,7 +433,7 @@ def _rejection_replay(
     p_min: float,
     seed: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Run the policy over the rows: (IPS weights, q_t of every row, accepted rows, number
+    """Run the policy over the rows: (IPS weights, P_t of every row, accepted rows, number
     of instances)."""
     n = len(records)
     weights = np.empty(n)
@@ -359,10 +444,10 @@ def _rejection_replay(
         bandit = bandits.get(key)
         if bandit is None:
             bandit = bandits[key] = exp.new_bandit(key)
-        q = distributions[t] = bandit.probabilities(r.context)
-        weights[t] = q[r.arm] / r.prob
         rid = request_id(r.line, seed)
-        ticket = bandit.select(r.context, uniform_draw(exp.seed, key, rid))
+        p = distributions[t] = bandit.probabilities(r.context, r.eligible)
+        ticket = bandit.select(r.context, uniform_draw(exp.seed, key, rid), r.eligible)
+        weights[t] = p[r.arm] / r.prob
         keep = ticket.arm == r.arm
         if keep and not uniform and r.prob > p_min:
             keep = uniform_draw(exp.seed, key, rid + "/accept") < p_min / r.prob
@@ -372,6 +457,20 @@ def _rejection_replay(
         else:
             bandit.discard(ticket)
     return weights, distributions, np.array(accepted, dtype=np.int64), len(bandits)
+
+
+def _holdout(
+    exp: Experiment, records: list[BanditRecord], level: float
+) -> HoldoutComparison | None:
+    """Holdout traffic against the bandit's, as logged (None without holdout rows)."""
+    held = [r for r in records if r.why == "holdout"]
+    if not held:
+        return None
+    arm = Counter(r.arm for r in held).most_common(1)[0][0]
+    bandit = [r.loss for r in records if r.why == "bandit"]
+    return HoldoutComparison.of(
+        exp.arms[arm], mean_estimate([r.loss for r in held], level), mean_estimate(bandit, level)
+    )
 
 
 def _bandit_result(
@@ -385,6 +484,8 @@ def _bandit_result(
     distributions: np.ndarray,
     rows: np.ndarray,
     n_instances: int,
+    served_by: dict[str, int],
+    holdout: HoldoutComparison | None,
 ) -> BanditLogResult:
     """The estimates from a replay's weights and accepted rows."""
     n = len(records)
@@ -409,4 +510,6 @@ def _bandit_result(
         weights=weights,
         logged_losses=logged,
         probabilities=distributions,
+        served_by=served_by,
+        holdout=holdout,
     )

@@ -177,6 +177,11 @@ class BanditLogResult:
     loss varies more than the intervals say. The spread of the estimates over a few
     evaluation seeds shows that part.
 
+    Rows served a forced arm (``forced``) are not among the ``rounds`` evaluated: every
+    other arm had probability 0 there. ``served_by`` counts every row by what served it
+    (``why``); ``holdout``, when the log has holdout traffic, compares its mean loss with
+    the bandit traffic's (``HoldoutComparison``).
+
     Curves: ``accepted_losses`` (in acceptance order; the running mean is the replay
     curve), ``accepted_rows`` (their row indices), ``weights`` and ``logged_losses`` (one
     per row; ``weights * logged_losses`` are the IPS terms), ``probabilities`` (T×M: the
@@ -202,8 +207,15 @@ class BanditLogResult:
     weights: np.ndarray = field(repr=False)
     logged_losses: np.ndarray = field(repr=False)
     probabilities: np.ndarray = field(repr=False)
+    served_by: dict[str, int] = field(default_factory=dict)  # rows by ``why``, forced included
+    holdout: HoldoutComparison | None = None
 
     kind = BANDIT
+
+    @property
+    def forced(self) -> int:
+        """Rows served a forced arm: counted, not evaluated (no other arm could be served)."""
+        return self.served_by.get("forced", 0)
 
     @property
     def method(self) -> str:
@@ -241,6 +253,9 @@ class BanditLogResult:
             "max_weight": self.max_weight,
             "logged": self.logged.to_dict(),
             "min_ess": self.min_ess,
+            "forced_excluded": self.forced,
+            "served_by": dict(self.served_by),
+            "holdout": None if self.holdout is None else self.holdout.to_dict(),
         }
 
     def _figures(self, e: Estimate) -> dict[str, Any]:
@@ -304,6 +319,76 @@ class BanditLogResult:
                 "every propensity ≥ the smallest logged one (rejection sampling). CIs: "
                 "normal approximation, for the path the learning policy took in this replay "
                 "(another --seed gives another path). Lower is better.",
+                *self._served_markdown(),
+            ]
+        )
+
+    def _served_markdown(self) -> list[str]:
+        """What served the rows, the forced rows left out, and the holdout comparison."""
+        if set(self.served_by) <= {"bandit"}:
+            return []
+        counts = ", ".join(f"{why} {n:,}" for why, n in self.served_by.items())
+        lines = ["", f"Rows by what served them (why): {counts}."]
+        if self.forced:
+            lines[-1] += (
+                f" The {self.forced:,} rows served a forced arm are excluded from every "
+                "estimate above (no other arm could be served there: no overlap)."
+            )
+        if self.holdout is not None:
+            lines += ["", self.holdout.to_markdown()]
+        return lines
+
+
+@dataclass(frozen=True)
+class HoldoutComparison:
+    """Holdout traffic against bandit traffic, as logged: the mean observed loss of the
+    rows served by the holdout (``why`` "holdout", arm ``arm``) and by the bandit (``why``
+    "bandit"), each with its interval, and their difference bandit − holdout (normal
+    approximation, the two groups independent; negative: the bandit's traffic lost
+    less).
+
+    >>> from flows.tools.evaluation.estimators import mean_estimate
+    >>> c = HoldoutComparison.of("control", mean_estimate([1.0, 0.0] * 50),
+    ...                          mean_estimate([0.0, 0.0, 0.0, 1.0] * 50))
+    >>> round(c.difference.value, 2), c.difference.high < 0
+    (-0.25, True)
+    """
+
+    arm: str
+    holdout: Estimate
+    bandit: Estimate
+    difference: Estimate
+
+    @classmethod
+    def of(cls, arm: str, holdout: Estimate, bandit: Estimate) -> HoldoutComparison:
+        """The comparison of two groups' estimates."""
+        stderr = math.hypot(holdout.stderr, bandit.stderr)
+        value = bandit.value - holdout.value
+        n = holdout.n + bandit.n
+        return cls(arm, holdout, bandit, Estimate(value, stderr, n, holdout.level))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arm": self.arm,
+            "holdout": self.holdout.to_dict(),
+            "bandit": self.bandit.to_dict(),
+            "difference": self.difference.to_dict(),
+        }
+
+    def to_markdown(self) -> str:
+        level = f"{self.holdout.level:.0%}"
+        rows = [
+            (f"holdout (arm {self.arm!r})", *fmt_estimate(self.holdout), str(self.holdout.n)),
+            ("bandit", *fmt_estimate(self.bandit), str(self.bandit.n)),
+            ("bandit − holdout", *fmt_estimate(self.difference), ""),
+        ]
+        return "\n".join(
+            [
+                markdown_table(("traffic", "mean observed loss", f"{level} CI", "rows"), rows),
+                "",
+                "Observed, not counterfactual: the mean loss each group of requests got as "
+                "served (the holdout's share was drawn at random for each request). "
+                "Lower is better.",
             ]
         )
 

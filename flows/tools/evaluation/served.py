@@ -4,12 +4,14 @@ bandit-feedback log: the arm each request was served, its propensity, and its lo
 Three streams, as files or Kafka topics:
 
 * **selections**: the service's answers, ``{"experiment", "unit", "request_id", "arm",
-  "arm_name", "prob", "round"}`` (the selections topic, ``selections.jsonl``);
+  "arm_name", "prob", "round", "why"?}`` (the selections topic, ``selections.jsonl``;
+  ``why`` says what served the arm, ``bandit`` when absent);
 * **feedback**: ``{"experiment", "unit"?, "request_id", "loss" | "reward", …}`` as sent
   (the feedback topic, ``feedback.jsonl``), or mixed with the requests;
-* **requests** (optional, needed for contexts): ``{"experiment", "unit"?, "request_id",
-  "context"?, …}``; with the feedback in one combined stream each line has ``"type":
-  "request"`` or ``"feedback"`` (the events topic, ``events.jsonl``).
+* **requests** (optional, needed for contexts and eligible arms): ``{"experiment",
+  "unit"?, "request_id", "context"?, "eligible"?, …}``; with the feedback in one combined
+  stream each line has ``"type": "request"`` or ``"feedback"`` (the events topic,
+  ``events.jsonl``).
 
 The join is on (experiment, unit, request_id): a request's first selection (a retry's
 answer repeats it) with its first valid feedback (what the service applies; a duplicate
@@ -21,8 +23,8 @@ counted as ``refused``.
 >>> sel = b'{"experiment":"e","unit":null,"request_id":"r1","arm":1,"arm_name":"b","prob":0.5}'
 >>> fb = b'{"experiment":"e","request_id":"r1","reward":3}'
 >>> joined = join_served([sel], [fb])
->>> [(r.arm, r.prob, r.loss) for r in joined.log.records], joined.unmatched_selections
-([(1, 0.5, -3.0)], 0)
+>>> [(r.arm, r.prob, r.loss, r.why) for r in joined.log.records], joined.unmatched_selections
+([(1, 0.5, -3.0, 'bandit')], 0)
 """
 
 from __future__ import annotations
@@ -48,11 +50,14 @@ from flows.tools.evaluation.logs import (
     BanditRecord,
     EvaluationError,
     Log,
+    check_why,
     is_int,
     json_object,
 )
 
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
+Context = int | dict[str, str] | None  # an index, or named attributes' values
+Eligible = tuple[int | str, ...] | None
 
 #: the files ``tsi demo`` and ``tsi replay`` write into their output directory
 SELECTIONS_FILE, FEEDBACK_FILE, EVENTS_FILE, REGISTRY_FILE, INPUTS_FILE = (
@@ -98,14 +103,15 @@ def join_served(
     """
     answered, order, retries = _selections(selections, source)
     losses: dict[Key, float] = {}
-    contexts: dict[Key, int | None] = {}
+    contexts: dict[Key, tuple[Context, Eligible]] = {}
     refused = _read_inputs(feedback, requests, losses, contexts)
     records = []
     for line, key in order:
         if key in losses:
-            arm, prob = answered[key]
+            arm, prob, why = answered[key]
+            context, eligible = contexts.get(key, (None, None))
             records.append(
-                BanditRecord(line, key[0], key[1], contexts.get(key), arm, prob, losses[key])
+                BanditRecord(line, key[0], key[1], context, arm, prob, losses[key], why, eligible)
             )
     if not records:
         raise EvaluationError(
@@ -124,24 +130,25 @@ def join_served(
 
 def _selections(
     lines: Iterable[bytes], source: str
-) -> tuple[dict[Key, tuple[int, float]], list[tuple[int, Key]], int]:
-    """(arm, prob) by request, the requests in order with their line, and the repeats."""
-    answered: dict[Key, tuple[int, float]] = {}
+) -> tuple[dict[Key, tuple[int, float, str]], list[tuple[int, Key]], int]:
+    """(arm, prob, why) by request, the requests in order with their line, and the
+    repeats."""
+    answered: dict[Key, tuple[int, float, str]] = {}
     order: list[tuple[int, Key]] = []
     retries = 0
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        key, arm, prob = _selection(json_object(raw, source, number), f"{source}:{number}")
+        key, *served = _selection(json_object(raw, source, number), f"{source}:{number}")
         if key in answered:
             retries += 1
             continue
-        answered[key] = (arm, prob)
+        answered[key] = (served[0], served[1], served[2])
         order.append((number, key))
     return answered, order, retries
 
 
-def _selection(data: dict[str, Any], where: str) -> tuple[Key, int, float]:
+def _selection(data: dict[str, Any], where: str) -> tuple[Key, int, float, str]:
     experiment, unit, rid = data.get("experiment"), data.get("unit"), data.get("request_id")
     arm, prob = data.get("arm"), data.get("prob")
     if not isinstance(experiment, str) or not isinstance(rid, str):
@@ -152,16 +159,18 @@ def _selection(data: dict[str, Any], where: str) -> tuple[Key, int, float]:
         raise EvaluationError(f"{where}: arm must be an integer >= 0, got {arm!r:.80}")
     if isinstance(prob, bool) or not isinstance(prob, int | float) or not 0.0 < prob <= 1.0:
         raise EvaluationError(f"{where}: prob must be in (0, 1], got {prob!r:.80}")
-    return (experiment, unit, rid), arm, float(prob)
+    why = check_why(data.get("why", "bandit"), where)
+    return (experiment, unit, rid), arm, float(prob), why
 
 
 def _read_inputs(
     feedback: Iterable[bytes],
     requests: Iterable[bytes] | None,
     losses: dict[Key, float],
-    contexts: dict[Key, int | None],
+    contexts: dict[Key, tuple[Context, Eligible]],
 ) -> int:
-    """Fill the first valid loss and the context of each request; the refused lines."""
+    """Fill the first valid loss, and the context and eligible arms, of each request; the
+    refused lines."""
     refused = 0
     streams: list[tuple[Iterable[bytes], Any]] = [(feedback, None)]
     if requests is not None:
@@ -176,7 +185,8 @@ def _read_inputs(
             elif isinstance(event, Feedback):
                 losses.setdefault((event.experiment, event.unit, event.request_id), event.loss)
             elif isinstance(event, Request):
-                contexts.setdefault((event.experiment, event.unit, event.request_id), event.context)
+                key = (event.experiment, event.unit, event.request_id)
+                contexts.setdefault(key, (event.context, event.eligible))
     return refused
 
 
