@@ -43,6 +43,8 @@ cdef class Early(RequestEntry):
 cdef class Changes:
     cdef public int pending, early, applied, collected
     cdef public bint retry
+    cdef public long arm  # the arm of the loss applied (``applied``), else -1
+    cdef public double loss, prob  # that loss, and the probability its arm was served with
     cdef public tuple others  # named-context attributes whose value went to ``other``
 
     cdef void clear(self) noexcept
@@ -87,6 +89,7 @@ cdef class Instance:
     cdef Py_ssize_t _n_early
     cdef list _notices
     cdef long _closed_applied, _closed_defaulted  # windows closed by ``expire``, untold
+    cdef list _closed_losses  # their (arm, loss, prob, defaulted), untold; None if none
 
     cdef object live_bandit(self)
     cdef object _get(self, str rid)
@@ -99,7 +102,7 @@ cdef class Instance:
     cdef object _served_context(self, object request, object context, list out,
                                 Changes changes)
     cdef object _eligible(self, object request, object eligible, list out)
-    cdef int _close(self, Open entry, double loss, double now) except -1
+    cdef int _close(self, Open entry, double loss, double now, bint defaulted) except -1
     cdef int request(self, object request, double now, list out, Changes changes) except -1
     cdef int feedback(self, object feedback, double now, list out, Changes changes) except -1
     cpdef list expire(self, double now)

@@ -212,7 +212,8 @@ cdef inline double _combined(Open entry, int aggregate) noexcept:
 cdef class Changes:
     """What handling an event changed, for whoever counts (the metrics): open tickets
     (``pending``) and waiting feedback (``early``) gained or lost, feedback ``applied``
-    or ``collected`` in its window, whether it was a ``retry`` of a served request, and
+    or ``collected`` in its window (with an applied loss: its ``arm``, ``loss`` and the
+    ``prob`` the arm was served with), whether it was a ``retry`` of a served request, and
     the named-context attributes that went to their ``other`` slot. The shard's loop keeps one and
     clears it before each event."""
 
@@ -220,6 +221,7 @@ cdef class Changes:
         self.pending = self.early = self.applied = self.collected = 0
         self.retry = False
         self.others = None
+        self.arm = -1
 
 
 class Handled(list):
@@ -775,6 +777,7 @@ cdef class Instance:
             self._put(_answered(SETTLED, rid, answered.ticket, answered.unit, deadline))
         changes.pending -= 1
         changes.applied += 1
+        changes.arm, changes.loss, changes.prob = served, loss, (<tuple>answered.ticket)[3]
         return 0
 
     cpdef list expire(self, double now):
@@ -801,11 +804,13 @@ cdef class Instance:
             else:
                 break
             if entry.kind == OPEN and (<Open>entry).collected > 0:  # its window's feedback
-                self._close(<Open>entry, _combined(<Open>entry, self.terms.aggregate), now)
+                self._close(
+                    <Open>entry, _combined(<Open>entry, self.terms.aggregate), now, False
+                )
                 self._closed_applied += 1
                 continue
             if entry.kind == OPEN and self.terms.has_default:  # none came: the default
-                self._close(<Open>entry, self.terms.default_loss, now)
+                self._close(<Open>entry, self.terms.default_loss, now, True)
                 self._closed_defaulted += 1
                 continue
             if entry.kind == OPEN:
@@ -830,10 +835,15 @@ cdef class Instance:
             self._drop(entry)
         return out
 
-    cdef int _close(self, Open entry, double loss, double now) except -1:
-        """End a window: apply ``loss`` to its ticket, and keep its answer for retries
-        (later feedback is ``late_feedback``) for the retry window."""
-        self.live_bandit().update(entry.ticket, loss)
+    cdef int _close(self, Open entry, double loss, double now, bint defaulted) except -1:
+        """End a window: apply ``loss`` to its ticket (the ``defaulted`` loss if none
+        came), and keep its answer for retries (later feedback is ``late_feedback``) for
+        the retry window."""
+        cdef tuple ticket = <tuple>entry.ticket
+        self.live_bandit().update(ticket, loss)
+        if self._closed_losses is None:
+            self._closed_losses = []
+        self._closed_losses.append((ticket[2], loss, ticket[3], defaulted))
         window = self.terms.retry_window
         if window > 0:
             self._put(_answered(EXPIRED, entry.rid, entry.ticket, entry.unit, now + window))
@@ -847,6 +857,12 @@ cdef class Instance:
         closed = (self._closed_applied, self._closed_defaulted)
         self._closed_applied = self._closed_defaulted = 0
         return closed
+
+    def take_closed_losses(self) -> list:
+        """(arm, loss, prob, defaulted) of each window ``expire`` closed since last
+        asked: the losses it applied, what the metrics count by arm."""
+        closed, self._closed_losses = self._closed_losses, None
+        return [] if closed is None else closed
 
     def _expired(self, Open served):
         """A ticket without feedback; the request is re-encoded from what was kept of it."""

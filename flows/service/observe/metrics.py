@@ -159,6 +159,12 @@ _SLOTS = 5 + len(OUTCOMES)
 APPLIED, EARLY_FEEDBACK = FEEDBACK["applied"], FEEDBACK["early"]
 COLLECTED, DEFAULTED = FEEDBACK["collected"], FEEDBACK["defaulted"]
 SLOT_OF_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
+# slots of an arm's tally (``_Tally.arms``): selections (retries not), losses applied from
+# feedback and by default, then over all applied losses: sum, sum of squares, sum of loss/prob
+ARM_SELECTIONS, ARM_FEEDBACK, ARM_DEFAULTED, ARM_LOSS, ARM_LOSS_SQUARES, ARM_IPS = range(6)
+ARM_SLOTS = 6
+#: seconds between two readings of a shared instance's q for ``tsi_arm_share``
+SHARE_EVERY = 1.0
 # the gauge a dead letter of expiry (or of a registry change) lowers
 _EXPIRY = {
     "ticket_expired": PENDING,
@@ -178,7 +184,9 @@ CONTEXT_OTHER = Counter(
 class _Tally:
     """What one thread (a Bytewax worker) counted; only that thread writes it."""
 
-    __slots__ = ("age", "experiments", "last_event", "last_ts", "processing", "served")
+    __slots__ = (
+        "age", "arms", "experiments", "last_event", "last_ts", "processing", "served", "shares",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.last_event = 0.0  # time() when the last event was handled
@@ -189,11 +197,21 @@ class _Tally:
         # per kind (True: request): counts per bucket (the last is +Inf), then the sum
         self.processing = {k: [0] * (len(PROCESSING_BUCKETS) + 1) + [0.0] for k in (True, False)}
         self.age = {k: [0] * (len(AGE_BUCKETS) + 1) + [0.0] for k in (True, False)}
+        self.arms: dict[tuple[str, str], list[float]] = {}  # (experiment, arm) -> ARM_SLOTS
+        # experiment -> (time read, arms, q) of its shared instance, when last read
+        self.shares: dict[str, tuple[float, tuple[str, ...], list[float]]] = {}
 
     def experiment(self, name: str) -> list[int]:
         found = self.experiments.get(name)
         if found is None:
             found = self.experiments[name] = [0] * _SLOTS
+        return found
+
+    def arm(self, experiment: str, arm: str) -> list[float]:
+        """The slots (``ARM_SLOTS``) of an arm of an experiment."""
+        found = self.arms.get((experiment, arm))
+        if found is None:
+            found = self.arms[experiment, arm] = [0.0] * ARM_SLOTS
         return found
 
 
@@ -230,7 +248,9 @@ def observe_expired(instance: Any, out: list) -> None:
         applied, defaulted = instance.take_closed()
         if not out and not applied and not defaulted:
             return
-        c = _mine().experiment(instance.experiment.name)
+        tally = _mine()
+        c = tally.experiment(instance.experiment.name)
+        _count_losses(tally, instance.experiment, instance.take_closed_losses())
         c[PENDING] -= applied + defaulted
         c[APPLIED] += applied
         c[DEFAULTED] += defaulted
@@ -243,6 +263,16 @@ def observe_expired(instance: Any, out: list) -> None:
                     c[slot] += 1
     except Exception:
         _failed("observe_expired")
+
+
+def _count_losses(tally: _Tally, experiment: Any, closed: list) -> None:
+    """Count by arm the losses applied as windows closed: (arm, loss, prob, defaulted)."""
+    for arm, loss, prob, defaulted in closed:
+        slots = tally.arm(experiment.name, experiment.arms[arm])
+        slots[ARM_DEFAULTED if defaulted else ARM_FEEDBACK] += 1
+        slots[ARM_LOSS] += loss
+        slots[ARM_LOSS_SQUARES] += loss * loss
+        slots[ARM_IPS] += loss / prob
 
 
 def observe_restored(experiment: str, instance: Any = None, pending: int = 0) -> None:
@@ -633,6 +663,68 @@ class _ProgressCollector:
 
 
 REGISTRY.register(_ProgressCollector())
+
+
+class _ArmCollector:
+    """The metrics by arm, summed over the threads' tallies when Prometheus scrapes."""
+
+    def describe(self) -> list[Metric]:
+        return list(self._families({}, {}))
+
+    def collect(self) -> Iterator[Metric]:
+        with _tallies_lock:
+            tallies = list(_tallies.values())
+        arms: dict[tuple[str, str], list[float]] = {}
+        shares: dict[str, tuple[float, tuple[str, ...], list[float]]] = {}
+        for tally in tallies:
+            for labels, slots in list(tally.arms.items()):
+                total = arms.setdefault(labels, [0.0] * ARM_SLOTS)
+                for i, x in enumerate(list(slots)):
+                    total[i] += x
+            for experiment, read in list(tally.shares.items()):
+                if experiment not in shares or read[0] > shares[experiment][0]:
+                    shares[experiment] = read
+        return self._families(arms, shares)
+
+    @staticmethod
+    def _families(
+        arms: dict[tuple[str, str], list[float]],
+        shares: dict[str, tuple[float, tuple[str, ...], list[float]]],
+    ) -> Iterator[Metric]:
+        labels = ["experiment", "arm"]
+        for kind, name, doc, slot in _ARM_FAMILIES:
+            metric = kind(name, doc, labels=labels)
+            for (experiment, arm), slots in sorted(arms.items()):
+                metric.add_metric([experiment, arm], slots[slot])
+            yield metric
+        share = GaugeMetricFamily(
+            "tsi_arm_share",
+            "q of each arm of a shared (not per-unit, context-free) instance, as last read.",
+            labels=labels,
+        )
+        for experiment, (_, names, q) in sorted(shares.items()):
+            for arm, x in zip(names, q, strict=True):
+                share.add_metric([experiment, arm], x)
+        yield share
+
+
+_ARM_FAMILIES = (
+    (CounterMetricFamily, "tsi_arm_selections",
+     "Selections by arm, answers to retries not included.", ARM_SELECTIONS),
+    (CounterMetricFamily, "tsi_arm_feedback",
+     "Losses applied from feedback by arm (a window's combined loss once).", ARM_FEEDBACK),
+    (CounterMetricFamily, "tsi_arm_defaulted",
+     "Default losses applied by arm (no feedback in the window).", ARM_DEFAULTED),
+    (GaugeMetricFamily, "tsi_arm_loss_sum",
+     "Sum of the losses applied by arm, defaults included (losses have any sign).", ARM_LOSS),
+    (GaugeMetricFamily, "tsi_arm_loss_squares_sum",
+     "Sum of the squares of the losses applied by arm, defaults included.", ARM_LOSS_SQUARES),
+    (GaugeMetricFamily, "tsi_arm_ips_loss_sum",
+     "Sum over the losses applied by arm of loss / prob (prob: the probability the arm was "
+     "served with); divided by the experiment's selections, the IPS estimate of the arm's "
+     "mean loss.", ARM_IPS),
+)  # fmt: skip
+REGISTRY.register(_ArmCollector())
 
 
 # ------------------------------------------------------------------------------ HTTP server

@@ -26,6 +26,7 @@ before anything else counts and at the end of each batch.
 (2, 'r2')
 """
 
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.pythread cimport PyThread_get_thread_ident
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libc.math cimport INFINITY
@@ -39,6 +40,7 @@ from flows.service.wire._records cimport (
     PARTITION,
     REQUEST_ORIGIN,
     REQUEST_TS,
+    SELECTION_ARM,
     SELECTION_WHY,
     SOURCE,
     TIME,
@@ -50,6 +52,13 @@ from flows.service.instances.instance cimport Changes, Instance
 from flows.service.observe.metrics import (
     AGE_BUCKETS,
     APPLIED,
+    ARM_DEFAULTED,
+    ARM_FEEDBACK,
+    ARM_IPS,
+    ARM_LOSS,
+    ARM_LOSS_SQUARES,
+    ARM_SELECTIONS,
+    ARM_SLOTS,
     COLLECTED,
     DECISIONS,
     EARLY,
@@ -58,6 +67,7 @@ from flows.service.observe.metrics import (
     PENDING,
     PROCESSING_BUCKETS,
     RETRIES,
+    SHARE_EVERY,
     SLOT_OF_REASON,
     count_context_other,
     observe_expired,
@@ -130,11 +140,28 @@ cdef class _Times:
         self.empty = True
 
 
+# an arm's slots (``metrics``), read once as C numbers
+cdef Py_ssize_t N_ARM_SLOTS = ARM_SLOTS, A_SELECTIONS = ARM_SELECTIONS
+cdef Py_ssize_t A_FEEDBACK = ARM_FEEDBACK, A_LOSS = ARM_LOSS
+cdef Py_ssize_t A_LOSS_SQUARES = ARM_LOSS_SQUARES, A_IPS = ARM_IPS
+cdef double _SHARE_EVERY = SHARE_EVERY
+
+
 cdef class _Counts:
     """What the loop counted for one experiment in this batch, not yet in the tally: the
-    slots of an experiment's tally (``metrics``) it writes, and the dead letters by slot."""
+    slots of an experiment's tally (``metrics``) it writes, the dead letters by slot, and
+    by arm (index, as the experiment object ``experiment`` numbers them) the slots of an
+    arm's tally; the shared instance whose q to read."""
 
     cdef str name
+    cdef object experiment  # the experiment object whose arms ``by_arm`` counts
+    cdef tuple arms
+    cdef Py_ssize_t n_arms
+    cdef double *by_arm  # N_ARM_SLOTS per arm
+    cdef bint armed  # by_arm holds something
+    cdef bint shared  # the experiment's instance is shared, without contexts: read its q
+    cdef object share_of  # the shared instance handled since its q was last read
+    cdef double share_read  # when it was last read (monotonic)
     cdef long decisions, retries, pending, early, early_feedback, applied, collected, instances
     cdef dict by_slot  # a dead letter's slot (SLOT_OF_REASON) -> count
     cdef dict by_why  # a selection's why, other than "bandit" -> count
@@ -146,6 +173,80 @@ cdef class _Counts:
         self.name = name
         self.by_slot = {}
         self.by_why = {}
+        self.share_read = -INFINITY
+
+    def __dealloc__(self):
+        PyMem_Free(self.by_arm)
+
+    cdef int follow(self, object experiment, object tally) except -1:
+        """Count by the arms of ``experiment`` (a new one, or a reloaded registry's), after
+        adding what was counted by the former's to ``tally``."""
+        cdef Py_ssize_t n
+        if self.armed:
+            self.tallied_arms(tally)
+        arms = tuple(experiment.arms)
+        n = len(arms) * N_ARM_SLOTS
+        PyMem_Free(self.by_arm)
+        self.by_arm = <double *>PyMem_Malloc(max(n, 1) * sizeof(double))
+        if self.by_arm == NULL:
+            raise MemoryError()
+        for i in range(n):
+            self.by_arm[i] = 0.0
+        self.experiment, self.arms, self.n_arms = experiment, arms, len(arms)
+        self.shared = not experiment.per_unit and experiment.n_contexts == 1
+        self.share_of = None
+        return 0
+
+    cdef inline void applied_loss(self, long arm, double loss, double prob) noexcept:
+        """A loss applied to ``arm``, served with ``prob``."""
+        cdef double *slots
+        if 0 <= arm < self.n_arms:
+            slots = self.by_arm + arm * N_ARM_SLOTS
+            slots[A_FEEDBACK] += 1.0
+            slots[A_LOSS] += loss
+            slots[A_LOSS_SQUARES] += loss * loss
+            slots[A_IPS] += loss / prob
+            self.armed = True
+
+    cdef inline void selected(self, long arm) noexcept:
+        """A selection of ``arm`` (not a retry's)."""
+        if 0 <= arm < self.n_arms:
+            self.by_arm[arm * N_ARM_SLOTS + A_SELECTIONS] += 1.0
+            self.armed = True
+
+    cdef int tallied_arms(self, object tally) except -1:
+        """Add the counts by arm to ``tally`` (``_Tally.arm``) and start again."""
+        cdef Py_ssize_t i, k
+        cdef double *slots
+        cdef list counters
+        for i in range(self.n_arms):
+            slots = self.by_arm + i * N_ARM_SLOTS
+            for k in range(N_ARM_SLOTS):
+                if slots[k] != 0.0:
+                    break
+            else:
+                continue
+            counters = tally.arm(self.name, self.arms[i])
+            for k in range(N_ARM_SLOTS):
+                if slots[k] != 0.0:
+                    counters[k] += slots[k]
+                    slots[k] = 0.0
+        self.armed = False
+        return 0
+
+    cdef int read_share(self, object tally) except -1:
+        """Note the q of the shared instance handled, at most every ``SHARE_EVERY`` s and
+        never unpacking one at rest."""
+        cdef double now = _monotonic()
+        if now - self.share_read < _SHARE_EVERY:
+            return 0
+        instance = self.share_of
+        self.share_of = None
+        if instance.is_at_rest() or instance.experiment is not self.experiment:
+            return 0
+        self.share_read = now
+        tally.shares[self.name] = (time(), self.arms, instance.bandit.policy().tolist())
+        return 0
 
 
 cdef class _Loop:
@@ -296,10 +397,10 @@ cdef class _Loop:
             first = len(out)
             out.append(DeadLetter("internal_error", detail, event.raw, event.origin, key))
             changes.clear()
-            self.count(experiment, event, is_request, out, first, new, started, now)
+            self.count(experiment, event, is_request, out, first, new, started, now, None)
             store.changed(key)
             return 0
-        self.count(experiment, event, is_request, out, first, new, started, now)
+        self.count(experiment, event, is_request, out, first, new, started, now, instance)
         self.touched.add(key)
         after = instance.due()
         if bound or after != due:  # else the shard's queue holds its wake-up
@@ -307,12 +408,20 @@ cdef class _Loop:
         return 0
 
     cdef int count(self, object experiment, object event, bint is_request, list out,
-                   Py_ssize_t first, bint new, double started, double now) except -1:
+                   Py_ssize_t first, bint new, double started, double now,
+                   object instance) except -1:
         """Count what handling ``event`` did: the outputs ``out[first:]`` and
-        ``self.changes``, a new instance, the time spent and the event's age."""
+        ``self.changes``, by arm too, a new instance, the time spent and the event's age;
+        ``instance`` (None after an internal error) to read the q of."""
         cdef Changes changes = self.changes
         cdef _Counts c = self.counting(experiment.name)
         cdef Py_ssize_t i
+        if c.experiment is not experiment:
+            c.follow(experiment, self.tally)
+        if c.shared and instance is not None:
+            c.share_of = instance
+        if changes.arm >= 0:
+            c.applied_loss(changes.arm, changes.loss, changes.prob)
         c.instances += new
         c.pending += changes.pending
         c.early += changes.early
@@ -330,6 +439,8 @@ cdef class _Loop:
             else:  # an answer
                 c.decisions += 1
                 c.retries += changes.retry
+                if not changes.retry:
+                    c.selected(field(_SELECTION, item, SELECTION_ARM))
                 why = field(_SELECTION, item, SELECTION_WHY)
                 if why != "bandit":  # the others; the bandit's are the rest of decisions
                     c.by_why[why] = c.by_why.get(why, 0) + 1
@@ -388,6 +499,10 @@ cdef class _Loop:
                 for why, n in c.by_why.items():
                     served[c.name, why] = served.get((c.name, why), 0) + n
                 c.by_why.clear()
+            if c.armed:
+                c.tallied_arms(tally)
+            if c.share_of is not None:
+                c.read_share(tally)
             c.decisions = c.retries = c.pending = c.applied = c.collected = c.early = 0
             c.early_feedback = c.instances = 0
             c.counted = False

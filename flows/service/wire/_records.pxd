@@ -53,4 +53,5 @@ cdef enum:
     PARTITION = 1
     TIME = 3
     SELECTION_INSTANCE = 3  # of a Selection
+    SELECTION_ARM = 4
     SELECTION_WHY = 8
