@@ -250,7 +250,8 @@ def observe_expired(instance: Any, out: list) -> None:
             return
         tally = _mine()
         c = tally.experiment(instance.experiment.name)
-        _count_losses(tally, instance.experiment, instance.take_closed_losses())
+        if applied or defaulted:
+            _count_losses(tally, instance.experiment, instance.take_closed_losses())
         c[PENDING] -= applied + defaulted
         c[APPLIED] += applied
         c[DEFAULTED] += defaulted
