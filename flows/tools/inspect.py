@@ -131,3 +131,88 @@ def render(views: list[InstanceView]) -> str:
 
 def _num(x: float | None) -> str:
     return "–" if x is None or math.isinf(x) else f"{x:.6g}"
+
+
+#: what the leaderboard shows instead of a mean loss: the snapshots keep no loss sums
+NO_LOSS = (
+    "the snapshots keep no per-arm loss sums: mean loss by arm, its interval and the IPS "
+    "estimate are in the metrics (tsi_arm_loss_sum, tsi_arm_loss_squares_sum, "
+    "tsi_arm_ips_loss_sum; deploy/grafana)"
+)
+
+
+@dataclass(frozen=True)
+class Board:
+    """An experiment's arms as its instances allocate them now.
+
+    ``share`` is the current q of a shared instance, or for an experiment with one
+    instance per unit the mean of their q (``basis`` says which); rows are averaged over
+    contexts. ``decisions`` and ``feedback`` are the instances' selections made and
+    feedback applied.
+    """
+
+    experiment: str
+    basis: str
+    instances: int
+    arms: list[str]
+    share: list[float]
+    decisions: int
+    feedback: int
+    open_tickets: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def leaderboard(views: list[InstanceView]) -> list[Board]:
+    """One ``Board`` per experiment of ``views``, in name order.
+
+    >>> a = describe("e", {"experiment": "e", "bandit": Bandit(2).to_dict()})
+    >>> [board] = leaderboard([a])
+    >>> board.basis, board.share
+    ('current q of the shared instance', [0.5, 0.5])
+    """
+    by_experiment: dict[str, list[InstanceView]] = {}
+    for v in views:
+        by_experiment.setdefault(v.experiment, []).append(v)
+    boards = []
+    for experiment, group in sorted(by_experiment.items()):
+        arms = group[0].arms
+        if any(v.arms != arms for v in group):
+            raise InspectError(f"experiment {experiment!r}: its instances name other arms")
+        shared = len(group) == 1 and group[0].unit is None
+        basis = (
+            "current q of the shared instance"
+            if shared
+            else f"mean q over {len(group)} instances (one per unit)"
+        )
+        rows = [[sum(col) / len(v.q) for col in zip(*v.q, strict=True)] for v in group]
+        share = [sum(col) / len(rows) for col in zip(*rows, strict=True)]
+        boards.append(
+            Board(
+                experiment,
+                basis + (", averaged over contexts" if len(group[0].q) > 1 else ""),
+                len(group),
+                arms,
+                share,
+                sum(v.rounds for v in group),
+                sum(v.updates for v in group),
+                sum(v.open_tickets for v in group),
+            )
+        )
+    return boards
+
+
+def render_leaderboard(boards: list[Board]) -> str:
+    """The leaderboard a person reads: per experiment its arms by share, highest first."""
+    lines = []
+    for b in boards:
+        lines.append(
+            f"{b.experiment}  decisions {b.decisions:,}  feedback {b.feedback:,}"
+            f"  open {b.open_tickets:,}  share: {b.basis}"
+        )
+        width = max(len(a) for a in b.arms)
+        for arm, share in sorted(zip(b.arms, b.share, strict=True), key=lambda x: -x[1]):
+            lines.append(f"  {arm:<{width}}  {share:7.2%}  {'█' * round(share * 40)}")
+    lines.append(f"mean loss: {NO_LOSS}")
+    return "\n".join(lines)

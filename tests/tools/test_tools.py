@@ -291,3 +291,27 @@ def test_replay_reads_a_kafka_topic_range_from_the_real_broker(kafka_bootstrap, 
         tmp_path / "none",
     )
     assert missing.exit_code == 2
+
+
+def test_the_leaderboard_sums_the_instances_of_each_experiment(tmp_path):
+    directory = _recovery_dir(tmp_path)
+    result = cli("inspect", "--recovery-dir", directory, "--json", "--leaderboard")
+    assert result.exit_code == 0, result.output
+    boards = {b["experiment"]: b for b in map(orjson.loads, result.output.splitlines())}
+    views = [
+        orjson.loads(line)
+        for line in cli("inspect", "--recovery-dir", directory, "--json").output.splitlines()
+    ]
+    home = boards["home"]
+    assert home["instances"] == 3 and home["decisions"] == 30
+    assert home["feedback"] + home["open_tickets"] == 30
+    assert home["basis"].startswith("mean q over 3 instances")
+    mean = np.mean([v["q"][0] for v in views if v["experiment"] == "home"], axis=0)
+    assert home["share"] == pytest.approx(mean.tolist(), abs=1e-12)
+    ctx = boards["ctx"]
+    assert ctx["basis"] == "current q of the shared instance, averaged over contexts"
+    assert ctx["decisions"] == 1 and abs(sum(ctx["share"]) - 1.0) < 1e-12
+    table = cli("inspect", "--recovery-dir", directory, "--leaderboard", "home/*")
+    assert table.exit_code == 0, table.output
+    assert table.output.startswith("home  decisions 30  feedback")
+    assert "no per-arm loss sums" in table.output and "ctx" not in table.output
