@@ -26,6 +26,13 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_last_broker_contact_timestamp_seconds`` | gauge | | Unix time a broker was last reached |
 | ``tsi_consumer_lag`` | gauge | topic, partition | high watermark − next offset to read |
 | ``tsi_ready`` | gauge | | 1 while ``/ready`` answers 200, else 0 |
+| ``tsi_arm_selections_total`` | counter | experiment, arm | selections, retries not |
+| ``tsi_arm_feedback_total`` | counter | experiment, arm | losses applied from feedback |
+| ``tsi_arm_defaulted_total`` | counter | experiment, arm | default losses applied |
+| ``tsi_arm_loss_sum`` | gauge | experiment, arm | sum of the applied losses, defaults too |
+| ``tsi_arm_loss_squares_sum`` | gauge | experiment, arm | sum of their squares |
+| ``tsi_arm_ips_loss_sum`` | gauge | experiment, arm | sum of loss / prob over them |
+| ``tsi_arm_share`` | gauge | experiment, arm | q of a shared, context-free instance |
 
 ``kind`` is ``request`` or ``feedback``; ``why`` is ``bandit``, ``holdout``, ``burn_in`` or
 ``forced``. Outcomes of ``tsi_feedback_total``:
@@ -45,6 +52,22 @@ cluster serves its own (sum them in Prometheus).
 
 With an ``aggregate`` other than ``first``, each feedback of a window is ``collected`` and
 the window's combined loss counts once as ``applied`` when the window ends.
+
+By arm. The labels are an experiment and an arm, never a unit. The loss sums are gauges
+(losses have any sign) and count since the process started. Per arm, with ``n`` =
+``tsi_arm_feedback_total + tsi_arm_defaulted_total``: the mean loss is
+``tsi_arm_loss_sum / n``, its normal interval ± ``1.96 * sqrt((tsi_arm_loss_squares_sum / n
+- mean ^ 2) / n)``; the IPS estimate of the arm's mean loss (were it served always) is::
+
+    sum by (experiment, arm) (tsi_arm_ips_loss_sum)
+      / ignoring(arm) group_left
+    sum by (experiment) (tsi_decisions_total - tsi_retries_total)
+
+(``prob``: the probability the arm was served with, the selection's ``prob``).
+``tsi_arm_share`` is read from the instance at most every ``SHARE_EVERY`` seconds, after
+an event, by the worker holding it; per-unit and contextual experiments have none
+(``tsi inspect --leaderboard`` shows their mean q). deploy/grafana/tsi-dashboard.json
+charts them all.
 
 The metrics are told what happened, never peek: an instance returns a ``Handled`` for each
 event (its outputs, and the open tickets, waiting feedback and applied feedback it gained
