@@ -13,7 +13,7 @@ import pickle
 import weakref
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flows.service.instances import _answer_book
@@ -160,6 +160,18 @@ def test_the_shard_serves_as_the_python_oracle(script, stream_time):
 
 @settings(max_examples=200, deadline=None)
 @given(steps, st.booleans())
+@example(  # two instances due in one wake, one woken by a wish for an entry since gone
+    script=[
+        ("event", ("request", "user", "u1", "r1", 0.0, None, None, None)),
+        ("event", ("request", "user", "u1", "r1", 0.0, None, None, None)),
+        ("event", ("feedback", "shared", "u1", "r1", 0.0, 0, None, None)),
+        ("wait", 2.0),
+        ("event", ("request", "shared", "u1", "r1", 0.0, None, None, None)),
+        ("event", ("request", "user", "u1", "r1", 0.0, None, None, None)),
+        ("wait", 7.0),
+    ],
+    stream_time=False,
+)
 def test_instances_put_to_rest_at_any_call_answer_the_same(script, stream_time):
     """Resting (packing, unpacking on the next event) is invisible: instances settled at
     every call give the outputs, states and metrics of instances never settled between

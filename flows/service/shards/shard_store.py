@@ -261,10 +261,10 @@ class ShardStore:
         deadlines."""
         out: list[Output] = []
         now = self._now()
-        woken = self.deadlines.due_times(now)
+        woken = [(self._deadline_of(key, at), key) for at, key in self.deadlines.due_times(now)]
         resting = self.resting.due(now)
         dropped: list[Entry] = []
-        for _, key in sorted(woken + resting) if resting else woken:
+        for _, key in sorted(woken + resting):
             instance = self.instances.get(key)
             if instance is None and (instance := self._woken(key, now, dropped)) is None:
                 continue
@@ -276,6 +276,13 @@ class ShardStore:
         if dropped and self.log is not None:  # as the calls write what they put to rest
             self.log.write(dropped)
         return out
+
+    def _deadline_of(self, key: str, wished: float) -> float:
+        """When a woken key is due: a live instance's own next deadline (a wake-up wished
+        earlier, for an entry since gone, would put it out of its deadlines' order)."""
+        instance = self.instances.get(key)
+        due = None if instance is None else instance.next_deadline()
+        return wished if due is None else due
 
     def _woken(
         self, key: str, now: float | None = None, dropped: list[Entry] | None = None
