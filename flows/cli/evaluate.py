@@ -47,6 +47,12 @@ def evaluate(
     registry: list[Path] = typer.Option(
         [], help="A configuration to evaluate (registry TOML); repeat to compare several."
     ),
+    served_registry: Path | None = typer.Option(
+        None,
+        help="The registry the service ran with, whose windows, aggregate and default_loss "
+        "turn the feedback into the losses it applied (default: the directory's registry, "
+        "else the first --registry).",
+    ),
     variant: list[str] = typer.Option(
         [], help="Also evaluate each registry with this variant in every experiment; repeat."
     ),
@@ -64,9 +70,10 @@ def evaluate(
     """Counterfactual evaluation of registry configurations on logged data.
 
     Reads a log written for evaluation, or what the service, tsi demo or tsi replay wrote
-    (selections joined with feedback inside the command): files, a demo directory, or
-    the Kafka topics (with --selections-topic: the service's topics as tsi run names
-    them, the events topic or else the requests and feedback topics). Every off-policy
+    (selections joined with feedback inside the command, by the served registry's
+    feedback_ttl, aggregate and default_loss): files, a demo directory, or the Kafka
+    topics (with --selections-topic: the service's topics as tsi run names them, the
+    events topic or else the requests and feedback topics). Every off-policy
     estimate shows its effective sample size (ESS); below --min-ess it says
     "insufficient data" instead of a figure.
     """
@@ -76,7 +83,7 @@ def evaluate(
 
     given = _inputs(env, log, selections, events, feedback, requests)
     try:
-        data, paths = read_inputs(given, registry)
+        data, paths = read_inputs(given, registry, served_registry)
         chosen = configurations([(str(p), Registry.load(p)) for p in paths], variant)
         result = compare(data.log, chosen, experiment, switches, level, seed, data.served, min_ess)
     except (RegistryError, EvaluationError) as exc:

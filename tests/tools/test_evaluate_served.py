@@ -40,17 +40,25 @@ def rows(path: Path) -> list[dict]:
 
 def expected_join(directory: Path) -> list[tuple]:
     """The join computed independently: each request's first selection (in file order) with
-    its first numeric feedback and its request's context, as (line, arm, prob, loss, ctx)."""
-    first_loss, contexts = {}, {}
+    its first numeric feedback stamped less than its experiment's feedback_ttl after its
+    request (the demo's experiments apply the first feedback, with no default), and its
+    request's context, as (line, arm, prob, loss, ctx)."""
+    registry = Registry.load(directory / "registry.toml")
+    ttl = {n: e.feedback_ttl for n, e in registry.experiments.items()}
+    first_loss, requests = {}, {}
     for event in rows(directory / "events.jsonl"):
         key = (event.get("experiment"), event.get("unit"), event.get("request_id"))
         loss = event.get("loss")
         if event.get("reward") is not None and loss is None:
             loss = -event["reward"]
-        if event.get("type") == "feedback" and type(loss) in (int, float):
+        if event.get("type") == "request":
+            requests.setdefault(key, (event.get("context"), event["ts"]))
+        elif (
+            event.get("type") == "feedback"
+            and type(loss) in (int, float)
+            and event["ts"] - requests[key][1] < ttl[key[0]]
+        ):
             first_loss.setdefault(key, float(loss))
-        elif event.get("type") == "request":
-            contexts.setdefault(key, event.get("context"))
     out, seen = [], set()
     for line, s in enumerate(rows(directory / "selections.jsonl"), start=1):
         key = (s["experiment"], s["unit"], s["request_id"])
@@ -58,7 +66,7 @@ def expected_join(directory: Path) -> list[tuple]:
             continue
         seen.add(key)
         if key in first_loss:
-            out.append((line, s["arm"], s["prob"], first_loss[key], contexts.get(key)))
+            out.append((line, s["arm"], s["prob"], first_loss[key], requests[key][0]))
     return out
 
 

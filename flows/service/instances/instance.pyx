@@ -208,6 +208,48 @@ cdef inline double _combined(Open entry, int aggregate) noexcept:
     return entry.combined
 
 
+cdef inline bint _past(double deadline, double now) noexcept:
+    """Whether an entry's ``deadline`` has come at ``now``: an open window whose deadline
+    is ``now`` is closed before an event at ``now`` is handled."""
+    return deadline <= now
+
+
+def aggregate_losses(str aggregate, losses) -> float:
+    """The loss applied for one window's feedback ``losses`` (in the order they came) under
+    ``aggregate`` (one of ``serving.AGGREGATES``): for ``first`` the first one (applied at
+    once; the others are ``duplicate_feedback``), else what ``expire`` applies when the
+    window ends. The rule's one body, for tools that read served logs (``tsi evaluate``).
+
+    >>> aggregate_losses("mean", [1.0, 0.0, 0.5]), aggregate_losses("max", [1, 3, 2])
+    (0.5, 3.0)
+    >>> aggregate_losses("sum", [])
+    Traceback (most recent call last):
+    ValueError: no feedback to combine under aggregate 'sum'
+    """
+    cdef int code = AGGREGATES.index(serving.aggregate(aggregate))
+    cdef Open window = Open.__new__(Open)
+    for loss in losses:
+        if code == FIRST:
+            return float(loss)
+        _collect(window, code, loss)
+    if window.collected == 0:
+        raise ValueError(f"no feedback to combine under aggregate {aggregate!r}")
+    return _combined(window, code)
+
+
+def in_window(double served_at, double at, double ttl) -> bool:
+    """Whether feedback at time ``at`` falls in the window of a selection served at
+    ``served_at`` with ``feedback_ttl`` ``ttl``: before the ticket's deadline
+    ``served_at + ttl`` (at it the window is closed and the feedback is
+    ``late_feedback``), and, for feedback that came before its request, the request
+    before the feedback's own deadline ``at + ttl`` (else ``unknown_ticket``).
+
+    >>> in_window(0.0, 599.5, 600.0), in_window(0.0, 600.0, 600.0), in_window(9.0, 5.0, 600.0)
+    (True, False, True)
+    """
+    return not _past(served_at + ttl, at) and not _past(at + ttl, served_at)
+
+
 # ------------------------------------------------------------------ outcomes
 cdef class Changes:
     """What handling an event changed, for whoever counts (the metrics): open tickets
@@ -793,13 +835,13 @@ cdef class Instance:
         while self._one is not None or self._table is not None:
             if self._table is not None:
                 due = self._deadlines.first_time()
-                if due > now:
+                if not _past(due, now):
                     break
                 _, rid = self._deadlines.pop()
                 entry = self._table.get(rid)
                 if entry is None or entry.deadline != due:
                     continue  # stale: the entry moved on or is gone
-            elif self._one.deadline <= now:
+            elif _past(self._one.deadline, now):
                 entry = self._one
             else:
                 break

@@ -23,6 +23,7 @@ are the file's, from 1. Every malformed line raises ``EvaluationError`` naming
 feedback and requests it was sent) is joined into a bandit log by ``served``.
 
 Modules: ``logs`` (reading and checking logs), ``served`` (joining the service's logs),
+``windows`` (the loss the service applied: its window, aggregate and default),
 ``inputs`` (which sources and registries a command names), ``estimators`` (IPS and
 friends), ``policy`` (replaying the configuration), ``results`` (what comes back, as JSON
 figures and Markdown), ``compare`` (several configurations on one log).

@@ -3,7 +3,11 @@ service's output files, or its Kafka topics; and which registries it evaluates.
 
 Exactly one source: ``log`` (a file, or a directory), or ``selections`` with ``events`` or
 ``feedback`` (and optionally ``requests``), or the same as topics with ``brokers``. The
-registries default to the directory's ``registry.toml``.
+registries to evaluate default to the directory's (``served.directory_registry``).
+
+A served log is joined by the rules of the **served registry**, the one the service ran
+with (``served``): ``--served-registry`` if given, else the directory's own registry (a
+``tsi demo`` or ``tsi replay`` directory), else the first ``--registry``.
 
 >>> Inputs(selections=Path("s.jsonl")).problem()
 '--selections needs --events or --feedback'
@@ -15,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.service.instances.registry import Registry
 from flows.tools.evaluation.logs import EvaluationError, Log, load_log
 from flows.tools.evaluation.served import (
-    REGISTRY_FILE,
+    Line,
     Served,
+    directory_registry,
     join_served,
     read_file_lines,
-    replay_inputs,
     served_directory,
 )
 
@@ -68,23 +73,32 @@ class Data:
     served: Served | None = None
 
 
-def read_inputs(given: Inputs, registries: list[Path]) -> tuple[Data, list[Path]]:
+def read_inputs(
+    given: Inputs, registries: list[Path], served_registry: Path | None = None
+) -> tuple[Data, list[Path]]:
     """The log and the registry files to evaluate (``EvaluationError`` naming what is
-    missing or unreadable)."""
+    missing or unreadable; ``RegistryError`` for a bad served registry). A served log is
+    joined by the rules of ``served_registry`` (see the module)."""
     problem = given.problem()
     if problem is not None:
         raise EvaluationError(problem)
     if given.log is not None and given.log.is_dir():
-        served = served_directory(given.log)
-        replayed = replay_inputs(given.log)
-        default = given.log / REGISTRY_FILE
-        if replayed is not None and replayed.get("registry"):
-            default = Path(replayed["registry"])
+        default = directory_registry(given.log)
+        served_by = served_registry or (default if default.is_file() else None)
+        served = served_directory(given.log, _served_rules(served_by, registries))
         return Data(served.log, served), registries or _existing(default)
     if given.log is not None:
         return Data(load_log(given.log)), _required(registries)
-    served = _served_files(given) if given.selections is not None else _served_topics(given)
-    return Data(served.log, served), _required(registries)
+    rules = _served_rules(served_registry, _required(registries))
+    read = _served_files if given.selections is not None else _served_topics
+    served = read(given, rules)
+    return Data(served.log, served), registries
+
+
+def _served_rules(served_registry: Path | None, registries: list[Path]) -> Registry | None:
+    """The served registry: ``served_registry``, else the first of ``registries``."""
+    path = served_registry or (registries[0] if registries else None)
+    return None if path is None else Registry.load(path)
 
 
 def _existing(path: Path) -> list[Path]:
@@ -99,25 +113,28 @@ def _required(registries: list[Path]) -> list[Path]:
     return registries
 
 
-def _served_files(given: Inputs) -> Served:
+def _served_files(given: Inputs, registry: Registry | None) -> Served:
     inputs = given.events if given.events is not None else given.feedback
     return join_served(
         read_file_lines(given.selections),
         read_file_lines(inputs),
         None if given.requests is None else read_file_lines(given.requests),
         str(given.selections),
+        registry,
     )
 
 
-def _served_topics(given: Inputs) -> Served:
-    """The join of the topics as they are now (every partition, from the start)."""
+def _served_topics(given: Inputs, registry: Registry | None) -> Served:
+    """The join of the topics as they are now (every partition, from the start), each
+    message with the time Kafka stamped it with."""
     from flows.tools.replay_input import ReplayError, kafka_range
 
-    def lines(topic: str | None) -> list[bytes] | None:
+    def lines(topic: str | None) -> list[Line] | None:
         if topic is None:
             return None
         try:
-            return [raw for raw, _ in kafka_range(given.brokers, topic, config=given.consumer)]
+            messages = kafka_range(given.brokers, topic, config=given.consumer)
+            return [(raw, origin.time) for raw, origin in messages]
         except ReplayError as exc:
             raise EvaluationError(str(exc)) from None
 
@@ -127,4 +144,5 @@ def _served_topics(given: Inputs) -> Served:
         lines(inputs),
         lines(given.requests_topic),
         f"{given.brokers}/{given.selections_topic}",
+        registry,
     )
