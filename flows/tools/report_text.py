@@ -349,8 +349,8 @@ def _holdout(h: HoldoutFigures) -> list[Block]:
         f"`{h.experiment}` serves `{h.arm}` to {h.share:.0%} of its requests, drawn at random "
         "for each request whatever the bandit has learned, to measure the bandit against. "
         f"Held out: {h.held_out:,} of its {h.requests:,} requests ({h.observed_share:.1%}); "
-        f"at a share of {h.share:.0%} that varies by ± {se:.1%} (one standard error) from "
-        f"run to run, so this is {verdict}."
+        f"at a share of {h.share:.0%} that varies by ± {100 * se:.1f} percentage points (one "
+        f"standard error) from run to run, so this is {verdict}."
     )
     rows = tuple(
         (what, f"{e.n:,}", _loss(e.value), _interval(e, _loss))
