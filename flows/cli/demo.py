@@ -12,14 +12,20 @@ from flows.cli.base import app, fail, progress_bar, write_jsonl
 @app.command()
 def demo(
     out: Path = typer.Option(Path("tsi-demo"), help="Directory for the report and the logs."),
-    requests: int = typer.Option(20_000, min=100, help="Decision requests to generate."),
+    requests: int = typer.Option(
+        20_000,
+        min=100,
+        help="Decision requests of the first three experiments; promo and signup add a "
+        "quarter as many each.",
+    ),
     seed: int = typer.Option(0, min=0, help="Seed of the traffic and of the bandits' draws."),
 ) -> None:
     """Generated traffic through the real dataflow (no Kafka), and a report with plots.
 
-    Three experiments, delayed, lost and duplicated feedback, a change of the best arm,
-    a few broken messages. The report (REPORT.md with PNGs, and REPORT.html, one file)
-    says what ran and sets the dead letters beside the faults injected.
+    Five experiments, delayed, lost and duplicated feedback, a change of the best arm,
+    a holdout, conversions as the only feedback, a few broken messages. The report
+    (REPORT.md with PNGs, and REPORT.html, one file) says what ran, compares the bandit
+    with its holdout and sets the dead letters beside the faults injected.
     """
     from flows.service.instances.registry import Registry
     from flows.tools.demo import generate, injected, run_demo, served_log
@@ -53,8 +59,11 @@ def demo(
         "The traffic: `checkout` pays in dollars (revenue as the reward) and its best arm "
         "changes at 60% of the stream; `homepage` measures seconds to the first click, and "
         "each user has a favourite layout; `push` is ignored or not, and each part of the "
-        "day (3 contexts) has its own best message. Regret uses each arm's true expected "
-        "loss at the time of the request.",
+        "day (3 contexts) has its own best message; `promo` is a banner clicked or not, "
+        "with a tenth of its requests held out on `control` to measure the bandit "
+        "against; `signup` hears only of conversions (`default_loss` turns a window "
+        "without one into a loss of 1). Regret uses each arm's true expected loss at the "
+        "time of the request.",
     ]
     title, faults = "tsi demo report", injected(loop)
     context = ReportContext(title, notes, faults, stream.truth)

@@ -49,13 +49,14 @@ class Loop:
     demo: Demo
     progress: Callable[[int], None] | None = None
     ttl: dict[str, float] = field(default_factory=dict)  # feedback_ttl of each experiment
+    defaulting: frozenset[str] = frozenset()  # the experiments with a default_loss
     waiting: list[tuple[float, int, bytes]] = field(default_factory=list)  # heap by time
     unanswered: set[int] = field(default_factory=set)  # offsets of requests in flight
     selections: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     sent: list[bytes] = field(default_factory=list)  # every message, in the order served
     now: float = 0.0
-    lost: Counter[str] = field(default_factory=Counter)  # requests never answered
+    lost: Counter[str] = field(default_factory=Counter)  # requests never answered (or converted)
     duplicated: Counter[str] = field(default_factory=Counter)  # feedback sent twice
     late: Counter[str] = field(default_factory=Counter)  # feedback after the TTL
     delayed: Counter[str] = field(default_factory=Counter)  # feedback sent (all delayed)
@@ -184,7 +185,8 @@ def run_demo(
     """Run the serving dataflow on the demo's traffic; returns everything that went by."""
     registry = registry or Registry.from_toml(registry_toml(demo.scenarios, demo.seed))
     ttl = {name: e.feedback_ttl for name, e in registry.experiments.items()}
-    loop = Loop(demo, progress, ttl)
+    defaulting = frozenset(n for n, e in registry.experiments.items() if e.default_loss is not None)
+    loop = Loop(demo, progress, ttl, defaulting)
     flow = build_flow(
         registry, loop_wiring(loop), clock=lambda: loop.now, flow_id="tsi-demo", event_time=True
     )
@@ -216,18 +218,35 @@ def injected(loop: Loop) -> Injected:
         _broken_kind(raw, demo) for raw in demo.events if _request_id(raw) not in demo.truth
     )
     faults = [Fault(what, n, (reason,)) for (what, reason), n in sorted(broken.items())]
+    lost, silent = _split(loop.lost, loop.defaulting)
+    late, late_defaulted = _split(loop.late, loop.defaulting)
     faults += [
         Fault("feedback sent twice", sum(loop.duplicated.values()), ("duplicate_feedback",)),
-        Fault("feedback never sent (lost)", sum(loop.lost.values()), ("ticket_expired",)),
+        Fault("feedback never sent (lost)", lost, ("ticket_expired",)),
         Fault(
-            "feedback later than its experiment's TTL",
-            sum(loop.late.values()),
-            ("ticket_expired", "late_feedback"),
+            "feedback later than its experiment's TTL", late, ("ticket_expired", "late_feedback")
         ),
-        Fault("feedback delayed (all of it; see the delay plot)", sum(loop.delayed.values())),
     ]
+    if loop.defaulting:  # a window without feedback ends with default_loss: no dead letter
+        faults += [
+            Fault("no feedback (no conversion) where `default_loss` is set", silent),
+            Fault(
+                "feedback later than the TTL where `default_loss` is set",
+                late_defaulted,
+                ("late_feedback",),
+            ),
+        ]
+    faults.append(
+        Fault("feedback delayed (all of it; see the delay plot)", sum(loop.delayed.values()))
+    )
     feedback = {s.name: (s.delay_mean, s.missing) for s in demo.scenarios}
     return Injected(tuple(faults), feedback)
+
+
+def _split(counts: Counter[str], defaulting: frozenset[str]) -> tuple[int, int]:
+    """(total over the experiments without a default_loss, total over those with one)."""
+    with_default = sum(n for name, n in counts.items() if name in defaulting)
+    return sum(counts.values()) - with_default, with_default
 
 
 def served_log(loop: Loop) -> ServedLog:

@@ -11,12 +11,15 @@ purpose (``Injected``), the report says what ran and shows:
 * traffic per arm over time (shared experiments), or the share of each user's best arm
   over time (per-user experiments);
 * the feedback delay distribution;
-* dead letters by reason, beside the injected faults that should have produced them.
+* dead letters by reason, beside the injected faults that should have produced them;
+* with the registry, for an experiment with a ``default_loss`` the windows closed by
+  feedback (a conversion) and by default, arm by arm, and for one with a ``holdout`` the
+  bandit's traffic against the holdout's (``report_windows``).
 
 The outputs are deterministic: the same input gives the same bytes (no time stamps, PNGs
 without varying metadata). The pieces: ``report_data`` (the stream and its figures),
-``report_text`` (the words), ``report_plots`` (the PNGs), ``report_render`` (Markdown and
-HTML).
+``report_windows`` (how each request's feedback window ended), ``report_text`` (the
+words), ``report_plots`` (the PNGs), ``report_render`` (Markdown and HTML).
 
 >>> sel = [{"experiment": "e", "unit": None, "request_id": "r1", "arm": 0, "arm_name": "a"}]
 >>> stream = ServedLog(sel, [], [], request_ts={("e", None, "r1"): 0.0})
@@ -47,7 +50,7 @@ from flows.tools.report_plots import (
     plot_regret,
 )
 from flows.tools.report_render import Block, Figure, Heading, Para, html, markdown
-from flows.tools.report_text import dead_letters, results, what_ran
+from flows.tools.report_text import dead_letters, results, what_ran, windows_and_holdouts
 
 __all__ = [
     "Fault",
@@ -137,6 +140,7 @@ def report_blocks(
     blocks: list[Block] = [Heading(title, 1), *(Para(n) for n in notes)]
     blocks += what_ran(stream, registry, injected)
     blocks += results(stream)
+    blocks += windows_and_holdouts(stream, registry)
     blocks += dead_letters(stream, injected)
     blocks.append(Heading("Plots"))
     blocks += [Figure(p, p.stem, captions.get(p.stem, "")) for p in plots]

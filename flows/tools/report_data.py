@@ -79,12 +79,30 @@ class ServedLog:
 
     def observed_losses(self, experiment: str) -> dict[Key, float]:
         """Loss of each request that got feedback (first delivery; reward = -loss)."""
-        out: dict[Key, float] = {}
+        return {k: loss_of(f) for k, f in self.first_feedback(experiment).items()}
+
+    def first_feedback(self, experiment: str) -> dict[Key, dict[str, Any]]:
+        """The first feedback delivered for each request of ``experiment``, as sent."""
+        out: dict[Key, dict[str, Any]] = {}
         for f in self.feedback:
             if f["experiment"] == experiment:
-                loss = f.get("loss", -f["reward"] if f.get("reward") is not None else None)
-                out.setdefault(_key(f), loss)
+                out.setdefault(_key(f), f)
         return out
+
+    def end(self) -> float:
+        """The time the stream reached: the latest ``ts`` of its requests and feedback."""
+        times = [*self.request_ts.values(), *(f["ts"] for f in self.feedback if "ts" in f)]
+        return max(times, default=-math.inf)
+
+
+def loss_of(feedback: dict[str, Any]) -> Any:
+    """A feedback's loss as the service reads it: ``loss``, or the negated ``reward``.
+
+    >>> loss_of({"reward": 3.0}), loss_of({"loss": 0.5})
+    (-3.0, 0.5)
+    """
+    reward = feedback.get("reward")
+    return feedback.get("loss", -reward if reward is not None else None)
 
 
 def log_events(

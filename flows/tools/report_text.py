@@ -1,7 +1,8 @@
 """The words of a report: what ran, the summary table and how to read it, the dead letters
-beside the faults put in on purpose, and a caption for each plot. Every sentence is
-computed from the stream (and the registry and the injected faults, when given); one
-that explains a number appears only when it applies.
+beside the faults put in on purpose, how feedback windows ended and the bandit against
+its holdout, and a caption for each plot. Every sentence is computed from the stream (and
+the registry and the injected faults, when given); one that explains a number appears only
+when it applies.
 
 >>> from flows.tools.report_data import ServedLog
 >>> sel = [{"experiment": "e", "unit": None, "request_id": "r1", "arm": 0, "arm_name": "a"}]
@@ -12,6 +13,7 @@ False
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,14 @@ from flows.tools.report_data import (
     why_best_arm_varies,
 )
 from flows.tools.report_render import Block, Bullets, Heading, Para, Table
+from flows.tools.report_windows import (
+    DEFAULTED,
+    FEEDBACK,
+    OPEN,
+    HoldoutFigures,
+    arm_windows,
+    holdout_figures,
+)
 from tsi_core.variant import DEFAULT_VARIANT
 
 
@@ -63,6 +73,7 @@ def describe(
             _competition(experiment.competition.to_dict()),
             f"algorithm variant `{experiment.variant}`{default}",
             f"feedback TTL {experiment.feedback_ttl:,g} s",
+            *_serving(experiment),
         ]
     s = summarise(stream, name)
     answered = s.with_feedback / s.requests if s.requests else 0.0
@@ -72,8 +83,25 @@ def describe(
         feedback += f" after a median {np.median(delays):,.0f} s"
     if injected is not None and name in injected.feedback:
         delay, lost = injected.feedback[name]
-        feedback += f" (generated: mean delay {delay:,g} s, {lost:.0%} never answered)"
+        feedback += f" (generated: mean delay {delay:,g} s, {lost:.0%} of the feedback lost)"
     return "; ".join([*parts, feedback]) + "."
+
+
+def _serving(experiment: Any) -> list[str]:
+    """The serving settings an experiment sets (``default_loss``, ``min_share``,
+    ``holdout``), each in words."""
+    parts = []
+    if experiment.default_loss is not None:
+        parts.append(
+            f"`default_loss` {experiment.default_loss:g}: a window that ends without feedback "
+            "counts as that loss"
+        )
+    if experiment.min_share > 0:
+        parts.append(f"every arm served at least {experiment.min_share:.0%} (`min_share`)")
+    if experiment.holdout is not None:
+        arm, share = experiment.holdout
+        parts.append(f"{share:.0%} of the requests held out on `{arm}` (`holdout`)")
+    return parts
 
 
 def what_ran(stream: ServedLog, registry: Any = None, injected: Injected | None = None) -> list:
@@ -219,3 +247,179 @@ def _why_counts_differ(reasons: list[str]) -> str:
         "later than its ticket is a `late_feedback` only within the retry window; anything "
         "else is a dead letter nobody put in on purpose."
     )
+
+
+def windows_and_holdouts(stream: ServedLog, registry: Any = None) -> list[Block]:
+    """For each served experiment with a ``default_loss``, how its windows ended, arm by
+    arm; for each with a ``holdout``, the bandit against its holdout. Nothing without a
+    registry (the settings are not known) or without such an experiment."""
+    if registry is None:
+        return []
+    names = [n for n in stream.experiments() if n in registry.experiments]
+    blocks: list[Block] = []
+    for name in names:
+        experiment = registry.experiments[name]
+        if experiment.default_loss is None and experiment.holdout is None:
+            continue
+        if experiment.aggregate != "first":
+            blocks.append(Para(_combined(name, experiment.aggregate)))
+            continue
+        if experiment.default_loss is not None:
+            blocks += _windows(stream, experiment)
+        if experiment.holdout is not None:
+            blocks += _holdout(holdout_figures(stream, experiment))
+    return [Heading("Conversions and holdouts"), *blocks] if blocks else []
+
+
+def _combined(name: str, aggregate: str) -> str:
+    return (
+        f'`{name}` combines the feedback of each window (`aggregate = "{aggregate}"`): '
+        "its windows and holdout are not shown here (the report reads the first feedback "
+        "only); `tsi evaluate` compares its holdout with its bandit."
+    )
+
+
+def _windows(stream: ServedLog, experiment: Any) -> list[Block]:
+    """How the windows of an experiment with a ``default_loss`` ended, arm by arm."""
+    name, default = experiment.name, experiment.default_loss
+    arms = arm_windows(stream, experiment)
+    total = {how: sum(a.ended[how] for a in arms) for how in (FEEDBACK, DEFAULTED, OPEN)}
+    requests = sum(a.requests for a in arms)
+    closed = total[FEEDBACK] + total[DEFAULTED]
+    rows = tuple(
+        (
+            f"`{a.arm}`",
+            f"{a.requests:,}",
+            f"{a.requests / requests:.1%}",
+            f"{a.ended[FEEDBACK]:,}",
+            f"{a.ended[DEFAULTED]:,}",
+            f"{a.ended[OPEN]:,}",
+            _pct(a.rate.value),
+            _interval(a.rate, _pct, (0.0, 1.0)),
+        )
+        for a in arms
+    )
+    header = (
+        "Arm",
+        "Requests",
+        "Share of requests",
+        "Closed by feedback",
+        "Closed by default",
+        "Still open at the end",
+        "Feedback rate",
+        "95% interval",
+    )
+    top = max(arms, key=lambda a: a.requests)
+    text = (
+        f"`{name}` learns from every decision, not only from those that got feedback: a "
+        f"window of {experiment.feedback_ttl:,g} s that ends without feedback counts as a "
+        f"loss of {default:g} (`default_loss`). Where an application reports conversions "
+        "only, feedback *is* a conversion, and the feedback rate below is the conversion "
+        f"rate. Of its {requests:,} requests, {total[FEEDBACK]:,} windows closed with "
+        f"feedback and {total[DEFAULTED]:,} by default (the service counts these as "
+        f"`defaulted`, not as dead letters); {total[OPEN]:,} were still open when the "
+        "stream ended. Without `default_loss` those windows would expire unapplied "
+        "(`ticket_expired`) and the bandit would learn from the feedback alone: if every "
+        "feedback is a conversion, every loss it sees is the same and it cannot tell the "
+        "arms apart."
+    )
+    share = (
+        f"The bandit sent most of the traffic to `{top.arm}` ({top.requests / requests:.0%} "
+        f"of the requests), whose feedback rate was {_pct(top.rate.value)} against "
+        f"{_pct(total[FEEDBACK] / closed if closed else math.nan)} over all arms."
+    )
+    return [
+        Heading(f"`{name}`: windows closed by feedback and by default", 3),
+        Para(text),
+        Table(header, rows),
+        Para(share),
+    ]
+
+
+def _holdout(h: HoldoutFigures) -> list[Block]:
+    """The bandit against its holdout, in words a product team reads."""
+    c, se = h.comparison, h.share_stderr
+    z = (h.observed_share - h.share) / se
+    verdict = (
+        "the configured share, within sampling error"
+        if abs(z) <= 2
+        else f"{abs(z):.1f} standard errors from the configured share"
+    )
+    share = (
+        f"`{h.experiment}` serves `{h.arm}` to {h.share:.0%} of its requests, drawn at random "
+        "for each request whatever the bandit has learned, to measure the bandit against. "
+        f"Held out: {h.held_out:,} of its {h.requests:,} requests ({h.observed_share:.1%}); "
+        f"at a share of {h.share:.0%} that varies by ± {100 * se:.1f} percentage points (one "
+        f"standard error) from run to run, so this is {verdict}."
+    )
+    rows = tuple(
+        (what, f"{e.n:,}", _loss(e.value), _interval(e, _loss))
+        for what, e in (
+            (f"held out on `{h.arm}`", c.holdout),
+            ("served by the bandit", c.bandit),
+        )
+    )
+    rows += (("bandit − holdout", "", _loss(c.difference.value), _interval(c.difference, _loss)),)
+    header = ("Requests", "With an outcome", "Mean loss", f"{c.holdout.level:.0%} interval")
+    left_out = (
+        f" {h.unknown:,} of them have no outcome (no feedback within the window and no "
+        "`default_loss`, or still open at the end) and are left out."
+        if h.unknown
+        else ""
+    )
+    others = ", ".join(f"{n:,} by `{why}`" for why, n in h.others.items())
+    others = f" Requests served otherwise ({others}) are in neither group." if others else ""
+    notes = (
+        "Each mean is the loss the requests of that group got as served (lower is better, "
+        f"in `{h.experiment}`'s own units). The holdout is drawn at random, so the two "
+        f"groups are alike but for what served them.{left_out}{others}"
+    )
+    return [
+        Heading(f"`{h.experiment}`: the bandit against its holdout", 3),
+        Para(share),
+        Table(header, rows),
+        Para(_difference(h)),
+        Para(notes),
+    ]
+
+
+def _difference(h: HoldoutFigures) -> str:
+    """What the difference bandit − holdout says, in words."""
+    d, level = h.comparison.difference, f"{h.comparison.difference.level:.0%}"
+    if math.isnan(d.value) or not math.isfinite(d.stderr):
+        return "Too few requests with an outcome in one of the groups to compare them yet."
+    if d.high < 0:
+        return (
+            f"Per request, the bandit's traffic lost {-d.value:.3f} less than the holdout's "
+            f"({level} interval: {-d.high:.3f} to {-d.low:.3f} less): serving "
+            f"`{h.experiment}` with the bandit does better than serving `{h.arm}` to everyone."
+        )
+    if d.low > 0:
+        return (
+            f"Per request, the bandit's traffic lost {d.value:.3f} more than the holdout's "
+            f"({level} interval: {d.low:.3f} to {d.high:.3f} more): so far the bandit does "
+            f"worse than serving `{h.arm}` to everyone."
+        )
+    return (
+        f"The difference, {d.value:+.3f} per request ({level} interval {d.low:+.3f} to "
+        f"{d.high:+.3f}), includes 0: the bandit cannot be told from serving `{h.arm}` to "
+        "everyone yet; more requests narrow the interval."
+    )
+
+
+def _pct(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:.1%}"
+
+
+def _loss(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:.3f}"
+
+
+def _interval(e: Any, fmt: Any, within: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """``[low, high]`` of an estimate, each written by ``fmt`` and kept ``within`` the
+    values it can take (a rate's normal interval can reach below 0); a dash when
+    unbounded."""
+    if not (math.isfinite(e.low) and math.isfinite(e.high)):
+        return "–"
+    low, high = max(e.low, within[0]), min(e.high, within[1])
+    return f"[{fmt(low)}, {fmt(high)}]"

@@ -3,6 +3,7 @@ beside the dead letters, counts on the bars, the per-user share of the best arm,
 bytes for the same input, and an HTML page that a browser renders from disk."""
 
 import base64
+import functools
 import re
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from flows.service.instances.registry import Registry
 from flows.tools.demo import injected, run_demo, served_log
@@ -19,7 +21,7 @@ from flows.tools.report import Injected, ServedLog, summarise, write_report
 from flows.tools.report_data import windowed
 from flows.tools.report_plots import allocation_figure, allocation_panels, dead_letters_figure
 from flows.tools.report_render import png_size
-from flows.tools.traffic import generate, registry_toml
+from flows.tools.traffic import SCENARIOS, generate, registry_toml
 
 SEED = 4
 PLOTS = ("regret", "allocation", "feedback_delays", "dead_letters")
@@ -58,13 +60,25 @@ def test_the_injected_fault_counts_are_what_the_demo_sent(demo):
     for e in feedback:
         first.setdefault(e["request_id"], e["ts"])
     served = {s["request_id"] for s in loop.selections}
-    late = sum(
-        1 for rid, ts in first.items() if ts - truth[rid][1] > registry[truth[rid][0]].feedback_ttl
-    )
+    defaulting = {n for n, e in registry.experiments.items() if e.default_loss is not None}
+    late = {
+        rid
+        for rid, ts in first.items()
+        if ts - truth[rid][1] > registry[truth[rid][0]].feedback_ttl
+    }
     broken = [raw for raw in loop.demo.events if not _ids(raw, truth)]
-    assert _fault(faults, "feedback never sent (lost)") == len(served - set(answered))
+    # where default_loss is set a window without feedback ends with it: no dead letter
+    silent = {rid for rid in served - set(answered) if truth[rid][0] in defaulting}
+    assert defaulting == {"signup"} and len(silent) > 100
+    assert _fault(faults, "feedback never sent (lost)") == len(served - set(answered) - silent)
+    assert _fault(faults, "no feedback (no conversion) where `default_loss` is set") == len(silent)
+    late_defaulted = {rid for rid in late if truth[rid][0] in defaulting}
+    assert _fault(faults, "feedback later than the TTL where `default_loss` is set") == len(
+        late_defaulted
+    )
+    late = late - late_defaulted
     assert _fault(faults, "feedback sent twice") == sum(n - 1 for n in answered.values())
-    assert _fault(faults, "feedback later than its experiment's TTL") == late
+    assert _fault(faults, "feedback later than its experiment's TTL") == len(late)
     assert _fault(faults, "feedback delayed (all of it; see the delay plot)") == len(feedback)
     assert sum(f.count for f in faults.faults if f.what.startswith("broken")) == len(broken) == 4
     # what the service dead-letters for broken messages and duplicates is exactly that
@@ -257,3 +271,153 @@ def test_lines_the_service_refuses_do_not_reach_the_report(line, tmp_path):
     assert request_ts == {("a", None, "ok"): 1} and feedback == []
     sel = [{"experiment": "a", "unit": None, "request_id": "ok", "arm": 0, "arm_name": "x"}]
     assert write_report(ServedLog(sel, feedback, [], request_ts), tmp_path, "t", []).is_file()
+
+
+# The demo's conversion experiment (signup: feedback only for a conversion, default_loss)
+# and its holdout (promo: 10% held out on control).
+
+SIGNUP = tuple(s for s in SCENARIOS if s.name == "signup")
+
+
+def test_the_new_experiments_run_and_their_sections_are_in_the_report(demo):
+    loop, _, _, _, out = demo
+    served = Counter(s["experiment"] for s in loop.selections)
+    assert served["promo"] == served["signup"] == 750  # 25% of 3,000 each, on top
+    assert sum(served[n] for n in ("checkout", "homepage", "push")) == 3000
+    for page, code in (("REPORT.md", "`{}`"), ("REPORT.html", "<code>{}</code>")):
+        text = (out / page).read_text()
+        assert code.format("promo") + ": the bandit against its holdout" in text
+        assert code.format("signup") + ": windows closed by feedback and by default" in text
+        assert "held out on " + code.format("control") in text
+
+
+def test_adding_experiments_changes_no_other_experiments_traffic_or_selections():
+    """The new experiments draw from generators of their own: the first three get the
+    stream a seed always gave them, and the service serves them the same."""
+    old = SCENARIOS[:3]
+    assert [s.name for s in old] == ["checkout", "homepage", "push"]
+    before, after = generate(1500, seed=SEED, scenarios=old), generate(1500, seed=SEED)
+    names = {s.name for s in old}
+    assert [e for e in after.events if _json(e).get("experiment") not in {"promo", "signup"}] == (
+        before.events
+    )
+    runs = [
+        run_demo(d, Registry.from_toml(registry_toml(d.scenarios, SEED))) for d in (before, after)
+    ]
+    ours = [[s for s in r.selections if s["experiment"] in names] for r in runs]
+    assert ours[0] == ours[1] and len(ours[0]) == 1500
+    sent = [[_json(e) for e in r.sent if _json(e).get("experiment") in names] for r in runs]
+    assert sent[0] == sent[1]  # the same feedback, at the same times
+
+
+def _count(name: str, **labels: str) -> float:
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def test_the_reports_windows_and_holdout_are_those_of_the_run(tmp_path):
+    """Computed again from the run's selections, the feedback it sent and the registry,
+    and the defaulted windows against the service's own count of them."""
+    registry = Registry.from_toml(registry_toml(seed=SEED))
+    counted = functools.partial(_count, "tsi_feedback_total", experiment="signup")
+    before = counted(outcome="defaulted")
+    loop = run_demo(generate(n_requests=3000, seed=SEED), registry)
+    defaulted_by_service = counted(outcome="defaulted") - before
+    write_report(served_log(loop), tmp_path, "t", [], registry=registry, injected=injected(loop))
+    report = (tmp_path / "REPORT.md").read_text()
+    truth, end = loop.demo.truth, loop.now
+    first: dict[str, dict] = {}
+    for e in map(_json, loop.sent):
+        if e.get("type") == "feedback" and e.get("request_id") in truth:
+            first.setdefault(e["request_id"], e)
+
+    def ended(s: dict) -> tuple[str, float | None]:
+        _, ts, _ = truth[s["request_id"]]
+        deadline = ts + registry[s["experiment"]].feedback_ttl
+        f = first.get(s["request_id"])
+        if f is not None and f["ts"] < deadline:
+            return "feedback", f.get("loss", -f.get("reward", 0.0))
+        if deadline > end:
+            return "open", None
+        default = registry[s["experiment"]].default_loss
+        return ("defaulted", default) if default is not None else ("expired", None)
+
+    signup = [s for s in loop.selections if s["experiment"] == "signup"]
+    how = Counter((s["arm_name"], ended(s)[0]) for s in signup)
+    assert sum(n for (_, h), n in how.items() if h == "defaulted") == defaulted_by_service > 300
+    for arm in registry["signup"].arms:
+        n = sum(v for (a, _), v in how.items() if a == arm)
+        fb, dflt, still = (how[(arm, h)] for h in ("feedback", "defaulted", "open"))
+        row = f"| `{arm}` | {n:,} | {n / len(signup):.1%} | {fb:,} | {dflt:,} | {still:,} | "
+        assert row + f"{fb / (fb + dflt):.1%} |" in report, row
+    # promo: the holdout's share and the two groups' mean losses as the report gives them
+    promo = [s for s in loop.selections if s["experiment"] == "promo"]
+    held = sum(s["why"] == "holdout" for s in promo)
+    assert f"Held out: {held:,} of its {len(promo):,} requests ({held / len(promo):.1%})" in report
+    groups, unknown = {}, 0
+    for why in ("holdout", "bandit"):
+        losses = [ended(s)[1] for s in promo if s["why"] == why]
+        known = np.array([x for x in losses if x is not None])
+        groups[why] = (known.mean(), known.var(ddof=1) / len(known))
+        unknown += len(losses) - len(known)
+    assert unknown > 0  # some feedback of promo is lost (2%): those have no outcome
+    assert f" {unknown:,} of them have no outcome" in report
+    for label, (mean, var) in (
+        ("held out on `control`", groups["holdout"]),
+        ("served by the bandit", groups["bandit"]),
+    ):
+        half = 1.959964 * np.sqrt(var)
+        assert f"| {label} | " in report
+        assert f"| {mean:.3f} | [{mean - half:.3f}, {mean + half:.3f}] |" in report
+    diff = groups["bandit"][0] - groups["holdout"][0]
+    half = 1.959964 * np.sqrt(groups["bandit"][1] + groups["holdout"][1])
+    assert (
+        f"| bandit − holdout |  | {diff:.3f} | [{diff - half:.3f}, {diff + half:.3f}] |" in report
+    )
+
+
+def test_the_holdout_gets_its_share_within_sampling_error():
+    """10% of promo's requests, drawn per request: over 5,000 requests the share served
+    by the holdout is within 3 standard errors of 0.1, each held-out request gets control,
+    and its logged prob is at least the share plus the floor of the rest."""
+    promo = tuple(s for s in SCENARIOS if s.name == "promo")
+    for seed in (0, SEED):
+        loop = run_demo(
+            generate(20_000, seed=seed, scenarios=promo),
+            Registry.from_toml(registry_toml(promo, seed)),
+        )
+        held = [s for s in loop.selections if s["why"] == "holdout"]
+        n = len(loop.selections)
+        assert n == 5000
+        assert abs(len(held) / n - 0.1) < 3 * np.sqrt(0.1 * 0.9 / n), (seed, len(held))
+        assert {s["arm_name"] for s in held} == {"control"}
+        assert min(s["prob"] for s in held) >= 0.1 + 0.9 * 0.02 - 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, SEED])
+def test_default_loss_is_what_lets_the_conversion_experiment_find_its_best_arm(seed):
+    """Feedback only for conversions: with default_loss the best flow (social, 16%) gets
+    the most traffic by the last fifth; without it every loss seen is 0, the
+    probabilities never leave uniform and the traffic stays spread evenly."""
+    shares = {}
+    for with_default in (True, False):
+        toml = registry_toml(SIGNUP, seed)
+        if not with_default:
+            toml = toml.replace("default_loss = 1.0\n", "")
+        registry = Registry.from_toml(toml)
+        assert (registry["signup"].default_loss is not None) == with_default
+        loop = run_demo(generate(20_000, seed=seed, scenarios=SIGNUP), registry)
+        served = sorted(loop.selections, key=lambda s: s["request_id"])
+        arms = np.array([s["arm"] for s in served])
+        assert len(arms) == 5000
+        shares[with_default] = np.bincount(arms[4000:], minlength=4) / 1000
+        probs = np.array([s["prob"] for s in served])
+        if not with_default:
+            assert np.allclose(probs, 0.25, atol=1e-12)
+    best = int(np.argmin(SIGNUP[0].means))
+    assert SIGNUP[0].arms[best] == "social"
+    assert shares[True].argmax() == best and shares[True][best] > 0.8, shares
+    assert shares[False].max() < 0.35, shares
