@@ -3,8 +3,9 @@ figures a report shows from that: per arm, the windows closed by feedback and by
 ``default_loss``; for an experiment with a ``holdout``, the holdout's share of the traffic
 and its outcome against the bandit's (``HoldoutComparison``, the evaluation's own).
 
-The service's rule on event time (``Instance.expire``): a request served at ``ts`` has its
-window until ``ts + feedback_ttl``. The first feedback delivered before that closes it with
+The service's rule on event time (``Instance.expire``; ``instance.in_window``, its one
+body, decides here too): a request served at ``ts`` has its window until
+``ts + feedback_ttl``. The first feedback delivered before that closes it with
 its loss; else, once the stream reaches the window's end, it closes with the experiment's
 ``default_loss`` (``defaulted``) or, without one, expires unapplied (``ticket_expired``);
 a window whose end the stream never reached is still open. Only the first feedback counts
@@ -30,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from flows.service.instances.instance import in_window
 from flows.tools.evaluation.estimators import Estimate, mean_estimate
 from flows.tools.evaluation.results import HoldoutComparison
 from flows.tools.report_data import ServedLog, _key, loss_of
@@ -59,12 +61,13 @@ def outcomes(stream: ServedLog, experiment: Any) -> list[Outcome]:
     first = stream.first_feedback(experiment.name)
     end = stream.end()
     out = []
+    ttl = experiment.feedback_ttl
     for s in stream.served(experiment.name):
-        deadline = stream.request_ts[_key(s)] + experiment.feedback_ttl
+        served_at = stream.request_ts[_key(s)]
         f = first.get(_key(s))
-        if f is not None and f["ts"] < deadline:
+        if f is not None and in_window(served_at, f["ts"], ttl):
             out.append(Outcome(s, FEEDBACK, float(loss_of(f))))
-        elif deadline > end:
+        elif in_window(served_at, end, ttl):
             out.append(Outcome(s, OPEN, None))
         elif experiment.default_loss is not None:
             out.append(Outcome(s, DEFAULTED, experiment.default_loss))
