@@ -38,10 +38,10 @@ log = logging.getLogger(__name__)
 #: The consumer's settings before the user's ``[kafka.consumer]`` (which win). Tuned for
 #: the latency of one answer, not for throughput:
 CONSUMER_TUNING: dict[str, Any] = {
-    # the broker answers a fetch that found nothing after this long (librdkafka's default
-    # is 500 ms): an answer that lands just after such a fetch started otherwise waits for
-    # it, the recurring half-second maximum a stock consumer shows. The cost: an idle
-    # client sends a fetch per broker every few milliseconds.
+    # the longest a fetch may wait at the broker for data: librdkafka's default is half a
+    # second, the size of the recurring maximum a stock consumer showed (issue 42); kept
+    # short, no answer can wait behind a fetch the broker holds. The cost: an idle client
+    # sends a fetch per broker this often.
     "fetch.wait.max.ms": 5,
     "fetch.min.bytes": 1,
     # refetch at once after a fetch returned (librdkafka waits up to 1 s when its queue is
@@ -57,8 +57,8 @@ CONSUMER_TUNING: dict[str, Any] = {
 
 #: The producer's settings before the user's ``[kafka.producer]`` (which win).
 PRODUCER_TUNING: dict[str, Any] = {
-    # a request goes out at once, not batched with the next (librdkafka's default waits
-    # 5 ms for more)
+    # a request goes out at once, not held back to batch it with the next (librdkafka's
+    # default holds it a few milliseconds)
     "linger.ms": 0,
     # a message is accepted once every in-sync replica has it, and retries cannot
     # duplicate or reorder it: nothing the broker acknowledged is lost
