@@ -12,7 +12,17 @@ the whole traceback instead.
 import os
 import sys
 
-from flows.cli import demo, evaluate, inspect, replay, run, simulate, state, topics  # noqa: F401
+from flows.cli import (  # noqa: F401
+    demo,
+    evaluate,
+    inspect,
+    replay,
+    run,
+    serve,
+    simulate,
+    state,
+    topics,
+)
 from flows.cli.base import app
 
 __all__ = ["app", "main"]

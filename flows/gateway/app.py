@@ -1,0 +1,152 @@
+"""The HTTP gateway: ``POST /v1/decide`` and ``POST /v1/feedback`` over an
+``AsyncDecider``, ``GET /openapi.json``, ``GET /healthz``.
+
+Starlette on uvicorn: an ASGI stack (uvicorn's event loop and HTTP parser are the fast ones
+of Python's servers, Starlette a thin router), both well kept. A bad body is a 400 naming
+the field, no answer in time a 504, Kafka away a 503; each error body is
+``{"error": ..., "detail": ...}`` (and ``request_id`` when there is one). The client
+connects at start and again on the next call when the brokers were away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from flows.client import (
+    AsyncDecider,
+    BadRequestError,
+    ClientSettings,
+    DeadLetterError,
+    DecisionTimeoutError,
+    KafkaUnavailableError,
+)
+from flows.gateway.openapi import (
+    DECIDE_FIELDS,
+    DECIDE_REQUIRED,
+    FEEDBACK_FIELDS,
+    FEEDBACK_REQUIRED,
+    openapi,
+)
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def reply(status: int, body: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(body), status, media_type="application/json")
+
+
+class Gateway:
+    """The routes over one ``AsyncDecider``, built when the brokers answer."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+        self._decider: AsyncDecider | None = None
+        self._connecting = asyncio.Lock()
+
+    async def decider(self) -> AsyncDecider:
+        """The connected client (``KafkaUnavailableError`` while the brokers are away)."""
+        async with self._connecting:
+            if self._decider is None:
+                loop = asyncio.get_running_loop()
+                self._decider = await loop.run_in_executor(None, AsyncDecider, self.settings)
+            return self._decider
+
+    async def close(self) -> None:
+        if self._decider is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._decider.close)
+
+    async def decide(self, request: Request) -> Response:
+        body = await _body(request, DECIDE_FIELDS, DECIDE_REQUIRED)
+        decider = await self.decider()
+        decision = await decider.decide(**body)
+        return reply(200, decision.__dict__)
+
+    async def feedback(self, request: Request) -> Response:
+        body = await _body(request, FEEDBACK_FIELDS, FEEDBACK_REQUIRED)
+        decider = await self.decider()
+        await decider.feedback(**body)
+        return reply(202, {"accepted": True, "request_id": body["request_id"]})
+
+    async def healthz(self, _request: Request) -> Response:
+        return reply(200, {"status": "ok", "connected": self._decider is not None})
+
+    async def spec(self, _request: Request) -> Response:
+        return reply(200, openapi())
+
+
+async def _body(
+    request: Request, known: dict[str, Any], required: tuple[str, ...]
+) -> dict[str, Any]:
+    """The JSON object of a request, its fields among ``known``, the ``required`` ones
+    there (else ``BadRequestError`` naming one: a 400)."""
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError("malformed_json", f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("wrong_type", f"the body must be a JSON object, got {body!r}")
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise BadRequestError(
+            "unknown_field", f"field {unknown[0]!r} is unknown (known: {', '.join(known)})"
+        )
+    missing = [field for field in required if field not in body]
+    if missing:
+        raise BadRequestError("missing_field", f"field {missing[0]!r} is required")
+    timeout = body.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise BadRequestError("bad_value", f"timeout must be a number above 0, got {timeout!r}")
+    return body
+
+
+def _answering(handler: Handler) -> Handler:
+    """``handler`` with the client's errors as HTTP answers."""
+
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except BadRequestError as exc:
+            return reply(400, {"error": exc.reason, "detail": exc.detail})
+        except DeadLetterError as exc:
+            body = {"error": exc.reason, "detail": exc.detail, "request_id": exc.request_id}
+            return reply(422, body)
+        except DecisionTimeoutError as exc:
+            detail = f"no answer within {exc.seconds:g} s: serve a fallback, send no feedback"
+            return reply(504, {"error": "timeout", "detail": detail, "request_id": exc.request_id})
+        except KafkaUnavailableError as exc:
+            return reply(503, {"error": "kafka_unavailable", "detail": str(exc)})
+
+    return answer
+
+
+def gateway(settings: ClientSettings) -> Starlette:
+    """The ASGI application of ``tsi serve``."""
+    routes = Gateway(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        with contextlib.suppress(KafkaUnavailableError):  # 503s until the brokers answer
+            await routes.decider()
+        yield
+        await routes.close()
+
+    return Starlette(
+        routes=[
+            Route("/v1/decide", _answering(routes.decide), methods=["POST"]),
+            Route("/v1/feedback", _answering(routes.feedback), methods=["POST"]),
+            Route("/healthz", routes.healthz, methods=["GET"]),
+            Route("/openapi.json", routes.spec, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
