@@ -1,6 +1,7 @@
 """``tsi evaluate`` on what the product writes: a demo directory, the service's output
 files, its Kafka topics; several configurations side by side; clear errors otherwise."""
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +42,14 @@ def rows(path: Path) -> list[dict]:
 def expected_join(directory: Path) -> list[tuple]:
     """The join computed independently: each request's first selection (in file order) with
     its first numeric feedback stamped less than its experiment's feedback_ttl after its
-    request (the demo's experiments apply the first feedback, with no default), and its
-    request's context, as (line, arm, prob, loss, ctx)."""
+    request (the demo's experiments apply the first feedback), and its request's context,
+    as (line, arm, prob, loss, ctx). In an experiment with a ``default_loss`` a request
+    whose window had ended by the newest time of the stream gets its feedback's loss or
+    the default, and one whose window was still open is left out."""
     registry = Registry.load(directory / "registry.toml")
     ttl = {n: e.feedback_ttl for n, e in registry.experiments.items()}
-    first_loss, requests = {}, {}
+    default = {n: e.default_loss for n, e in registry.experiments.items()}
+    first_loss, requests, end = {}, {}, -math.inf
     for event in rows(directory / "events.jsonl"):
         key = (event.get("experiment"), event.get("unit"), event.get("request_id"))
         loss = event.get("loss")
@@ -53,20 +57,28 @@ def expected_join(directory: Path) -> list[tuple]:
             loss = -event["reward"]
         if event.get("type") == "request":
             requests.setdefault(key, (event.get("context"), event["ts"]))
+            end = max(end, event["ts"])
         elif (
             event.get("type") == "feedback"
             and type(loss) in (int, float)
             and event["ts"] - requests[key][1] < ttl[key[0]]
         ):
             first_loss.setdefault(key, float(loss))
+        if event.get("type") == "feedback" and type(loss) in (int, float):
+            end = max(end, event["ts"])
     out, seen = [], set()
     for line, s in enumerate(rows(directory / "selections.jsonl"), start=1):
         key = (s["experiment"], s["unit"], s["request_id"])
         if key in seen:
             continue
         seen.add(key)
-        if key in first_loss:
-            out.append((line, s["arm"], s["prob"], first_loss[key], requests[key][0]))
+        context, at = requests[key]
+        if default[key[0]] is not None:
+            if at + ttl[key[0]] <= end:
+                loss = first_loss.get(key, default[key[0]])
+                out.append((line, s["arm"], s["prob"], loss, context))
+        elif key in first_loss:
+            out.append((line, s["arm"], s["prob"], first_loss[key], context))
     return out
 
 
