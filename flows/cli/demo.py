@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from flows.cli.base import app, fail, progress_bar, write_jsonl
+
+if TYPE_CHECKING:  # imported where the command runs: `tsi --help` stays quick
+    from flows.tools.demo import Loop
+    from flows.tools.report_data import ServedLog
 
 
 @app.command()
@@ -45,12 +50,33 @@ def demo(
         task = bar.add_task("serving", total=len(traffic.events))
         loop = run_demo(traffic, registry, progress=lambda n: bar.advance(task, n))
     stream = served_log(loop)
+    _write_logs(out, loop, stream)
+    notes = _notes(requests, traffic.span, seed)
+    title, faults = "tsi demo report", injected(loop)
+    context = ReportContext(title, notes, faults, stream.truth)
+    try:
+        save_context(out / CONTEXT_FILE, context)
+    except OSError as exc:
+        fail("demo", f"cannot write to {out}: {exc.strerror}")
+    report = write_report(stream, out, title, notes, registry=registry, injected=faults)
+    typer.echo(
+        f"{len(loop.selections):,} selections, {len(stream.feedback):,} feedback events, "
+        f"{len(loop.dead_letters):,} dead letters; report: {report} (and REPORT.html)"
+    )
+
+
+def _write_logs(out: Path, loop: Loop, stream: ServedLog) -> None:
+    """The stream as served and what came out of it, as JSON Lines under ``out``."""
     (out / "events.jsonl").write_bytes(b"".join(raw + b"\n" for raw in loop.sent))
     write_jsonl(out / "selections.jsonl", loop.selections)
     write_jsonl(out / "dead_letters.jsonl", loop.dead_letters)
     write_jsonl(out / "feedback.jsonl", stream.feedback)
-    notes = [
-        f"{requests:,} requests over {traffic.span / 3600:g} h of simulated time, seed {seed}; "
+
+
+def _notes(requests: int, span: float, seed: int) -> list[str]:
+    """The report's notes: what ran, where its files are, what the traffic is."""
+    return [
+        f"{requests:,} requests over {span / 3600:g} h of simulated time, seed {seed}; "
         "registry in `registry.toml`; the stream as served in `events.jsonl` (`tsi replay "
         "--events` reproduces the selections from it); outputs in `selections.jsonl`, "
         "`feedback.jsonl`, `dead_letters.jsonl`. The same page with its plots inline: "
@@ -65,14 +91,3 @@ def demo(
         "without one into a loss of 1). Regret uses each arm's true expected loss at the "
         "time of the request.",
     ]
-    title, faults = "tsi demo report", injected(loop)
-    context = ReportContext(title, notes, faults, stream.truth)
-    try:
-        save_context(out / CONTEXT_FILE, context)
-    except OSError as exc:
-        fail("demo", f"cannot write to {out}: {exc.strerror}")
-    report = write_report(stream, out, title, notes, registry=registry, injected=faults)
-    typer.echo(
-        f"{len(loop.selections):,} selections, {len(stream.feedback):,} feedback events, "
-        f"{len(loop.dead_letters):,} dead letters; report: {report} (and REPORT.html)"
-    )

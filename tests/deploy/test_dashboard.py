@@ -149,7 +149,10 @@ def test_kustomize_ships_the_dashboard_as_a_config_map():
     assert [(GRAFANA / f).resolve() for f in generator["files"]] == [DASHBOARD]
     assert generator["options"]["labels"] == {"grafana_dashboard": "1"}
     if which("kubectl") is None:
-        pytest.skip("kubectl not installed: the rendered manifests are not checked")
+        pytest.fail(
+            "kubectl is not installed: install it (https://kubernetes.io/docs/tasks/tools/) "
+            "to check the manifests `kubectl kustomize deploy/k8s` renders"
+        )
     rendered = subprocess.run(
         ["kubectl", "kustomize", str(k8s)], check=True, capture_output=True, text=True
     ).stdout

@@ -375,14 +375,10 @@ def kafka_messages(
     Kafka's errors, their ``kafka_error`` dead letters. ``seeded``:
     where partitions without resume state start (``"step id/partition": offset``).
 
-    Defaults added over Bytewax's (`SOURCE_DEFAULTS`, each with its reason):
-    `auto.offset.reset=earliest`, a small prefetch a partition, refilled without
-    librdkafka's one-second pause.
-    `fetch.wait.max.ms` is left at its default (500): the broker answers a pending fetch as
-    soon as one byte arrives (`fetch.min.bytes=1`), so lowering it does not lower the
-    latency of new messages and only multiplies idle fetch requests. It does bound how long
-    an idle fetch takes, hence how soon `tail=False` sees the end of a partition
-    (add_config={"fetch.wait.max.ms": 10}).
+    Defaults added over Bytewax's: `SOURCE_DEFAULTS`, each with its reason. Left at its
+    default: `fetch.wait.max.ms` (the broker answers a pending fetch as soon as one byte
+    arrives, so lowering it only multiplies idle fetches; it does bound how soon
+    `tail=False` sees a partition's end: add_config={"fetch.wait.max.ms": 10}).
 
     Caveats of the underlying connector (Bytewax 0.21.1): listing the partitions at start
     waits forever if no broker answers; a broker outage while running produces no error

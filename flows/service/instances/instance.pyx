@@ -737,14 +737,7 @@ cdef class Instance:
         its dead letter in ``out``, for an empty list, an arm the experiment does not
         have (``unknown_arm``) or one named twice (``ineligible_arms``)."""
         cdef Terms terms = self.terms
-        cdef Py_ssize_t n = len(terms.arms)
-        indices, unknown = [], []
-        for arm in eligible:
-            found = terms.arm_index.get(arm) if type(arm) is str else (arm if arm < n else None)
-            if found is None:
-                unknown.append(arm)
-            else:
-                indices.append(found)
+        indices, unknown = serving.arm_indices(terms.arm_index, len(terms.arms), eligible)
         if unknown:
             detail = f"experiment {terms.name!r} has no arm {unknown}, arms {list(terms.arms)}"
             out.append(self._dead(request, "unknown_arm", detail))

@@ -87,6 +87,29 @@ def burn_in(value: Any) -> int:
     return value
 
 
+def arm_indices(
+    arm_index: Mapping[str, int], n_arms: int, named: Any
+) -> tuple[list[int], list[Any]]:
+    """The arms ``named`` (a request's eligible arms: names, or indices 0 to n_arms - 1)
+    as indices, and the entries that name no arm (each caller words its refusal).
+
+    >>> arm_indices({"a": 0, "b": 1}, 2, ["b", 0, "z", 5])
+    ([1, 0], ['z', 5])
+    """
+    found: list[int] = []
+    unknown: list[Any] = []
+    for arm in named:
+        if isinstance(arm, str):
+            index = arm_index.get(arm)
+        else:
+            index = arm if type(arm) is int and 0 <= arm < n_arms else None
+        if index is None:
+            unknown.append(arm)
+        else:
+            found.append(index)
+    return found, unknown
+
+
 def force_arm(value: Any, arms: tuple[str, ...]) -> str | None:
     """The arm everyone gets (None: the bandit decides)."""
     if value is not None and value not in arms:

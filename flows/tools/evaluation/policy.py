@@ -18,6 +18,7 @@ import numpy as np
 
 from flows.service.instances.instance import uniform_draw
 from flows.service.instances.registry import Experiment, Registry
+from flows.service.instances.serving import arm_indices
 from flows.tools.evaluation.estimators import (
     MIN_ESS,
     ips_estimate,
@@ -164,15 +165,13 @@ def served_arms(exp: Experiment, record: BanditRecord, source: str) -> BanditRec
         record = record._replace(context=_named_context(exp, record.context, where))
     if record.eligible is None:
         return record
-    indices = []
-    for arm in record.eligible:
-        index = arms.index(arm) if arm in arms else arm
-        if not isinstance(index, int) or not 0 <= index < len(arms):
-            raise EvaluationError(
-                f"{where}: eligible arm {arm!r} is not one of experiment {exp.name!r}'s arms "
-                f"{list(arms)} (or an index 0 to {len(arms) - 1})"
-            )
-        indices.append(index)
+    arm_index = {name: i for i, name in enumerate(arms)}
+    indices, unknown = arm_indices(arm_index, len(arms), record.eligible)
+    if unknown:
+        raise EvaluationError(
+            f"{where}: eligible arm {unknown[0]!r} is not one of experiment {exp.name!r}'s "
+            f"arms {list(arms)} (or an index 0 to {len(arms) - 1})"
+        )
     if len(set(indices)) != len(indices):
         raise EvaluationError(f"{where}: eligible arms repeat: {list(record.eligible)}")
     if record.arm not in indices:
