@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 
 from flows.tools.evaluation.estimators import snips_estimate
 from tests.core import allocation_reference as ref
-from tests.core.test_long_horizon import CLASSES, N_ARMS, N_INSTANCES, ROUNDS, context_of, stream
+from tests.core.test_long_horizon import (
+    CLASSES,
+    N_ARMS,
+    N_INSTANCES,
+    ROUNDS,
+    apply_due,
+    context_of,
+    stream,
+)
 from tsi_core import VARIANTS, Allocation, Bandit, BatchBandit, Contextual, Fixed, Ticket
 from tsi_core._kernel import WHYS
 
@@ -395,11 +403,7 @@ def test_batch_and_separate_bandits_agree_bit_for_bit_with_allocation(name, vari
         want = [(x.arm, x.prob, x.weight_share, WHYS.index(x.why)) for x in single]
         assert got == want, f"round {t + 1}: {got} != {want}"
         issued.append((tickets, single, s.losses[t, idx, tickets.arms]))
-        for source, mask in s.due[t]:
-            late_batch, late_singles, losses = issued[source]
-            batch.update(late_batch, losses, where=mask)
-            for i in np.flatnonzero(mask):
-                singles[i].update(late_singles[i], float(losses[i]))
+        apply_due(s, t, issued, batch, singles)
     for i, b in enumerate(singles):
         assert np.array_equal(batch.rows[i], b._row), f"instance {i}: rows differ"
         assert np.array_equal(

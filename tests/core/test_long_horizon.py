@@ -136,6 +136,17 @@ def context_of(s: Stream, t: int, i: int) -> int | None:
     return None if s.contexts is None else int(s.contexts[t, i])
 
 
+def apply_due(s: Stream, t: int, issued: list, batch: BatchBandit, singles: list) -> None:
+    """The feedback due after round ``t`` (late, out of order, partial), given to the batch
+    and to each single bandit alike: ``issued[r]`` is round r's (batch tickets, single
+    tickets, losses)."""
+    for source, mask in s.due[t]:
+        late_batch, late_singles, losses = issued[source]
+        batch.update(late_batch, losses, where=mask)
+        for i in np.flatnonzero(mask):
+            singles[i].update(late_singles[i], float(losses[i]))
+
+
 def first_difference(a: list[Any], b: list[Any]) -> str:
     j = next(j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
     x, y = a[j], b[j]
@@ -177,11 +188,7 @@ def test_batch_and_separate_bandits_agree_bit_for_bit_over_10000_rounds(name, ga
                 first_difference(got, want)
             )
         issued.append((tickets, single, s.losses[t, idx, tickets.arms]))
-        for source, mask in s.due[t]:
-            late_batch, late_singles, losses = issued[source]
-            batch.update(late_batch, losses, where=mask)
-            for i in np.flatnonzero(mask):
-                singles[i].update(late_singles[i], float(losses[i]))
+        apply_due(s, t, issued, batch, singles)
     for i, b in enumerate(singles):
         state = b.to_dict()
         assert (batch.psi[i], batch.n_updates[i], batch.n_rounds[i]) == (
