@@ -3,6 +3,7 @@ rejection sampling on bandit logs, IPS, and the refusal of every malformed line.
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -416,16 +417,22 @@ PARSE_ERRORS = [
 ]
 
 
+def assert_line_refused(path: Path, line: int, fragments: list[str]) -> None:
+    """``load_log(path)`` refuses it in one line naming the file and ``line``, with every
+    fragment in it."""
+    with pytest.raises(EvaluationError) as caught:
+        load_log(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:{line}: ") and "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
 @pytest.mark.parametrize(("good", "bad", "fragments"), PARSE_ERRORS)
 def test_malformed_lines_name_the_line_and_the_value(tmp_path, good, bad, fragments):
     path = tmp_path / "bad.jsonl"
     path.write_text(f"{json.dumps(good)}\n\n{bad}\n{json.dumps(good)}\n", encoding="utf-8")
-    with pytest.raises(EvaluationError) as caught:
-        load_log(path)
-    message = str(caught.value)
-    assert message.startswith(f"{path}:3: ") and "\n" not in message
-    for fragment in fragments:
-        assert fragment in message
+    assert_line_refused(path, 3, fragments)
 
 
 REGISTRY_ERRORS = [

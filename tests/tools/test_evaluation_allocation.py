@@ -17,6 +17,7 @@ from flows.service.instances.registry import Registry
 from flows.tools.evaluation import EvaluationError, evaluate, load_log, read_log
 from flows.tools.evaluation.compare import compare, configurations
 from flows.tools.evaluation.served import join_served
+from tests.tools.test_evaluation import assert_line_refused
 from tsi_core import Allocation, Bandit
 
 ARMS = ["a", "b", "c", "d"]
@@ -215,12 +216,7 @@ EVALUATION_ERRORS = [
 def test_bad_why_and_eligible_values_are_refused_naming_the_line(tmp_path, bad, fragments):
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines([GOOD, GOOD, bad, GOOD])) + "\n", encoding="utf-8")
-    with pytest.raises(EvaluationError) as caught:
-        load_log(path)
-    message = str(caught.value)
-    assert message.startswith(f"{path}:3: ") and "\n" not in message
-    for fragment in fragments:
-        assert fragment in message
+    assert_line_refused(path, 3, fragments)
 
 
 @pytest.mark.parametrize(("bad", "fragments"), EVALUATION_ERRORS)
