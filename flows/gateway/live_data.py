@@ -43,21 +43,22 @@ Z95 = 1.96
 _READINGS = frozenset({"tsi_arm_share", "tsi_arm_context_share"})
 
 Labels = tuple[tuple[str, str], ...]
-Samples = dict[tuple[str, Labels], float]
+Samples = dict[str, dict[Labels, float]]  # metric -> sorted labels -> value
 
 
 def parse_metrics(text: str) -> Samples:
-    """The ``tsi_*`` samples of one endpoint's Prometheus text, by (name, sorted labels);
+    """The ``tsi_*`` samples of one endpoint's Prometheus text, by name and sorted labels;
     ``ValueError`` when the text is not Prometheus' format.
 
     >>> parse_metrics('tsi_decisions_total{experiment="e"} 2\\nother 1\\n')
-    {('tsi_decisions_total', (('experiment', 'e'),)): 2.0}
+    {'tsi_decisions_total': {(('experiment', 'e'),): 2.0}}
     """
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("tsi_"):
-                out[sample.name, tuple(sorted(sample.labels.items()))] = float(sample.value)
+                labels = tuple(sorted(sample.labels.items()))
+                out.setdefault(sample.name, {})[labels] = float(sample.value)
     return out
 
 
@@ -65,19 +66,21 @@ def combine(scrapes: Iterable[Samples]) -> Samples:
     """The samples of a cluster's processes: counters and sums added, q readings the
     highest (an instance lives in one process).
 
-    >>> key = ("tsi_decisions_total", (("experiment", "e"),))
-    >>> combine([{key: 2.0}, {key: 3.0}])[key]
-    5.0
+    >>> one = {"tsi_decisions_total": {(("experiment", "e"),): 2.0}}
+    >>> combine([one, one])
+    {'tsi_decisions_total': {(('experiment', 'e'),): 4.0}}
     """
     out: Samples = {}
     for samples in scrapes:
-        for key, value in samples.items():
-            if key not in out:
-                out[key] = value
-            elif key[0] in _READINGS:
-                out[key] = max(out[key], value)
-            else:
-                out[key] += value
+        for name, values in samples.items():
+            into = out.setdefault(name, {})
+            for labels, value in values.items():
+                if labels not in into:
+                    into[labels] = value
+                elif name in _READINGS:
+                    into[labels] = max(into[labels], value)
+                else:
+                    into[labels] += value
     return out
 
 
@@ -171,11 +174,10 @@ class History:
 def _by(samples: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
     """The values of metric ``name`` by the values of labels ``keys``."""
     out: dict[tuple[str, ...], float] = {}
-    for (metric, labels), value in samples.items():
-        if metric == name:
-            found = dict(labels)
-            at = tuple(found.get(key, "") for key in keys)
-            out[at] = out.get(at, 0.0) + value
+    for labels, value in samples.get(name, {}).items():
+        found = dict(labels)
+        at = tuple(found.get(key, "") for key in keys)
+        out[at] = out.get(at, 0.0) + value
     return out
 
 
