@@ -5,7 +5,7 @@ fetches).
 
 Per arm of an experiment: its share of the selections (since the processes started, and
 over the last ``RECENT`` seconds of samples), its outcome (mean loss ± the half-width of
-its 95% interval, from ``tsi_arm_loss_sum``, ``tsi_arm_loss_squares_sum`` and n =
+its normal interval at ``Z95``, from ``tsi_arm_loss_sum``, ``tsi_arm_loss_squares_sum`` and n =
 feedback + defaulted; the IPS estimate), the current q of a shared instance and its
 history (by context for a contextual one: the latest only); per experiment the feedback
 by outcome; for the service the dead letters by reason (see
@@ -37,7 +37,7 @@ __all__ = ["KEEP", "RECENT", "Endpoint", "History", "Sample", "parse_metrics", "
 KEEP = 6 * 3600.0
 #: seconds of samples the recent share of selections is taken over
 RECENT = 300.0
-#: the normal quantile of a two-sided 95% interval
+#: the normal quantile of a two-sided interval at ninety-five percent
 Z95 = 1.96
 #: gauges that are readings of one instance: the highest over the endpoints, not the sum
 _READINGS = frozenset({"tsi_arm_share", "tsi_arm_context_share"})
@@ -186,7 +186,7 @@ def _ratio(part: float, whole: float) -> float | None:
 
 
 def _outcome(loss: float, squares: float, n: float) -> tuple[float | None, float | None]:
-    """(mean, half-width of its 95% normal interval) of n losses from their sums."""
+    """(mean, half-width of its normal interval at ``Z95``) of n losses from their sums."""
     if n <= 0:
         return None, None
     mean = loss / n

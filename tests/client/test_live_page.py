@@ -70,9 +70,7 @@ def test_the_live_page_shows_the_service_metrics_in_a_browser(service, tmp_path)
         text = scrape(service.metrics_port)[1]
         url = f"http://127.0.0.1:{port}/experiments"
         dom = chromium("--dump-dom", url, profile=tmp_path / "dom")
-        assert text == scrape(service.metrics_port)[1] or _same_numbers(
-            text, scrape(service.metrics_port)[1]
-        )
+        assert _same_numbers(text, scrape(service.metrics_port)[1])  # settled meanwhile
         shot = tmp_path / "experiments.png"
         chromium(f"--screenshot={shot}", "--window-size=1200,1400", url, profile=tmp_path / "s")
     finally:
