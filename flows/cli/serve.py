@@ -7,16 +7,40 @@ from collections.abc import Mapping
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
 from flows.client.settings import OPTIONS, ClientSettings
-from flows.service.runtime.options import ConfigError, Option, name, port_number
+from flows.service.runtime.options import (
+    ConfigError,
+    Option,
+    comma_list,
+    name,
+    port_number,
+    seconds,
+)
 
 HOST = Option("TSI_SERVE_HOST", "--host", "Address the gateway listens on.", name, "127.0.0.1")
 PORT = Option("TSI_SERVE_PORT", "--port", "Port the gateway listens on.", port_number, "8080")
+METRICS_URL = Option(
+    "TSI_SERVE_METRICS_URL",
+    "--metrics-url",
+    "The service's Prometheus endpoint the live page (/experiments) reads; repeat (or "
+    "comma-separate) for each process of a cluster, the page sums them.",
+    comma_list,
+    "http://127.0.0.1:9108/metrics",  # tsi run --metrics-port 9108, the port of deploy/
+    kind="list",
+)
+LIVE_EVERY = Option(
+    "TSI_SERVE_LIVE_EVERY",
+    "--live-every",
+    "Seconds between two samples of the metrics for the live page (it keeps 6 hours).",
+    seconds(0.1),
+    "10",
+)
 
 
 @app.command("serve")
-@with_options(*OPTIONS, HOST, PORT)
+@with_options(*OPTIONS, HOST, PORT, METRICS_URL, LIVE_EVERY)
 def serve_gateway(env: Mapping[str, str]) -> None:
-    """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json.
+    """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json,
+    and the live page GET /experiments (its numbers: GET /experiments.json).
 
     Takes the brokers, Kafka settings and topics of tsi run (the same options and
     variables); each replica reads every answer and keeps its own.
@@ -24,10 +48,14 @@ def serve_gateway(env: Mapping[str, str]) -> None:
     import uvicorn
 
     from flows.gateway.app import gateway
+    from flows.gateway.live import Live
 
     try:
         settings = ClientSettings.from_env(env)
         host, port = HOST.read(env), PORT.read(env)
+        live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env))
     except ConfigError as exc:
         fail("serve", str(exc))
-    uvicorn.run(gateway(settings), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(
+        gateway(settings, live), host=host, port=port, log_level="warning", access_log=False
+    )

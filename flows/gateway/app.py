@@ -1,5 +1,6 @@
 """The HTTP gateway: ``POST /v1/decide`` and ``POST /v1/feedback`` over an
-``AsyncDecider``, ``GET /openapi.json``, ``GET /healthz``.
+``AsyncDecider``, ``GET /openapi.json``, ``GET /healthz``; with a ``Live``, the live page
+``GET /experiments`` (and ``/experiments.json``, ``flows.gateway.live``).
 
 Starlette on uvicorn: an ASGI stack (uvicorn's event loop and HTTP parser are the fast ones
 of Python's servers, Starlette a thin router), both well kept. A bad body is a 400 naming
@@ -29,6 +30,7 @@ from flows.client import (
     DecisionTimeoutError,
     KafkaUnavailableError,
 )
+from flows.gateway.live import Live
 from flows.gateway.openapi import (
     DECIDE_FIELDS,
     DECIDE_REQUIRED,
@@ -130,15 +132,18 @@ def _answering(handler: Handler) -> Handler:
     return answer
 
 
-def gateway(settings: ClientSettings) -> Starlette:
-    """The ASGI application of ``tsi serve``."""
+def gateway(settings: ClientSettings, live: Live | None = None) -> Starlette:
+    """The ASGI application of ``tsi serve`` (with ``live``: its live page too)."""
     routes = Gateway(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        sampling = None if live is None else asyncio.create_task(live.run())
         with contextlib.suppress(KafkaUnavailableError):  # 503s until the brokers answer
             await routes.decider()
         yield
+        if sampling is not None:
+            sampling.cancel()
         await routes.close()
 
     return Starlette(
@@ -147,6 +152,7 @@ def gateway(settings: ClientSettings) -> Starlette:
             Route("/v1/feedback", _answering(routes.feedback), methods=["POST"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
             Route("/openapi.json", routes.spec, methods=["GET"]),
+            *([] if live is None else live.routes()),
         ],
         lifespan=lifespan,
     )

@@ -1,5 +1,6 @@
 """Metrics by arm: selections, applied and default losses, their sums and IPS sums, and
-the q of shared instances, checked against what the flow emitted and the losses sent."""
+the q of shared instances (by context too), checked against what the flow emitted and the
+losses sent."""
 
 import time
 from collections import defaultdict
@@ -7,8 +8,10 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY as METRICS
 
 from flows.service.instances.registry import Registry
+from flows.service.observe.arm_metrics import CONTEXT_SHARE_LIMIT, context_labels
 from flows.service.shards.logic import logic_builder
 from tests.service.test_metrics import Delta, feedback, item, msg, request, run_events
 
@@ -93,3 +96,103 @@ def test_the_share_of_a_shared_instance_is_its_q_as_last_read():
     shares.before = {}
     assert [shares("tsi_arm_share", experiment="m", arm=a) for a in "abc"] == q
     assert abs(sum(q) - 1.0) < 1e-9
+
+
+CONTEXTUAL = Registry.from_toml(
+    """
+[experiments.named]
+arms = ["a", "b", "c"]
+contexts = { country = ["de", "fr"], device = ["mobile"] }
+
+[experiments.numbered]
+arms = ["a", "b"]
+competition = { kind = "contextual", n_contexts = 3 }
+
+[experiments.user]
+arms = ["a", "b"]
+per_unit = true
+contexts = { device = ["ios"] }
+"""
+)
+
+
+def _samples(name: str, experiment: str) -> dict[tuple[str, str], float]:
+    """(context, arm) -> value of one experiment's samples of ``name``."""
+    return {
+        (s.labels["context"], s.labels["arm"]): s.value
+        for family in METRICS.collect()
+        for s in family.samples
+        if s.name == name and s.labels["experiment"] == experiment
+    }
+
+
+def test_the_context_shares_of_a_shared_contextual_instance_are_its_q_by_context():
+    logic = logic_builder(CONTEXTUAL, clock=lambda: 1000.0)(None)
+    named = [{"country": c, "device": d} for c in ("de", "fr", "it") for d in ("mobile", "tv")]
+    units = [f"u{i}" for i in range(4)]
+    for i in range(30):
+        logic.handle(item(logic, "named", request(f"n{i}", "named", context=named[i % 6])))
+        logic.handle(item(logic, "numbered", request(f"k{i}", "numbered", context=i % 3)))
+        unit = units[i % 4]
+        key = CONTEXTUAL["user"].instance_key(unit)
+        logic.handle(item(logic, key, request(f"p{i}", "user", unit=unit, context=named[0])))
+    for i in range(29):
+        logic.handle(item(logic, "named", feedback(f"n{i}", "named", loss=float(i % 3))))
+        logic.handle(item(logic, "numbered", feedback(f"k{i}", "numbered", loss=float(i % 2))))
+    time.sleep(1.1)  # arm_metrics.SHARE_EVERY
+    logic.handle(item(logic, "named", feedback("n29", "named", loss=0.0)))
+    logic.handle(item(logic, "numbered", feedback("k29", "numbered", loss=0.0)))
+    labels = {
+        "named": [
+            f"country={c},device={d}" for c in ("de", "fr", "other") for d in ("mobile", "other")
+        ],
+        "numbered": ["0", "1", "2"],
+    }
+    for name, contexts in labels.items():
+        bandit = logic.store.instances[name].bandit
+        arms = CONTEXTUAL[name].arms
+        want = {
+            (label, arm): q
+            for i, label in enumerate(contexts)
+            for arm, q in zip(arms, bandit.policy(i).tolist(), strict=True)
+        }
+        assert _samples("tsi_arm_context_share", name) == want
+        assert len({round(sum(bandit.policy(i)), 9) for i in range(len(contexts))}) == 1
+        assert not _samples("tsi_arm_share", name)
+    assert len(set(_samples("tsi_arm_context_share", "named").values())) > 3  # they moved
+    assert not _samples("tsi_arm_context_share", "user")  # per-unit: never
+    assert not _samples("tsi_arm_share", "user")
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 8), st.integers(2, 700), st.booleans())
+def test_contexts_times_arms_above_the_limit_export_none(n_arms, n_contexts, per_unit):
+    arms = ", ".join(f'"a{i}"' for i in range(n_arms))
+    toml = (
+        f"[experiments.e]\narms = [{arms}]\nper_unit = {str(per_unit).lower()}\n"
+        f'competition = {{ kind = "contextual", n_contexts = {n_contexts} }}'
+    )
+    labels = context_labels(Registry.from_toml(toml)["e"])
+    if per_unit or n_arms * n_contexts > CONTEXT_SHARE_LIMIT:
+        assert labels is None
+    else:
+        assert labels == tuple(str(i) for i in range(n_contexts))
+
+
+def test_named_contexts_whose_labels_collide_are_labelled_by_index():
+    toml = '[experiments.e]\narms = ["a", "b"]\ncontexts = { d = ["x", "other"] }'
+    assert context_labels(Registry.from_toml(toml)["e"]) == ("0", "1", "2")
+
+
+def test_an_experiment_at_the_limit_exports_every_series_one_above_none():
+    toml = "\n".join(
+        f'[experiments.{name}]\narms = ["a", "b"]\n'
+        f'competition = {{ kind = "contextual", n_contexts = {n} }}'
+        for name, n in (("at", CONTEXT_SHARE_LIMIT // 2), ("above", CONTEXT_SHARE_LIMIT // 2 + 1))
+    )
+    registry = Registry.from_toml(toml)
+    logic = logic_builder(registry, clock=lambda: 1000.0)(None)
+    for name in ("at", "above"):
+        logic.handle(item(logic, name, request(f"{name}0", name, context=0)))
+    assert len(_samples("tsi_arm_context_share", "at")) == CONTEXT_SHARE_LIMIT
+    assert not _samples("tsi_arm_context_share", "above")

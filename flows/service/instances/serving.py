@@ -170,6 +170,18 @@ class NamedContexts:
         """Combinations of slots: the product of (values + 1, the ``other`` slot)."""
         return math.prod(len(values) + 1 for _, values in self.attributes)
 
+    def labels(self) -> list[str]:
+        """Each combination's readable name, by index (``other``: the other slot).
+
+        >>> NamedContexts.read({"d": ["ios"], "p": ["pro"]}).labels()
+        ['d=ios,p=pro', 'd=ios,p=other', 'd=other,p=pro', 'd=other,p=other']
+        """
+        labels = [""]
+        for name, values in self.attributes:
+            slots = [f"{name}={value}" for value in (*values, "other")]
+            labels = [f"{head},{slot}" if head else slot for head in labels for slot in slots]
+        return labels
+
     def index(self, context: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
         """(the combination's index, the attributes whose value went to ``other``);
         ``KeyError`` naming a missing attribute, ``ValueError`` an unknown one."""

@@ -33,6 +33,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_arm_loss_squares_sum`` | gauge | experiment, arm | sum of their squares |
 | ``tsi_arm_ips_loss_sum`` | gauge | experiment, arm | sum of loss / prob over them |
 | ``tsi_arm_share`` | gauge | experiment, arm | q of a shared, context-free instance |
+| ``tsi_arm_context_share`` | gauge | experiment, context, arm | the same by context (below) |
 
 ``kind`` is ``request`` or ``feedback``; ``why`` is ``bandit``, ``holdout``, ``burn_in`` or
 ``forced``. Outcomes of ``tsi_feedback_total``:
@@ -53,21 +54,9 @@ cluster serves its own (sum them in Prometheus).
 With an ``aggregate`` other than ``first``, each feedback of a window is ``collected`` and
 the window's combined loss counts once as ``applied`` when the window ends.
 
-By arm. The labels are an experiment and an arm, never a unit. The loss sums are gauges
-(losses have any sign) and count since the process started. Per arm, with ``n`` =
-``tsi_arm_feedback_total + tsi_arm_defaulted_total``: the mean loss is
-``tsi_arm_loss_sum / n``, its normal interval ± ``1.96 * sqrt((tsi_arm_loss_squares_sum / n
-- mean ^ 2) / n)``; the IPS estimate of the arm's mean loss (were it served always) is::
-
-    sum by (experiment, arm) (tsi_arm_ips_loss_sum)
-      / ignoring(arm) group_left
-    sum by (experiment) (tsi_decisions_total - tsi_retries_total)
-
-(``prob``: the probability the arm was served with, the selection's ``prob``).
-``tsi_arm_share`` is read from the instance at most every ``SHARE_EVERY`` seconds, after
-an event, by the worker holding it; per-unit and contextual experiments have none
-(``tsi inspect --leaderboard`` shows their mean q). deploy/grafana/tsi-dashboard.json
-charts them all.
+By arm: ``flows.service.observe.arm_metrics`` (the mean loss and its interval, the IPS
+estimate, when the q gauges are read and which experiments have them);
+deploy/grafana/tsi-dashboard.json charts them all.
 
 The metrics are told what happened, never peek: an instance returns a ``Handled`` for each
 event (its outputs, and the open tickets, waiting feedback and applied feedback it gained
@@ -133,6 +122,16 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from flows.service.instances.instance import Early, Open
+from flows.service.observe.arm_metrics import (
+    ARM_DEFAULTED,
+    ARM_FEEDBACK,
+    ARM_IPS,
+    ARM_LOSS,
+    ARM_LOSS_SQUARES,
+    ARM_SLOTS,
+    Share,
+    arm_families,
+)
 from flows.service.shards.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
 from flows.service.wire.events import DeadLetter
 
@@ -182,12 +181,6 @@ _SLOTS = 5 + len(OUTCOMES)
 APPLIED, EARLY_FEEDBACK = FEEDBACK["applied"], FEEDBACK["early"]
 COLLECTED, DEFAULTED = FEEDBACK["collected"], FEEDBACK["defaulted"]
 SLOT_OF_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
-# slots of an arm's tally (``_Tally.arms``): selections (retries not), losses applied from
-# feedback and by default, then over all applied losses: sum, sum of squares, sum of loss/prob
-ARM_SELECTIONS, ARM_FEEDBACK, ARM_DEFAULTED, ARM_LOSS, ARM_LOSS_SQUARES, ARM_IPS = range(6)
-ARM_SLOTS = 6
-#: seconds between two readings of a shared instance's q for ``tsi_arm_share``
-SHARE_EVERY = 1.0
 # the gauge a dead letter of expiry (or of a registry change) lowers
 _EXPIRY = {
     "ticket_expired": PENDING,
@@ -221,8 +214,7 @@ class _Tally:
         self.processing = {k: [0] * (len(PROCESSING_BUCKETS) + 1) + [0.0] for k in (True, False)}
         self.age = {k: [0] * (len(AGE_BUCKETS) + 1) + [0.0] for k in (True, False)}
         self.arms: dict[tuple[str, str], list[float]] = {}  # (experiment, arm) -> ARM_SLOTS
-        # experiment -> (time read, arms, q) of its shared instance, when last read
-        self.shares: dict[str, tuple[float, tuple[str, ...], list[float]]] = {}
+        self.shares: dict[str, Share] = {}  # experiment -> its shared instance's q, last read
 
     def experiment(self, name: str) -> list[int]:
         found = self.experiments.get(name)
@@ -690,64 +682,17 @@ REGISTRY.register(_ProgressCollector())
 
 
 class _ArmCollector:
-    """The metrics by arm, summed over the threads' tallies when Prometheus scrapes."""
+    """The metrics by arm (``arm_metrics``) of the threads' tallies."""
 
     def describe(self) -> list[Metric]:
-        return list(self._families({}, {}))
+        return list(arm_families(()))
 
     def collect(self) -> Iterator[Metric]:
         with _tallies_lock:
             tallies = list(_tallies.values())
-        arms: dict[tuple[str, str], list[float]] = {}
-        shares: dict[str, tuple[float, tuple[str, ...], list[float]]] = {}
-        for tally in tallies:
-            for labels, slots in list(tally.arms.items()):
-                total = arms.setdefault(labels, [0.0] * ARM_SLOTS)
-                for i, x in enumerate(list(slots)):
-                    total[i] += x
-            for experiment, read in list(tally.shares.items()):
-                if experiment not in shares or read[0] > shares[experiment][0]:
-                    shares[experiment] = read
-        return self._families(arms, shares)
-
-    @staticmethod
-    def _families(
-        arms: dict[tuple[str, str], list[float]],
-        shares: dict[str, tuple[float, tuple[str, ...], list[float]]],
-    ) -> Iterator[Metric]:
-        labels = ["experiment", "arm"]
-        for kind, name, doc, slot in _ARM_FAMILIES:
-            metric = kind(name, doc, labels=labels)
-            for (experiment, arm), slots in sorted(arms.items()):
-                metric.add_metric([experiment, arm], slots[slot])
-            yield metric
-        share = GaugeMetricFamily(
-            "tsi_arm_share",
-            "q of each arm of a shared (not per-unit, context-free) instance, as last read.",
-            labels=labels,
-        )
-        for experiment, (_, names, q) in sorted(shares.items()):
-            for arm, x in zip(names, q, strict=True):
-                share.add_metric([experiment, arm], x)
-        yield share
+        return arm_families(tallies)
 
 
-_ARM_FAMILIES = (
-    (CounterMetricFamily, "tsi_arm_selections",
-     "Selections by arm, answers to retries not included.", ARM_SELECTIONS),
-    (CounterMetricFamily, "tsi_arm_feedback",
-     "Losses applied from feedback by arm (a window's combined loss once).", ARM_FEEDBACK),
-    (CounterMetricFamily, "tsi_arm_defaulted",
-     "Default losses applied by arm (no feedback in the window).", ARM_DEFAULTED),
-    (GaugeMetricFamily, "tsi_arm_loss_sum",
-     "Sum of the losses applied by arm, defaults included (losses have any sign).", ARM_LOSS),
-    (GaugeMetricFamily, "tsi_arm_loss_squares_sum",
-     "Sum of the squares of the losses applied by arm, defaults included.", ARM_LOSS_SQUARES),
-    (GaugeMetricFamily, "tsi_arm_ips_loss_sum",
-     "Sum over the losses applied by arm of loss / prob (prob: the probability the arm was "
-     "served with); divided by the experiment's selections, the IPS estimate of the arm's "
-     "mean loss.", ARM_IPS),
-)  # fmt: skip
 REGISTRY.register(_ArmCollector())
 
 

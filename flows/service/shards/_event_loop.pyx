@@ -49,16 +49,19 @@ from flows.service.wire._records cimport (
 )
 from flows.service.wire import _records as records
 from flows.service.instances.instance cimport Changes, Instance
-from flows.service.observe.metrics import (
-    AGE_BUCKETS,
-    APPLIED,
-    ARM_DEFAULTED,
+from flows.service.observe.arm_metrics import (
     ARM_FEEDBACK,
     ARM_IPS,
     ARM_LOSS,
     ARM_LOSS_SQUARES,
     ARM_SELECTIONS,
     ARM_SLOTS,
+    SHARE_EVERY,
+    context_labels,
+)
+from flows.service.observe.metrics import (
+    AGE_BUCKETS,
+    APPLIED,
     COLLECTED,
     DECISIONS,
     EARLY,
@@ -67,7 +70,6 @@ from flows.service.observe.metrics import (
     PENDING,
     PROCESSING_BUCKETS,
     RETRIES,
-    SHARE_EVERY,
     SLOT_OF_REASON,
     count_context_other,
     observe_expired,
@@ -159,7 +161,8 @@ cdef class _Counts:
     cdef Py_ssize_t n_arms
     cdef double *by_arm  # N_ARM_SLOTS per arm
     cdef bint armed  # by_arm holds something
-    cdef bint shared  # the experiment's instance is shared, without contexts: read its q
+    cdef bint shared  # the experiment's instance is shared, its q exported: read it
+    cdef tuple contexts  # the labels of its contexts (``context_labels``), None: context-free
     cdef object share_of  # the shared instance handled since its q was last read
     cdef double share_read  # when it was last read (monotonic)
     cdef long decisions, retries, pending, early, early_feedback, applied, collected, instances
@@ -193,7 +196,9 @@ cdef class _Counts:
         for i in range(n):
             self.by_arm[i] = 0.0
         self.experiment, self.arms, self.n_arms = experiment, arms, len(arms)
-        self.shared = not experiment.per_unit and experiment.n_contexts == 1
+        self.contexts = context_labels(experiment)
+        self.shared = not experiment.per_unit and (
+            experiment.n_contexts == 1 or self.contexts is not None)
         self.share_of = None
         return 0
 
@@ -245,7 +250,12 @@ cdef class _Counts:
         if instance.is_at_rest() or instance.experiment is not self.experiment:
             return 0
         self.share_read = now
-        tally.shares[self.name] = (time(), self.arms, instance.bandit.policy().tolist())
+        bandit = instance.bandit
+        if self.contexts is None:
+            q = [bandit.policy().tolist()]
+        else:
+            q = [bandit.policy(i).tolist() for i in range(len(self.contexts))]
+        tally.shares[self.name] = (time(), self.arms, self.contexts, q)
         return 0
 
 
