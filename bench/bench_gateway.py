@@ -126,10 +126,21 @@ class Http:
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.idle:
-            reader, writer = self.idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        """(status, body); a reused connection the server closed meanwhile (its keep-alive
+        timeout) is replaced by a new one, as any HTTP client does."""
+        while self.idle:
+            try:
+                return await self._exchange(self.idle.pop(), path, body)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                continue
+        return await self._exchange(
+            await asyncio.open_connection("127.0.0.1", self.port), path, body
+        )
+
+    async def _exchange(
+        self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], path: str, body: bytes
+    ) -> tuple[int, bytes]:
+        reader, writer = conn
         writer.write(
             b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
@@ -138,7 +149,7 @@ class Http:
         lines = head.lower().split(b"\r\n")
         length = next(int(line[15:]) for line in lines if line.startswith(b"content-length:"))
         answer = await reader.readexactly(length)
-        self.idle.append((reader, writer))
+        self.idle.append(conn)
         return int(lines[0].split()[1]), answer
 
     def close(self) -> None:
@@ -146,41 +157,49 @@ class Http:
             writer.close()
 
 
-async def pairs(args: argparse.Namespace, settings: ClientSettings, port: int) -> list[dict]:
+async def pairs(
+    args: argparse.Namespace, settings: ClientSettings, ports: dict[str, int]
+) -> list[dict]:
+    """Rounds of one run of each path (direct, then each gateway), after a warm-up of each."""
     runs = []
-    http = Http(port)
+    clients = {name: Http(port) for name, port in ports.items()}
     async with AsyncDecider(settings) as decider:
 
         async def direct(rid: str) -> None:
             await decider.decide("shop", request_id=rid, timeout=DECIDE_TIMEOUT)
 
-        async def gateway(rid: str) -> None:
-            body = orjson.dumps({"experiment": "shop", "request_id": rid})
-            status, answer = await http.post("/v1/decide", body)
-            if status != 200:
-                raise RuntimeError(f"{status}: {answer!r}")
+        def through(http: Http) -> Callable[[str], Awaitable[None]]:
+            async def call(rid: str) -> None:
+                body = orjson.dumps({"experiment": "shop", "request_id": rid})
+                status, answer = await http.post("/v1/decide", body)
+                if status != 200:
+                    raise RuntimeError(f"{status}: {answer!r}")
 
+            return call
+
+        paths = {"direct": direct, **{name: through(http) for name, http in clients.items()}}
         for k in range(600):  # the service answers: ready
             try:
                 await decider.decide("shop", request_id=f"probe-{k}", timeout=1)
                 break
             except Exception:
                 await asyncio.sleep(0.2)
-        log("warm-up of both paths (not reported)")
-        for name, call in (("direct", direct), ("gateway", gateway)):
+        log("warm-up of every path (not reported)")
+        for name, call in paths.items():
             await open_loop_run(call, f"warm-{name}", args.rate, 3, 1)
         for k in range(args.pairs):
-            for name, call in (("direct", direct), ("gateway", gateway)):
+            for name, call in paths.items():
                 r = await open_loop_run(call, f"{name}{k}", args.rate, args.seconds, args.warm)
                 r.update(path=name, pair=k + 1)
                 log(
-                    f"{name} pair {k + 1}: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} "
+                    f"{name} round {k + 1}: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} "
                     f"p99.9 {r['p99_9_ms']:.1f} max {r['max_ms']:.1f} ms; answered "
                     f"{r['answered']}/{r['sent']}; sender lag max {r['sender_max_lag_ms']:.1f} ms"
                     f", late share {r['sender_late_share']:.3f}"
                 )
                 runs.append(r)
-    http.close()
+    for http in clients.values():
+        http.close()
     return runs
 
 
@@ -195,12 +214,15 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]]) -> str:
             f"{r['p99_9_ms']:.1f} | {r['max_ms']:.1f} | {r['answered']:,}/{r['sent']:,} | "
             f"{r['sender_max_lag_ms']:.1f} | {r['sender_late_share']:.3f} |"
         )
-    added = [
-        b["p99_ms"] - a["p99_ms"]
-        for a, b in zip(runs[::2], runs[1::2], strict=True)
-        if (a["path"], b["path"]) == ("direct", "gateway")
-    ]
-    added50 = [b["p50_ms"] - a["p50_ms"] for a, b in zip(runs[::2], runs[1::2], strict=True)]
+    direct = {r["pair"]: r for r in runs if r["path"] == "direct"}
+    added = {
+        name: [
+            (r["p50_ms"] - direct[r["pair"]]["p50_ms"], r["p99_ms"] - direct[r["pair"]]["p99_ms"])
+            for r in runs
+            if r["path"] == name
+        ]
+        for name in dict.fromkeys(r["path"] for r in runs if r["path"] != "direct")
+    }
     lines = [
         f"- command: `{meta['command']}`",
         f"- machine: {meta['machine']}; nproc {meta['nproc']}; load average "
@@ -211,9 +233,14 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         "",
         *rows,
         "",
-        f"Added p99 (gateway - direct) per pair: {', '.join(f'{x:.1f}' for x in added)} ms; "
-        f"median {statistics.median(added):.1f} ms (target <= 3 ms). Added p50: "
-        f"{', '.join(f'{x:.1f}' for x in added50)} ms.",
+        *(
+            f"{name} - direct in the same round: added p99 "
+            f"{', '.join(f'{p99:.1f}' for _, p99 in pairs)} ms, median "
+            f"{statistics.median(p99 for _, p99 in pairs):.1f} ms (target <= 3 ms); added p50 "
+            f"{', '.join(f'{p50:.1f}' for p50, _ in pairs)} ms, median "
+            f"{statistics.median(p50 for p50, _ in pairs):.1f} ms."
+            for name, pairs in added.items()
+        ),
     ]
     return "\n".join(lines)
 
@@ -226,6 +253,11 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=2.0)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--snapshot-every", default="10")
+    parser.add_argument(
+        "--uvloop-path",
+        help="a directory holding uvloop and httptools (pip install --target DIR uvloop "
+        "httptools): a second gateway runs with it on its PYTHONPATH (uvicorn then uses both)",
+    )
     parser.add_argument("--out", default="bench/gateway_results.json")
     args = parser.parse_args()
     if args.quick:
@@ -255,22 +287,32 @@ def main() -> None:
                  "--log-file", str(tmp / "run.log")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-            port = free_port()
-            gateway = subprocess.Popen(
-                [TSI, "serve", *topics, "--port", str(port), "--decide-timeout", "10"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            extra = {"gateway": None}
+            if args.uvloop_path:
+                extra["gateway_uvloop"] = args.uvloop_path
+            ports = {name: free_port() for name in extra}
+            gateways = [
+                subprocess.Popen(
+                    [TSI, "serve", *topics, "--port", str(ports[name]), "--decide-timeout", "10"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                        p for p in (path, os.environ.get("PYTHONPATH")) if p
+                    )},
+                )
+                for name, path in extra.items()
+            ]  # fmt: skip
             try:
-                wait_until(lambda p=port: healthy(p), gateway, "tsi serve")
+                for proc, port in zip(gateways, ports.values(), strict=True):
+                    wait_until(lambda p=port: healthy(p), proc, "tsi serve")
                 settings = ClientSettings(
                     brokers=bootstrap,
                     topics=Topics(events=names["ev"], selections=names["sel"],
                                   dead_letters=names["dlq"]),
                     timeout=DECIDE_TIMEOUT,
                 )  # fmt: skip
-                runs = asyncio.run(pairs(args, settings, port))
+                runs = asyncio.run(pairs(args, settings, ports))
             finally:
-                for proc in (gateway, service):
+                for proc in (*gateways, service):
                     proc.kill()
                     proc.wait()
             break
