@@ -252,9 +252,9 @@ class Connection:
             self._producer.poll(0.05)  # serves delivery reports as they come
             if time.monotonic() - checked >= PARTITION_REFRESH:
                 checked = time.monotonic()
-                self._assign_new_partitions()
+                self._find_new_partitions()
 
-    def _assign_new_partitions(self) -> None:
+    def _find_new_partitions(self) -> None:
         """Hand the partitions added to the answer topics since the last check to the
         reading thread (the consumer is called from that thread only); the brokers
         unreachable: checked again next time."""
