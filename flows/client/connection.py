@@ -12,21 +12,26 @@ alternatives are an answer topic per replica (the service would need to write th
 ``reply_to`` field) or partitioning the applications by instance key so that each replica
 reads only the selections partitions of its own instances.
 
+Partitions added to the answer topics later are found by a metadata check every
+``PARTITION_REFRESH`` seconds and read from their beginning (all of a new partition is newer
+than the connection).
+
 Two threads serve the connection: one polls the consumer and completes the waiting calls'
-futures, one polls the producer for its delivery reports. A ``concurrent.futures.Future``
-serves both the blocking and the asyncio API.
+futures, one polls the producer for its delivery reports and checks for new partitions. A
+``concurrent.futures.Future`` serves both the blocking and the asyncio API.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from flows.client.errors import DeadLetterError, KafkaUnavailableError
 from flows.client.messages import Match, answer_of, refused_request
@@ -68,6 +73,10 @@ PRODUCER_TUNING: dict[str, Any] = {
 }
 
 
+#: Seconds between two checks for partitions added to the answer topics.
+PARTITION_REFRESH = 3.0
+
+
 @dataclass(eq=False)
 class Waiter:
     """A call waiting for its answer: the future, and whether the broker took its request."""
@@ -106,10 +115,13 @@ class Connection:
             with_rate_limited_logs({**CONSUMER_TUNING, **settings.consumer, **brokers, **group})
         )
         try:
-            self._consumer.assign(self._ends())
+            ends = self._ends()
+            self._consumer.assign(ends)
         except BaseException:
             self._consumer.close()
             raise
+        self._assigned = {(each.topic, each.partition) for each in ends}
+        self._new_partitions: list[TopicPartition] = []  # found, not yet assigned
         self._threads = [
             threading.Thread(target=self._read, name="tsi-client-answers", daemon=True),
             threading.Thread(target=self._deliver, name="tsi-client-deliveries", daemon=True),
@@ -202,6 +214,11 @@ class Connection:
     def _read(self) -> None:
         selections = self.settings.topics.selections
         while not self._closed.is_set():
+            if self._new_partitions:
+                with self._lock:
+                    new, self._new_partitions = self._new_partitions, []
+                self._consumer.incremental_assign(new)
+                log.info("reading new answer partitions: %s", [(t.topic, t.partition) for t in new])
             first = self._consumer.poll(0.05)  # returns as soon as a message is there
             if first is None:
                 continue
@@ -230,8 +247,34 @@ class Connection:
             settle(waiter.future, outcome, error)
 
     def _deliver(self) -> None:
+        checked = time.monotonic()
         while not self._closed.is_set():
             self._producer.poll(0.05)  # serves delivery reports as they come
+            if time.monotonic() - checked >= PARTITION_REFRESH:
+                checked = time.monotonic()
+                self._find_new_partitions()
+
+    def _find_new_partitions(self) -> None:
+        """Hand the partitions added to the answer topics since the last check to the
+        reading thread (the consumer is called from that thread only); the brokers
+        unreachable: checked again next time."""
+        topics = (self.settings.topics.selections, self.settings.topics.dead_letters)
+        try:
+            metadata = self._producer.list_topics(timeout=1.0)
+        except KafkaException as exc:
+            log.debug("checking for new partitions: %s", exc)
+            return
+        new = [
+            TopicPartition(topic, partition, OFFSET_BEGINNING)
+            for topic in topics
+            if (known := metadata.topics.get(topic)) is not None and known.error is None
+            for partition in sorted(known.partitions)
+            if (topic, partition) not in self._assigned
+        ]
+        if new:
+            self._assigned.update((each.topic, each.partition) for each in new)
+            with self._lock:
+                self._new_partitions.extend(new)
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), then stop."""

@@ -6,13 +6,16 @@ Starlette on uvicorn: an ASGI stack (uvicorn's event loop and HTTP parser are th
 of Python's servers, Starlette a thin router), both well kept. A bad body is a 400 naming
 the field, no answer in time a 504, Kafka away a 503; each error body is
 ``{"error": ..., "detail": ...}`` (and ``request_id`` when there is one). The client
-connects at start and again on the next call when the brokers were away.
+connects at start and again on a later call when the brokers were away: one attempt at a
+time, at most one each ``RECONNECT_COOLDOWN`` (the calls in between are 503s at once, not
+queued behind attempts that each wait for the brokers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -41,6 +44,9 @@ from flows.gateway.openapi import (
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+#: Seconds after a failed connection attempt during which calls are answered 503 at once.
+RECONNECT_COOLDOWN = 2.0
+
 
 def reply(status: int, body: dict[str, Any]) -> Response:
     return Response(orjson.dumps(body), status, media_type="application/json")
@@ -53,14 +59,35 @@ class Gateway:
         self.settings = settings
         self._decider: AsyncDecider | None = None
         self._connecting = asyncio.Lock()
+        self._failed: tuple[float, KafkaUnavailableError] | None = None  # (when, why)
 
     async def decider(self) -> AsyncDecider:
         """The connected client (``KafkaUnavailableError`` while the brokers are away)."""
-        async with self._connecting:
-            if self._decider is None:
-                loop = asyncio.get_running_loop()
-                self._decider = await loop.run_in_executor(None, AsyncDecider, self.settings)
+        if self._decider is not None:
             return self._decider
+        async with self._connecting:  # the calls during an attempt share its outcome
+            if self._decider is None:
+                self._cooling_down()
+                loop = asyncio.get_running_loop()
+                try:
+                    self._decider = await loop.run_in_executor(None, AsyncDecider, self.settings)
+                except KafkaUnavailableError as exc:
+                    self._failed = (time.monotonic(), exc)
+                    raise
+            return self._decider
+
+    def _cooling_down(self) -> None:
+        """``KafkaUnavailableError`` when the last attempt failed under
+        ``RECONNECT_COOLDOWN`` seconds ago."""
+        if self._failed is None:
+            return
+        when, why = self._failed
+        ago = time.monotonic() - when
+        if ago < RECONNECT_COOLDOWN:
+            raise KafkaUnavailableError(
+                f"{why} (the last attempt, {ago:.1f} s ago; the next one after "
+                f"{RECONNECT_COOLDOWN:g} s)"
+            )
 
     async def close(self) -> None:
         if self._decider is not None:
