@@ -22,6 +22,7 @@ from typing import IO
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
     TopicError,
+    check_changelog,
     group_offsets,
     service_topics,
 )
@@ -49,6 +50,7 @@ from flows.service.runtime.settings import (
     dead_letter_bound,
     outputs_of,
 )
+from flows.service.wire.keys import SHARDS
 
 log = logging.getLogger("tsi")
 DEFAULT_LOG_FILE = Path("tsi-run.log")
@@ -73,6 +75,10 @@ def prepare(options: Settings) -> Service:
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
+        if options.topics.changelog is not None:
+            check_changelog(
+                options.brokers, consumer, options.topics.changelog, SHARDS, options.connect_timeout
+            )
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
         if parts:
@@ -114,6 +120,11 @@ def check_recovery_options(options: Settings) -> None:
         raise StartupError(
             "--fresh (state starts empty, the input resumes from the group's offsets) and "
             "--rebuild (the state is rebuilt from the inputs' start) contradict each other"
+        )
+    if options.topics.changelog is not None and options.recovery_dir is None:
+        raise StartupError(
+            f"--changelog-topic {options.topics.changelog} mirrors the shards' logs in the "
+            "recovery directory: give --recovery-dir DIR too"
         )
     if (options.recovery_dir is None) == (not options.no_recovery):
         raise StartupError(
