@@ -194,6 +194,7 @@ def test_a_damaged_local_log_with_a_good_changelog_is_rebuilt_without_a_dead_let
     path.write_bytes(path.read_bytes()[:-5])
     resumed = build(tmp_path, changelog, marker)
     assert resumed.handle([]) == [] and held(resumed) == held(logic)
+    assert resumed.store.guard and resumed.handle([(SHARD, None, NOW[0])]) == []  # a wake-up
 
 
 class Unreadable(MemoryChangelog):

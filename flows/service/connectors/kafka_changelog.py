@@ -86,6 +86,7 @@ class KafkaChangelog:
             "group.id": f"tsi-changelog-reader-{uuid.uuid4().hex}",  # assigned, never committed
             "enable.auto.commit": False,
             "enable.partition.eof": False,
+            "fetch.wait.max.ms": 10,  # the partition's last fetch is not waited on
         }
         consumer = Consumer(config)
         try:
@@ -110,7 +111,7 @@ class KafkaChangelog:
                     f"{self.topic}[{partition}]: not read to offset {high} in "
                     f"{self._read_timeout:g} s"
                 )
-            messages = consumer.consume(1000, 0.5)
+            messages = consumer.consume(1000, 0.05)
             for message in messages:
                 error = message.error()
                 if error is not None:

@@ -156,7 +156,8 @@ def check_no_silent_reset(
     snapshots are lost; for a store imported and not committed since, ``tsi state
     import``, the positions it was given: the same group goes on from them). A process of
     a cluster compares the inputs its directory holds. ``--fresh`` accepts an empty store
-    (state starts empty; the input resumes from the group's offsets)."""
+    (state starts empty; the input resumes from the group's offsets), and so does a
+    changelog topic (each shard is rebuilt from it)."""
     group = options.group_id
     committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
     if not committed:
@@ -165,6 +166,17 @@ def check_no_silent_reset(
     imported = input_offsets(seeded_inputs(options.recovery_dir))
     stored = store_offsets(options.recovery_dir) if parts else None  # None: no commit yet
     if stored is None and not imported:
+        if options.topics.changelog is not None:
+            log.warning(
+                "recovery directory %s is empty and consumer group %r was at %s: each shard "
+                "is rebuilt from changelog %s, the inputs read again from their start (what "
+                "the shards hold is dropped)",
+                options.recovery_dir,
+                group,
+                where,
+                options.topics.changelog,
+            )
+            return
         if options.rebuild:
             log.warning(
                 "rebuilding (--rebuild) from the inputs' start: group %r was at %s", group, where

@@ -248,6 +248,10 @@ class ShardStore:
         seen, guard = self.mirrored.seen, self.guard
         kept = [] if guard else events
         for routed in events:
+            if routed[1] is None:  # a wake-up (``_event_loop``): no input
+                if guard:
+                    kept.append(routed)
+                continue
             origin = routed[2].origin
             offset = origin.offset
             if offset is None or origin.partition is None:  # not from Kafka
