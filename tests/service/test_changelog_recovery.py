@@ -39,6 +39,8 @@ from tests.service.streams import (
     service_env,
     start_service,
 )
+from tests.service.test_two_topics import REGISTRY as TWO_TOPIC_REGISTRY
+from tests.service.test_two_topics import REQUESTS, Clients, two_topic_env
 
 
 def forget_consumed(bootstrap, topic):
@@ -190,3 +192,66 @@ def test_a_changelog_that_does_not_read_back_is_a_dead_letter_and_the_service_se
     assert orjson.loads(answer[1])["request_id"] == "r1"  # served on, from an empty shard
     [letter] = [orjson.loads(value) for _, value, _ in letters]
     assert letter["reason"] == "state_lost" and "changelog cannot be read" in letter["detail"]
+
+
+def test_two_topics_lose_their_directory_and_nothing_else(kafka_bootstrap, tmp_path):
+    """The default setup (requests and feedback copied into the internal topic), killed -9
+    under clients that retry and echo their arm, its directory and its consumed input
+    (the internal topic's too) deleted two ends in three: no answer changes, no feedback
+    is refused, every feedback is applied once."""
+    topics = {n: unique_topic(n) for n in ("requests", "feedback", "sel", "dlq", "internal")}
+    for name, topic in topics.items():
+        create_topic(kafka_bootstrap, topic, 1 if name == "dlq" else 2)
+    changelog = unique_topic("changelog")
+    create_topics([kafka_bootstrap], {}, [changelog], changelog=(changelog, SHARDS))
+    (tmp_path / "registry.toml").write_text(TWO_TOPIC_REGISTRY)
+    recovery = tmp_path / "recovery"
+    fresh_directory(recovery)
+    env = {
+        **two_topic_env(kafka_bootstrap, tmp_path / "registry.toml", topics),
+        "TSI_TOPIC_CHANGELOG": changelog,
+    }
+    clients = Clients(kafka_bootstrap, topics)
+    threads = [threading.Thread(target=f, daemon=True) for f in (clients.ask, clients.answer)]
+    for thread in threads:
+        thread.start()
+    rng, kills, forgotten = random.Random(4), 0, 0
+    read = [topics[n] for n in ("requests", "feedback", "internal")]
+    try:
+        while threads[0].is_alive() or kills < 5:
+            proc = start_service(env, recovery)
+            time.sleep(rng.uniform(2.5, 4.5))
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            if kills % 3:
+                forgotten += sum(forget_consumed(kafka_bootstrap, topic) for topic in read)
+                fresh_directory(recovery)
+        proc = start_service(env, recovery)  # the last run: everything answered and applied
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            with clients.lock:
+                answered = len(clients.answers)
+            states = changelog_states(kafka_bootstrap, changelog) if answered == REQUESTS else {}
+            settled = sum(len(s["settled"]) for s in states.values())
+            if answered == REQUESTS and settled == REQUESTS:
+                break
+    finally:
+        clients.stop.set()
+        for thread in threads:
+            thread.join()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    assert kills >= 5 and forgotten > 0
+    changed = {rid: seen for rid, seen in clients.answers.items() if len(seen) > 1}
+    assert changed == {}  # every re-emitted or retried answer is the first one
+    assert len(clients.answers) == REQUESTS
+    letters = [orjson.loads(v) for _, v, _ in consume_all(kafka_bootstrap, topics["dlq"])[0]]
+    assert letters == []  # no feedback refused (arm_mismatch, duplicate, unknown, ...)
+    states = changelog_states(kafka_bootstrap, changelog)
+    assert sum(s["bandit"]["n_updates"] for s in states.values()) == REQUESTS  # once each
+    assert sum(len(s["open"]) + len(s["early"]) for s in states.values()) == 0
