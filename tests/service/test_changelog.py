@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flows.service.instances.registry import Registry
+from flows.service.instances.resting import state_of
 from flows.service.shards.changelog import (
     MARKER_KEY,
     ChangelogError,
@@ -18,7 +19,7 @@ from flows.service.shards.changelog import (
     replay,
 )
 from flows.service.shards.logic import logic_builder
-from flows.service.wire.events import Origin, parse_feedback, parse_request
+from flows.service.wire.events import Origin, Request, parse_feedback, parse_request
 from flows.service.wire.keys import instance_key, shard_of
 
 REGISTRY = Registry.from_toml(
@@ -56,7 +57,7 @@ def events_of(ops):
     offsets, asked, out = [0, 0], {}, []
     for kind, unit, loss in ops:
         part = unit % 2
-        origin = Origin("in", part, offsets[part])
+        origin = Origin("in", part, offsets[part], 1_000.0 + STEP * len(out))  # its Kafka time
         offsets[part] += 1
         asked[unit] = asked.get(unit, 0) + (kind == "request")
         body = {"experiment": "e", "unit": f"u{unit}", "request_id": f"r{asked[unit]}"}
@@ -68,21 +69,30 @@ def events_of(ops):
     return out
 
 
+def states(logic):
+    """{key: Instance.to_dict()} of every instance a shard holds: what it holds, however
+    it holds it (a retry answered builds a kept answer into an entry, the same answer)."""
+    return {e.key: state_of(e) for e in logic.store._all_entries()}
+
+
 def held(logic):
     """{key: (kind, data)} of every instance a shard holds, as entries (packed bytes)."""
     return {e.key: (e.kind, e.data) for e in logic.store._all_entries()}
 
 
 def feed(logic, events, first=0):
-    """Handle each event at its own time (its index from ``first``), then what is due."""
+    """Handle each event at its own time (its index from ``first``), then what is due;
+    {(instance, request_id): (arm, prob)} of the selections."""
+    answers = {}
     for at, routed in enumerate(events, first):
-        step(logic, at, routed)
+        answers.update(step(logic, at, routed))
+    return answers
 
 
 def step(logic, at, routed):
     NOW[0] = 1_000.0 + STEP * at
-    logic.handle([routed])
-    logic.wake()
+    out = logic.handle([routed]) + logic.wake()
+    return {(o.instance, o.request_id): (o.arm, o.prob) for o in out if hasattr(o, "arm")}
 
 
 def run(logic, events, closes, turns):
@@ -90,7 +100,7 @@ def run(logic, events, closes, turns):
     index of the event after each), generations turn after those at ``turns``."""
     snapshots = []
     for at, routed in enumerate(events):
-        step(logic, at, routed)
+        logic.answers = {**getattr(logic, "answers", {}), **step(logic, at, routed)}
         if at in turns:
             logic.store.turned = float("-inf")
             logic.handle([])
@@ -161,14 +171,25 @@ def test_a_crash_with_or_without_its_disk_applies_every_event_once(
     snapshots = run(first, events[:crash], closes, turns)
     changelog.deliver()  # what was sent when it was killed
     committed, resumed_at = snapshots[-2] if len(snapshots) > 1 else (None, 0)
+    committed_at = resumed_at
     if disk:
         restarted = build(store, changelog, committed)
     else:
         restarted, resumed_at = build(tmp_path_factory.mktemp("lost"), changelog), 0
-    feed(restarted, events[resumed_at:], resumed_at)
-    assert held(restarted) == held(oracle)
+    again = feed(restarted, events[resumed_at:], resumed_at)
+    assert states(restarted) == states(oracle)
+    # what the epochs after the committed one answered (perhaps never written) is answered
+    # again, the same, disk or no disk
+    marked = 1_000.0 + STEP * (snapshots[-1][1] - 1) if snapshots else 0.0  # the last marker
+    uncommitted = {  # those the changelog holds an answer of still, if it holds them
+        (key, e.request_id)
+        for key, _, e in events[committed_at:crash]
+        if isinstance(e, Request) and e.origin.time + REGISTRY["e"].retry_window >= marked
+    }
+    asked = uncommitted & set(getattr(first, "answers", {}))
+    assert {rid: again.get(rid) for rid in asked} == {rid: first.answers[rid] for rid in asked}
     restarted.snapshot()
-    assert held(build(tmp_path_factory.mktemp("later"), changelog)) == held(oracle)
+    assert states(build(tmp_path_factory.mktemp("later"), changelog)) == states(oracle)
 
 
 def test_a_shard_another_process_served_since_is_rebuilt_from_the_changelog(tmp_path):
@@ -228,3 +249,16 @@ def test_an_epoch_close_marks_after_its_records_and_an_idle_close_marks_nothing(
     assert first["seq"] == 1 and first["seen"] == {("in", 0): 0, ("in", 1): 0}
     assert logic.snapshot()["changelog"] == first and len(changelog.read(SHARD)) == len(keys)
     assert replay(changelog.read(SHARD)).marker.seen == first["seen"]
+
+
+def test_a_shard_of_another_shard_count_leaves_the_changelog_alone(tmp_path):
+    """Its index names another shard's partition: it neither reads nor writes it."""
+    changelog = MemoryChangelog()
+    run(build(tmp_path / "a", changelog), events_of([("request", 1, 0.0)]), {0}, set())
+    before = copy.deepcopy(changelog.logs)
+    foreign = logic_builder(REGISTRY, store=tmp_path / "b", changelog=changelog)(
+        {"shard": "shard-000-of-002", "store": {"gen": 1, "end": 0}}
+    )
+    assert "foreign_shard" in [letter.reason for letter in foreign.handle([])]
+    foreign.snapshot()
+    assert changelog.logs == before and changelog.sent == {}

@@ -166,7 +166,7 @@ class ShardStore:
         elif self.context.store is not None and self.context.snapshots:
             self.log = ShardLog(self.context.store, shard)
             entries, problem = self.log.resume(None if resume is None else resume["store"])
-            if self.context.changelog is not None:
+            if self.context.changelog is not None and of_this_layout(shard):
                 entries, problem = self._started(shard, entries, problem, resume)
             elif problem is not None:
                 problem = f"the shard's log is damaged, {len(entries)} instances read: {problem}"
@@ -244,7 +244,8 @@ class ShardStore:
 
     def _applied(self, events: list[Routed]) -> list[Routed]:
         """With a changelog: note the input the state now includes (``Marker.seen``), and
-        drop what a shard rebuilt from its changelog already holds (``guard``)."""
+        drop what a shard rebuilt from its changelog already holds (``guard``), but for
+        the requests it answers again (``_answers_again``)."""
         seen, guard = self.mirrored.seen, self.guard
         kept = [] if guard else events
         for routed in events:
@@ -260,13 +261,36 @@ class ShardStore:
                 continue
             where = (origin.source, origin.partition)
             if guard:
-                if offset <= guard.get(where, -1):
+                if offset <= guard.get(where, -1) and not self._answers_again(routed):
                     continue
                 kept.append(routed)
             if offset > seen.get(where, -1):
                 seen[where] = offset
         self.unmarked = True
         return kept
+
+    def _answers_again(self, routed: Routed) -> bool:
+        """Whether a request a rebuilt shard already holds goes on to its instance all the
+        same: its answer may be one the crash kept from being written (the changelog had
+        the epoch, the selections' topic not yet), and an instance that still holds the
+        request answers it again as a retry, changing nothing. One too old to be held is
+        not looked up (no instance is revived for it)."""
+        key, experiment, event = routed
+        if not isinstance(event, Request) or event.origin.time is None:
+            return False
+        if event.origin.time + experiment.feedback_ttl + experiment.retry_window < self._now():
+            return False
+        instance = self.instances.get(key)
+        if instance is None:
+            entry = self.resting.pop(key)
+            if entry is None:
+                return False
+            try:
+                instance = self._built(experiment, key, entry)
+            except Exception:  # kept as it was: its events get their letters on the way
+                return True
+            self.changed(key)  # live now: settled and woken as any other
+        return instance.get(event.request_id) is not None
 
     # What the compiled loop (``flows.service.shards._event_loop``) uses of a shard: ``instances``,
     # ``touched``, ``deadlines``, ``context`` and the three methods below.
