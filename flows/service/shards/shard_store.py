@@ -287,8 +287,8 @@ class ShardStore:
                 return False
             try:
                 instance = self._built(experiment, key, entry)
-            except Exception:  # kept as it was: its events get their letters on the way
-                return True
+            except Exception:  # kept as it was (``_built``); the request is applied already
+                return False
             self.changed(key)  # live now: settled and woken as any other
         return instance.get(event.request_id) is not None
 
