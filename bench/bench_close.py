@@ -12,6 +12,9 @@ serves ``PAIRS`` requests and their feedback: the first half before a generation
 for them), the second half after it. Then every shard's ``snapshot()``, the close, is
 timed (wall clock, all of them), with the instances it found changed. Median of ``REPEATS``
 epochs on the same shards, after one epoch of warm-up. No Kafka, no Bytewax.
+``--changelog``: each shard's log mirrored to an in-memory changelog
+(``flows.service.shards.changelog.MemoryChangelog``): what the mirror costs the shards
+themselves, without the broker's round trip.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from bench_engine import BATCH, messages  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
+from flows.service.shards.changelog import MemoryChangelog  # noqa: E402
 from flows.service.shards.deadlines import WakeUpScheduler  # noqa: E402
 from flows.service.shards.logic import FlowContext, ShardLogic  # noqa: E402
 from flows.service.shards.stream_clock import StreamClock  # noqa: E402
@@ -46,10 +50,15 @@ REPEATS = 5
 class Shards:
     """The shards of one flow over a store directory, fed in batches."""
 
-    def __init__(self, store: Path, registry: LiveRegistry) -> None:
+    def __init__(self, store: Path, registry: LiveRegistry, changelog: bool = False) -> None:
         self.registry = registry
         self.context = FlowContext(
-            registry, snapshots=True, stream=StreamClock(), wake_ups=WakeUpScheduler(), store=store
+            registry,
+            snapshots=True,
+            stream=StreamClock(),
+            wake_ups=WakeUpScheduler(),
+            store=store,
+            changelog=MemoryChangelog() if changelog else None,
         )
         self.logics: dict[str, ShardLogic] = {}
         self.offset = 0
@@ -101,13 +110,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=PAIRS)
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--changelog", action="store_true", help="mirror to a changelog")
     args = parser.parse_args()
     from bench_flow import registry_toml
 
     msgs = messages("events", args.pairs)
     freeze_long_lived()
     with tempfile.TemporaryDirectory(prefix="tsi-bench-close-") as store:
-        shards = Shards(Path(store), LiveRegistry(Registry.from_toml(registry_toml())))
+        registry = LiveRegistry(Registry.from_toml(registry_toml()))
+        shards = Shards(Path(store), registry, args.changelog)
         shards.feed(msgs)
         shards.close()  # the bases
         shards.turn()
@@ -124,6 +135,8 @@ def main() -> None:
     )
     print(f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
     print(f"- {args.pairs:,} requests and their feedback an epoch, a generation turning halfway")
+    if args.changelog:
+        print("- each shard's log mirrored to an in-memory changelog (`--changelog`)")
     print(
         f"- the close of {SHARDS} shards: **{statistics.median(seconds) * 1e3:.1f} ms** (median of "
         f"{args.repeats}; runs {', '.join(f'{s * 1e3:.1f}' for s in seconds)}), "

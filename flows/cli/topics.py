@@ -18,6 +18,7 @@ from flows.service.runtime.settings import (
     option,
     topics_from_env,
 )
+from flows.service.wire.keys import SHARDS
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create and check the service's Kafka topics.")
 app.add_typer(topics_app, name="topics")
@@ -59,7 +60,8 @@ def topics_create(
     ),
     timeout: float = _TIMEOUT,
 ) -> None:
-    """Create the service's topics: requests, feedback (or --events-topic), selections, DLQ.
+    """Create the service's topics: requests, feedback (or --events-topic), selections, DLQ,
+    and with --changelog-topic the changelog (compacted, one partition a shard).
 
     Idempotent: an existing topic is reported ("exists, 3 partitions, ...") and left as is.
     It is an error (exit status 2, nothing created) only if it contradicts an option given:
@@ -83,6 +85,7 @@ def topics_create(
             replication_factor=replication_factor,
             max_bytes=limits,
             timeout=timeout,
+            changelog=None if topics.changelog is None else (topics.changelog, SHARDS),
         )
     except (ConfigError, TopicError) as exc:
         fail("topics", str(exc))

@@ -36,6 +36,7 @@ from bytewax.operators import StatefulBatchLogic
 from flows.service.instances.instance import Output
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import count_dead_letter
+from flows.service.shards.changelog import Changelog
 from flows.service.shards.deadlines import WakeUps, WakeUpScheduler
 from flows.service.shards.logic import Routed, ShardLogic, logic_builder
 from flows.service.shards.stream_clock import StreamClock
@@ -401,6 +402,7 @@ def build_flow(
     guards: Guards = Guards(),
     stream: StreamClock | None = None,
     store: Path | None = None,
+    changelog: Changelog | None = None,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
@@ -411,7 +413,8 @@ def build_flow(
     ``LiveRegistry`` lets the service swap the registry while the flow runs; ``stream``
     runs the time to live on stream time (the Kafka service). ``store``: where the
     shards append what each epoch changed (``flows.service.shards.shard_log``); without it a
-    shard's snapshot holds all its instances.
+    shard's snapshot holds all its instances. ``changelog`` (with ``store``): where each
+    shard's log is mirrored (``flows.service.shards.changelog``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     inputs, outputs = wiring.inputs, wiring.outputs
@@ -424,7 +427,9 @@ def build_flow(
     if scheduler is not None:
         now = clock if stream is None else stream.now
         events.append(wake_up_events(flow, scheduler, inputs.ending, now))
-    builder = logic_builder(live, clock, snapshots, event_time, stream, scheduler, store)
+    builder = logic_builder(
+        live, clock, snapshots, event_time, stream, scheduler, store, changelog=changelog
+    )
     served = shard_step(op.merge("events", *events), _traced_builder(builder, outputs.trace))
     outputs.selections("selections_out", served.oks)
     _write_dead_letters(outputs, errs, served.errs, guards.dead_letter_raw)

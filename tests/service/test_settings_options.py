@@ -34,6 +34,7 @@ VALID = {  # a value each setting accepts, other than its default
     "TSI_TOPIC_SELECTIONS": "sel",
     "TSI_TOPIC_DLQ": "dl",
     "TSI_TOPIC_INTERNAL": "",
+    "TSI_TOPIC_CHANGELOG": "tsi.changelog",
     "TSI_RECOVERY_DIR": "rec",
     "TSI_SNAPSHOT_EVERY": "2.5",
     "TSI_BACKUP_EVERY": "20",

@@ -42,6 +42,7 @@ class Topics:
     dead_letters: str = "tsi.dlq"
     events: str | None = None
     internal: str | None = "tsi.events.internal"
+    changelog: str | None = None  # each shard's log mirrored (``kafka_changelog``)
 
     @property
     def repartitioned(self) -> bool:

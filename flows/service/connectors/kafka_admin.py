@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 DEFAULT_PARTITIONS = 3
 DEFAULT_REPLICATION = 1
+#: The changelog topic's settings (``tsi topics create``): compacted, and a record stays out
+#: of the cleaner this long, so the values an epoch never committed overwrote are still
+#: there when a restart repairs them (``flows.service.shards.changelog``): a process down
+#: longer than this may find a key's committed value cleaned away.
+CHANGELOG_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(24 * 3600 * 1000)}
 #: The broker's default ``message.max.bytes``, hence a topic's default max.message.bytes.
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1048588
 #: Kafka's rule for topic names.
@@ -72,7 +77,8 @@ def service_topics(topics: Topics) -> tuple[list[str], list[str]]:
     which the service writes first)."""
     inputs = [topics.events] if topics.events is not None else [topics.requests, topics.feedback]
     internal = [topics.internal] if topics.repartitioned else []
-    return inputs, [topics.selections, topics.dead_letters, *internal]
+    changelog = [topics.changelog] if topics.changelog is not None else []
+    return inputs, [topics.selections, topics.dead_letters, *internal, *changelog]
 
 
 # --------------------------------------------------------------------------- the brokers
@@ -166,6 +172,7 @@ def create_topics(
     replication_factor: int | None = None,
     max_bytes: Mapping[str, int] | None = None,
     timeout: float = 30.0,
+    changelog: tuple[str, int] | None = None,
 ) -> list[str]:
     """Create the topics of ``names`` that do not exist; one line per topic says what it is.
 
@@ -173,7 +180,9 @@ def create_topics(
     ``max.message.bytes`` from ``max_bytes`` when it names them. An existing topic is left
     as it is; it is an error (`TopicError`, before anything is created) only when it
     differs from what was asked explicitly: a ``partitions`` or ``replication_factor``
-    given (not None), or its ``max_bytes``. Returns once every new topic has leaders.
+    given (not None), or its ``max_bytes``. ``changelog``: (name, shards) of the changelog
+    topic, made with one partition a shard and ``CHANGELOG_CONFIG`` (an existing one must
+    match, ``check_changelog``). Returns once every new topic has leaders.
     """
     wanted = list(dict.fromkeys(names))  # the same name twice is one topic
     for name in wanted:
@@ -187,6 +196,12 @@ def create_topics(
         if info is not None
         for problem in differences(info, partitions, replication_factor, limits.get(name))
     ]
+    counts, configs = {}, {}
+    if changelog is not None:
+        name, shards = changelog
+        counts[name], configs[name] = shards, dict(CHANGELOG_CONFIG)
+        if before.get(name) is not None:
+            problems += changelog_problems(admin, before[name], shards, timeout)
     if problems:
         raise TopicError(
             f"{'; '.join(problems)}: existing topics are never changed; give other names, "
@@ -198,9 +213,12 @@ def create_topics(
         [
             NewTopic(
                 name,
-                partitions or DEFAULT_PARTITIONS,
+                counts.get(name) or partitions or DEFAULT_PARTITIONS,
                 replication_factor or DEFAULT_REPLICATION,
-                config={"max.message.bytes": str(limits[name])} if name in limits else {},
+                config={
+                    **({"max.message.bytes": str(limits[name])} if name in limits else {}),
+                    **configs.get(name, {}),
+                },
             )
             for name in missing
         ],
@@ -212,6 +230,49 @@ def create_topics(
         f"{name}: {'created' if name in created else 'exists'}, {_summary(after[name])}"
         for name in wanted
     ]
+
+
+def changelog_problems(
+    admin: AdminClient, info: TopicInfo, shards: int, timeout: float
+) -> list[str]:
+    """What makes an existing topic unfit to be the changelog: not one partition a shard
+    (a shard's records would not be in the partition read back for it), not compacted."""
+    problems = []
+    if info.partitions != shards:
+        problems.append(
+            f"changelog topic {info.name} has {info.partitions} partitions, not one a shard "
+            f"({shards})"
+        )
+    resource = ConfigResource(ResourceType.TOPIC, info.name)
+    try:
+        policy = admin.describe_configs([resource], request_timeout=timeout)[resource]
+        cleanup = policy.result(timeout)["cleanup.policy"].value
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
+        return [*problems, f"cannot read the configuration of changelog topic {info.name}: {exc}"]
+    if "compact" not in cleanup.split(","):
+        problems.append(
+            f"changelog topic {info.name} has cleanup.policy={cleanup}, not compact (delete "
+            "would drop instances' state with age)"
+        )
+    return problems
+
+
+def check_changelog(
+    brokers: Sequence[str], config: Mapping[str, Any], name: str, shards: int, timeout: float
+) -> None:
+    """The start-up check of the changelog topic: ``TopicError`` saying what is wrong."""
+    admin = admin_client(brokers, config)
+    [info] = describe_topics(
+        admin, cluster_metadata(admin, brokers, timeout), [name], timeout
+    ).values()
+    if info is None:
+        raise TopicError(f"changelog topic {name} does not exist; create it: tsi topics create")
+    problems = changelog_problems(admin, info, shards, timeout)
+    if problems:
+        raise TopicError(
+            f"{'; '.join(problems)}: make it with `tsi topics create` (under another name "
+            "if this one is in use)"
+        )
 
 
 def check_topic_name(name: str) -> None:

@@ -20,6 +20,7 @@ from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
 from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.connectors.kafka_changelog import KafkaChangelog
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
@@ -88,6 +89,11 @@ class Service:
         if self.outputs is not None:
             wiring = replace(wiring, outputs=self.outputs)
         store = None if isinstance(recovery, bool) else shard_store(recovery)
+        changelog = None
+        if store is not None and self.topics.changelog is not None:
+            changelog = KafkaChangelog(
+                self.brokers, self.topics.changelog, self.producer_config, self.consumer_config
+            )
         return build_flow(
             self.registry,
             wiring,
@@ -95,6 +101,7 @@ class Service:
             guards=self.guards,
             stream=STREAM_CLOCK,
             store=store,
+            changelog=changelog,
         )
 
     def _epoch_closed(self) -> None:

@@ -71,6 +71,14 @@ TOPIC_OPTIONS: dict[str, Option] = {
         str(Topics.internal),
         empty=True,
     ),
+    "changelog": Option(
+        "TSI_TOPIC_CHANGELOG",
+        "--changelog-topic",
+        "With --recovery-dir: the compacted topic each shard's log is mirrored to (one "
+        "partition a shard; `tsi topics create` makes it, e.g. tsi.changelog), so a lost or "
+        "damaged recovery directory is rebuilt from it.",
+        optional(name),
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from typing import IO
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
     TopicError,
+    check_changelog,
     group_offsets,
     service_topics,
 )
@@ -49,6 +50,7 @@ from flows.service.runtime.settings import (
     dead_letter_bound,
     outputs_of,
 )
+from flows.service.wire.keys import SHARDS
 
 log = logging.getLogger("tsi")
 DEFAULT_LOG_FILE = Path("tsi-run.log")
@@ -73,6 +75,10 @@ def prepare(options: Settings) -> Service:
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
+        if options.topics.changelog is not None:
+            check_changelog(
+                options.brokers, consumer, options.topics.changelog, SHARDS, options.connect_timeout
+            )
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
         if parts:
@@ -115,6 +121,11 @@ def check_recovery_options(options: Settings) -> None:
             "--fresh (state starts empty, the input resumes from the group's offsets) and "
             "--rebuild (the state is rebuilt from the inputs' start) contradict each other"
         )
+    if options.topics.changelog is not None and options.recovery_dir is None:
+        raise StartupError(
+            f"--changelog-topic {options.topics.changelog} mirrors the shards' logs in the "
+            "recovery directory: give --recovery-dir DIR too"
+        )
     if (options.recovery_dir is None) == (not options.no_recovery):
         raise StartupError(
             "give --recovery-dir DIR (state and offsets survive restarts) or --no-recovery "
@@ -145,7 +156,8 @@ def check_no_silent_reset(
     snapshots are lost; for a store imported and not committed since, ``tsi state
     import``, the positions it was given: the same group goes on from them). A process of
     a cluster compares the inputs its directory holds. ``--fresh`` accepts an empty store
-    (state starts empty; the input resumes from the group's offsets)."""
+    (state starts empty; the input resumes from the group's offsets), and so does a
+    changelog topic (each shard is rebuilt from it)."""
     group = options.group_id
     committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
     if not committed:
@@ -154,6 +166,17 @@ def check_no_silent_reset(
     imported = input_offsets(seeded_inputs(options.recovery_dir))
     stored = store_offsets(options.recovery_dir) if parts else None  # None: no commit yet
     if stored is None and not imported:
+        if options.topics.changelog is not None:
+            log.warning(
+                "recovery directory %s is empty and consumer group %r was at %s: each shard "
+                "is rebuilt from changelog %s, the inputs read again from their start (what "
+                "the shards hold is dropped)",
+                options.recovery_dir,
+                group,
+                where,
+                options.topics.changelog,
+            )
+            return
         if options.rebuild:
             log.warning(
                 "rebuilding (--rebuild) from the inputs' start: group %r was at %s", group, where

@@ -21,6 +21,7 @@ from bytewax.operators import StatefulBatchLogic
 
 from flows.service.instances.instance import Output
 from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.shards.changelog import Changelog
 from flows.service.shards.deadlines import WakeUpScheduler
 from flows.service.shards.shard_store import REST_AFTER, FlowContext, Routed, ShardStore
 from flows.service.shards.stream_clock import StreamClock
@@ -109,6 +110,7 @@ def logic_builder(
     wake_ups: WakeUpScheduler | None = None,
     store: Path | None = None,
     rest_after: float = REST_AFTER,
+    changelog: Changelog | None = None,
 ) -> Callable[[dict[str, Any] | None], ShardLogic]:
     """The builder ``op.stateful_batch`` calls for each new shard (with its resume state).
 
@@ -116,10 +118,11 @@ def logic_builder(
     ``event_time=True`` runs on the events' own time, ``stream`` on stream time, and
     ``wake_ups`` wakes shards from the worker's queue of that scheduler (the one the
     flow's ``WakeUps`` source reads), ``store`` keeps the shards' logs,
-    ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``).
+    ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``),
+    ``changelog`` (with ``store``) mirrors each shard's log (``shards.changelog``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     context = FlowContext(
-        live, clock, snapshots, event_time, stream, wake_ups, store, rest_after=rest_after
+        live, clock, snapshots, event_time, stream, wake_ups, store, rest_after, changelog
     )
     return lambda resume: ShardLogic(context, resume)

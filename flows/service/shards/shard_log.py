@@ -235,6 +235,24 @@ def encode(items: list[Any]) -> bytes:
     return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+def decode(record: bytes) -> Any:
+    """What one ``encode`` record holds; ``ValueError`` for a damaged one.
+
+    >>> decode(encode([1, 2]))
+    [1, 2]
+    """
+    if len(record) < HEADER.size:
+        raise ValueError(f"a record of {len(record)} bytes is shorter than its header")
+    size, crc = HEADER.unpack_from(record)
+    payload = record[HEADER.size :]
+    if len(payload) != size or zlib.crc32(payload) != crc:
+        raise ValueError("the record is damaged (its length or CRC does not match)")
+    try:
+        return loads(payload)
+    except Exception as exc:  # a record that passed its CRC but does not load
+        raise ValueError(f"the record does not load ({exc})") from None
+
+
 def read_records(path: Path, end: int | None) -> tuple[dict[str, Entry], int, str | None]:
     """The entries of ``path``'s records up to byte ``end`` (None: all), later ones
     replacing earlier ones of the same key; the bytes read; the problem that stopped the

@@ -25,6 +25,7 @@ from flows.service.instances.resting import Entry, Resting, entry_of, open_ticke
 from flows.service.observe.metrics import observe_expired, observe_restored
 from flows.service.shards import _event_loop as event_loop
 from flows.service.shards._deadline_queue import TimeHeap
+from flows.service.shards.changelog import Changelog, Mirror, Mirrored, encode, start
 from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
 from flows.service.shards.shard_log import ShardLog
 from flows.service.shards.stream_clock import StreamClock
@@ -81,6 +82,8 @@ class FlowContext:
     # None puts each shard's whole state in its Bytewax snapshot (tests, small flows)
     store: Path | None = None
     rest_after: float = REST_AFTER  # see REST_AFTER; 0 settles at every call
+    # with a store: each shard's log mirrored to its changelog (``shards.changelog``)
+    changelog: Changelog | None = None
 
 
 class ShardStore:
@@ -135,6 +138,10 @@ class ShardStore:
         self.loop: Any = None  # what the compiled loop keeps between calls (_event_loop)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
         self.foreign: list[Entry] = []  # a shard of another shard count: kept as they are
+        self.mirror: Mirror | None = None  # with a changelog: what the log's writes go to
+        self.mirrored: Mirrored | None = None  # where the changelog stands
+        self.guard: dict[tuple[str, int], int] = {}  # rebuilt: the input already applied
+        self.unmarked = False  # sent to the changelog since its last marker
         if resume:
             self._start(resume["shard"], resume)
 
@@ -159,8 +166,12 @@ class ShardStore:
         elif self.context.store is not None and self.context.snapshots:
             self.log = ShardLog(self.context.store, shard)
             entries, problem = self.log.resume(None if resume is None else resume["store"])
+            if self.context.changelog is not None and of_this_layout(shard):
+                entries, problem = self._started(shard, entries, problem, resume)
+            elif problem is not None:
+                problem = f"the shard's log is damaged, {len(entries)} instances read: {problem}"
             if problem is not None:
-                self._lost(f"the shard's log is damaged, {len(entries)} instances read: {problem}")
+                self._lost(problem)
             if self.log.fresh:  # a base now, so that resting can write within the first epoch
                 self.log.compact(list(entries.values()))
         else:
@@ -176,6 +187,20 @@ class ShardStore:
         else:
             for entry in entries.values():
                 self._resume(entry)
+
+    def _started(
+        self, shard: str, entries: dict[str, Entry], damaged: str | None, resume: dict | None
+    ) -> tuple[dict[str, Entry], str | None]:
+        """With a changelog: the entries the shard starts from (its log's, or rebuilt
+        from the changelog: ``changelog.start``), and the problem found, if any."""
+        changelog = self.context.changelog
+        begun = start(changelog, shard, entries, damaged, resume and resume.get("changelog"))
+        self.mirror = changelog.mirror(shard)
+        self.mirrored, self.guard = begun.mirrored, begun.guard
+        if begun.rebuilt:  # a new generation holds what the changelog gave
+            self.log.fresh = True
+            log.warning("%s: rebuilt from its changelog, %d instances", shard, len(begun.entries))
+        return begun.entries, begun.problem
 
     def _lost(self, detail: str, reason: str = "state_lost") -> None:
         log.error("%s: %s", self.shard, detail)
@@ -207,9 +232,65 @@ class ShardStore:
         out: list[Output] = []
         if self.problems:
             out, self.problems = self.problems, []
+        if self.shard is None and events and self.context.changelog is not None:
+            self._start(shard_of(events[0][0]), None)  # rebuilt, if it is, before the guard
+            out += self.problems
+            self.problems = []
+        if self.mirror is not None:
+            events = self._applied(events)
         out += event_loop.handle(self, events)
         self._settle(len(events))
         return out
+
+    def _applied(self, events: list[Routed]) -> list[Routed]:
+        """With a changelog: note the input the state now includes (``Marker.seen``), and
+        drop what a shard rebuilt from its changelog already holds (``guard``), but for
+        the requests it answers again (``_answers_again``)."""
+        seen, guard = self.mirrored.seen, self.guard
+        kept = [] if guard else events
+        for routed in events:
+            if routed[1] is None:  # a wake-up (``_event_loop``): no input
+                if guard:
+                    kept.append(routed)
+                continue
+            origin = routed[2].origin
+            offset = origin.offset
+            if offset is None or origin.partition is None:  # not from Kafka
+                if guard:
+                    kept.append(routed)
+                continue
+            where = (origin.source, origin.partition)
+            if guard:
+                if offset <= guard.get(where, -1) and not self._answers_again(routed):
+                    continue
+                kept.append(routed)
+            if offset > seen.get(where, -1):
+                seen[where] = offset
+        self.unmarked = True
+        return kept
+
+    def _answers_again(self, routed: Routed) -> bool:
+        """Whether a request a rebuilt shard already holds goes on to its instance all the
+        same: its answer may be one the crash kept from being written (the changelog had
+        the epoch, the selections' topic not yet), and an instance that still holds the
+        request answers it again as a retry, changing nothing. One too old to be held is
+        not looked up (no instance is revived for it)."""
+        key, experiment, event = routed
+        if not isinstance(event, Request) or event.origin.time is None:
+            return False
+        if event.origin.time + experiment.feedback_ttl + experiment.retry_window < self._now():
+            return False
+        instance = self.instances.get(key)
+        if instance is None:
+            entry = self.resting.pop(key)
+            if entry is None:
+                return False
+            try:
+                instance = self._built(experiment, key, entry)
+            except Exception:  # kept as it was (``_built``); the request is applied already
+                return False
+            self.changed(key)  # live now: settled and woken as any other
+        return instance.get(event.request_id) is not None
 
     # What the compiled loop (``flows.service.shards._event_loop``) uses of a shard: ``instances``,
     # ``touched``, ``deadlines``, ``context`` and the three methods below.
@@ -274,7 +355,7 @@ class ShardStore:
             self.touched.add(key)
             self.deadlines.want(key, self._due(instance))
         if dropped and self.log is not None:  # as the calls write what they put to rest
-            self.log.write(dropped)
+            self._logged(dropped)
         return out
 
     def _deadline_of(self, key: str, wished: float) -> float:
@@ -396,7 +477,19 @@ class ShardStore:
     def _write(self, keys: list[str]) -> None:
         """Write the live instances ``keys`` to the log within an epoch."""
         if keys:
-            self.log.write([entry_of(self.instances[key]) for key in keys])
+            self._logged([entry_of(self.instances[key]) for key in keys])
+
+    def _logged(self, entries: list[Entry]) -> None:
+        """Write ``entries`` to the log within an epoch, and to the changelog."""
+        self._mirrored(entries)
+        self.log.write(entries)
+
+    def _mirrored(self, entries: list[Entry]) -> None:
+        """Send ``entries`` to the changelog, if any (one record each, keyed by instance)."""
+        if self.mirror is not None and entries:
+            for entry in entries:
+                self.mirror.append(entry.key, encode([entry]))
+            self.unmarked = True
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on entries as
@@ -463,11 +556,16 @@ class ShardStore:
         if self.log is None:
             state = {"shard": self.shard, "entries": self._all_entries()}
         elif self.log.wants_compaction:
+            self._mirrored(list(map(entry_of, dirty)))  # the changelog compacts itself
             state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
         elif dirty:
-            state = {"shard": self.shard, "store": self.log.append(list(map(entry_of, dirty)))}
+            entries = list(map(entry_of, dirty))
+            self._mirrored(entries)
+            state = {"shard": self.shard, "store": self.log.append(entries)}
         else:
             state = {"shard": self.shard, "store": self.log.marker}
+        if self.mirror is not None:
+            state["changelog"] = self._marked()
         if self.log is None:
             self._put_to_rest(changed)
         else:  # at the pace of the calls that follow: the close is the latency's tail
@@ -475,6 +573,17 @@ class ShardStore:
             self.saved += written
             self.clean.update(written)
         return state
+
+    def _marked(self) -> dict[str, Any]:
+        """An epoch's close with a changelog: its marker sent after its entries, and
+        acknowledged with them before the snapshot returns (raises if they were not: the
+        epoch is not committed); where the changelog now stands (``Mirrored``)."""
+        now = self.mirrored
+        if self.unmarked:
+            self.mirror.mark(now.marker())
+            offset = self.mirror.acknowledged()
+            now.seq, now.offset, self.unmarked = now.seq + 1, offset, False
+        return {**vars(now), "seen": dict(now.seen)}
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:

@@ -1,0 +1,218 @@
+"""The shards' changelogs on Kafka: one compacted topic, partition = shard index.
+
+``KafkaChangelog`` is the ``shards.changelog.Changelog`` the service's shards mirror their
+logs to: one idempotent producer per process (each shard's records go to its own
+partition, explicitly, in order), and a shard's mirror waits, at its epoch's close, for
+the acknowledgement of every record it sent (``acknowledged``: the marker's offset).
+Reading a shard's partition back assigns a consumer to it and reads up to the high
+watermark. Client settings (SASL, TLS, ...) pass through the two config dicts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError as ConfluentKafkaError
+
+from flows.service.connectors.kafka_sink import names_of
+from flows.service.shards.changelog import (
+    MARKER_KEY,
+    ChangelogError,
+    Marker,
+    Record,
+    encode,
+    shard_index,
+)
+
+log = logging.getLogger(__name__)
+
+#: Seconds reading a partition back may take before it counts as unreadable.
+READ_TIMEOUT_S = 60.0
+#: Seconds between two log lines while an epoch's close waits for the broker.
+_WAIT_LOG_S = 10.0
+
+
+class KafkaChangelog:
+    """The shards' changelogs in ``topic`` on ``brokers`` (partition = shard index)."""
+
+    def __init__(
+        self,
+        brokers: list[str],
+        topic: str,
+        producer_config: dict[str, Any] | None = None,
+        consumer_config: dict[str, Any] | None = None,
+        read_timeout: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.brokers = names_of("brokers", brokers)
+        self.topic = topic
+        self._producer_config = dict(producer_config or {})
+        self._consumer_config = dict(consumer_config or {})
+        self._read_timeout = read_timeout
+        self._producer: Producer | None = None
+        self._lock = threading.Lock()
+
+    def producer(self) -> Producer:
+        """The process's one producer, built on first use (Bytewax's workers share it)."""
+        with self._lock:
+            if self._producer is None:
+                config = {
+                    "bootstrap.servers": ",".join(self.brokers),
+                    "client.id": "tsi-changelog",
+                    "linger.ms": 1,
+                    "message.timeout.ms": 0,  # a broker outage is waited out
+                    **self._producer_config,
+                    "enable.idempotence": True,  # in order, no duplicates
+                    "acks": "all",
+                    "delivery.report.only.error": False,  # the marker's offset is reported
+                }
+                self._producer = Producer(config)
+            return self._producer
+
+    def mirror(self, shard: str) -> KafkaMirror:
+        return KafkaMirror(self, shard_index(shard))
+
+    def read(self, shard: str, after: int = -1) -> list[Record]:
+        """The records of ``shard``'s partition at offsets above ``after``, up to its
+        high watermark; ``ChangelogError`` when they cannot be read in time."""
+        partition = shard_index(shard)
+        config = {
+            "bootstrap.servers": ",".join(self.brokers),
+            **self._consumer_config,
+            "group.id": f"tsi-changelog-reader-{uuid.uuid4().hex}",  # assigned, never committed
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 10,  # the partition's last fetch is not waited on
+        }
+        consumer = Consumer(config)
+        try:
+            return self._read(consumer, partition, after)
+        except KafkaException as exc:
+            raise ChangelogError(f"{self.topic}[{partition}]: {exc}") from None
+        finally:
+            consumer.close()
+
+    def _read(self, consumer: Consumer, partition: int, after: int) -> list[Record]:
+        started = time.monotonic()
+        low, high = self._watermarks(consumer, partition, started)
+        start = max(low, after + 1)
+        if high <= start:
+            return []
+        where = TopicPartition(self.topic, partition, start)
+        consumer.assign([where])
+        out: list[Record] = []
+        while True:
+            if time.monotonic() - started > self._read_timeout:
+                raise ChangelogError(
+                    f"{self.topic}[{partition}]: not read to offset {high} in "
+                    f"{self._read_timeout:g} s"
+                )
+            messages = consumer.consume(1000, 0.05)
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == ConfluentKafkaError._PARTITION_EOF or error.retriable():
+                        continue  # the end, or the client fetches again
+                    raise ChangelogError(f"{self.topic}[{partition}]: {error}")
+                offset = message.offset()
+                if after < offset < high:
+                    key = message.key()
+                    out.append((offset, key.decode() if key is not None else "", message.value()))
+            # the last offsets may be gone (a tombstone cleaned): the position says
+            if consumer.position([where])[0].offset >= high:
+                return out
+
+    def _watermarks(self, consumer: Consumer, partition: int, started: float) -> tuple[int, int]:
+        """The partition's low and high watermarks, asked again while its leader moves
+        (a new topic, a broker restarting) within the read's time."""
+        while True:
+            left = self._read_timeout - (time.monotonic() - started)
+            try:
+                return consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), timeout=max(left, 0.1)
+                )
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                retriable = isinstance(error, ConfluentKafkaError) and (
+                    error.retriable() or error.code() in _LEADER_MOVING
+                )
+                if not retriable or left <= 0:
+                    raise
+                time.sleep(0.2)
+
+
+class KafkaMirror:
+    """One shard's records, sent to its partition; ``acknowledged`` waits for them."""
+
+    def __init__(self, changelog: KafkaChangelog, partition: int) -> None:
+        self.changelog = changelog
+        self.partition = partition
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._errors: list[str] = []
+        self._marked: int | None = None
+
+    def _report(self, err: ConfluentKafkaError | None, message: Any) -> None:
+        with self._lock:
+            self._pending -= 1
+            if err is not None:
+                self._errors.append(str(err))
+            elif message.key() == _MARKER_BYTES:
+                offset = message.offset()
+                self._marked = offset if self._marked is None else max(self._marked, offset)
+
+    def append(self, key: str, value: bytes | None) -> None:
+        producer = self.changelog.producer()
+        with self._lock:
+            self._pending += 1
+        while True:
+            try:
+                producer.produce(
+                    self.changelog.topic, value, key, self.partition, on_delivery=self._report
+                )
+                break
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.1)
+        producer.poll(0)
+
+    def mark(self, marker: Marker) -> None:
+        self.append(MARKER_KEY, encode([marker]))
+
+    def acknowledged(self) -> int | None:
+        """Wait until every record sent has its report; the last marker's offset (None:
+        none sent since the last call). ``RuntimeError`` naming the first error if any
+        record was refused: the epoch is not committed and the flow replays it."""
+        producer = self.changelog.producer()
+        started = next_log = time.monotonic()
+        while self._pending > 0:
+            producer.poll(0.1)
+            if time.monotonic() - next_log > _WAIT_LOG_S:
+                next_log = time.monotonic()
+                log.warning(
+                    "changelog %s[%d]: %d records not acknowledged after %.0f s",
+                    self.changelog.topic,
+                    self.partition,
+                    self._pending,
+                    next_log - started,
+                )
+        with self._lock:
+            errors, self._errors = self._errors, []
+            marked, self._marked = self._marked, None
+        if errors:
+            raise RuntimeError(
+                f"Kafka did not acknowledge {len(errors)} changelog records of "
+                f"{self.changelog.topic}[{self.partition}]; first error: {errors[0]}"
+            )
+        return marked
+
+
+_MARKER_BYTES = MARKER_KEY.encode()
+_LEADER_MOVING = (
+    ConfluentKafkaError.NOT_LEADER_FOR_PARTITION,
+    ConfluentKafkaError.LEADER_NOT_AVAILABLE,
+    ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART,
+)

@@ -1,0 +1,361 @@
+"""A shard's log mirrored to a changelog: what is written, how it is read back.
+
+Each shard's log (``shard_log``) is the cache of a changelog that outlives the disk (Kafka
+Streams' pattern): every entry the shard writes to its log is appended to the changelog
+too, keyed by instance (``Mirror.append``: the same record bytes, one entry each), and
+each epoch's close ends with a ``Marker`` (``Mirror.mark``, under ``MARKER_KEY``, which no
+instance key can be) once the epoch's entries are in; the close returns only when the
+changelog has acknowledged them (``Mirror.acknowledged``), so Bytewax never commits an
+epoch whose state the changelog lacks.
+
+Read back (``replay``), the changelog up to its last marker is the shard's state; what
+follows it belongs to an epoch never committed and is dropped, and ``repair`` writes
+the committed value (or a tombstone) of those keys again, then a marker, so that a
+compacted changelog can never promote them: the topic's ``min.compaction.lag.ms`` keeps the
+cleaner from letting a record written after the last marker replace the committed one
+before a restart has repaired it. The changelog itself (Kafka: compacted,
+partition = shard index) is I/O at the edge: the store sees the two protocols below;
+``MemoryChangelog`` keeps one in memory for tests.
+
+>>> from flows.service.instances.resting import Entry
+>>> changelog = MemoryChangelog()
+>>> mirror = changelog.mirror("shard-000-of-001")
+>>> mirror.append("e", encode([Entry("e", "e", "state", {})]))
+>>> mirror.mark(Marker(1, {("t", 0): 7})); mirror.acknowledged()  # the marker's offset
+1
+>>> mirror.append("e", None)  # an epoch that never closed
+>>> changelog.deliver()
+>>> found = replay(changelog.read("shard-000-of-001"))
+>>> list(found.entries), found.marker.seq, found.tail
+(['e'], 1, ['e'])
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flows.service.instances.resting import Entry
+from flows.service.shards.shard_log import decode, encode
+
+__all__ = [
+    "MARKER_KEY",
+    "Changelog",
+    "ChangelogError",
+    "Marker",
+    "MemoryChangelog",
+    "Mirror",
+    "Mirrored",
+    "Replayed",
+    "Start",
+    "encode",
+    "repair",
+    "replay",
+    "shard_index",
+    "start",
+]
+
+#: The key of a shard's markers: an instance key never starts with a NUL byte (an
+#: experiment's name is printable).
+MARKER_KEY = "\x00marker"
+
+Record = tuple[int, str, bytes | None]  # (offset, key, value); None: a tombstone
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The end of a committed epoch in a shard's changelog: its sequence (monotone per
+    shard), what the shard's state includes of its input (per input partition, (topic,
+    partition), the highest input offset applied) and the lineage of the local log that
+    wrote it (a new one each time a shard starts from something else than its own log)."""
+
+    seq: int
+    seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    lineage: str = ""
+
+
+class ChangelogError(Exception):
+    """A changelog that cannot be read (the broker, or a record that does not decode)."""
+
+
+class Mirror(Protocol):
+    """One shard's side of its changelog: what its store writes through."""
+
+    def append(self, key: str, value: bytes | None) -> None:
+        """Send one instance's record (None: a tombstone); need not wait."""
+
+    def mark(self, marker: Marker) -> None:
+        """Send the marker that ends an epoch, after its records."""
+
+    def acknowledged(self) -> int | None:
+        """Return once everything sent is written for good, with the offset of the last
+        marker sent (None: none since the last call); raise if any of it was not."""
+
+
+class Changelog(Protocol):
+    """Where the shards' changelogs live: a mirror per shard, and a shard's read back."""
+
+    def mirror(self, shard: str) -> Mirror:
+        """The mirror shard ``shard`` writes through."""
+
+    def read(self, shard: str, after: int = -1) -> list[Record]:
+        """The records of ``shard``'s changelog at offsets above ``after``, in order ([]
+        for none); ``ChangelogError`` when it cannot be read."""
+
+
+def shard_index(shard: str) -> int:
+    """The changelog partition of a shard: its index (``keys.shard_name``).
+
+    >>> shard_index("shard-007-of-032")
+    7
+    """
+    index = shard[6:9]
+    if not (shard.startswith("shard-") and index.isdigit()):
+        raise ValueError(f"{shard!r} is not a shard name (shard-NNN-of-MMM)")
+    return int(index)
+
+
+@dataclass
+class Replayed:
+    """A changelog read back: the entries as of its last marker, that marker (None: no
+    epoch was ever marked), and the keys written after it (``tail``), in order."""
+
+    entries: dict[str, Entry]
+    marker: Marker | None
+    tail: list[str]
+
+
+def replay(records: Iterable[Record]) -> Replayed:
+    """The state a changelog's ``records`` hold as of their last marker.
+    ``ChangelogError`` for a record that does not decode (naming its key)."""
+    committed: dict[str, Entry] = {}
+    pending: dict[str, Entry | None] = {}
+    marker = None
+    for _, key, value in records:
+        if key == MARKER_KEY:
+            marker = _decoded(key, value)
+            if not isinstance(marker, Marker):
+                raise ChangelogError(f"the marker record holds {type(marker).__name__}")
+            for each, entry in pending.items():
+                if entry is None:
+                    committed.pop(each, None)
+                else:
+                    committed[each] = entry
+            pending.clear()
+        else:
+            pending[key] = None if value is None else _decoded(key, value)
+    return Replayed(committed, marker, list(pending))
+
+
+def _decoded(key: str, value: bytes | None) -> object:
+    if value is None:
+        raise ChangelogError(f"record {key!r} is a tombstone where a marker belongs")
+    try:
+        items = decode(value)
+    except ValueError as exc:
+        raise ChangelogError(f"record {key!r}: {exc}") from None
+    if len(items) != 1:
+        raise ChangelogError(f"record {key!r} holds {len(items)} items, not one")
+    return items[0]
+
+
+def repair(
+    mirror: Mirror, tail: Iterable[str], entries: dict[str, Entry], marker: Marker
+) -> int | None:
+    """Write again the committed value (``entries``), or a tombstone, of each key of
+    ``tail`` (written after the last marker, in an epoch never committed), then
+    ``marker``; the marker's offset once the changelog has acknowledged them."""
+    for key in tail:
+        entry = entries.get(key)
+        mirror.append(key, None if entry is None else encode([entry]))
+    mirror.mark(marker)
+    return mirror.acknowledged()
+
+
+@dataclass
+class Mirrored:
+    """Where a shard's changelog stands (kept in the shard's Bytewax state): the last
+    marker's sequence, offset (None: none acknowledged yet) and lineage, and the input
+    the shard's state includes (``Marker.seen``)."""
+
+    seq: int
+    offset: int | None
+    lineage: str
+    seen: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def marker(self) -> Marker:
+        """The next marker: the sequence after this one's."""
+        return Marker(self.seq + 1, dict(self.seen), self.lineage)
+
+
+@dataclass
+class Start:
+    """A shard's start-up decision (``start``): the entries it starts from, where its
+    changelog stands, the input already in its state when it was rebuilt from the
+    changelog (``guard``: per input partition, events at or below that offset are
+    dropped), and what went wrong (``problem``: a ``state_lost``), if anything."""
+
+    entries: dict[str, Entry]
+    mirrored: Mirrored
+    guard: dict[tuple[str, int], int] = field(default_factory=dict)
+    rebuilt: bool = False
+    problem: str | None = None
+
+
+def _lineage() -> str:
+    return uuid.uuid4().hex
+
+
+def start(
+    changelog: Changelog,
+    shard: str,
+    local: dict[str, Entry],
+    damaged: str | None,
+    mirrored: dict[str, Any] | None,
+) -> Start:
+    """Decide where shard ``shard`` starts: from its local log (``local``, read as of its
+    Bytewax state; ``damaged`` says what was wrong with it, if anything) or from its
+    changelog; and bring the changelog in line with that choice.
+
+    - ``mirrored`` (the Bytewax state's ``Mirrored``, as a dict) and a sound local log:
+      the local log, unless the changelog holds markers of another lineage after
+      ``mirrored`` (another process served the shard since): then the changelog. What
+      follows ``mirrored`` of its own lineage is uncommitted: repaired to the local values.
+    - a sound local log holding entries and no ``mirrored`` (a seed, a store from before
+      the changelog): the local entries, all written to the changelog (its other keys
+      tombstoned).
+    - otherwise (nothing local, or a damaged log): rebuilt from the changelog up to its
+      last marker; nothing there either: a first start.
+
+    A changelog that cannot be read leaves the local entries, with a ``problem``."""
+    mirror = changelog.mirror(shard)
+    held = None if mirrored is None else Mirrored(**mirrored)
+    try:
+        if held is not None and damaged is None:
+            after = -1 if held.offset is None else held.offset
+            records = changelog.read(shard, after)
+            markers = [_decoded(k, v) for _, k, v in records if k == MARKER_KEY]
+            if all(getattr(m, "lineage", None) == held.lineage for m in markers):
+                return _kept(mirror, held, local, records, markers)
+        elif held is None and damaged is None and local:
+            return _seeded(changelog, mirror, shard, local)
+        return _rebuilt(changelog, mirror, shard, local, damaged)
+    except ChangelogError as exc:
+        problem = f"the shard's changelog cannot be read ({exc})"
+        if damaged is not None:
+            problem = f"the shard's log is damaged ({damaged}) and {problem}"
+        kept = held or Mirrored(0, None, _lineage())
+        return Start(local, kept, problem=f"{problem}: {len(local)} instances read")
+
+
+def _kept(
+    mirror: Mirror,
+    held: Mirrored,
+    local: dict[str, Entry],
+    records: list[Record],
+    markers: list[Any],
+) -> Start:
+    """The local log, and what the changelog holds after it repaired to its values."""
+    if not records:
+        return Start(local, held)
+    seq = max([held.seq] + [m.seq for m in markers])
+    tail = list(dict.fromkeys(k for _, k, _ in records if k != MARKER_KEY))
+    now = Mirrored(seq, None, held.lineage, held.seen)
+    now.offset = repair(mirror, tail, local, now.marker())
+    now.seq += 1
+    return Start(local, now)
+
+
+def _seeded(changelog: Changelog, mirror: Mirror, shard: str, local: dict[str, Entry]) -> Start:
+    """Local entries without a changelog position: all of them written to it."""
+    records = changelog.read(shard)
+    seq = max([0] + [m.seq for _, k, v in records if k == MARKER_KEY for m in [_decoded(k, v)]])
+    gone = [k for _, k, _ in records if k != MARKER_KEY and k not in local]
+    now = Mirrored(seq, None, _lineage())
+    now.offset = repair(mirror, list(local) + list(dict.fromkeys(gone)), local, now.marker())
+    now.seq += 1
+    return Start(local, now)
+
+
+def _rebuilt(
+    changelog: Changelog,
+    mirror: Mirror,
+    shard: str,
+    local: dict[str, Entry],
+    damaged: str | None,
+) -> Start:
+    """The changelog's state as of its last marker (nothing local, or a damaged log)."""
+    found = replay(changelog.read(shard))
+    if found.marker is None:  # never marked: a first start (what it holds is tombstoned)
+        problem = None if damaged is None else f"the shard's log is damaged: {damaged}"
+        now = Mirrored(0, None, _lineage())
+        if found.tail:
+            now.offset = repair(mirror, found.tail, local, now.marker())
+            now.seq += 1
+        return Start(local, now, problem=problem)
+    last = found.marker
+    now = Mirrored(last.seq, None, _lineage(), dict(last.seen))
+    now.offset = repair(mirror, found.tail, found.entries, now.marker())
+    now.seq += 1
+    return Start(found.entries, now, guard=dict(last.seen), rebuilt=True)
+
+
+class MemoryChangelog:
+    """Changelogs in memory (tests): a record is in once acknowledged; ``lose`` drops
+    what was sent and not acknowledged (a process killed), ``compact`` does what Kafka's
+    log cleaner may (only the last record of each key, in order), ``deliver`` what
+    reaches the broker unacknowledged."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, list[Record]] = {}
+        self.sent: dict[str, list[Record]] = {}
+
+    def mirror(self, shard: str) -> _MemoryMirror:
+        return _MemoryMirror(self, shard)
+
+    def read(self, shard: str, after: int = -1) -> list[Record]:
+        return [record for record in self.logs.get(shard, []) if record[0] > after]
+
+    def lose(self) -> None:
+        self.sent.clear()
+
+    def deliver(self) -> None:
+        """What was sent reaches the changelog, unacknowledged (a process killed after)."""
+        for shard in list(self.sent):
+            self._written(shard)
+
+    def _written(self, shard: str) -> int | None:
+        """Write what ``shard`` sent; the offset of its last marker, if any."""
+        records = self.logs.setdefault(shard, [])
+        marked = None
+        for key, value in self.sent.pop(shard, []):
+            offset = records[-1][0] + 1 if records else 0
+            records.append((offset, key, value))
+            marked = offset if key == MARKER_KEY else marked
+        return marked
+
+    def compact(self, upto: int | None = None) -> None:
+        """Keep only the last record of each key among those at offsets up to ``upto``
+        (None: all): Kafka's cleaner leaves records younger than the topic's
+        ``min.compaction.lag.ms`` out of both sides."""
+        for shard, records in self.logs.items():
+            old = [r for r in records if upto is None or r[0] <= upto]
+            last = {key: offset for offset, key, _ in old}
+            self.logs[shard] = [r for r in old if last[r[1]] == r[0]] + records[len(old) :]
+
+
+class _MemoryMirror:
+    def __init__(self, changelog: MemoryChangelog, shard: str) -> None:
+        self.changelog = changelog
+        self.shard = shard
+
+    def append(self, key: str, value: bytes | None) -> None:
+        self.changelog.sent.setdefault(self.shard, []).append((key, value))
+
+    def mark(self, marker: Marker) -> None:
+        self.append(MARKER_KEY, encode([marker]))
+
+    def acknowledged(self) -> int | None:
+        return self.changelog._written(self.shard)

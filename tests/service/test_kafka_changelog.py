@@ -1,0 +1,89 @@
+"""The changelog on the real broker: ``tsi topics create`` makes it compacted with one
+partition a shard, the start-up check refuses one that is not, a shard's mirror writes
+to its own partition and is acknowledged with its marker's offset, and a shard whose
+recovery directory is gone is rebuilt from it."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from flows.service.connectors.kafka_admin import TopicError, check_changelog, create_topics
+from flows.service.connectors.kafka_changelog import KafkaChangelog
+from flows.service.shards.changelog import MARKER_KEY, Marker, encode, replay
+from flows.testing.kafka_broker import create_topic, unique_topic
+from tests.service.test_changelog import build, events_of, held, run
+from tests.service.test_changelog import one_shard as one_shard  # a fixture
+from tests.service.test_topics import create_with_config, topic_config
+
+
+def test_topics_create_makes_the_changelog_compacted_one_partition_a_shard(kafka_bootstrap):
+    name = unique_topic("changelog")
+    [line] = create_topics([kafka_bootstrap], {}, [name], changelog=(name, 8))
+    assert line.startswith(f"{name}: created, 8 partitions")
+    assert topic_config(kafka_bootstrap, name, "cleanup.policy") == "compact"
+    assert int(topic_config(kafka_bootstrap, name, "min.compaction.lag.ms")) > 0
+    check_changelog([kafka_bootstrap], {}, name, 8, 30.0)
+    [again] = create_topics([kafka_bootstrap], {}, [name], changelog=(name, 8))
+    assert again.startswith(f"{name}: exists")
+
+
+def test_the_start_up_check_refuses_a_changelog_of_another_shape(kafka_bootstrap):
+    uncompacted = create_topic(kafka_bootstrap, unique_topic("changelog"), 4)
+    with pytest.raises(TopicError, match=r"cleanup\.policy=delete, not compact"):
+        check_changelog([kafka_bootstrap], {}, uncompacted, 4, 30.0)
+    compacted = create_with_config(
+        kafka_bootstrap, unique_topic("changelog"), {"cleanup.policy": "compact"}, 3
+    )
+    with pytest.raises(TopicError, match="has 3 partitions, not one a shard \\(4\\)"):
+        check_changelog([kafka_bootstrap], {}, compacted, 4, 30.0)
+    with pytest.raises(TopicError, match="has 3 partitions"):
+        create_topics([kafka_bootstrap], {}, [compacted], changelog=(compacted, 4))
+    with pytest.raises(TopicError, match="does not exist"):
+        check_changelog([kafka_bootstrap], {}, unique_topic("absent"), 4, 30.0)
+
+
+def test_a_mirror_writes_its_shards_partition_and_reads_back_to_the_high_watermark(
+    kafka_bootstrap,
+):
+    name = unique_topic("changelog")
+    create_topics([kafka_bootstrap], {}, [name], changelog=(name, 4))
+    changelog = KafkaChangelog([kafka_bootstrap], name)
+    shard = "shard-002-of-004"
+    assert changelog.read(shard) == []
+    mirror = changelog.mirror(shard)
+    assert mirror.acknowledged() is None  # nothing sent
+    mirror.append("e\x1fu1", encode(["one"]))
+    mirror.append("e\x1fu2", None)
+    mirror.mark(Marker(1, {("in", 0): 5}, "x"))
+    assert mirror.acknowledged() == 2  # the marker's offset
+    mirror.append("e\x1fu1", encode(["two"]))
+    assert mirror.acknowledged() is None
+    records = changelog.read(shard)
+    assert [(offset, key) for offset, key, _ in records] == [
+        (0, "e\x1fu1"),
+        (1, "e\x1fu2"),
+        (2, MARKER_KEY),
+        (3, "e\x1fu1"),
+    ]
+    assert records[1][2] is None and [k for _, k, _ in changelog.read(shard, after=2)] == [
+        "e\x1fu1"
+    ]
+    assert changelog.read("shard-001-of-004") == []  # its own partition only
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    assert len(admin.list_topics(name, timeout=30).topics[name].partitions) == 4
+
+
+def test_a_shard_whose_directory_is_gone_is_rebuilt_from_the_kafka_changelog(
+    kafka_bootstrap, tmp_path
+):
+    name = unique_topic("changelog")
+    create_topics([kafka_bootstrap], {}, [name], changelog=(name, 1))
+    changelog = KafkaChangelog([kafka_bootstrap], name)
+    events = events_of([("request", u % 5, 0.0) for u in range(20)])
+    first = build(tmp_path / "lost", changelog)
+    [(last, _)] = run(first, events, {len(events) - 1}, set())
+    found = replay(changelog.read(first.store.shard))
+    assert found.marker.seq == last["changelog"]["seq"] and found.tail == []
+    rebuilt = build(tmp_path / "new", KafkaChangelog([kafka_bootstrap], name))
+    assert held(rebuilt) == held(first) and rebuilt.handle([]) == []
