@@ -12,11 +12,13 @@ Each round produces the input (requests, then their feedback, on the two input t
 input consumed, one answer per request, through an internal topic: the service's two
 hops) and then the service as each size of members, each member one process with one
 worker and no recovery directory (the internal topic has ``SHARDS`` partitions: each
-shard one partition). A run is timed from its first answer to its last (their Kafka
-timestamps): its steady events/s. Figures: medians over the rounds of events/s, the ratio
-to the reference, and the ratio to linear (N members against N x one member of the same
-round). Each member takes a core, and the broker and the load want theirs: the default
-sizes are the powers of 2 up to min(8, cores // 2).
+shard one partition). A run is timed while all its members answer (``steady_rate``: from
+the latest member's first answer to the earliest member's last, Kafka timestamps), the
+reference from its first answer to its last: their steady events/s. Figures: medians
+over the rounds of events/s, the ratio to the reference, and the ratio to linear (N
+members against N x one member of the same round). Each member takes a core, and the
+broker and the load want theirs: the default sizes are the powers of 2 up to
+min(8, cores // 2).
 
 On a machine without network or Java: ``--java-home DIR`` (a Java runtime, e.g. the
 ``jlink`` one ``bench/cluster_bundle.sh`` makes) and ``--kafka-jars DIR`` (the broker's
@@ -52,7 +54,7 @@ from bench_flow import (  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
 from flow_kafka import bulk_producer, produce_all  # noqa: E402
 
-from flows.service.wire.keys import SHARDS  # noqa: E402
+from flows.service.wire.keys import SHARDS, shard_index  # noqa: E402
 from flows.testing import kafka_broker  # noqa: E402
 
 #: each member: ``tsi run`` without recovery, one worker (``--members``/``--member`` added)
@@ -89,18 +91,37 @@ def count(consumer: Any, topic: str, partitions: int) -> int:
     )
 
 
-def answer_span(bootstrap: str, topic: str, partitions: int, n: int) -> float:
-    """Seconds from the first to the last of the ``n`` answers in ``topic`` (Kafka
-    timestamps)."""
+def steady_rate(
+    bootstrap: str, topic: str, partitions: int, members: int, per_answer: float
+) -> float:
+    """Input events/s while every member answers: the answers of ``topic`` (Kafka
+    timestamps, each member's told apart by its instance key's internal partition) counted
+    from the latest member's first answer to the earliest member's last, times
+    ``per_answer`` (input events per request). Members start one after the other: the
+    first would otherwise be timed alone."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tsi-bench-unused"})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    stamps: list[int] = []
+    stamps: dict[int, list[int]] = {k: [] for k in range(members)}
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(partitions)
+    }
+    read = 0
     try:
-        while len(stamps) < n:
-            stamps += [m.timestamp()[1] for m in consumer.consume(10_000, 1.0) if not m.error()]
+        while read < sum(ends.values()):
+            for m in consumer.consume(10_000, 1.0):
+                if m.error():
+                    continue
+                read += 1
+                member = shard_index(m.key().decode()) % SHARDS % members
+                stamps[member].append(m.timestamp()[1])
     finally:
         consumer.close()
-    return (max(stamps) - min(stamps)) / 1000.0
+    start = max(min(each) for each in stamps.values())
+    end = min(max(each) for each in stamps.values())
+    inside = sum(start <= t <= end for each in stamps.values() for t in each)
+    if end <= start or inside < 100:
+        raise RuntimeError(f"{members} members never answered together ({inside} answers)")
+    return inside * per_answer / ((end - start) / 1000.0)
 
 
 def run_members(
@@ -132,7 +153,7 @@ def run_members(
     counter.close()
     if dead:
         log(f"  WARNING: {members} members wrote {dead} dead letters")
-    return inp.events / answer_span(bk.bootstrap, out["sel"], partitions, requests)
+    return steady_rate(bk.bootstrap, out["sel"], partitions, members, inp.events / requests)
 
 
 def prepare(bk: Any, requests: int, units: int, partitions: int) -> Input:

@@ -39,14 +39,19 @@ echo "$modules" >"$out/jre/MODULES"
 # 3. wheels: the project's (built here), its dependencies and the benchmark's (psutil)
 mkdir -p "$out/wheels"
 "$py" -m pip wheel -q --no-deps -w "$out/wheels" "$root"
-"$py" -m pip download -q -d "$out/wheels" --only-binary=:all: \
-  --python-version "$version" --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux_2_28_x86_64 --platform linux_x86_64 \
-  "$(ls "$out"/wheels/tsi-*.whl)" psutil
+# (pip takes each --platform tag as it is: the manylinux tags up to glibc 2.31, Bytewax's)
+platforms=()
+for tag in manylinux1 manylinux2010 manylinux2014 manylinux_2_17 manylinux_2_24 \
+  manylinux_2_27 manylinux_2_28 manylinux_2_31 linux; do
+  platforms+=(--platform "${tag}_x86_64")
+done
+"$py" -m pip download -q -d "$out/wheels" --only-binary=:all: --python-version "$version" \
+  "${platforms[@]}" "$(ls "$out"/wheels/tsi-*.whl)" psutil
 
 # 4. the benchmark's scripts and the broker's start-up (no flows/ here: the wheel's)
 mkdir -p "$out/src/bench" "$out/src/deploy"
 cp "$root"/bench/bench_cluster.py "$root"/bench/bench_flow.py "$root"/bench/flow_*.py \
+  "$root"/bench/open_loop.py \
   "$out/src/bench/"
 cp -r "$root/deploy/kafka" "$out/src/deploy/"
 
