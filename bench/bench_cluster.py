@@ -7,11 +7,12 @@ Run from the repository root (it starts the project's broker unless
     .venv/bin/python bench/bench_cluster.py                 # sizes as the cores allow
     .venv/bin/python bench/bench_cluster.py --sizes 1,2,4,8 --java-home jre --kafka-jars kafka
 
-Each round produces the input (requests, then their feedback, on the two input topics,
-``--partitions`` each), runs the Python reference (``bench_flow.run_reference``: every
-input consumed, one answer per request, through an internal topic: the service's two
-hops) and then the service as each size of members, each member one process with one
-worker and no recovery directory (the internal topic has ``SHARDS`` partitions: each
+Each round runs the Python reference (``bench_flow.run_reference``: every input consumed,
+one answer per request, through an internal topic: the service's two hops) on the
+workload (requests, then their feedback, on the two input topics, ``--partitions`` each),
+then the service as each size of members on the same workload in fresh topics, produced
+once every member is ready, each member one process with one worker (``tsi run``, no
+recovery directory, epochs of 10 s) (the internal topic has ``SHARDS`` partitions: each
 shard one partition). A run is timed while all its members answer (``steady_rate``: from
 the latest member's first answer to the earliest member's last, Kafka timestamps), the
 reference from its first answer to its last: their steady events/s. Figures: medians
@@ -34,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -125,39 +127,61 @@ def steady_rate(
 
 
 def run_members(
-    bk: Any, inp: Input, partitions: int, registry: Path, workdir: Path, members: int
+    bk: Any, args: argparse.Namespace, registry: Path, workdir: Path, members: int
 ) -> float:
-    """The service as ``members`` members on ``inp`` (``partitions`` per topic): its
-    steady events/s."""
-    out = topics_of(bk.bootstrap, ("sel", "dlq"), partitions)
+    """The service as ``members`` members: started on empty input topics, and once every
+    member is ready (``/ready``: its first epoch done), the workload produced; its
+    steady events/s (``steady_rate``)."""
+    topics = topics_of(bk.bootstrap, ("requests", "feedback", "sel", "dlq"), args.partitions)
     internal = topics_of(bk.bootstrap, ("internal",), SHARDS)["internal"]
     group = f"bench-{uuid.uuid4().hex[:12]}"
-    requests = inp.events // 2
     counter = Consumer({"bootstrap.servers": bk.bootstrap, "group.id": "tsi-bench"})
     with contextlib.ExitStack() as stack:
-        procs = []
+        procs, ports = [], [kafka_broker.free_port() for _ in range(members)]
         for k in range(members):
             logfile = workdir / f"member-{uuid.uuid4().hex[:8]}-{k}.log"
-            args = (*MEMBER, "--members", str(members), "--member", str(k))
-            topics = {**inp.topics, **out}
-            proc = service_process(bk, args, topics, registry, logfile, internal, group)
+            member = ("--members", str(members), "--member", str(k), "--metrics-port")
+            proc = service_process(
+                bk, (*MEMBER, *member, str(ports[k])), topics, registry, logfile, internal, group
+            )
             procs.append((stack.enter_context(proc), logfile))
+        wait_ready(ports, procs)
+        work = workload({k: topics[k] for k in ("requests", "feedback")}, args.requests, args.units)
+        events = produce_all(bulk_producer(bk.bootstrap), work)
         deadline = time.perf_counter() + 600
-        while count(counter, out["sel"], partitions) < requests:
+        while count(counter, topics["sel"], args.partitions) < args.requests:
             for proc, logfile in procs:
                 check_alive(proc, logfile)
             if time.perf_counter() > deadline:
-                raise TimeoutError(f"{members} members answered {count(counter, out['sel'], 1)}")
+                answered = count(counter, topics["sel"], args.partitions)
+                raise TimeoutError(f"{members} members answered {answered}")
             time.sleep(0.2)
-    dead = count(counter, out["dlq"], 1)
+    dead = count(counter, topics["dlq"], 1)
     counter.close()
     if dead:
         log(f"  WARNING: {members} members wrote {dead} dead letters")
-    return steady_rate(bk.bootstrap, out["sel"], partitions, members, inp.events / requests)
+    per_answer = events / args.requests
+    return steady_rate(bk.bootstrap, topics["sel"], args.partitions, members, per_answer)
+
+
+def wait_ready(ports: list[int], procs: list[tuple[Any, Path]]) -> None:
+    """Until every member's ``/ready`` answers 200."""
+    deadline = time.perf_counter() + 300
+    waiting = set(ports)
+    while waiting:
+        for proc, logfile in procs:
+            check_alive(proc, logfile)
+        for port in list(waiting):
+            url = f"http://127.0.0.1:{port}/ready"
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
+                waiting.discard(port)  # 200 (503 raises HTTPError, an OSError)
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"members on metrics ports {sorted(waiting)} never ready")
+        time.sleep(0.5)
 
 
 def prepare(bk: Any, requests: int, units: int, partitions: int) -> Input:
-    """The two input topics, ``partitions`` each, holding the workload."""
+    """The reference's two input topics, ``partitions`` each, holding the workload."""
     topics = topics_of(bk.bootstrap, ("requests", "feedback"), partitions)
     events = produce_all(bulk_producer(bk.bootstrap), workload(topics, requests, units))
     return Input("separate", topics, events)
@@ -179,7 +203,7 @@ def measure(args: argparse.Namespace, sizes: tuple[int, ...]) -> dict[str, Any]:
             inp = prepare(bk, args.requests, args.units, args.partitions)
             run = {"reference": run_reference(bk, inp, counter, "python", 2)}
             for n in sizes:
-                run[n] = run_members(bk, inp, args.partitions, registry_path, workdir, n)
+                run[n] = run_members(bk, args, registry_path, workdir, n)
             log(
                 f"round {k + 1}: reference {run['reference']:,.0f}; "
                 + "; ".join(f"{n} x {run[n]:,.0f}" for n in sizes)
