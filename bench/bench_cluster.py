@@ -7,18 +7,20 @@ Run from the repository root (it starts the project's broker unless
     .venv/bin/python bench/bench_cluster.py                 # sizes as the cores allow
     .venv/bin/python bench/bench_cluster.py --sizes 1,2,4,8 --java-home jre --kafka-jars kafka
 
-Each round runs the Python reference (``bench_flow.run_reference``: every input consumed,
-one answer per request, through an internal topic: the service's two hops) on the
-workload (requests, then their feedback, on the two input topics, ``--partitions`` each),
-then the service as each size of members on the same workload in fresh topics, produced
-once every member is ready, each member one process with one worker (``tsi run``, no
-recovery directory, epochs of 10 s) (the internal topic has ``SHARDS`` partitions: each
-shard one partition). Each run is timed from its first answer to its last (their Kafka
-timestamps): its steady events/s. Figures: medians
-over the rounds of events/s, the ratio to the reference, and the ratio to linear (N
-members against N x one member of the same round). Each member takes a core, and the
+Each round produces the workload (requests, then their feedback, on the two input
+topics, ``--partitions`` each) and runs on it the Python reference
+(``bench_flow.run_reference``: every input consumed, one answer per request, through an
+internal topic: the service's two hops) and the service as each size of members, each
+member one process with one worker (``tsi run``, no recovery directory, epochs of 10 s;
+the internal topic has ``SHARDS`` partitions: a shard a partition). The reference is
+timed from its first answer to its last (Kafka timestamps); members start one after the
+other and run independently, so each member is timed from its own first answer to its
+last (``member_rates``) and the service's rate is the sum of its members'. Figures:
+medians over the rounds of events/s, the ratio to the reference, and the ratio to linear
+(N members against N x one member of the same round). Each member takes a core, and the
 broker and the load want theirs: the default sizes are the powers of 2 up to
-min(8, cores // 2).
+min(8, cores // 2); on a host with fewer cores than that, a member running while another
+starts has more CPU than its share, and the sum overstates.
 
 On a machine without network or Java: ``--java-home DIR`` (a Java runtime, e.g. the
 ``jlink`` one ``bench/cluster_bundle.sh`` makes) and ``--kafka-jars DIR`` (the broker's
@@ -34,7 +36,6 @@ import os
 import statistics
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ from bench_flow import (  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
 from flow_kafka import bulk_producer, produce_all  # noqa: E402
 
-from flows.service.wire.keys import SHARDS  # noqa: E402
+from flows.service.wire.keys import SHARDS, shard_index  # noqa: E402
 from flows.testing import kafka_broker  # noqa: E402
 
 #: each member: ``tsi run`` without recovery, one worker (``--members``/``--member`` added)
@@ -92,75 +93,63 @@ def count(consumer: Any, topic: str, partitions: int) -> int:
     )
 
 
-def answer_span(bootstrap: str, topic: str, partitions: int) -> float:
-    """Seconds from the first to the last answer in ``topic`` (Kafka timestamps)."""
+def member_rates(bootstrap: str, topic: str, partitions: int, members: int) -> list[float]:
+    """Each member's steady events/s: the answers of ``topic`` told apart by member (an
+    answer's instance key names its shard, whose internal partition is the member's),
+    two input events each (a request and its feedback, served by the same member), over
+    the time from the member's first answer to its last (Kafka timestamps)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tsi-bench-unused"})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     ends = [consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(partitions)]
-    stamps: list[int] = []
+    stamps: dict[int, list[int]] = {k: [] for k in range(members)}
+    read = 0
     try:
-        while len(stamps) < sum(ends):
-            stamps += [m.timestamp()[1] for m in consumer.consume(10_000, 1.0) if not m.error()]
+        while read < sum(ends):
+            for m in consumer.consume(10_000, 1.0):
+                if not m.error():
+                    read += 1
+                    member = shard_index(m.key().decode()) % SHARDS % members
+                    stamps[member].append(m.timestamp()[1])
     finally:
         consumer.close()
-    return (max(stamps) - min(stamps)) / 1000.0
+    return [2 * len(t) / ((max(t) - min(t)) / 1000.0) for t in stamps.values()]
 
 
 def run_members(
-    bk: Any, args: argparse.Namespace, registry: Path, workdir: Path, members: int
+    bk: Any, inp: Input, partitions: int, registry: Path, workdir: Path, members: int
 ) -> float:
-    """The service as ``members`` members: started on empty input topics, and once every
-    member is ready (``/ready``: its first epoch done), the workload produced; its steady
-    events/s (from its first answer to its last: all members were serving by then)."""
-    topics = topics_of(bk.bootstrap, ("requests", "feedback", "sel", "dlq"), args.partitions)
+    """The service as ``members`` members on ``inp`` (``partitions`` per topic): the sum
+    of its members' steady events/s (``member_rates``)."""
+    out = topics_of(bk.bootstrap, ("sel", "dlq"), partitions)
     internal = topics_of(bk.bootstrap, ("internal",), SHARDS)["internal"]
     group = f"bench-{uuid.uuid4().hex[:12]}"
+    requests = inp.events // 2
     counter = Consumer({"bootstrap.servers": bk.bootstrap, "group.id": "tsi-bench"})
     with contextlib.ExitStack() as stack:
-        procs, ports = [], [kafka_broker.free_port() for _ in range(members)]
+        procs = []
         for k in range(members):
             logfile = workdir / f"member-{uuid.uuid4().hex[:8]}-{k}.log"
-            member = ("--members", str(members), "--member", str(k), "--metrics-port")
-            proc = service_process(
-                bk, (*MEMBER, *member, str(ports[k])), topics, registry, logfile, internal, group
-            )
+            args = (*MEMBER, "--members", str(members), "--member", str(k))
+            topics = {**inp.topics, **out}
+            proc = service_process(bk, args, topics, registry, logfile, internal, group)
             procs.append((stack.enter_context(proc), logfile))
-        wait_ready(ports, procs)
-        work = workload({k: topics[k] for k in ("requests", "feedback")}, args.requests, args.units)
-        events = produce_all(bulk_producer(bk.bootstrap), work)
         deadline = time.perf_counter() + 600
-        while count(counter, topics["sel"], args.partitions) < args.requests:
+        while count(counter, out["sel"], partitions) < requests:
             for proc, logfile in procs:
                 check_alive(proc, logfile)
             if time.perf_counter() > deadline:
-                answered = count(counter, topics["sel"], args.partitions)
+                answered = count(counter, out["sel"], partitions)
                 raise TimeoutError(f"{members} members answered {answered}")
             time.sleep(0.2)
-    dead = count(counter, topics["dlq"], 1)
+    dead = count(counter, out["dlq"], 1)
     counter.close()
     if dead:
         log(f"  WARNING: {members} members wrote {dead} dead letters")
-    return events / answer_span(bk.bootstrap, topics["sel"], args.partitions)
-
-
-def wait_ready(ports: list[int], procs: list[tuple[Any, Path]]) -> None:
-    """Until every member's ``/ready`` answers 200."""
-    deadline = time.perf_counter() + 300
-    waiting = set(ports)
-    while waiting:
-        for proc, logfile in procs:
-            check_alive(proc, logfile)
-        for port in list(waiting):
-            url = f"http://127.0.0.1:{port}/ready"
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
-                waiting.discard(port)  # 200 (503 raises HTTPError, an OSError)
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"members on metrics ports {sorted(waiting)} never ready")
-        time.sleep(0.5)
+    return sum(member_rates(bk.bootstrap, out["sel"], partitions, members))
 
 
 def prepare(bk: Any, requests: int, units: int, partitions: int) -> Input:
-    """The reference's two input topics, ``partitions`` each, holding the workload."""
+    """The two input topics, ``partitions`` each, holding the workload."""
     topics = topics_of(bk.bootstrap, ("requests", "feedback"), partitions)
     events = produce_all(bulk_producer(bk.bootstrap), workload(topics, requests, units))
     return Input("separate", topics, events)
@@ -182,7 +171,7 @@ def measure(args: argparse.Namespace, sizes: tuple[int, ...]) -> dict[str, Any]:
             inp = prepare(bk, args.requests, args.units, args.partitions)
             run = {"reference": run_reference(bk, inp, counter, "python", 2)}
             for n in sizes:
-                run[n] = run_members(bk, args, registry_path, workdir, n)
+                run[n] = run_members(bk, inp, args.partitions, registry_path, workdir, n)
             log(
                 f"round {k + 1}: reference {run['reference']:,.0f}; "
                 + "; ".join(f"{n} x {run[n]:,.0f}" for n in sizes)
