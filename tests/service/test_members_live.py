@@ -7,10 +7,13 @@ order, so no feedback was lost or applied twice, whichever member served it.
 """
 
 import signal
+import subprocess
 import time
 
 from tests.service.members_live import (
+    PARTITIONS,
     REGISTRY,
+    TSI,
     Clients,
     comparable,
     home,
@@ -132,3 +135,17 @@ def test_one_member_killed_stops_only_its_partitions_and_resumes_exactly_once(
         k: comparable(v) for k, v in expected.items()
     }
     assert sum(s["bandit"]["n_updates"] for s in states.values()) == requests
+
+
+def test_members_refuse_a_topic_with_fewer_partitions_than_members(kafka_bootstrap, tmp_path):
+    topics = make_topics(kafka_bootstrap)  # PARTITIONS each
+    registry = tmp_path / "registry.toml"
+    registry.write_text(REGISTRY)
+    env = member_env(kafka_bootstrap, registry, topics, PARTITIONS + 1, 0)
+    done = subprocess.run(
+        [str(TSI), "run", "--no-recovery"], env=env, capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    said = done.stderr.decode().strip().splitlines()[-1]
+    assert said.startswith("tsi run: topic ") and f"fewer than the {PARTITIONS + 1} members" in said
+    assert any(f"topic {topics[name]} " in said for name in ("requests", "feedback", "internal"))
