@@ -1,29 +1,42 @@
-"""The service as deployed in one process and as a cluster of several, on the same input.
+"""The service as 1, 2, 4, 8 members (``tsi run --members N --member K``) against the same
+run's reference: does its throughput grow with its processes?
 
-Run from the repository root (about 4 minutes; it starts the project's broker unless
+Run from the repository root (it starts the project's broker unless
 ``KAFKA_BOOTSTRAP_SERVERS`` is set)::
 
-    .venv/bin/python bench/bench_cluster.py       # raw figures in bench/cluster_results.json
+    .venv/bin/python bench/bench_cluster.py                 # sizes as the cores allow
+    .venv/bin/python bench/bench_cluster.py --sizes 1,2,4,8 --java-home jre --kafka-jars kafka
 
-``bench_flow.py`` measures one process against references doing the service's work. A
-cluster spreads the shards over its processes (``-i``/``-a``, one worker each): each
-process reads some of the input partitions and hands every event of a shard it does not
-hold to the process that does, pickled (Bytewax's exchange). Each round runs the Python
-reference (``bench_flow.run_reference``: every input consumed, one answer per request,
-pipelined; two hops for the default two-topic setup, as its internal topic makes it) and
-then the service as 1, 2, ... processes (``bench_flow.run_deployed``: tail mode, no
-recovery, the combined events topic and the default two-topic setup); the figures are
-each round's steady events/s and their ratio to that round's reference, medians over the
-rounds (every round counted). On a host whose cores the broker and the load share, a second
-process competes with them: read the figures with the machine they were measured on.
+Each round produces the workload (requests, then their feedback, on the two input
+topics, ``--partitions`` each) and runs on it the Python reference
+(``bench_flow.run_reference``: every input consumed, one answer per request, through an
+internal topic: the service's two hops) and the service as each size of members, each
+member one process with one worker (``tsi run``, no recovery directory, epochs of 10 s;
+the internal topic has ``SHARDS`` partitions: a shard a partition). The reference is
+timed from its first answer to its last (Kafka timestamps); members start one after the
+other and run independently, so each member is timed from its own first answer to its
+last (``member_rates``) and the service's rate is the sum of its members'. Figures:
+medians over the rounds of events/s, the ratio to the reference, and the ratio to linear
+(N members against N x one member of the same round). Each member takes a core, and the
+broker and the load want theirs: the default sizes are the powers of 2 up to
+min(8, cores // 2); on a host with fewer cores than that, a member running while another
+starts has more CPU than its share, and the sum overstates.
+
+On a machine without network or Java: ``--java-home DIR`` (a Java runtime, e.g. the
+``jlink`` one ``bench/cluster_bundle.sh`` makes) and ``--kafka-jars DIR`` (the broker's
+jars in ``DIR/lib``, as ``deploy/kafka/fetch.sh`` keeps them) start the broker offline.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,85 +44,212 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_flow import (  # noqa: E402
+    Input,
     bench_session,
+    check_alive,
     log,
     machine_info,
-    prepare_input,
-    run_deployed,
     run_reference,
+    service_process,
+    workload,
 )
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
+from flow_kafka import bulk_producer, produce_all  # noqa: E402
 
-MODES = {"events": "combined events topic", "separate": "default two-topic setup"}
+from flows.service.wire.keys import SHARDS, shard_index  # noqa: E402
+from flows.testing import kafka_broker  # noqa: E402
+
+#: each member: ``tsi run`` without recovery, one worker (``--members``/``--member`` added)
+MEMBER = ("-m", "flows.cli", "run", "--no-recovery")
 
 
-def measure(requests: int, units: int, rounds: int, sizes: tuple[int, ...]) -> dict[str, Any]:
-    """Per mode, each round's passthrough and service rates, and the medians."""
-    results: dict[str, Any] = {"requests": requests, "units": units, "rounds": rounds}
+def default_sizes(cores: int) -> tuple[int, ...]:
+    """Powers of 2 up to min(8, cores // 2), at least 1 member.
+
+    >>> default_sizes(2), default_sizes(16), default_sizes(64)
+    ((1,), (1, 2, 4, 8), (1, 2, 4, 8))
+    """
+    top, sizes = max(1, min(8, cores // 2)), [1]
+    while sizes[-1] * 2 <= top:
+        sizes.append(sizes[-1] * 2)
+    return tuple(sizes)
+
+
+def topics_of(bootstrap: str, kinds: tuple[str, ...], partitions: int) -> dict[str, str]:
+    """Fresh topics of ``partitions`` partitions (the dead-letter topic one)."""
+    names = {}
+    for kind in kinds:
+        name = kafka_broker.unique_topic(f"bench-{kind}")
+        kafka_broker.create_topic(bootstrap, name, 1 if kind == "dlq" else partitions)
+        names[kind] = name
+    return names
+
+
+def count(consumer: Any, topic: str, partitions: int) -> int:
+    """Messages in ``topic`` (its high watermarks; a fresh topic starts at 0)."""
+    return sum(
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+        for p in range(partitions)
+    )
+
+
+def member_rates(bootstrap: str, topic: str, partitions: int, members: int) -> list[float]:
+    """Each member's steady events/s: the answers of ``topic`` told apart by member (an
+    answer's instance key names its shard, whose internal partition is the member's),
+    two input events each (a request and its feedback, served by the same member), over
+    the time from the member's first answer to its last (Kafka timestamps)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tsi-bench-unused"})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    ends = [consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(partitions)]
+    stamps: dict[int, list[int]] = {k: [] for k in range(members)}
+    read = 0
+    try:
+        while read < sum(ends):
+            for m in consumer.consume(10_000, 1.0):
+                if not m.error():
+                    read += 1
+                    member = shard_index(m.key().decode()) % SHARDS % members
+                    stamps[member].append(m.timestamp()[1])
+    finally:
+        consumer.close()
+    return [2 * len(t) / ((max(t) - min(t)) / 1000.0) for t in stamps.values()]
+
+
+def run_members(
+    bk: Any, inp: Input, partitions: int, registry: Path, workdir: Path, members: int
+) -> float:
+    """The service as ``members`` members on ``inp`` (``partitions`` per topic): the sum
+    of its members' steady events/s (``member_rates``)."""
+    out = topics_of(bk.bootstrap, ("sel", "dlq"), partitions)
+    internal = topics_of(bk.bootstrap, ("internal",), SHARDS)["internal"]
+    group = f"bench-{uuid.uuid4().hex[:12]}"
+    requests = inp.events // 2
+    counter = Consumer({"bootstrap.servers": bk.bootstrap, "group.id": "tsi-bench"})
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for k in range(members):
+            logfile = workdir / f"member-{uuid.uuid4().hex[:8]}-{k}.log"
+            args = (*MEMBER, "--members", str(members), "--member", str(k))
+            topics = {**inp.topics, **out}
+            proc = service_process(bk, args, topics, registry, logfile, internal, group)
+            procs.append((stack.enter_context(proc), logfile))
+        deadline = time.perf_counter() + 600
+        while count(counter, out["sel"], partitions) < requests:
+            for proc, logfile in procs:
+                check_alive(proc, logfile)
+            if time.perf_counter() > deadline:
+                answered = count(counter, out["sel"], partitions)
+                raise TimeoutError(f"{members} members answered {answered}")
+            time.sleep(0.2)
+    dead = count(counter, out["dlq"], 1)
+    counter.close()
+    if dead:
+        log(f"  WARNING: {members} members wrote {dead} dead letters")
+    return sum(member_rates(bk.bootstrap, out["sel"], partitions, members))
+
+
+def prepare(bk: Any, requests: int, units: int, partitions: int) -> Input:
+    """The two input topics, ``partitions`` each, holding the workload."""
+    topics = topics_of(bk.bootstrap, ("requests", "feedback"), partitions)
+    events = produce_all(bulk_producer(bk.bootstrap), workload(topics, requests, units))
+    return Input("separate", topics, events)
+
+
+def measure(args: argparse.Namespace, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """Each round's reference and members' rates, and their medians."""
+    results: dict[str, Any] = {
+        "requests": args.requests,
+        "units": args.units,
+        "rounds": args.rounds,
+        "partitions": args.partitions,
+        "sizes": sizes,
+    }
     with bench_session() as (bk, workdir, registry_path, counter):
         results["machine"] = machine_info(bk)
-        for mode in MODES:
-            inp = prepare_input(bk, mode, requests, units)
-            runs = []
-            for k in range(rounds):
-                hops = 2 if mode == "separate" else 1
-                ceiling = run_reference(bk, inp, counter, "python", hops)
-                run = {"passthrough": ceiling}
-                for n in sizes:
-                    deployed = run_deployed(bk, inp, counter, registry_path, workdir, n)
-                    run[n] = deployed["events_per_s"]
-                log(
-                    f"{mode} round {k + 1}: reference {ceiling:,.0f}; "
-                    + "; ".join(f"{n} x {run[n]:,.0f} ({run[n] / ceiling:.2f})" for n in sizes)
-                )
-                runs.append(run)
-            results[mode] = {
-                "runs": runs,
-                "passthrough_events_per_s": statistics.median(r["passthrough"] for r in runs),
-                "events_per_s": {n: statistics.median(r[n] for r in runs) for n in sizes},
-                "ratio_to_passthrough": {
-                    n: statistics.median(r[n] / r["passthrough"] for r in runs) for n in sizes
-                },
-            }
+        runs = []
+        for k in range(args.rounds):
+            inp = prepare(bk, args.requests, args.units, args.partitions)
+            run = {"reference": run_reference(bk, inp, counter, "python", 2)}
+            for n in sizes:
+                run[n] = run_members(bk, inp, args.partitions, registry_path, workdir, n)
+            log(
+                f"round {k + 1}: reference {run['reference']:,.0f}; "
+                + "; ".join(f"{n} x {run[n]:,.0f}" for n in sizes)
+            )
+            runs.append(run)
+    results["runs"] = runs
+    results["events_per_s"] = {n: statistics.median(r[n] for r in runs) for n in sizes}
+    results["reference_events_per_s"] = statistics.median(r["reference"] for r in runs)
+    results["ratio_to_reference"] = {
+        n: statistics.median(r[n] / r["reference"] for r in runs) for n in sizes
+    }
+    results["ratio_to_linear"] = {
+        n: statistics.median(r[n] / (n * r[sizes[0]] / sizes[0]) for r in runs) for n in sizes
+    }
     return results
 
 
-def report(results: dict[str, Any], sizes: tuple[int, ...]) -> str:
-    m = results["machine"]
+def report(results: dict[str, Any]) -> str:
+    m, sizes = results["machine"], results["sizes"]
     lines = [
-        f"{results['requests']:,} requests + their feedback, {results['units']:,} units; "
-        f"medians of {results['rounds']} rounds; {m['cpu_model']}, {m['usable_cpus']} cores, "
-        f"Python {m['python']}, Bytewax {m['bytewax']}, confluent-kafka {m['confluent_kafka']}, "
-        f"at {m['git_commit']}",
+        f"{results['requests']:,} requests + their feedback, {results['units']:,} units, "
+        f"{results['partitions']} input partitions; medians of {results['rounds']} rounds; "
+        f"{m['cpu_model']}, {m['usable_cpus']} cores, Python {m['python']}, Bytewax "
+        f"{m['bytewax']}, at {m['git_commit']}",
         "",
-        "| setup | Python reference, events/s | "
-        + " | ".join(f"{n} process{'es' if n > 1 else ''}" for n in sizes)
-        + " |",
-        "|---|---:|" + "---:|" * len(sizes),
+        "| members | events/s | ratio to the reference | ratio to linear |",
+        "|---:|---:|---:|---:|",
     ]
-    for mode, name in MODES.items():
-        r = results[mode]
-        cells = [f"{r['events_per_s'][n]:,.0f} ({r['ratio_to_passthrough'][n]:.2f})" for n in sizes]
-        ceiling = f"{r['passthrough_events_per_s']:,.0f}"
-        lines.append(f"| {name} | {ceiling} | " + " | ".join(cells) + " |")
+    for n in sizes:
+        lines.append(
+            f"| {n} | {results['events_per_s'][n]:,.0f} | "
+            f"{results['ratio_to_reference'][n]:.2f} | {results['ratio_to_linear'][n]:.2f} |"
+        )
+    lines.append(f"| reference (Python, two hops) | {results['reference_events_per_s']:,.0f} | | |")
     return "\n".join(lines)
 
 
+def offline_broker(java_home: Path | None, kafka_jars: Path | None) -> None:
+    """Start the broker with this Java runtime and these jars (``deploy/kafka`` reads
+    ``JAVA_HOME`` and its jar cache ``TSI_KAFKA_CACHE``), from ``deploy/kafka`` beside this
+    script when the installed project has none."""
+    if java_home is not None:
+        if not (java_home / "bin" / "java").exists():
+            raise SystemExit(f"--java-home {java_home}: no bin/java there")
+        os.environ["JAVA_HOME"] = str(java_home.resolve())
+        os.environ["PATH"] = f"{java_home.resolve() / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    if not kafka_broker.KAFKA_DIR.exists():  # the project installed from its wheel (a bundle)
+        kafka_broker.KAFKA_DIR = ROOT / "deploy" / "kafka"
+    if kafka_jars is not None:
+        if not (kafka_jars / "lib" / ".complete").exists():
+            raise SystemExit(f"--kafka-jars {kafka_jars}: no lib/ of jars made by fetch.sh")
+        os.environ["TSI_KAFKA_CACHE"] = str(kafka_jars.resolve())
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--units", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--processes", default="1,2", help="cluster sizes, e.g. 1,2,3")
+    parser.add_argument("--sizes", help="members, e.g. 1,2,4,8 (default: as the cores allow)")
+    parser.add_argument("--partitions", type=int, default=8, help="of each input topic")
+    parser.add_argument("--java-home", type=Path, help="a Java runtime (bin/java)")
+    parser.add_argument("--kafka-jars", type=Path, help="the broker's jars (DIR/lib)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "cluster_results.json")
     args = parser.parse_args()
     try:
-        sizes = tuple(int(n) for n in args.processes.split(","))
+        sizes = (
+            tuple(int(n) for n in args.sizes.split(","))
+            if args.sizes
+            else default_sizes(len(os.sched_getaffinity(0)))
+        )
     except ValueError:
-        parser.error(f"--processes takes numbers such as 1,2, got {args.processes!r}")
-    if not sizes or min(sizes) < 1:
-        parser.error(f"--processes takes numbers >= 1, got {args.processes!r}")
-    results = measure(args.requests, args.units, args.rounds, sizes)
-    print(report(results, sizes))
+        parser.error(f"--sizes takes numbers such as 1,2,4, got {args.sizes!r}")
+    if not sizes or min(sizes) < 1 or max(sizes) > args.partitions:
+        parser.error(f"--sizes takes numbers from 1 to --partitions, got {sizes}")
+    offline_broker(args.java_home, args.kafka_jars)
+    results = measure(args, sizes)
+    print(report(results))
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     log(f"raw results written to {args.out}")
 

@@ -50,6 +50,8 @@ def _process_id() -> int:
 def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
+        if settings.members > 1:  # tsi run reads the internal topic's partitions first
+            raise SystemExit("tsi: members (TSI_MEMBERS > 1) are started with `tsi run`")
         service = Service.from_settings(settings)
         recovery, process = _recovery_dir(), _process_id()
         flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=process)

@@ -1,7 +1,7 @@
 """The deployment files (deploy/), checked without a cluster or a container engine.
 
 Every manifest is parsed, and its references are followed: environment variables are ones
-`tsi run` reads, TSI_ADDRESSES agrees with the replicas and the headless Service, every
+`tsi run` reads, TSI_MEMBERS (or a cluster's TSI_ADDRESSES) agrees with the replicas, every
 ConfigMap, Secret, volume, claim and probe port named exists, the registry files load, the
 Dockerfile exposes the ports the manifests use, the probes and the Compose healthcheck
 ask the endpoints of flows/metrics.py that mean what they are used for (/ready: progress,
@@ -409,9 +409,9 @@ def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
             if hs.get("publishNotReadyAddresses") is not True:
                 problems.append(f"{where}: {spec['serviceName']} hides not-ready pods")
             cluster = [p for p in hs.get("ports", []) if p.get("name") == "cluster"]
-            if len(cluster) != 1:
+            if "cluster" in port_names and len(cluster) != 1:  # a Bytewax cluster's port
                 problems.append(f"{where}: {spec['serviceName']} has no port named cluster")
-            else:
+            elif cluster:
                 cluster_port = cluster[0]["port"]
                 if port_names.get("cluster") != cluster_port:
                     problems.append(
@@ -513,6 +513,16 @@ def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
                 field = entries.get("TSI_PROCESS_ID", {}).get("valueFrom", {}).get("fieldRef", {})
                 if field.get("fieldPath") != POD_INDEX:
                     problems.append(f"{cwhere}: TSI_PROCESS_ID does not come from {POD_INDEX}")
+            # members: as many as replicas, member = pod index
+            if "TSI_MEMBERS" in entries or "TSI_MEMBER" in entries:
+                if values.get("TSI_MEMBERS") != str(replicas):
+                    problems.append(
+                        f"{cwhere}: TSI_MEMBERS is {values.get('TSI_MEMBERS')!r}, expected "
+                        f"{replicas} (replicas)"
+                    )
+                field = entries.get("TSI_MEMBER", {}).get("valueFrom", {}).get("fieldRef", {})
+                if field.get("fieldPath") != POD_INDEX:
+                    problems.append(f"{cwhere}: TSI_MEMBER does not come from {POD_INDEX}")
 
         for container in containers:
             cwhere = f"{where} container {container['name']}"
@@ -596,11 +606,6 @@ def _statefulset(objects):
     return find(objects, "StatefulSet")
 
 
-def _containers(objects):
-    pod = _statefulset(objects)["spec"]["template"]["spec"]
-    return pod["containers"] + pod["initContainers"]
-
-
 def _main(objects):
     return _statefulset(objects)["spec"]["template"]["spec"]["containers"][0]
 
@@ -614,23 +619,15 @@ def _set_env(container, name, value):
     container["env"].append({"name": name, "value": value})
 
 
-def _drop_last_address(objects):
-    container = _main(objects)
-    addresses = env_values(container)["TSI_ADDRESSES"].split(";")
-    _set_env(container, "TSI_ADDRESSES", ";".join(addresses[:-1]))
+def _fewer_members(objects):
+    _set_env(_main(objects), "TSI_MEMBERS", "2")
 
 
-def _swap_addresses(objects):
-    for container in _containers(objects):
-        addresses = env_values(container)["TSI_ADDRESSES"].split(";")
-        addresses[0], addresses[1] = addresses[1], addresses[0]
-        _set_env(container, "TSI_ADDRESSES", ";".join(addresses))
-
-
-def _wrong_cluster_port(objects):
-    for container in _containers(objects):
-        value = env_values(container)["TSI_ADDRESSES"].replace(":2101", ":2102")
-        _set_env(container, "TSI_ADDRESSES", value)
+def _a_bytewax_cluster_without_its_port(objects):
+    sts = _statefulset(objects)
+    _set_env(_main(objects), "TSI_ADDRESSES", "tsi-0.tsi-headless.tsi.svc.cluster.local:2101")
+    _main(objects)["ports"].append({"name": "cluster", "containerPort": 2101})
+    sts["spec"]["replicas"] = 1
 
 
 def _more_replicas(objects):
@@ -719,8 +716,8 @@ def _unknown_variable(objects):
     _main(objects)["env"].append({"name": "TSI_REGISTY", "value": "/etc/tsi/x.toml"})
 
 
-def _process_id_from_pod_name(objects):
-    entry = env_entries(_main(objects))["TSI_PROCESS_ID"]
+def _member_from_pod_name(objects):
+    entry = env_entries(_main(objects))["TSI_MEMBER"]
     entry["valueFrom"]["fieldRef"]["fieldPath"] = "metadata.name"
 
 
@@ -741,10 +738,12 @@ def _pdb_selects_nothing(objects):
 
 
 K8S_MUTATIONS: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
-    "one address too few": (_drop_last_address, "TSI_ADDRESSES has 2 entries"),
-    "addresses out of order": (_swap_addresses, "TSI_ADDRESSES"),
-    "addresses on the wrong port": (_wrong_cluster_port, "TSI_ADDRESSES"),
-    "replicas without new addresses": (_more_replicas, "expected 4 (replicas)"),
+    "fewer members than replicas": (_fewer_members, "TSI_MEMBERS is '2', expected 3"),
+    "replicas without new members": (_more_replicas, "expected 4 (replicas)"),
+    "a Bytewax cluster's port not on the headless Service": (
+        _a_bytewax_cluster_without_its_port,
+        "has no port named cluster",
+    ),
     "serviceName not the headless Service": (_other_service_name, "serviceName"),
     "headless Service with a cluster IP": (_not_headless, "not headless"),
     "selector not matching the pods": (_selector_mismatch, "selector"),
@@ -765,7 +764,7 @@ K8S_MUTATIONS: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
     "PDB blocking drains of not-ready pods": (_pdb_blocks_drains, "unhealthyPodEvictionPolicy"),
     "no limits": (_no_limits, "no limits"),
     "variable tsi run does not read": (_unknown_variable, "does not read TSI_REGISTY"),
-    "process id from the pod name": (_process_id_from_pod_name, "TSI_PROCESS_ID"),
+    "member from the pod name": (_member_from_pod_name, "TSI_MEMBER does not come"),
     "service links inject TSI_METRICS_PORT": (_service_links, "TSI_METRICS_PORT"),
     "root user": (_root, "as root"),
     "object in another namespace": (_other_namespace, "Service/tsi-metrics: namespace"),
@@ -780,21 +779,6 @@ def test_the_kubernetes_checker_catches(manifests, mutation):
     mutate(broken)
     problems = k8s_problems(broken)
     assert any(expected in p for p in problems), problems
-
-
-def test_the_dns_wait_of_the_init_container_runs():
-    pod = _statefulset(load_k8s())["spec"]["template"]["spec"]
-    init = next(c for c in pod["initContainers"] if c["name"] == "wait-for-dns")
-    assert init["command"][:2] == ["python", "-c"]
-    env = {
-        **os.environ,
-        "TSI_ADDRESSES": "localhost:2101;tsi-1.invalid:2101",
-        "TSI_PROCESS_ID": "0",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", init["command"][2]], env=env, timeout=60, check=False
-    )
-    assert done.returncode == 0
 
 
 # ---------------------------------------------------------------------------------- Compose
@@ -1154,7 +1138,7 @@ def test_compose_and_kubernetes_use_the_ports_the_image_exposes(compose, dockerf
         for c in sts["spec"]["template"]["spec"]["containers"]
         for p in c["ports"]
     }
-    assert ports == exposed
+    assert ports <= exposed  # members need no cluster port; Compose's Bytewax cluster does
     for name in ("tsi-0", "tsi-1"):
         assert {int(p) for p in compose["services"][name]["expose"]} == exposed
         published = {int(p.rsplit(":", 1)[1]) for p in compose["services"][name]["ports"]}

@@ -353,6 +353,7 @@ def test_tsi_run_passes_the_metrics_port(monkeypatch, tmp_path, args, env, port)
     monkeypatch.setattr("flows.cli.run.run_flow", lambda *a, **kw: seen.update(kw))
     limits = collections.defaultdict(lambda: 1_048_588)  # every topic there, no broker needed
     monkeypatch.setattr("flows.service.runtime.startup.check_kafka_topics", lambda *a: limits)
+    monkeypatch.setattr("flows.service.runtime.startup.check_members", lambda *a: 0)
     monkeypatch.delenv("TSI_METRICS_PORT", raising=False)
     result = CliRunner().invoke(
         app, ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery", *args], env=env

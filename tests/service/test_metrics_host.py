@@ -134,6 +134,7 @@ def test_tsi_run_passes_the_metrics_host(monkeypatch, tmp_path, args, env, host)
     monkeypatch.setattr("flows.cli.run.run_flow", lambda *a, **kw: seen.update(kw))
     limits = collections.defaultdict(lambda: 1_048_588)  # every topic there, no broker needed
     monkeypatch.setattr("flows.service.runtime.startup.check_kafka_topics", lambda *a: limits)
+    monkeypatch.setattr("flows.service.runtime.startup.check_members", lambda *a: 0)
     monkeypatch.delenv("TSI_METRICS_HOST", raising=False)
     result = CliRunner().invoke(
         app, ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery", *args], env=env
@@ -153,6 +154,7 @@ def test_tsi_run_with_a_bad_host_is_one_line_and_status_2(monkeypatch, tmp_path)
     monkeypatch.setattr(flows.service.runtime.process, "on_signals", lambda say: None)
     limits = collections.defaultdict(lambda: 1_048_588)
     monkeypatch.setattr("flows.service.runtime.startup.check_kafka_topics", lambda *a: limits)
+    monkeypatch.setattr("flows.service.runtime.startup.check_members", lambda *a: 0)
     argv = ["run", "--registry", str(tmp_path / "r.toml"), "--no-recovery"]
     argv += ["--metrics-port", "9", "--metrics-host", "no-such-host.invalid"]
     result = CliRunner().invoke(app, argv)

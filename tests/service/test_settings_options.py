@@ -41,6 +41,8 @@ VALID = {  # a value each setting accepts, other than its default
     "TSI_WORKERS": "4",
     "TSI_PROCESS_ID": "1",
     "TSI_ADDRESSES": "a:1;b:2",
+    "TSI_MEMBERS": "2",
+    "TSI_MEMBER": "1",
     "TSI_CONNECT_TIMEOUT": "0.5",
     "TSI_METRICS_PORT": "9100",
     "TSI_METRICS_HOST": "127.0.0.1",
@@ -57,6 +59,8 @@ INVALID = {  # a value each setting refuses, by itself
     "TSI_SNAPSHOT_EVERY": "0.001",
     "TSI_BACKUP_EVERY": "often",
     "TSI_WORKERS": "0",
+    "TSI_MEMBERS": "0",
+    "TSI_MEMBER": "-1",
     "TSI_PROCESS_ID": "-1",
     "TSI_CONNECT_TIMEOUT": "nan",
     "TSI_METRICS_PORT": "70000",
@@ -69,7 +73,11 @@ INVALID = {  # a value each setting refuses, by itself
     "TSI_FRESH": "2",
     "TSI_REBUILD": "on",
 }
-PAIRED = {"TSI_PROCESS_ID": {"TSI_ADDRESSES": "a:1;b:2"}, "TSI_ADDRESSES": {"TSI_PROCESS_ID": "0"}}
+PAIRED = {
+    "TSI_PROCESS_ID": {"TSI_ADDRESSES": "a:1;b:2"},
+    "TSI_ADDRESSES": {"TSI_PROCESS_ID": "0"},
+    "TSI_MEMBER": {"TSI_MEMBERS": "4"},
+}
 
 
 def flag(option: Option) -> str:

@@ -25,6 +25,7 @@ from flows.service.dataflow import (
     Wiring,
     unzip_batches,
 )
+from flows.service.runtime.members import ALONE, Members
 from flows.service.runtime.stopping import Stop
 from flows.service.wire._records import internal_copy, messages_only
 from flows.service.wire.events import DeadLetter, ParseBySource, minimal_dead_letter
@@ -61,6 +62,8 @@ def kafka_wiring(
     on_epoch: Callable[[], None] | None = None,
     seeded: dict[str, Any] | None = None,
     process: int = 0,
+    members: Members = ALONE,
+    internal_partitions: int = 0,
 ) -> Wiring:
     """Read and write Kafka; the message key of every output is the instance id.
 
@@ -72,6 +75,10 @@ def kafka_wiring(
     ``minimal_dead_letter`` instead. ``seeded``: where input partitions without resume
     state start (an imported store, ``flows.service.runtime.recovery.seeded_inputs``). ``process``:
     this process's index in its cluster (its sinks write through their partition of it).
+    ``members``: read only this member's partitions of every input (members mode,
+    ``flows.service.runtime.members``). ``internal_partitions``: the internal topic's
+    partition count, to copy each event to its shard's partition (0: the partitioner
+    chooses by key).
     """
 
     options = {
@@ -79,6 +86,7 @@ def kafka_wiring(
         "group_id": group_id,
         "on_epoch": on_epoch,
         "seeded": seeded,
+        "members": members,
     }
 
     def source(topic: str) -> OpenSource:
@@ -97,7 +105,9 @@ def kafka_wiring(
     )
     repartition = None
     if topics.repartitioned and tail:  # a bounded run (tail=False) reads the inputs directly
-        repartition = _repartition(brokers, topics, consumer_config, sink, options)
+        repartition = _repartition(
+            brokers, topics, consumer_config, sink, options, internal_partitions
+        )
     return Wiring(
         # an unbounded run (tail) ends when the service is asked to stop
         Inputs(inputs, repartition=repartition, ending=Stop.asked if tail else None),
@@ -128,6 +138,7 @@ def _topic_source(
             on_epoch=options["on_epoch"],
             batched=True,
             seeded=options["seeded"],
+            members=options["members"],
         )
         return _split_batches(step, batches)
 
@@ -161,10 +172,12 @@ def _repartition(
     consumer_config: dict[str, Any] | None,
     sink: Callable[[str], OpenSink],
     options: dict[str, Any],
+    partitions: int,
 ) -> Repartition:
     """The internal topic between the inputs and the stateful step: copies written with
-    ``sink``, read back by an internal source (``options``: its starting offset, group and
-    epoch hook), each parsed as its original was."""
+    ``sink`` (to their shard's partition of ``partitions``, or by key when 0), read back by
+    an internal source (``options``: its starting offset, group, epoch hook and members),
+    each parsed as its original was."""
     tags = {topics.requests: REQUEST_TAG, topics.feedback: FEEDBACK_TAG}
     inputs_by_tag = {tag: topic for topic, tag in tags.items()}
 
@@ -178,7 +191,7 @@ def _repartition(
         messages = op.map(
             f"{step}_message",
             up,
-            lambda batch: [internal_copy(routed, tags) for routed in batch],
+            lambda batch: [internal_copy(routed, tags, partitions) for routed in batch],
         )
         sink(topics.internal)(step, messages)
 

@@ -33,17 +33,20 @@ Headers = list[tuple[str, bytes | None]]
 KafkaItem = (
     tuple[Key, bytes | str | None]
     | tuple[Key, bytes | str | None, Headers]
+    | tuple[Key, bytes | str | None, Headers, int]
     | KafkaSinkMessage[Any, Any]
     | dict[str, Any]
 )
-"""What `DeliveryCheckedKafkaSink` accepts: a `(key, value)` or `(key, value, headers)`
-tuple produced to the sink's topic (the internal copies are triples, built in C), a
+"""What `DeliveryCheckedKafkaSink` accepts: a `(key, value)`, `(key, value, headers)` or
+`(key, value, headers, partition)` tuple produced to the sink's topic (the internal copies
+are triples, or with their partition quadruples, built in C), a
 `KafkaSinkMessage` (its `topic`, `partition` and `headers` are honoured when set; its
 `timestamp` 0 means "now"), or a dict of `Producer.produce` keyword arguments with its
 `topic` (of `topic`, `key`, `value`, `headers`, `partition`, `timestamp`)."""
 Produced = tuple
-"""What the sink produces for an item, one shape: ``(key, value)`` or ``(key, value,
-headers)`` for its own topic (as the shards and the internal topic write them), else
+"""What the sink produces for an item, one shape: ``(key, value)``, ``(key, value,
+headers)`` or ``(key, value, headers, partition)`` for its own topic (as the shards and the
+internal topic write them), else
 ``(key, value, headers, topic, partition, timestamp)``: ``Producer.produce``'s arguments
 for an item that names its own."""
 
@@ -171,7 +174,7 @@ class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
 
     def _fields(self, args: Produced) -> tuple[str, Key, Any]:
         """(topic, key, value) of what ``_produce_args`` returned."""
-        return (self._topic if len(args) < 4 else args[3]), args[0], args[1]
+        return (self._topic if len(args) < 6 else args[3]), args[0], args[1]
 
     def send(self, items: list[KafkaItem]) -> None:
         """Produce all items (every one checked first: a bad item fails the batch before
@@ -251,6 +254,9 @@ class _CheckedPartition(EpochAcknowledgedPartition[KafkaItem, None]):
                         produce(topic, args[1], args[0], on_delivery=reports)
                     elif len(args) == 3:
                         produce(topic, args[1], args[0], on_delivery=reports, headers=args[2])
+                    elif len(args) == 4:  # its own topic, a partition of its choosing
+                        key, value, headers, partition = args
+                        produce(topic, value, key, partition, on_delivery=reports, headers=headers)
                     else:  # an item naming its own topic, partition and time
                         key, value, headers, at, partition, timestamp = args
                         produce(

@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.observe.metrics import note_broker_contact, observe_kafka_stats
+from flows.service.runtime.members import ALONE, Members
 from flows.service.runtime.stopping import Stop
 from flows.service.shards.stream_clock import STREAM_CLOCK
 from flows.service.wire._records import internal_message, kafka_batch
@@ -199,9 +200,11 @@ class ObservedKafkaSource(KafkaSource):
         on_epoch: Callable[[], None] | None = None,
         batched: bool = False,
         seeded: dict[str, Any] | None = None,
+        members: Members = ALONE,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
+        self._members = members
         self._group_id = group_id
         self._on_epoch = on_epoch
         self.batched = batched  # one item per consume: the list of what it read
@@ -211,11 +214,12 @@ class ObservedKafkaSource(KafkaSource):
         self.partition_counts: dict[str, int] = {}
 
     def list_parts(self) -> list[str]:
-        """Bytewax's listing, remembering each topic's partition count. Every worker of a
-        process lists on this same object: the count is each listing's, not their sum."""
+        """Bytewax's listing of this member's partitions (``members``), remembering each
+        topic's partition count. Every worker of a process lists on this same object: the
+        count is each listing's, not their sum."""
         parts = super().list_parts()
         self.partition_counts = dict(collections.Counter(part.split("-", 1)[1] for part in parts))
-        return parts
+        return self._members.owned(parts)
 
     def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
         """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
@@ -311,10 +315,11 @@ def internal_messages(
     group_id: str | None = None,
     on_epoch: Callable[[], None] | None = None,
     seeded: dict[str, Any] | None = None,
+    members: Members = ALONE,
 ) -> Stream[list[Any]]:
-    """Batches of the internal topic, from its start by default (it only holds what this
-    service copied): each a list of messages as (bytes, input Origin) and dead letters
-    (``not_a_copy``, and Kafka's errors)."""
+    """Batches of the internal topic (this member's partitions), from its start by default
+    (it only holds what this service copied): each a list of messages as (bytes, input
+    Origin) and dead letters (``not_a_copy``, and Kafka's errors)."""
     source = InternalKafkaSource(
         names_of("brokers", brokers),
         [topic],
@@ -327,6 +332,7 @@ def internal_messages(
         inputs=inputs,
         batched=True,
         seeded=seeded,
+        members=members,
     )
     return op.input(step_id, flow, source)
 
@@ -358,6 +364,7 @@ def kafka_messages(
     on_epoch: Callable[[], None] | None = None,
     batched: bool = False,
     seeded: dict[str, Any] | None = None,
+    members: Members = ALONE,
 ) -> Any:
     """Read `topics` from `starting_offset`; returns `.oks` and `.errs` streams.
 
@@ -374,6 +381,7 @@ def kafka_messages(
     lists: what one ``consume`` read, in its order: messages as (bytes, Origin) and, for
     Kafka's errors, their ``kafka_error`` dead letters. ``seeded``:
     where partitions without resume state start (``"step id/partition": offset``).
+    ``members``: read only this member's partitions (``flows.service.runtime.members``).
 
     Defaults added over Bytewax's: `SOURCE_DEFAULTS`, each with its reason. Left at its
     default: `fetch.wait.max.ms` (the broker answers a pending fetch as soon as one byte
@@ -397,6 +405,7 @@ def kafka_messages(
         on_epoch=on_epoch,
         batched=batched,
         seeded=seeded,
+        members=members,
     )
     if batched:
         return _batch_input(step_id, flow, source=source)

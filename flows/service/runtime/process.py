@@ -27,6 +27,7 @@ from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, se
 from flows.service.runtime.allocator import TRIM_EVERY, start_trimming
 from flows.service.runtime.dir_lock import hold_directory, is_empty
 from flows.service.runtime.gc_freezer import freeze_long_lived
+from flows.service.runtime.members import ALONE, Members
 from flows.service.runtime.recovery import seeded_inputs, shard_store
 from flows.service.runtime.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
 from flows.service.runtime.stopping import Stop, on_signals
@@ -51,6 +52,8 @@ class Service:
     group_id: str | None = DEFAULT_GROUP
     guards: Guards = field(default_factory=Guards)
     outputs: Outputs | None = None  # instead of the selections and dead-letter topics
+    members: Members = ALONE
+    internal_partitions: int = 0  # the internal topic's (0: copies placed by key)
 
     def __post_init__(self) -> None:
         if not isinstance(self.registry, LiveRegistry):
@@ -85,6 +88,8 @@ class Service:
             on_epoch=self._epoch_closed,
             seeded=None if isinstance(recovery, bool) else seeded_inputs(recovery),
             process=process,
+            members=self.members,
+            internal_partitions=self.internal_partitions,
         )
         if self.outputs is not None:
             wiring = replace(wiring, outputs=self.outputs)
@@ -126,6 +131,7 @@ class Service:
             settings.group_id,
             settings.guards() if guards is None else guards,
             outputs_of(settings),
+            settings.membership,
         )
 
 

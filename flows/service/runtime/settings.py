@@ -21,6 +21,7 @@ from flows.service.connectors.kafka_config import KafkaSettingsError, load_clien
 from flows.service.dataflow import Guards, Outputs, parse_skips
 from flows.service.observe.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from flows.service.runtime.allocator import TRIM_EVERY
+from flows.service.runtime.members import Members, MembersError
 from flows.service.runtime.options import (
     ConfigError,
     Option,
@@ -196,6 +197,24 @@ class Settings:
         "Cluster addresses 'host:port;host:port'.",
         optional(lambda text: text.split(";")),
     )
+    members: int = setting(
+        "TSI_MEMBERS",
+        "--members",
+        "Independent service processes sharing the topics' partitions (partition p is "
+        "member p % N's; they talk only through Kafka); each has its own recovery "
+        "directory. Needs the two input topics and the internal topic; not with "
+        "--addresses.",
+        count(1),
+        "1",
+    )
+    member: int = setting(
+        "TSI_MEMBER",
+        "--member",
+        "This process's index among the members, in [0, --members) (in Kubernetes, the "
+        "pod's index).",
+        count(0),
+        "0",
+    )
     connect_timeout: float = setting(
         "TSI_CONNECT_TIMEOUT",
         "--connect-timeout",
@@ -305,12 +324,42 @@ class Settings:
         """Refuse settings that contradict each other (``ConfigError``)."""
         if (self.process_id is None) != (self.addresses is None):
             raise ConfigError("--process-id and --addresses go together")
+        self._check_members()
         if self.backup_every > KEPT_EPOCHS * self.snapshot_every:
             raise ConfigError(
                 f"--backup-every must stay within {KEPT_EPOCHS} snapshots ({KEPT_EPOCHS} x "
                 f"--snapshot-every = {KEPT_EPOCHS * self.snapshot_every:g} s): the shards' "
                 "logs keep the generation before the newest only that long"
             )
+
+    def _check_members(self) -> None:
+        try:
+            Members(self.members, self.member)
+        except MembersError as exc:
+            raise ConfigError(f"--member/--members: {exc}") from None
+        if self.members == 1:
+            return
+        if self.addresses is not None:
+            raise ConfigError(
+                "--members (independent processes) and --addresses (one Bytewax cluster) "
+                "are two ways to run several processes: choose one"
+            )
+        if not self.topics.repartitioned:
+            raise ConfigError(
+                "--members needs the two input topics and the internal topic (members meet "
+                "an instance's events in its internal partition), not --events-topic or "
+                "--internal-topic ''"
+            )
+        if self.stop_at_end:
+            raise ConfigError(
+                "--members with --stop-at-end: a bounded run reads the inputs directly, "
+                "without the internal topic the members share"
+            )
+
+    @property
+    def membership(self) -> Members:
+        """This process's place among the members (``flows.service.runtime.members``)."""
+        return Members(self.members, self.member)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:

@@ -25,6 +25,7 @@ from flows.service.connectors.kafka_admin import (
     check_changelog,
     group_offsets,
     service_topics,
+    topic_infos,
 )
 from flows.service.connectors.kafka_admin import check_topics as check_kafka_topics
 from flows.service.connectors.kafka_config import settings_lines, with_rate_limited_logs
@@ -33,6 +34,7 @@ from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
 from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
 from flows.service.observe.metrics import note_broker_contact
 from flows.service.runtime.dir_lock import is_empty
+from flows.service.runtime.members import MembersError
 from flows.service.runtime.process import Service
 from flows.service.runtime.recovery import (
     REBUILD_HINT,
@@ -79,6 +81,7 @@ def prepare(options: Settings) -> Service:
             check_changelog(
                 options.brokers, consumer, options.topics.changelog, SHARDS, options.connect_timeout
             )
+        internal_partitions = check_members(options, consumer)
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
         if parts:
@@ -88,7 +91,7 @@ def prepare(options: Settings) -> Service:
         if options.outputs is None:  # the dead-letter topic bounds what a letter carries
             bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
             guards = dataclasses.replace(guards, dead_letter_raw=bound)
-    except (ConfigError, RegistryError, BrokerUnavailableError, TopicError) as exc:
+    except (ConfigError, RegistryError, BrokerUnavailableError, TopicError, MembersError) as exc:
         raise StartupError(str(exc)) from None
     note_broker_contact(True)
     effective = DeliveryCheckedKafkaSink(options.brokers, None, producer).producer_config()
@@ -111,7 +114,21 @@ def prepare(options: Settings) -> Service:
         options.group_id,
         guards,
         outputs_of(options),
+        options.membership,
+        internal_partitions,
     )
+
+
+def check_members(options: Settings, consumer: dict) -> int:
+    """The internal topic's partition count (0 without one), once every topic the members
+    share has a partition for each member (``MembersError`` naming the topic otherwise):
+    each copy goes to its shard's internal partition (``_records.internal_copy``)."""
+    inputs, _ = service_topics(options.topics)
+    internal = [options.topics.internal] if options.topics.repartitioned else []
+    infos = topic_infos(options.brokers, consumer, inputs + internal, options.connect_timeout)
+    counts = {name: info.partitions for name, info in infos.items() if info is not None}
+    options.membership.check_partitions(counts)
+    return counts[internal[0]] if internal else 0
 
 
 def check_recovery_options(options: Settings) -> None:
@@ -155,11 +172,13 @@ def check_no_silent_reset(
     the consumer group committed progress, or behind the group's commits (its latest
     snapshots are lost; for a store imported and not committed since, ``tsi state
     import``, the positions it was given: the same group goes on from them). A process of
-    a cluster compares the inputs its directory holds. ``--fresh`` accepts an empty store
-    (state starts empty; the input resumes from the group's offsets), and so does a
-    changelog topic (each shard is rebuilt from it)."""
+    a cluster compares the inputs its directory holds, a member those it owns.
+    ``--fresh`` accepts an empty store (state starts empty; the input resumes from the
+    group's offsets), and so does a changelog topic (each shard is rebuilt from it)."""
     group = options.group_id
     committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
+    owns = options.membership.owns  # a member compares the partitions it reads
+    committed = {tp: offset for tp, offset in committed.items() if owns(tp[1])}
     if not committed:
         return
     where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(committed.items())[:4])

@@ -47,6 +47,7 @@ from cpython.unicode cimport PyUnicode_CheckExact
 from libc.string cimport memcpy
 
 from flows.service.wire._int_text cimport write_int64
+from flows.service.wire.keys cimport shard_index
 
 from orjson import dumps
 
@@ -254,18 +255,25 @@ cdef str _NAMED = "o"
 cdef str _STAMPED = "t"
 
 
-def internal_copy(tuple routed, dict tags) -> tuple:
+def internal_copy(tuple routed, dict tags, Py_ssize_t partitions=0) -> tuple:
     """The internal copy of a routed input message (key, bytes, Origin), as the sink of
     the internal topic writes it: (key, value, headers), keyed by its instance, naming its
-    original in two headers.
+    original in two headers. With the internal topic's ``partitions`` (> 0), the copy names
+    its partition too, (key, value, headers, partition): its shard's index modulo
+    ``partitions`` (``keys.shard_index``), so all the events of a shard meet in one
+    partition, whichever process copied them (``flows.service.runtime.members``).
 
     >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)), {"tsi.requests": b"r"})
     (b'e:u1', b'{}', [('o', b'r:2:17'), ('t', b'1500')])
+    >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17)), {"tsi.requests": b"r"}, 4)
+    (b'e:u1', b'{}', [('o', b'r:2:17')], 2)
     """
     key, raw, origin = routed
     headers = [(_NAMED, b"%s:%d:%d" % (tags[origin.source], origin.partition, origin.offset))]
     if origin.time is not None:
         headers.append((_STAMPED, b"%d" % round(origin.time * 1000)))
+    if partitions > 0:
+        return key.encode(), raw, headers, shard_index(key) % partitions
     return key.encode(), raw, headers
 
 
@@ -343,13 +351,17 @@ cdef object _not_a_copy(message, str topic, partition, str problem):
 
 
 cpdef bint key_value(tuple item):
-    """Whether a tuple is what the Kafka sink writes to its topic: (key, value) or (key,
-    value, headers list).
+    """Whether a tuple is what the Kafka sink writes to its topic: (key, value), (key,
+    value, headers list) or (key, value, headers list, partition int).
 
     >>> key_value(("k", b"v")), key_value(("k", b"v", [("h", b"1")])), key_value(("k", b"v", "x"))
     (True, True, False)
+    >>> key_value(("k", b"v", [], 3)), key_value(("k", b"v", [], "3"))
+    (True, False)
     """
     cdef Py_ssize_t n = len(item)
+    if n == 4:
+        return isinstance(item[2], list) and PyLong_CheckExact(item[3])
     return n == 2 or (n == 3 and isinstance(item[2], list))
 
 

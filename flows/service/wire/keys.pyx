@@ -94,9 +94,12 @@ cdef uint32_t _crc32(const unsigned char* data, Py_ssize_t size) noexcept:
     return c ^ 0xFFFFFFFFu
 
 
-cpdef str shard_of(str key, Py_ssize_t shards=SHARDS):
-    """The shard (Bytewax key) of an instance key: zlib's CRC-32 of its UTF-8, modulo
-    ``shards``."""
+cpdef Py_ssize_t shard_index(str key, Py_ssize_t shards=SHARDS) except -1:
+    """The index of an instance key's shard: zlib's CRC-32 of its UTF-8, modulo ``shards``.
+
+    >>> shard_index("home\x1fu1") == int(shard_of("home\x1fu1")[6:9])
+    True
+    """
     cdef bytes utf8
     cdef uint32_t crc
     if shards < 1:
@@ -106,6 +109,12 @@ cpdef str shard_of(str key, Py_ssize_t shards=SHARDS):
     else:
         utf8 = key.encode()
         crc = _crc32(utf8, len(utf8))
+    return crc % shards
+
+
+cpdef str shard_of(str key, Py_ssize_t shards=SHARDS):
+    """The shard (Bytewax key) of an instance key (``shard_index``)."""
+    cdef Py_ssize_t index = shard_index(key, shards)
     if shards == _SHARDS:
-        return _NAMES[crc % _SHARDS]
-    return shard_name(crc % shards, shards)
+        return _NAMES[index]
+    return shard_name(index, shards)

@@ -1,0 +1,68 @@
+"""Members: independent service processes that share the work by partitions, the one rule.
+
+A service of N members (``tsi run --members N --member K``, each an ordinary single-process
+Bytewax flow with its own recovery directory) talk only through Kafka: partition p of any
+input topic and of the internal topic belongs to member p % N. A member reads only its
+partitions; the copies it makes go to the internal partition of their shard
+(``_records.internal_copy``), so each shard's events meet in one internal partition, read
+by one member, which holds that shard whole. One member dying stops only its partitions.
+
+>>> Members(2, 1).owned(["0-tsi.requests", "1-tsi.requests", "3-tsi.requests"])
+['1-tsi.requests', '3-tsi.requests']
+>>> Members().owns(5)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+class MembersError(ValueError):
+    """A member's index outside its count, or topics with too few partitions: one line."""
+
+
+@dataclass(frozen=True)
+class Members:
+    """``count`` members, this one ``index`` (in [0, count))."""
+
+    count: int = 1
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise MembersError(
+                f"member {self.index} of {self.count}: a member's index is in [0, {self.count})"
+            )
+
+    def owns(self, partition: int) -> bool:
+        """Whether partition ``partition`` (of any topic the service reads) is this
+        member's."""
+        return partition % self.count == self.index
+
+    def owned(self, parts: Iterable[str]) -> list[str]:
+        """The Bytewax partition names (``"P-topic"``, as Bytewax's Kafka source lists
+        them) of this member's partitions."""
+        return [part for part in parts if self.owns(int(part.split("-", 1)[0]))]
+
+    def check_partitions(self, partitions: Mapping[str, int]) -> None:
+        """Refuse (``MembersError`` naming the topic) a topic read by the members with
+        fewer partitions than members: a member would own none of it.
+
+        >>> try:
+        ...     Members(3, 0).check_partitions({"tsi.requests": 2})
+        ... except MembersError as exc:
+        ...     print(str(exc)[:53])
+        topic tsi.requests has 2 partitions, fewer than the 3
+        """
+        for topic, count in partitions.items():
+            if count < self.count:
+                raise MembersError(
+                    f"topic {topic} has {count} partitions, fewer than the {self.count} "
+                    "members: add partitions (kafka-topics --alter) or run fewer members"
+                )
+
+
+#: A service alone: one member, every partition its own.
+ALONE = Members()

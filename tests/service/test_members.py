@@ -1,0 +1,99 @@
+"""Members (``flows.service.runtime.members``): one home for every partition, each shard's
+copies in one internal partition, and the settings members refuse."""
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flows.service.runtime.members import Members, MembersError
+from flows.service.runtime.options import ConfigError
+from flows.service.runtime.settings import Settings
+from flows.service.wire._records import internal_copy
+from flows.service.wire.events import Origin
+from flows.service.wire.keys import SHARDS, shard_index, shard_of
+
+TAGS = {"tsi.requests": b"r", "tsi.feedback": b"f"}
+KEYS = st.text(min_size=1, max_size=20)
+
+
+@given(count=st.integers(1, 16), partition=st.integers(0, 10_000))
+def test_every_partition_has_exactly_one_member(count, partition):
+    owners = [k for k in range(count) if Members(count, k).owns(partition)]
+    assert owners == [partition % count]
+
+
+@given(count=st.integers(1, 8), partitions=st.integers(1, 40))
+def test_the_members_listings_split_a_topic_without_overlap(count, partitions):
+    parts = [f"{p}-tsi.requests" for p in range(partitions)]
+    listed = [Members(count, k).owned(parts) for k in range(count)]
+    assert sorted(part for each in listed for part in each) == sorted(parts)
+
+
+@pytest.mark.parametrize(("count", "index"), [(0, 0), (2, 2), (3, -1)])
+def test_a_member_outside_its_count_is_refused_naming_both(count, index):
+    with pytest.raises(MembersError, match=f"member {index} of {count}"):
+        Members(count, index)
+
+
+def test_a_topic_with_fewer_partitions_than_members_is_refused_by_name():
+    Members(2, 0).check_partitions({"tsi.requests": 2, "tsi.events.internal": 32})
+    with pytest.raises(MembersError, match=r"topic tsi\.feedback has 1 partitions"):
+        Members(2, 1).check_partitions({"tsi.requests": 4, "tsi.feedback": 1})
+
+
+@given(key=KEYS, partitions=st.integers(1, 64), offset=st.integers(0, 2**40))
+def test_a_copy_goes_to_its_shards_internal_partition(key, partitions, offset):
+    routed = (key, b"{}", Origin("tsi.feedback", 3, offset, None))
+    plain = internal_copy(routed, TAGS)
+    placed = internal_copy(routed, TAGS, partitions)
+    assert placed[:3] == plain
+    assert placed[3] == shard_index(key) % partitions
+    assert shard_of(key) == f"shard-{shard_index(key):03d}-of-{SHARDS:03d}"
+
+
+@given(keys=st.lists(KEYS, min_size=2, max_size=30), members=st.integers(1, 8))
+def test_with_as_many_internal_partitions_as_shards_a_shard_is_one_partition(keys, members):
+    """Internal partition i carries the shards s with s % P == i: with P == SHARDS, one
+    shard a partition, and so one member a shard."""
+    for key in keys:
+        partition = internal_copy((key, b"", Origin("tsi.requests", 0, 0)), TAGS, SHARDS)[3]
+        assert partition == shard_index(key)
+        owner = [k for k in range(members) if Members(members, k).owns(partition)]
+        assert len(owner) == 1
+
+
+def settings(**env: str) -> Settings:
+    return Settings.from_env({"TSI_REGISTRY": "r.toml", **env})
+
+
+def test_members_default_to_one_process_alone():
+    assert settings().membership == Members(1, 0)
+    assert settings(TSI_MEMBERS="3", TSI_MEMBER="2").membership == Members(3, 2)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"TSI_MEMBERS": "2", "TSI_MEMBER": "2"}, "member 2 of 2"),
+        ({"TSI_MEMBER": "1"}, "member 1 of 1"),
+        (
+            {"TSI_MEMBERS": "2", "TSI_PROCESS_ID": "0", "TSI_ADDRESSES": "a:1;b:2"},
+            "choose one",
+        ),
+        ({"TSI_MEMBERS": "2", "TSI_TOPIC_EVENTS": "events"}, "--events-topic"),
+        ({"TSI_MEMBERS": "2", "TSI_TOPIC_INTERNAL": ""}, "--internal-topic ''"),
+        ({"TSI_MEMBERS": "2", "TSI_STOP_AT_END": "1"}, "--stop-at-end"),
+    ],
+)
+def test_member_settings_that_cannot_work_are_refused(env, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        settings(**env)
+
+
+def test_one_member_keeps_every_other_way_of_running():
+    assert settings(TSI_TOPIC_EVENTS="events", TSI_STOP_AT_END="1").members == 1
+    assert settings(TSI_PROCESS_ID="0", TSI_ADDRESSES="a:1;b:2").processes == 2
+    assert Settings(registry=Path("r.toml")).membership.owns(7)
