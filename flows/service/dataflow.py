@@ -403,6 +403,7 @@ def build_flow(
     stream: StreamClock | None = None,
     store: Path | None = None,
     changelog: Changelog | None = None,
+    holds: Callable[[int], bool] | None = None,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
@@ -414,7 +415,8 @@ def build_flow(
     runs the time to live on stream time (the Kafka service). ``store``: where the
     shards append what each epoch changed (``flows.service.shards.shard_log``); without it a
     shard's snapshot holds all its instances. ``changelog`` (with ``store``): where each
-    shard's log is mirrored (``flows.service.shards.changelog``).
+    shard's log is mirrored (``flows.service.shards.changelog``). ``holds``: members, whether
+    this member holds a shard index (``Members.holds``; the others it resumes lie dormant).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     inputs, outputs = wiring.inputs, wiring.outputs
@@ -428,7 +430,15 @@ def build_flow(
         now = clock if stream is None else stream.now
         events.append(wake_up_events(flow, scheduler, inputs.ending, now))
     builder = logic_builder(
-        live, clock, snapshots, event_time, stream, scheduler, store, changelog=changelog
+        live,
+        clock,
+        snapshots,
+        event_time,
+        stream,
+        scheduler,
+        store,
+        changelog=changelog,
+        holds=holds,
     )
     served = shard_step(op.merge("events", *events), _traced_builder(builder, outputs.trace))
     outputs.selections("selections_out", served.oks)

@@ -262,3 +262,25 @@ def test_a_shard_of_another_shard_count_leaves_the_changelog_alone(tmp_path):
     assert "foreign_shard" in [letter.reason for letter in foreign.handle([])]
     foreign.snapshot()
     assert changelog.logs == before and changelog.sent == {}
+
+
+def test_a_shard_another_member_holds_lies_dormant_and_is_rebuilt_when_held_again(tmp_path):
+    """A member's store resumes a shard another member now holds (an earlier layout): it
+    reads and writes nothing of the changelog, wants no wake-up and snapshots its resume
+    state unchanged; held again after the other member served it, it is rebuilt."""
+    changelog = MemoryChangelog()
+    events = events_of([("request", u, 0.0) for u in range(6)])
+    here = build(tmp_path / "here", changelog)
+    run(here, events[:3], {2}, set())
+    mine = here.snapshot()
+    there = build(tmp_path / "there", changelog)  # the other member: rebuilt, then serves
+    run(there, events, {len(events) - 1}, set())
+    written = copy.deepcopy(changelog.logs)
+    dormant = logic_builder(REGISTRY, store=tmp_path / "here", changelog=changelog, holds=bool)(
+        copy.deepcopy(mine)  # holds(0) is False: shard 0 is not this member's
+    )
+    assert dormant.store.wake_at() is None and dormant.notify_at() is None
+    assert dormant.wake() == [] and dormant.snapshot() == mine
+    assert changelog.logs == written and changelog.sent == {}
+    back = build(tmp_path / "here", changelog, mine)
+    assert held(back) == held(there) and back.handle([]) == []

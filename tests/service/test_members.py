@@ -97,3 +97,48 @@ def test_one_member_keeps_every_other_way_of_running():
     assert settings(TSI_TOPIC_EVENTS="events", TSI_STOP_AT_END="1").members == 1
     assert settings(TSI_PROCESS_ID="0", TSI_ADDRESSES="a:1;b:2").processes == 2
     assert Settings(registry=Path("r.toml")).membership.owns(7)
+
+
+@given(count=st.integers(1, 8), partitions=st.integers(1, 64), shard=st.integers(0, SHARDS - 1))
+def test_a_shard_is_held_by_exactly_the_owner_of_its_internal_partition(count, partitions, shard):
+    key = next(f"k{i}" for i in range(10_000) if shard_index(f"k{i}") == shard)
+    partition = internal_copy((key, b"", Origin("tsi.requests", 0, 0)), TAGS, partitions)[3]
+    holders = [k for k in range(count) if Members(count, k).holds(shard, partitions)]
+    assert holders == [k for k in range(count) if Members(count, k).owns(partition)]
+    assert len(holders) == 1 and Members(count, holders[0]).holds(shard, 0)
+
+
+def check_reset(tmp_path, monkeypatch, stored, committed, layout=None, **env):
+    """``check_no_silent_reset`` of a member whose store holds ``stored`` offsets and last
+    served as ``layout`` (None: never as a member), the group at ``committed``."""
+    from flows.service.runtime import startup
+    from flows.service.runtime.recovery import note_layout
+
+    store = tmp_path / "rec"
+    if layout is not None:
+        note_layout(store, layout)
+    monkeypatch.setattr(startup, "group_offsets", lambda *a: dict(committed))
+    monkeypatch.setattr(startup, "store_offsets", lambda d: dict(stored))
+    options = settings(TSI_RECOVERY_DIR=str(store), TSI_GROUP_ID="g", **env)
+    startup.check_no_silent_reset(options, {}, ["tsi.requests"], [store])
+
+
+def test_a_store_behind_on_partitions_another_member_served_since_rescales_with_a_changelog(
+    tmp_path, monkeypatch
+):
+    """Member 0 of 2 restarted alone: behind the group on member 1's partitions (member 1
+    served them) is a rescale, taken with a changelog (their shards are rebuilt from it),
+    refused without one; behind on its own partitions stays refused."""
+    from flows.service.runtime.startup import StartupError
+
+    committed = {("tsi.requests", 0): 5, ("tsi.requests", 1): 9}
+    stored = {("tsi.requests", 0): 5, ("tsi.requests", 1): 3}
+    check_reset(tmp_path, monkeypatch, stored, committed, Members(2, 0), TSI_TOPIC_CHANGELOG="c")
+    with pytest.raises(StartupError, match=r"member 0 of 2: other members served tsi\.req"):
+        check_reset(tmp_path, monkeypatch, stored, committed, Members(2, 0))
+    with pytest.raises(StartupError, match="is behind consumer group"):  # its own partition
+        check_reset(
+            tmp_path, monkeypatch, stored, committed, Members(2, 1), TSI_TOPIC_CHANGELOG="c"
+        )
+    with pytest.raises(StartupError, match="is behind consumer group"):  # never a member
+        check_reset(tmp_path / "alone", monkeypatch, stored, committed, TSI_TOPIC_CHANGELOG="c")

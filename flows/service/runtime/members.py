@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from flows.service.wire.keys import internal_partition
+
 
 class MembersError(ValueError):
     """A member's index outside its count, or topics with too few partitions: one line."""
@@ -40,6 +42,18 @@ class Members:
         """Whether partition ``partition`` (of any topic the service reads) is this
         member's."""
         return partition % self.count == self.index
+
+    def holds(self, shard: int, partitions: int) -> bool:
+        """Whether shard index ``shard`` is this member's: the owner of the internal
+        partition its events meet in (``keys.internal_partition`` of the internal topic's
+        ``partitions``; 0, copies placed by key: a service alone, every shard its own).
+        A member's recovery store may hold shards of an earlier layout that another member
+        now holds: they lie dormant (``ShardStore``).
+
+        >>> Members(2, 1).holds(7, 4), Members(2, 1).holds(6, 4), Members().holds(6, 0)
+        (True, False, True)
+        """
+        return partitions == 0 or self.owns(internal_partition(shard, partitions))
 
     def owned(self, parts: Iterable[str]) -> list[str]:
         """The Bytewax partition names (``"P-topic"``, as Bytewax's Kafka source lists

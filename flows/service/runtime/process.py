@@ -107,7 +107,12 @@ class Service:
             stream=STREAM_CLOCK,
             store=store,
             changelog=changelog,
+            holds=None if self.members.count == 1 else self._holds,
         )
+
+    def _holds(self, shard: int) -> bool:
+        """Whether this member holds shard index ``shard`` (``Members.holds``)."""
+        return self.members.holds(shard, self.internal_partitions)
 
     def _epoch_closed(self) -> None:
         note_epoch_completed()

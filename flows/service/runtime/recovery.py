@@ -21,6 +21,7 @@ from typing import Any
 
 from flows.service.instances.resting import Entry, state_of
 from flows.service.runtime.dir_lock import is_empty, is_lock_file
+from flows.service.runtime.members import ALONE, Members, MembersError
 from flows.service.runtime.settings import ConfigError
 from flows.service.shards.shard_log import (
     ShardLog,
@@ -36,6 +37,7 @@ STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
 SHARD_STORE = "shards"  # the folder of the shards' logs in a recovery directory
 INPUTS_SEED = "inputs.positions"  # in it: where an imported store's inputs start
+MEMBERS_LAYOUT = "members.layout"  # in it: the members' count and index it last served as
 #: The way out of a damaged recovery directory, named by every message that finds one.
 REBUILD_HINT = (
     "README, 'A damaged recovery directory': stop the service, mv DIR DIR.damaged, then "
@@ -137,6 +139,32 @@ def _committed_here(directory: str | Path) -> list[Path]:
 def shard_store(recovery_dir: str | Path) -> Path:
     """Where the shards of a recovery directory keep their logs."""
     return Path(recovery_dir) / SHARD_STORE
+
+
+def last_layout(recovery_dir: str | Path) -> Members:
+    """The member a recovery directory last served as (``note_layout``); a service alone
+    when it never served as a member. ``ConfigError`` for a damaged layout file.
+
+    >>> import tempfile; where = Path(tempfile.mkdtemp())
+    >>> note_layout(where, Members(2, 1)); last_layout(where)
+    Members(count=2, index=1)
+    """
+    path = shard_store(recovery_dir) / MEMBERS_LAYOUT
+    if not path.exists():
+        return ALONE
+    text = path.read_text()
+    try:
+        count, index = map(int, text.split())
+        return Members(count, index)
+    except (ValueError, MembersError):
+        raise ConfigError(f"{path} is damaged ({text[:40]!r}): write 'COUNT INDEX' in it") from None
+
+
+def note_layout(recovery_dir: str | Path, members: Members) -> None:
+    """Note in ``recovery_dir`` the member it serves as (``last_layout``)."""
+    path = shard_store(recovery_dir) / MEMBERS_LAYOUT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{members.count} {members.index}\n")
 
 
 def read_states(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:

@@ -41,6 +41,8 @@ from flows.service.runtime.recovery import (
     check_recovery_dir,
     check_shard_layout,
     input_offsets,
+    last_layout,
+    note_layout,
     seed_from_per_instance_snapshots,
     seeded_inputs,
     store_offsets,
@@ -84,6 +86,8 @@ def prepare(options: Settings) -> Service:
         internal_partitions = check_members(options, consumer)
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
+        if options.recovery_dir is not None:
+            note_layout(options.recovery_dir, options.membership)
         if parts:
             seeded = seed_from_per_instance_snapshots(options.recovery_dir)
             if seeded:
@@ -221,12 +225,45 @@ def check_no_silent_reset(
     if options.processes > 1:  # a process's directory holds some of the cluster's inputs
         committed = {tp: o for tp, o in committed.items() if tp in stored}
     behind = [(tp, o, stored.get(tp, 0)) for tp, o in committed.items() if stored.get(tp, 0) < o]
+    behind = _served_elsewhere(options, behind)
     if behind:
         (topic, partition), group_at, store_at = sorted(behind)[0]
         raise StartupError(
             f"recovery directory {options.recovery_dir} is behind consumer group {group!r} "
             f"on {topic}[{partition}] (offset {store_at} < {group_at}): {why}"
         )
+
+
+def _served_elsewhere(
+    options: Settings, behind: list[tuple[tuple[str, int], int, int]]
+) -> list[tuple[tuple[str, int], int, int]]:
+    """Of the partitions a store is ``behind`` the group on, those it did own in its last
+    layout (``last_layout``): the others another member served since (a rescale by
+    restart). With a changelog their shards are rebuilt from it (another lineage marked
+    them) and what the store re-reads of them is dropped by the shards' guards: logged;
+    without one their state is elsewhere (``StartupError``)."""
+    earlier = last_layout(options.recovery_dir)
+    moved = sorted((topic, p) for (topic, p), _, _ in behind if not earlier.owns(p))
+    if not moved:
+        return behind
+    was = f"member {earlier.index} of {earlier.count}"
+    shown = ", ".join(f"{t}[{p}]" for t, p in moved[:4]) + (", ..." if len(moved) > 4 else "")
+    if options.topics.changelog is None:
+        raise StartupError(
+            f"recovery directory {options.recovery_dir} last served as {was}: other members "
+            f"served {shown} since, and their state is not here. Change the member count by "
+            "a restart with --changelog-topic (each shard is rebuilt from it), or move the "
+            "state with `tsi state export` and `tsi state import`"
+        )
+    log.warning(
+        "recovery directory %s last served as %s: other members served %s since; their "
+        "shards are rebuilt from changelog %s, what is read again of them is dropped",
+        options.recovery_dir,
+        was,
+        shown,
+        options.topics.changelog,
+    )
+    return [each for each in behind if earlier.owns(each[0][1])]
 
 
 class ServiceLog:

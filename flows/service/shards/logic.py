@@ -111,6 +111,7 @@ def logic_builder(
     store: Path | None = None,
     rest_after: float = REST_AFTER,
     changelog: Changelog | None = None,
+    holds: Callable[[int], bool] | None = None,
 ) -> Callable[[dict[str, Any] | None], ShardLogic]:
     """The builder ``op.stateful_batch`` calls for each new shard (with its resume state).
 
@@ -119,10 +120,11 @@ def logic_builder(
     ``wake_ups`` wakes shards from the worker's queue of that scheduler (the one the
     flow's ``WakeUps`` source reads), ``store`` keeps the shards' logs,
     ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``),
-    ``changelog`` (with ``store``) mirrors each shard's log (``shards.changelog``).
+    ``changelog`` (with ``store``) mirrors each shard's log (``shards.changelog``),
+    ``holds`` says which shards are this member's (``FlowContext``).
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     context = FlowContext(
-        live, clock, snapshots, event_time, stream, wake_ups, store, rest_after, changelog
+        live, clock, snapshots, event_time, stream, wake_ups, store, rest_after, changelog, holds
     )
     return lambda resume: ShardLogic(context, resume)

@@ -25,7 +25,14 @@ from flows.service.instances.resting import Entry, Resting, entry_of, open_ticke
 from flows.service.observe.metrics import observe_expired, observe_restored
 from flows.service.shards import _event_loop as event_loop
 from flows.service.shards._deadline_queue import TimeHeap
-from flows.service.shards.changelog import Changelog, Mirror, Mirrored, encode, start
+from flows.service.shards.changelog import (
+    Changelog,
+    Mirror,
+    Mirrored,
+    encode,
+    shard_index,
+    start,
+)
 from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
 from flows.service.shards.shard_log import ShardLog
 from flows.service.shards.stream_clock import StreamClock
@@ -84,6 +91,8 @@ class FlowContext:
     rest_after: float = REST_AFTER  # see REST_AFTER; 0 settles at every call
     # with a store: each shard's log mirrored to its changelog (``shards.changelog``)
     changelog: Changelog | None = None
+    # members: whether this member holds a shard index (``Members.holds``); None: all
+    holds: Callable[[int], bool] | None = None
 
 
 class ShardStore:
@@ -142,6 +151,7 @@ class ShardStore:
         self.mirrored: Mirrored | None = None  # where the changelog stands
         self.guard: dict[tuple[str, int], int] = {}  # rebuilt: the input already applied
         self.unmarked = False  # sent to the changelog since its last marker
+        self.dormant: dict[str, Any] | None = None  # resumed, another member's: kept as is
         if resume:
             self._start(resume["shard"], resume)
 
@@ -161,6 +171,10 @@ class ShardStore:
 
     def _load(self, shard: str, resume: dict[str, Any] | None) -> None:
         self.shard = shard
+        holds = self.context.holds
+        if resume is not None and holds is not None and not holds(shard_index(shard)):
+            self.dormant = resume  # not loaded, never woken, never written: when this
+            return  # member holds it again, its changelog says whether it is stale
         if resume is not None and "entries" in resume:
             entries = {entry.key: entry for entry in resume["entries"]}
         elif self.context.store is not None and self.context.snapshots:
@@ -546,6 +560,8 @@ class ShardStore:
         if not self.context.snapshots or self.shard is None:
             self._settle(0)
             return None
+        if self.dormant is not None:
+            return self.dormant
         keys = self.touched | self.cooling | set(self.settling)
         changed = [self.instances[key] for key in keys if key in self.instances]
         dirty = [i for i in changed if i.key in self.touched or i.key not in self.clean]

@@ -47,7 +47,7 @@ from cpython.unicode cimport PyUnicode_CheckExact
 from libc.string cimport memcpy
 
 from flows.service.wire._int_text cimport write_int64
-from flows.service.wire.keys cimport shard_index
+from flows.service.wire.keys cimport internal_partition, shard_index
 
 from orjson import dumps
 
@@ -259,8 +259,8 @@ def internal_copy(tuple routed, dict tags, Py_ssize_t partitions=0) -> tuple:
     """The internal copy of a routed input message (key, bytes, Origin), as the sink of
     the internal topic writes it: (key, value, headers), keyed by its instance, naming its
     original in two headers. With the internal topic's ``partitions`` (> 0), the copy names
-    its partition too, (key, value, headers, partition): its shard's index modulo
-    ``partitions`` (``keys.shard_index``), so all the events of a shard meet in one
+    its partition too, (key, value, headers, partition): its shard's
+    (``keys.internal_partition``), so all the events of a shard meet in one
     partition, whichever process copied them (``flows.service.runtime.members``).
 
     >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)), {"tsi.requests": b"r"})
@@ -273,7 +273,7 @@ def internal_copy(tuple routed, dict tags, Py_ssize_t partitions=0) -> tuple:
     if origin.time is not None:
         headers.append((_STAMPED, b"%d" % round(origin.time * 1000)))
     if partitions > 0:
-        return key.encode(), raw, headers, shard_index(key) % partitions
+        return key.encode(), raw, headers, internal_partition(shard_index(key), partitions)
     return key.encode(), raw, headers
 
 

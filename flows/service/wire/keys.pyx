@@ -112,6 +112,19 @@ cpdef Py_ssize_t shard_index(str key, Py_ssize_t shards=SHARDS) except -1:
     return crc % shards
 
 
+cpdef Py_ssize_t internal_partition(Py_ssize_t shard, Py_ssize_t partitions) except -1:
+    """The internal topic's partition that carries shard index ``shard``'s events, of its
+    ``partitions``: the shard modulo them (so with as many partitions as shards, shard s is
+    partition s). Members own shards by it (``flows.service.runtime.members``).
+
+    >>> internal_partition(7, 4), internal_partition(7, 32)
+    (3, 7)
+    """
+    if partitions < 1:
+        raise ValueError(f"partitions must be 1 or more, got {partitions}")
+    return shard % partitions
+
+
 cpdef str shard_of(str key, Py_ssize_t shards=SHARDS):
     """The shard (Bytewax key) of an instance key (``shard_index``)."""
     cdef Py_ssize_t index = shard_index(key, shards)
