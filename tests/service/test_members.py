@@ -26,10 +26,24 @@ def test_every_partition_has_exactly_one_member(count, partition):
 
 
 @given(count=st.integers(1, 8), partitions=st.integers(1, 40))
-def test_the_members_listings_split_a_topic_without_overlap(count, partitions):
+def test_the_members_split_a_topics_partitions_the_others_lying_dormant(count, partitions):
+    """Each member lists every partition (a store of an earlier layout resumes), reads its
+    own and builds the others dormant: each partition read by exactly one member, a dormant
+    one reading nothing and keeping its state as it was."""
+    from flows.service.connectors.kafka_source import ObservedKafkaSource, _DormantPartition
+
     parts = [f"{p}-tsi.requests" for p in range(partitions)]
-    listed = [Members(count, k).owned(parts) for k in range(count)]
-    assert sorted(part for each in listed for part in each) == sorted(parts)
+    read = []
+    for k in range(count):
+        source = ObservedKafkaSource(["b:9092"], ["tsi.requests"], members=Members(count, k))
+        source._owned_part = lambda step, part, state: part  # no consumer built here
+        for part in parts:
+            built = source.build_part("in", part, {"offset": 7})
+            if isinstance(built, _DormantPartition):
+                assert built.next_batch() == [] and built.snapshot() == {"offset": 7}
+            else:
+                read.append(built)
+    assert sorted(read) == sorted(parts)
 
 
 @pytest.mark.parametrize(("count", "index"), [(0, 0), (2, 2), (3, -1)])

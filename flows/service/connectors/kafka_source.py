@@ -13,12 +13,14 @@ import functools
 import json
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaSource, _KafkaSourcePartition
 from bytewax.connectors.kafka import operators as kop
 from bytewax.dataflow import Dataflow, Stream, operator
+from bytewax.inputs import StatefulSourcePartition
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
@@ -189,6 +191,23 @@ class _ObservedPartition(_KafkaSourcePartition):
         super().close()
 
 
+class _DormantPartition(StatefulSourcePartition[Any, Any]):
+    """A partition another member reads: nothing read, its state (that of an earlier
+    layout, or None) kept as it is, for when this member reads it again."""
+
+    def __init__(self, resume_state: Any) -> None:
+        self._state = resume_state
+
+    def next_batch(self) -> list[Any]:
+        return []
+
+    def next_awake(self) -> datetime:
+        return datetime.now(UTC) + timedelta(days=1)
+
+    def snapshot(self) -> Any:
+        return self._state
+
+
 class ObservedKafkaSource(KafkaSource):
     """``bytewax.connectors.kafka.KafkaSource`` building ``_ObservedPartition``s; with
     ``group_id`` they commit each finished epoch's offsets to that consumer group."""
@@ -214,14 +233,22 @@ class ObservedKafkaSource(KafkaSource):
         self.partition_counts: dict[str, int] = {}
 
     def list_parts(self) -> list[str]:
-        """Bytewax's listing of this member's partitions (``members``), remembering each
-        topic's partition count. Every worker of a process lists on this same object: the
-        count is each listing's, not their sum."""
+        """Bytewax's listing of the topics' partitions, remembering each topic's partition
+        count. Every worker of a process lists on this same object: the count is each
+        listing's, not their sum. A member lists them all: those of other members are built
+        dormant (``build_part``), since Bytewax 0.21.1 refuses to resume a store holding
+        the state of a partition it does not list (a store of an earlier layout)."""
         parts = super().list_parts()
         self.partition_counts = dict(collections.Counter(part.split("-", 1)[1] for part in parts))
-        return self._members.owned(parts)
+        return parts
 
-    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
+    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> Any:
+        """This member's partitions read (``_owned_part``), the others' dormant."""
+        if not self._members.owns(int(for_part.split("-", 1)[0])):
+            return _DormantPartition(resume_state)
+        return self._owned_part(step_id, for_part, resume_state)
+
+    def _owned_part(self, step_id: str, for_part: str, resume_state: int | None) -> Any:
         """As Bytewax 0.21.1 builds its partitions (which overwrites any ``stats_cb``)."""
         if resume_state is None:
             resume_state = self.seeded.get(f"{step_id}/{for_part}")
@@ -292,7 +319,7 @@ class InternalKafkaSource(ObservedKafkaSource):
         super().__init__(*args, **kw)
         self.inputs = inputs
 
-    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> Any:
+    def _owned_part(self, step_id: str, for_part: str, resume_state: Any) -> Any:
         if resume_state is None:
             resume_state = self.seeded.get(f"{step_id}/{for_part}")
         index, topic = for_part.split("-", 1)

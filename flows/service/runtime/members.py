@@ -7,15 +7,15 @@ partitions; the copies it makes go to the internal partition of their shard
 (``_records.internal_copy``), so each shard's events meet in one internal partition, read
 by one member, which holds that shard whole. One member dying stops only its partitions.
 
->>> Members(2, 1).owned(["0-tsi.requests", "1-tsi.requests", "3-tsi.requests"])
-['1-tsi.requests', '3-tsi.requests']
+>>> [p for p in range(4) if Members(2, 1).owns(p)]
+[1, 3]
 >>> Members().owns(5)
 True
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flows.service.wire.keys import internal_partition
@@ -54,11 +54,6 @@ class Members:
         (True, False, True)
         """
         return partitions == 0 or self.owns(internal_partition(shard, partitions))
-
-    def owned(self, parts: Iterable[str]) -> list[str]:
-        """The Bytewax partition names (``"P-topic"``, as Bytewax's Kafka source lists
-        them) of this member's partitions."""
-        return [part for part in parts if self.owns(int(part.split("-", 1)[0]))]
 
     def check_partitions(self, partitions: Mapping[str, int]) -> None:
         """Refuse (``MembersError`` naming the topic) a topic read by the members with

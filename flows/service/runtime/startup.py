@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from bytewax.recovery import init_db_dir
+
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
     TopicError,
@@ -87,7 +89,7 @@ def prepare(options: Settings) -> Service:
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
         if options.recovery_dir is not None:
-            note_layout(options.recovery_dir, options.membership)
+            note_member(options)
         if parts:
             seeded = seed_from_per_instance_snapshots(options.recovery_dir)
             if seeded:
@@ -121,6 +123,16 @@ def prepare(options: Settings) -> Service:
         options.membership,
         internal_partitions,
     )
+
+
+def note_member(options: Settings) -> None:
+    """Note in the recovery directory the member it serves as (``recovery.last_layout``),
+    a new directory initialised first (Bytewax's partitions: ``run`` initialises only an
+    empty one)."""
+    if is_empty(options.recovery_dir):
+        options.recovery_dir.mkdir(parents=True, exist_ok=True)
+        init_db_dir(options.recovery_dir, options.processes)
+    note_layout(options.recovery_dir, options.membership)
 
 
 def check_members(options: Settings, consumer: dict) -> int:
