@@ -81,6 +81,7 @@ def test_members_rescale_by_restart_from_one_to_two_and_back(kafka_bootstrap, tm
                 wait_until(lambda: applied([first]) == requests, 120, procs)
             for proc, log in procs:
                 stop_member(proc, log)
+                assert "no clean end" not in log.read_text()  # the last epoch committed
     finally:
         clients.stop.set()
         for thread in threads:
@@ -118,5 +119,6 @@ def test_a_member_that_loses_its_disk_under_load_loses_nothing(kafka_bootstrap, 
             thread.join()
         for proc, log in zip(procs, logs, strict=True):
             stop_member(proc, log)
+    assert all("no clean end" not in log.read_text() for log in logs)
     assert "rebuilt from its changelog" in logs[1].read_text()
     assert_as_uninterrupted(kafka_bootstrap, topics, changelog, dirs, clients, requests)

@@ -191,18 +191,25 @@ class _ObservedPartition(_KafkaSourcePartition):
         super().close()
 
 
+#: Seconds between two looks of a dormant partition at whether a stop was asked for.
+DORMANT_LOOK_S = 1.0
+
+
 class _DormantPartition(StatefulSourcePartition[Any, Any]):
     """A partition another member reads: nothing read, its state (that of an earlier
-    layout, or None) kept as it is, for when this member reads it again."""
+    layout, or None) kept as it is, for when this member reads it again. It ends at a
+    stop, as the partitions read do: else the flow would never end cleanly."""
 
     def __init__(self, resume_state: Any) -> None:
         self._state = resume_state
 
     def next_batch(self) -> list[Any]:
+        if Stop.asked():
+            raise StopIteration
         return []
 
     def next_awake(self) -> datetime:
-        return datetime.now(UTC) + timedelta(days=1)
+        return datetime.now(UTC) + timedelta(seconds=DORMANT_LOOK_S)
 
     def snapshot(self) -> Any:
         return self._state
