@@ -220,3 +220,20 @@ def wait_until(done, seconds: float, procs: list[tuple[subprocess.Popen, Path]])
         for proc, log in procs:
             alive(proc, log)
         time.sleep(0.5)
+
+
+def wait_answered_and_applied(clients, requests: int, dirs, procs, logs) -> None:
+    """Until every request is answered and every feedback applied in the members' stores."""
+    running = list(zip(procs, logs, strict=True))
+    wait_until(lambda: clients.answered() == requests, 240, running)
+    applied = lambda: sum(s["bandit"]["n_updates"] for s in states_of(dirs).values())  # noqa: E731
+    wait_until(lambda: applied() == requests, 120, running)
+
+
+def stop_all(clients, threads, procs, logs) -> None:
+    """The clients stopped and joined, then every member stopped cleanly."""
+    clients.stop.set()
+    for thread in threads:
+        thread.join()
+    for proc, log in zip(procs, logs, strict=True):
+        stop_member(proc, log)

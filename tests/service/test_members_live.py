@@ -23,7 +23,8 @@ from tests.service.members_live import (
     served,
     start_member,
     states_of,
-    stop_member,
+    stop_all,
+    wait_answered_and_applied,
     wait_until,
 )
 
@@ -41,15 +42,9 @@ def run_members(bootstrap, tmp_path, members, requests, pace):
     clients = Clients(bootstrap, topics, requests, pace)
     threads = clients.start()
     try:
-        wait_until(lambda: clients.answered() == requests, 240, list(zip(procs, logs, strict=True)))
-        applied = lambda: sum(s["bandit"]["n_updates"] for s in states_of(dirs).values())  # noqa: E731
-        wait_until(lambda: applied() == requests, 120, list(zip(procs, logs, strict=True)))
+        wait_answered_and_applied(clients, requests, dirs, procs, logs)
     finally:
-        clients.stop.set()
-        for thread in threads:
-            thread.join()
-        for proc, log in zip(procs, logs, strict=True):
-            stop_member(proc, log)
+        stop_all(clients, threads, procs, logs)
     return topics, dirs, clients
 
 
@@ -99,15 +94,9 @@ def test_one_member_killed_stops_only_its_partitions_and_resumes_exactly_once(
             asked = dict(clients.asked)
             first_seen = dict(clients.first_seen)
         procs[1] = start_member(envs[1], dirs[1], logs[1])
-        wait_until(lambda: clients.answered() == requests, 240, list(zip(procs, logs, strict=True)))
-        applied = lambda: sum(s["bandit"]["n_updates"] for s in states_of(dirs).values())  # noqa: E731
-        wait_until(lambda: applied() == requests, 120, list(zip(procs, logs, strict=True)))
+        wait_answered_and_applied(clients, requests, dirs, procs, logs)
     finally:
-        clients.stop.set()
-        for thread in threads:
-            thread.join()
-        for proc, log in zip(procs, logs, strict=True):
-            stop_member(proc, log)
+        stop_all(clients, threads, procs, logs)
     # while member 1 was down: member 0 answered its own instances' requests, and only those
     during = {
         rid: home(unit, 2)
