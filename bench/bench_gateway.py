@@ -245,7 +245,7 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rate", type=float, default=1000.0)
@@ -262,7 +262,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rate, args.seconds, args.pairs = 200.0, 5.0, 1
-    meta: dict[str, Any] = {
+    return args
+
+
+def run_meta(args: argparse.Namespace) -> dict[str, Any]:
+    """The command, the machine and its load before the runs, and the runs' settings."""
+    return {
         "command": " ".join([".venv/bin/python", *sys.argv]),
         "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}",
         "nproc": os.cpu_count(),
@@ -272,6 +277,27 @@ def main() -> None:
         "warm": args.warm,
         "snapshot_every": args.snapshot_every,
     }
+
+
+def start_gateways(
+    topics: list[str], extra: dict[str, str | None], ports: dict[str, int]
+) -> list[subprocess.Popen]:
+    """One ``tsi serve`` a gateway variant, each with its extra PYTHONPATH (or none)."""
+    return [
+        subprocess.Popen(
+            [TSI, "serve", *topics, "--port", str(ports[name]), "--decide-timeout", "10"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (path, os.environ.get("PYTHONPATH")) if p
+            )},
+        )
+        for name, path in extra.items()
+    ]  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    meta = run_meta(args)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for bootstrap in broker_session(tmp / "kafka"):
@@ -291,16 +317,7 @@ def main() -> None:
             if args.uvloop_path:
                 extra["gateway_uvloop"] = args.uvloop_path
             ports = {name: free_port() for name in extra}
-            gateways = [
-                subprocess.Popen(
-                    [TSI, "serve", *topics, "--port", str(ports[name]), "--decide-timeout", "10"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                        p for p in (path, os.environ.get("PYTHONPATH")) if p
-                    )},
-                )
-                for name, path in extra.items()
-            ]  # fmt: skip
+            gateways = start_gateways(topics, extra, ports)
             try:
                 for proc, port in zip(gateways, ports.values(), strict=True):
                     wait_until(lambda p=port: healthy(p), proc, "tsi serve")
