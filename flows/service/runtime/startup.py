@@ -192,7 +192,7 @@ def check_store(options: Settings) -> list[Path]:
             f"{options.recovery_dir} is not: move it aside first ({REBUILD_HINT})"
         )
     parts = check_recovery_dir(options.recovery_dir, options.processes)
-    stored_shards(options.recovery_dir)  # one shard count, named
+    flow_shards(options.shards, stored_shards(options.recovery_dir), None)  # --shards agrees
     seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
     return parts
 
