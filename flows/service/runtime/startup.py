@@ -112,6 +112,7 @@ def prepare(options: Settings) -> Service:
         else f"written to {options.outputs[0]}:{options.outputs[1]}",
         sorted(guards.skip) or "nothing",
     )
+    log.info("serving with %d shards", shards)
     return Service(
         registry,
         options.brokers,
@@ -129,16 +130,14 @@ def prepare(options: Settings) -> Service:
 
 def resolve_shards(options: Settings, consumer: dict) -> int:
     """The flow's shard count (``shard_count.flow_shards``): its changelog topic's
-    partitions, else its recovery store's, else ``--shards``, else the default; logged."""
+    partitions, else its recovery store's, else ``--shards``, else the default."""
     stored = None if options.recovery_dir is None else stored_shards(options.recovery_dir)
     partitions = None
     if options.topics.changelog is not None:
         name = options.topics.changelog
         info = topic_infos(options.brokers, consumer, [name], options.connect_timeout)[name]
         partitions = None if info is None else info.partitions
-    shards = flow_shards(options.shards, stored, partitions)
-    log.info("%d shards (store: %s, changelog: %s)", shards, stored, partitions)
-    return shards
+    return flow_shards(options.shards, stored, partitions)
 
 
 def note_member(options: Settings) -> None:
