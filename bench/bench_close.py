@@ -4,10 +4,11 @@ Run from the repository root (under a minute)::
 
     .venv/bin/python bench/bench_close.py
 
-``SHARDS`` (32) ``ShardLogic`` objects with a shard store (``flows.service.shards.shard_log``)
-are fed as the dataflow feeds them, on ``bench_engine``'s workload (10 arms, per-unit instances over
-10,000 units, each request followed by its feedback, batches of 1,000 messages). An epoch
-serves ``PAIRS`` requests and their feedback: the first half before a generation turns
+``DEFAULT_SHARDS`` (128) ``ShardLogic`` objects with a shard store
+(``flows.service.shards.shard_log``) are fed as the dataflow feeds them, on
+``bench_engine``'s workload (10 arms, per-unit instances over 10,000 units, each
+request followed by its feedback, batches of 1,000 messages). An epoch serves
+``PAIRS`` requests and their feedback: the first half before a generation turns
 (a second passes: the calls after the turn do what they do then, until nothing is left
 for them), the second half after it. Then every shard's ``snapshot()``, the close, is
 timed (wall clock, all of them), with the instances it found changed. Median of ``REPEATS``
@@ -41,7 +42,7 @@ from flows.service.shards.deadlines import WakeUpScheduler  # noqa: E402
 from flows.service.shards.logic import FlowContext, ShardLogic  # noqa: E402
 from flows.service.shards.stream_clock import StreamClock  # noqa: E402
 from flows.service.wire.events import Origin, parse_event  # noqa: E402
-from flows.service.wire.keys import SHARDS  # noqa: E402
+from flows.service.wire.keys import DEFAULT_SHARDS  # noqa: E402
 
 PAIRS = 12_000  # requests and their feedback in an epoch: ~10,000 instances changed
 REPEATS = 5
@@ -138,7 +139,8 @@ def main() -> None:
     if args.changelog:
         print("- each shard's log mirrored to an in-memory changelog (`--changelog`)")
     print(
-        f"- the close of {SHARDS} shards: **{statistics.median(seconds) * 1e3:.1f} ms** (median of "
+        f"- the close of {DEFAULT_SHARDS} shards: "
+        f"**{statistics.median(seconds) * 1e3:.1f} ms** (median of "
         f"{args.repeats}; runs {', '.join(f'{s * 1e3:.1f}' for s in seconds)}), "
         f"{changed:,.0f} instances changed"
     )

@@ -12,7 +12,7 @@ topics, ``--partitions`` each) and runs on it the Python reference
 (``bench_flow.run_reference``: every input consumed, one answer per request, through an
 internal topic: the service's two hops) and the service as each size of members, each
 member one process with one worker (``tsi run``, no recovery directory, epochs of 10 s;
-the internal topic has ``SHARDS`` partitions: a shard a partition). The reference is
+the internal topic has ``DEFAULT_SHARDS`` partitions: a shard a partition). The reference is
 timed from its first answer to its last (Kafka timestamps); members start one after the
 other and run independently, so each member is timed from its own first answer to its
 last (``member_rates``) and the service's rate is the sum of its members'. Figures:
@@ -56,7 +56,7 @@ from bench_flow import (  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
 from flow_kafka import bulk_producer, produce_all  # noqa: E402
 
-from flows.service.wire.keys import SHARDS, shard_index  # noqa: E402
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_index  # noqa: E402
 from flows.testing import kafka_broker  # noqa: E402
 
 #: each member: ``tsi run`` without recovery, one worker (``--members``/``--member`` added)
@@ -108,7 +108,9 @@ def member_rates(bootstrap: str, topic: str, partitions: int, members: int) -> l
             for m in consumer.consume(10_000, 1.0):
                 if not m.error():
                     read += 1
-                    member = shard_index(m.key().decode()) % SHARDS % members
+                    member = (
+                        shard_index(m.key().decode(), DEFAULT_SHARDS) % DEFAULT_SHARDS % members
+                    )
                     stamps[member].append(m.timestamp()[1])
     finally:
         consumer.close()
@@ -121,7 +123,7 @@ def run_members(
     """The service as ``members`` members on ``inp`` (``partitions`` per topic): the sum
     of its members' steady events/s (``member_rates``)."""
     out = topics_of(bk.bootstrap, ("sel", "dlq"), partitions)
-    internal = topics_of(bk.bootstrap, ("internal",), SHARDS)["internal"]
+    internal = topics_of(bk.bootstrap, ("internal",), DEFAULT_SHARDS)["internal"]
     group = f"bench-{uuid.uuid4().hex[:12]}"
     requests = inp.events // 2
     counter = Consumer({"bootstrap.servers": bk.bootstrap, "group.id": "tsi-bench"})

@@ -75,7 +75,7 @@ from flows.service.shards.deadlines import WAKE_UP, WakeUpScheduler  # noqa: E40
 from flows.service.shards.logic import REST_AFTER, FlowContext, ShardLogic  # noqa: E402
 from flows.service.shards.stream_clock import StreamClock  # noqa: E402
 from flows.service.wire.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
-from flows.service.wire.keys import SHARD_NAMES, SHARDS  # noqa: E402
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_names  # noqa: E402
 from tsi_core import Bandit  # noqa: E402
 
 BATCH = 1000  # what one consume brings at most (the Kafka source's batch_size)
@@ -223,8 +223,8 @@ def bytewax_run(items: int, stateful: bool) -> float:
     """CPU seconds of a flow carrying ``items`` (shard, value) items, every shard once per
     activation, through a do-nothing ``stateful_batch`` (or, the baseline, a ``map``)."""
     flow = Dataflow("key_calls")
-    keyed = [(SHARD_NAMES[i % SHARDS], i) for i in range(items)]
-    stream = op.input("in", flow, TestingSource(keyed, batch_size=SHARDS))
+    keyed = [(shard_names(DEFAULT_SHARDS)[i % DEFAULT_SHARDS], i) for i in range(items)]
+    stream = op.input("in", flow, TestingSource(keyed, batch_size=DEFAULT_SHARDS))
     if stateful:
         stream = op.stateful_batch("shards", stream, lambda _: _Echo())
     else:
@@ -257,7 +257,7 @@ def measure(pairs: int, repeats: int) -> dict[str, Any]:
             note(f"{mode}/{EXPIRING}", expiring["shards"], events)
             note(f"{mode}/orjson.loads", json_run(msgs), timed)
         note("kernel", kernel_run(pairs), 2 * (pairs - pairs // 5))
-        items = 200 * SHARDS
+        items = 200 * DEFAULT_SHARDS
         empty_calls = bytewax_run(items, stateful=True) - bytewax_run(items, stateful=False)
         note("bytewax per shard call", empty_calls, items)
         print(f"  repeat {len(runs['kernel'])} of {repeats} done", file=sys.stderr)

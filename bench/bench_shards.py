@@ -5,8 +5,8 @@ Run from the repository root::
     .venv/bin/python bench/bench_shards.py --quick      # 5 x 10^4 instances (~1 min)
     .venv/bin/python bench/bench_shards.py              # 10^6 instances (~10 min)
 
-No Bytewax: ``SHARDS`` (32) ``ShardLogic`` objects (``flows.service.shards.logic``), one per
-shard, are built with ``logic_builder(..., store=DIR)`` and fed directly, events grouped
+No Bytewax: ``DEFAULT_SHARDS`` (128) ``ShardLogic`` objects (``flows.service.shards.logic``),
+one per shard, are built with ``logic_builder(..., store=DIR)`` and fed directly, events grouped
 per shard (at most ``PER_CALL`` per ``on_batch``, then ``notify_at`` as Bytewax calls it),
 on a per-unit experiment of 10 arms (feedback_ttl 3600 s, retry_window 0: an answered
 instance is idle as soon as the clock moves on and the shard is woken).
@@ -65,7 +65,7 @@ from flows.service.instances.registry import Experiment, Registry
 from flows.service.shards.logic import Routed, ShardLogic, logic_builder
 from flows.service.shards.shard_store import LINGER
 from flows.service.wire.events import Origin, parse_feedback, parse_request
-from flows.service.wire.keys import SHARDS, instance_key, shard_of
+from flows.service.wire.keys import DEFAULT_SHARDS, instance_key, shard_of
 
 ARMS = ", ".join(f'"a{i}"' for i in range(10))
 REGISTRY = Registry.from_toml(
@@ -404,7 +404,8 @@ def report_machine(m: dict, n: int, repeats: int) -> str:
     load = " / ".join(f"{x:.2f}" for x in m["load_start"])
     end = " / ".join(f"{x:.2f}" for x in m["load_end"])
     return (
-        f"## Shards: snapshot bytes, restart time, memory ({n:,} instances, {SHARDS} shards)\n\n"
+        "## Shards: snapshot bytes, restart time, memory "
+        f"({n:,} instances, {DEFAULT_SHARDS} shards)\n\n"
         f"- {m['date']}; CPU {m['cpu']} ({m['cores']} logical, {m['usable_cores']} usable)\n"
         f"- {m['platform']}; Python {m['python']}\n"
         f"- load average (1, 5, 15 min) {load} at the start, {end} at the end\n"
@@ -432,14 +433,14 @@ def report_snapshots(part: dict) -> str:
         "touched": base["instances"],
         "appended_bytes": base["base_bytes"],
         "bytes_per_instance": base["base_bytes_per_instance"],
-        "shards_written": SHARDS,
+        "shards_written": DEFAULT_SHARDS,
     }
     rows = [snapshot_row("bases (the whole state)", base | first)]
     for row in part["epochs"]:
         what = "request + feedback" if row["feedback"] else "request, ticket left open"
         rows.append(snapshot_row("feedback closing them" if row.get("closing") else what, row))
     head = ["epoch", "instances touched", "bytes appended", "bytes / instance"]
-    head += ["shards written", f"snapshot s ({SHARDS} shards)", "events/s (on_batch)"]
+    head += ["shards written", f"snapshot s ({DEFAULT_SHARDS} shards)", "events/s (on_batch)"]
     share = ", ".join(f"{r['appended_bytes'] / base['base_bytes']:.2%}" for r in part["epochs"])
     return (
         "### 1. Snapshot bytes per epoch\n\n"

@@ -18,7 +18,8 @@ from flows.service.runtime.settings import (
     option,
     topics_from_env,
 )
-from flows.service.wire.keys import SHARDS
+from flows.service.runtime.shard_count import shard_count
+from flows.service.wire.keys import DEFAULT_SHARDS
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create and check the service's Kafka topics.")
 app.add_typer(topics_app, name="topics")
@@ -55,13 +56,19 @@ def topics_create(
     replication_factor: int | None = typer.Option(
         None, min=1, help="Replicas of new topics (default 1); if given, existing must match."
     ),
+    shards: str = typer.Option(
+        str(DEFAULT_SHARDS),
+        help="Shards of the service (1 to 1024): partitions of a new internal topic and of "
+        "the changelog topic, one a shard; tsi run then serves with as many.",
+    ),
     dlq_max_message_bytes: int | None = typer.Option(
         None, min=1, help="max.message.bytes of a new dead-letter topic; if given, existing too."
     ),
     timeout: float = _TIMEOUT,
 ) -> None:
     """Create the service's topics: requests, feedback (or --events-topic), selections, DLQ,
-    and with --changelog-topic the changelog (compacted, one partition a shard).
+    the internal topic (one partition a shard: --shards, members share them), and with
+    --changelog-topic the changelog (compacted, one partition a shard).
 
     Idempotent: an existing topic is reported ("exists, 3 partitions, ...") and left as is.
     It is an error (exit status 2, nothing created) only if it contradicts an option given:
@@ -77,6 +84,10 @@ def topics_create(
             {} if dlq_max_message_bytes is None else {topics.dead_letters: dlq_max_message_bytes}
         )
         consumer, _ = client_config(config)
+        try:
+            count = shard_count(shards)
+        except ValueError as exc:
+            raise ConfigError(f"--shards {exc}") from None
         lines = create_topics(
             brokers,
             consumer,
@@ -85,7 +96,8 @@ def topics_create(
             replication_factor=replication_factor,
             max_bytes=limits,
             timeout=timeout,
-            changelog=None if topics.changelog is None else (topics.changelog, SHARDS),
+            changelog=None if topics.changelog is None else (topics.changelog, count),
+            internal=(topics.internal, count) if topics.repartitioned else None,
         )
     except (ConfigError, TopicError) as exc:
         fail("topics", str(exc))

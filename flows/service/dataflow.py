@@ -52,7 +52,7 @@ from flows.service.wire.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.wire.keys import shard_of
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_of
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
@@ -175,9 +175,12 @@ def parse_skips(specs: list[str]) -> frozenset[tuple[str, int, int]]:
     return frozenset(out)
 
 
-def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] | DeadLetter:
-    """(shard, (instance key, experiment, event)), or a dead letter for an unknown
-    experiment or a missing unit. The experiment is looked up here, once per event."""
+def route(
+    registry: Registry, event: Request | Feedback, shards: int = DEFAULT_SHARDS
+) -> tuple[str, Routed] | DeadLetter:
+    """(shard of ``shards``, (instance key, experiment, event)), or a dead letter for an
+    unknown experiment or a missing unit. The experiment is looked up here, once per
+    event."""
     experiment = registry.get(event.experiment)
     if experiment is None:
         return DeadLetter(
@@ -190,7 +193,7 @@ def route(registry: Registry, event: Request | Feedback) -> tuple[str, Routed] |
         key = experiment.instance_key(event.unit)
     except KeyError as exc:
         return DeadLetter("missing_field", exc.args[0], event.raw, event.origin)
-    return shard_of(key), (key, experiment, event)
+    return shard_of(key, shards), (key, experiment, event)
 
 
 def parse_and_route(
@@ -199,23 +202,24 @@ def parse_and_route(
     live: LiveRegistry,
     batch: Batch,
     grouped: bool = True,
+    shards: int = DEFAULT_SHARDS,
 ) -> tuple[list, list[DeadLetter]]:
-    """A batch of messages as routed events grouped by shard (``by_shard``; not
-    ``grouped``: each (key, experiment, event) in the batch's order) and dead letters
+    """A batch of messages as routed events grouped by shard of ``shards`` (``by_shard``;
+    not ``grouped``: each (key, experiment, event) in the batch's order) and dead letters
     (each message one or the other). The standard parsers' batches take the compiled
     fast lane (``flows.service.wire._parse``), and so do the internal topic's
     (``ParseBySource``); the lane hands every message it cannot decide exactly to the
     Python parser and ``route``."""
     registry, skip, window = live.current, guards.skip, guards.ts_window
     if not skip and _parse.has_lane(parse):
-        return _parse.parse_and_route(parse, route, window, registry, batch, grouped)
+        return _parse.parse_and_route(parse, route, window, registry, batch, grouped, shards)
     routed, dead = [], []
     for raw, origin in batch:
         event = guards.skipped(raw, origin) if skip else None
         if event is None:
             event = parse(raw, origin, ts_window=window)
         if not isinstance(event, DeadLetter):
-            event = route(registry, event)
+            event = route(registry, event, shards)
         (dead if isinstance(event, DeadLetter) else routed).append(event)
     if not grouped:
         return [item for _, item in routed], dead
@@ -230,13 +234,17 @@ def parse_route(
     guards: Guards,
     live: LiveRegistry,
     per_shard: bool = True,
+    shards: int = DEFAULT_SHARDS,
 ) -> OksErrs:
     """Parse and route each batch: ``oks`` the routed events, ``errs`` the refusals (a
     malformed message, an unknown experiment, a skipped offset, ...). The routed events go
     on as one item per shard (``per_shard``: what the shards take), else as one item per
     batch, in its order (what the internal topic's copies are written from: its reader
-    drops a copy whose input offset is below one it has read, ``_InternalPartition``)."""
-    parse_batch = functools.partial(parse_and_route, parse, guards, live, grouped=per_shard)
+    drops a copy whose input offset is below one it has read, ``_InternalPartition``).
+    ``shards``: the flow's shard count."""
+    parse_batch = functools.partial(
+        parse_and_route, parse, guards, live, grouped=per_shard, shards=shards
+    )
     both = op.map("parse", messages, parse_batch)
     items = (lambda b: b[0]) if per_shard else (lambda b: [b[0]] if b[0] else [])
     return OksErrs(
@@ -273,6 +281,7 @@ def through_internal_topic(
     routed: list[Stream[Batch]],
     guards: Guards,
     live: LiveRegistry,
+    shards: int = DEFAULT_SHARDS,
 ) -> OksErrs:
     """The internal topic's round trip: each routed event is written to the internal topic,
     keyed by instance (``to_internal``), and that one log is read back and routed again
@@ -285,7 +294,7 @@ def through_internal_topic(
     (``flow.step.internal_in``)."""
     repartition.sink("internal_out", copy_routed("to_internal", *routed))
     messages, unread = repartition.source(flow, "internal_in")
-    read = parse_route("parse_internal", messages, repartition.parse, guards, live)
+    read = parse_route("parse_internal", messages, repartition.parse, guards, live, shards=shards)
     errs = read.errs if unread is None else op.merge("internal_refused", unread, read.errs)
     return OksErrs(read.oks, errs)
 
@@ -404,6 +413,7 @@ def build_flow(
     store: Path | None = None,
     changelog: Changelog | None = None,
     holds: Callable[[int], bool] | None = None,
+    shards: int = DEFAULT_SHARDS,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
@@ -417,11 +427,13 @@ def build_flow(
     shard's snapshot holds all its instances. ``changelog`` (with ``store``): where each
     shard's log is mirrored (``flows.service.shards.changelog``). ``holds``: members, whether
     this member holds a shard index (``Members.holds``; the others it resumes lie dormant).
+    ``shards``: the flow's shard count (its store's: ``flows.service.runtime.shard_count``);
+    it moves instances between shards, never changes what they serve.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     inputs, outputs = wiring.inputs, wiring.outputs
     flow = Dataflow(flow_id)
-    routed, errs = _read_inputs(flow, inputs, guards, live)
+    routed, errs = _read_inputs(flow, inputs, guards, live, shards)
     events = [op.merge("routed", *routed)]
     # unbounded inputs: the shards wish their wake-ups into this flow's scheduler, and the
     # wake-up source reads them back as events of the shards
@@ -439,6 +451,7 @@ def build_flow(
         store,
         changelog=changelog,
         holds=holds,
+        shards=shards,
     )
     served = shard_step(op.merge("events", *events), _traced_builder(builder, outputs.trace))
     outputs.selections("selections_out", served.oks)
@@ -447,7 +460,7 @@ def build_flow(
 
 
 def _read_inputs(
-    flow: Dataflow, inputs: Inputs, guards: Guards, live: LiveRegistry
+    flow: Dataflow, inputs: Inputs, guards: Guards, live: LiveRegistry, shards: int
 ) -> tuple[list[Stream[Batch]], list[Stream[Batch]]]:
     """Every source parsed and routed (through the internal topic when there is one): the
     streams of routed events, and every refusal's stream (the sources' own among them)."""
@@ -459,12 +472,12 @@ def _read_inputs(
     for name in (n for n in PARSERS if n in inputs.sources):
         messages, unread = inputs.sources[name](flow, f"{name}_in")
         parsed = parse_route(
-            f"parse_{name}", messages, inputs.parser(name), guards, live, per_shard
+            f"parse_{name}", messages, inputs.parser(name), guards, live, per_shard, shards
         )
         routed.append(parsed.oks)
         errs += [parsed.errs] if unread is None else [unread, parsed.errs]
     if inputs.repartition is not None:
-        internal = through_internal_topic(flow, inputs.repartition, routed, guards, live)
+        internal = through_internal_topic(flow, inputs.repartition, routed, guards, live, shards)
         return [internal.oks], [*errs, internal.errs]
     return routed, errs
 

@@ -12,6 +12,7 @@ from typing import Any
 from flows.service.observe.metrics import MetricsPortError
 from flows.service.runtime.dir_lock import hold_directory
 from flows.service.runtime.process import Service, start_process
+from flows.service.runtime.recovery import stored_shards
 from flows.service.runtime.settings import ConfigError, Settings
 
 
@@ -52,8 +53,10 @@ def __getattr__(name: str) -> Any:
         settings = Settings.from_env()
         if settings.members > 1:  # tsi run reads the internal topic's partitions first
             raise SystemExit("tsi: members (TSI_MEMBERS > 1) are started with `tsi run`")
-        service = Service.from_settings(settings)
         recovery, process = _recovery_dir(), _process_id()
+        service = Service.from_settings(
+            settings, stored=stored_shards(recovery) if recovery else None
+        )
         flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=process)
         try:
             if recovery:

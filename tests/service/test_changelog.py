@@ -6,7 +6,6 @@ holds, and a changelog that cannot be read is a dead letter, never a crash."""
 import copy
 
 import orjson
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,20 +30,11 @@ NOW = [1_000.0]  # the clock: each event's own time (``feed``), the same in a re
 STEP = 20.0  # seconds between two events: tickets expire and kept answers go
 
 
-@pytest.fixture(autouse=True)
-def one_shard(monkeypatch):
-    monkeypatch.setattr("flows.service.shards.shard_store.SHARDS", 1)
-    monkeypatch.setattr("flows.service.wire.keys.SHARDS", 1)  # what of_this_layout reads
-    monkeypatch.setattr(
-        "flows.service.shards.shard_store.shard_of", lambda key, shards=1: shard_of(key, shards=1)
-    )
-
-
 def build(store, changelog, resume=None):
     """A shard's logic; without ``resume`` (Bytewax holds nothing of it), started as its
     first event would start it."""
     logic = logic_builder(
-        REGISTRY, clock=lambda: NOW[0], store=store, rest_after=0.0, changelog=changelog
+        REGISTRY, clock=lambda: NOW[0], store=store, rest_after=0.0, changelog=changelog, shards=1
     )(resume)
     if resume is None:
         logic.store._start(SHARD, None)
@@ -256,7 +246,7 @@ def test_a_shard_of_another_shard_count_leaves_the_changelog_alone(tmp_path):
     changelog = MemoryChangelog()
     run(build(tmp_path / "a", changelog), events_of([("request", 1, 0.0)]), {0}, set())
     before = copy.deepcopy(changelog.logs)
-    foreign = logic_builder(REGISTRY, store=tmp_path / "b", changelog=changelog)(
+    foreign = logic_builder(REGISTRY, store=tmp_path / "b", changelog=changelog, shards=1)(
         {"shard": "shard-000-of-002", "store": {"gen": 1, "end": 0}}
     )
     assert "foreign_shard" in [letter.reason for letter in foreign.handle([])]
@@ -276,7 +266,9 @@ def test_a_shard_another_member_holds_lies_dormant_and_is_rebuilt_when_held_agai
     there = build(tmp_path / "there", changelog)  # the other member: rebuilt, then serves
     run(there, events, {len(events) - 1}, set())
     written = copy.deepcopy(changelog.logs)
-    dormant = logic_builder(REGISTRY, store=tmp_path / "here", changelog=changelog, holds=bool)(
+    dormant = logic_builder(
+        REGISTRY, store=tmp_path / "here", changelog=changelog, holds=bool, shards=1
+    )(
         copy.deepcopy(mine)  # holds(0) is False: shard 0 is not this member's
     )
     assert dormant.store.wake_at() is None and dormant.notify_at() is None

@@ -28,7 +28,7 @@ from flows.service.instances.resting import state_of
 from flows.service.runtime.recovery import read_states
 from flows.service.runtime.settings import DEFAULT_GROUP
 from flows.service.shards.changelog import MARKER_KEY, replay
-from flows.service.wire.keys import SHARD_NAMES, SHARDS, shard_of
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_names, shard_of
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.streams import (
     REGISTRY_TOML,
@@ -65,7 +65,7 @@ def fresh_directory(recovery):
 def changelog_states(bootstrap, topic):
     """{key: Instance.to_dict()} the changelog holds as of each shard's last marker."""
     changelog, states = KafkaChangelog([bootstrap], topic), {}
-    for shard in SHARD_NAMES:
+    for shard in shard_names(DEFAULT_SHARDS):
         found = replay(changelog.read(shard))
         states.update((key, state_of(entry)) for key, entry in found.entries.items())
     return states
@@ -78,7 +78,7 @@ def test_a_deleted_recovery_directory_loses_nothing(kafka_bootstrap, tmp_path):
     create_topic(kafka_bootstrap, events_topic, 3)
     create_topic(kafka_bootstrap, sel_topic, 3)
     create_topic(kafka_bootstrap, dlq_topic, 1)
-    create_topics([kafka_bootstrap], {}, [changelog], changelog=(changelog, SHARDS))
+    create_topics([kafka_bootstrap], {}, [changelog], changelog=(changelog, DEFAULT_SHARDS))
     registry_path = tmp_path / "registry.toml"
     registry_path.write_text(REGISTRY_TOML)
     recovery = tmp_path / "recovery"
@@ -156,7 +156,7 @@ def test_a_changelog_that_does_not_read_back_is_a_dead_letter_and_the_service_se
     changelog = unique_topic("changelog")
     for topic in (events_topic, sel_topic, dlq_topic):
         create_topic(kafka_bootstrap, topic, 1)
-    create_topics([kafka_bootstrap], {}, [changelog], changelog=(changelog, SHARDS))
+    create_topics([kafka_bootstrap], {}, [changelog], changelog=(changelog, DEFAULT_SHARDS))
     key = "shop\x1fu1"
     damaged = int(shard_of(key)[6:9])
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -203,7 +203,7 @@ def test_two_topics_lose_their_directory_and_nothing_else(kafka_bootstrap, tmp_p
     for name, topic in topics.items():
         create_topic(kafka_bootstrap, topic, 1 if name == "dlq" else 2)
     changelog = unique_topic("changelog")
-    create_topics([kafka_bootstrap], {}, [changelog], changelog=(changelog, SHARDS))
+    create_topics([kafka_bootstrap], {}, [changelog], changelog=(changelog, DEFAULT_SHARDS))
     (tmp_path / "registry.toml").write_text(TWO_TOPIC_REGISTRY)
     recovery = tmp_path / "recovery"
     fresh_directory(recovery)

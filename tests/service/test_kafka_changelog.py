@@ -13,7 +13,6 @@ from flows.service.connectors.kafka_changelog import KafkaChangelog
 from flows.service.shards.changelog import MARKER_KEY, Marker, encode, replay
 from flows.testing.kafka_broker import create_topic, unique_topic
 from tests.service.test_changelog import build, events_of, held, run
-from tests.service.test_changelog import one_shard as one_shard  # a fixture
 from tests.service.test_topics import create_with_config, topic_config
 
 

@@ -13,7 +13,7 @@ from flows.service.runtime.options import ConfigError
 from flows.service.runtime.settings import Settings
 from flows.service.wire._records import internal_copy
 from flows.service.wire.events import Origin
-from flows.service.wire.keys import SHARDS, shard_index, shard_of
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_index, shard_of
 
 TAGS = {"tsi.requests": b"r", "tsi.feedback": b"f"}
 KEYS = st.text(min_size=1, max_size=20)
@@ -65,22 +65,30 @@ def test_a_topic_with_fewer_partitions_than_members_is_refused_by_name():
         Members(2, 1).check_partitions({"tsi.requests": 4, "tsi.feedback": 1})
 
 
-@given(key=KEYS, partitions=st.integers(1, 64), offset=st.integers(0, 2**40))
-def test_a_copy_goes_to_its_shards_internal_partition(key, partitions, offset):
+@given(
+    key=KEYS,
+    partitions=st.integers(1, 64),
+    offset=st.integers(0, 2**40),
+    shards=st.integers(1, 1024),
+)
+def test_a_copy_goes_to_its_shards_internal_partition(key, partitions, offset, shards):
     routed = (key, b"{}", Origin("tsi.feedback", 3, offset, None))
     plain = internal_copy(routed, TAGS)
     placed = internal_copy(routed, TAGS, partitions)
     assert placed[:3] == plain
-    assert placed[3] == shard_index(key) % partitions
-    assert shard_of(key) == f"shard-{shard_index(key):03d}-of-{SHARDS:03d}"
+    assert placed[3] == shard_index(key, DEFAULT_SHARDS) % partitions
+    assert (
+        internal_copy(routed, TAGS, partitions, shards)[3] == shard_index(key, shards) % partitions
+    )
+    assert shard_of(key) == f"shard-{shard_index(key):03d}-of-{DEFAULT_SHARDS:03d}"
 
 
 @given(keys=st.lists(KEYS, min_size=2, max_size=30), members=st.integers(1, 8))
 def test_with_as_many_internal_partitions_as_shards_a_shard_is_one_partition(keys, members):
-    """Internal partition i carries the shards s with s % P == i: with P == SHARDS, one
+    """Internal partition i carries the shards s with s % P == i: with P == DEFAULT_SHARDS, one
     shard a partition, and so one member a shard."""
     for key in keys:
-        partition = internal_copy((key, b"", Origin("tsi.requests", 0, 0)), TAGS, SHARDS)[3]
+        partition = internal_copy((key, b"", Origin("tsi.requests", 0, 0)), TAGS, DEFAULT_SHARDS)[3]
         assert partition == shard_index(key)
         owner = [k for k in range(members) if Members(members, k).owns(partition)]
         assert len(owner) == 1
@@ -120,7 +128,9 @@ def test_one_member_keeps_every_other_way_of_running():
     assert Settings(registry=Path("r.toml")).membership.owns(7)
 
 
-@given(count=st.integers(1, 8), partitions=st.integers(1, 64), shard=st.integers(0, SHARDS - 1))
+@given(
+    count=st.integers(1, 8), partitions=st.integers(1, 64), shard=st.integers(0, DEFAULT_SHARDS - 1)
+)
 def test_a_shard_is_held_by_exactly_the_owner_of_its_internal_partition(count, partitions, shard):
     key = next(f"k{i}" for i in range(10_000) if shard_index(f"k{i}") == shard)
     partition = internal_copy((key, b"", Origin("tsi.requests", 0, 0)), TAGS, partitions)[3]

@@ -10,7 +10,7 @@ import shutil
 import signal
 
 from flows.service.connectors.kafka_admin import create_topics
-from flows.service.wire.keys import SHARDS
+from flows.service.wire.keys import DEFAULT_SHARDS
 from flows.testing.kafka_broker import unique_topic
 from tests.service.members_live import (
     REGISTRY,
@@ -32,7 +32,7 @@ def setup(bootstrap, tmp_path):
     """(topics, the changelog topic, the registry file)."""
     topics = make_topics(bootstrap)
     changelog = unique_topic("changelog")
-    create_topics([bootstrap], {}, [changelog], changelog=(changelog, SHARDS))
+    create_topics([bootstrap], {}, [changelog], changelog=(changelog, DEFAULT_SHARDS))
     registry = tmp_path / "registry.toml"
     registry.write_text(REGISTRY)
     return topics, changelog, registry

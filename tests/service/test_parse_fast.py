@@ -30,7 +30,7 @@ from flows.service.wire.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.wire.keys import UNIT_SEPARATOR
+from flows.service.wire.keys import DEFAULT_SHARDS, UNIT_SEPARATOR
 
 REGISTRY = Registry.from_toml(
     """
@@ -51,20 +51,20 @@ WINDOWS = [DEFAULT_TS_WINDOW, 3600.0, math.inf, 100]  # an int window: ts goes t
 ORIGIN = Origin("tsi.requests", 2, 40)
 
 
-def reference(parse, window, batch):
+def reference(parse, window, batch, shards=DEFAULT_SHARDS):
     """The Python path: ``dataflow.parse_and_route`` without the lane (its routed events
-    grouped by shard, in order)."""
+    grouped by shard of ``shards``, in order)."""
     routed, dead = [], []
     for raw, origin in batch:
         event = parse(raw, origin, ts_window=window)
         if not isinstance(event, DeadLetter):
-            event = route(REGISTRY, event)
+            event = route(REGISTRY, event, shards)
         (dead if isinstance(event, DeadLetter) else routed).append(event)
     return by_shard(routed), dead
 
 
-def fast(parse, window, batch, routing=route):
-    return _parse.parse_and_route(parse, routing, window, REGISTRY, batch)
+def fast(parse, window, batch, routing=route, shards=DEFAULT_SHARDS):
+    return _parse.parse_and_route(parse, routing, window, REGISTRY, batch, shards=shards)
 
 
 def exact(value):
@@ -89,9 +89,9 @@ def assert_same(got, want):
 def counting(calls):
     """``route``, recording the events the Python path brings it."""
 
-    def counted(registry, event):
+    def counted(registry, event, shards):
         calls.append(event)
-        return route(registry, event)
+        return route(registry, event, shards)
 
     return counted
 
@@ -253,10 +253,11 @@ def batches(parse):
 
 @pytest.mark.parametrize("parse", PARSERS, ids=lambda p: p.__name__)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), window=st.sampled_from(WINDOWS))
-def test_the_lane_gives_what_the_python_path_gives(parse, data, window):
+@given(data=st.data(), window=st.sampled_from(WINDOWS), shards=st.sampled_from([1, 8, 32, 128]))
+def test_the_lane_gives_what_the_python_path_gives(parse, data, window, shards):
     batch = data.draw(batches(parse))
-    assert_same(fast(parse, window, batch), reference(parse, window, batch))
+    got = fast(parse, window, batch, shards=shards)
+    assert_same(got, reference(parse, window, batch, shards))
 
 
 @settings(max_examples=100, deadline=None)

@@ -39,17 +39,10 @@ def served(logic, unit, rid, loss=None):
     return [(s.request_id, s.arm, s.prob) for s in out]
 
 
-@pytest.fixture(autouse=True)
-def one_shard(monkeypatch):
-    monkeypatch.setattr("flows.service.shards.shard_store.SHARDS", 1)
-    monkeypatch.setattr("flows.service.wire.keys.SHARDS", 1)  # what of_this_layout reads
-    monkeypatch.setattr(
-        "flows.service.shards.shard_store.shard_of", lambda key, shards=1: shard_of(key, shards=1)
-    )
-
-
 def build(store, resume=None, registry=REGISTRY, rest_after=1e9):
-    return logic_builder(registry, clock=lambda: NOW[0], store=store, rest_after=rest_after)(resume)
+    return logic_builder(
+        registry, clock=lambda: NOW[0], store=store, rest_after=rest_after, shards=1
+    )(resume)
 
 
 def later(logic, seconds=60.0):
@@ -309,7 +302,7 @@ def test_a_packed_entry_follows_a_changed_definition():
 
 def test_idle_instances_rest_as_bytes_and_follow_a_registry_change():
     live = LiveRegistry(REGISTRY)
-    logic = logic_builder(live, clock=lambda: NOW[0])(None)
+    logic = logic_builder(live, clock=lambda: NOW[0], shards=1)(None)
     served(logic, "u1", "r0", loss=1.0)
     later(logic)
     logic.snapshot()
@@ -394,7 +387,9 @@ def test_a_resting_answer_under_a_changed_definition_is_built_to_expire(
         monkeypatch.setattr(Resting, "drop_answer", lambda *args: None)
     NOW[0] = 1_000.0
     live = LiveRegistry(REGISTRY)
-    logic = logic_builder(live, clock=lambda: NOW[0], store=tmp_path, rest_after=0.0)(None)
+    logic = logic_builder(live, clock=lambda: NOW[0], store=tmp_path, rest_after=0.0, shards=1)(
+        None
+    )
     served(logic, "u1", "r0", loss=1.0)
     logic.wake()
     logic.wake()

@@ -246,7 +246,8 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
     env["KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
     ordered = [names[r] for r in roles]  # the internal topic the service copies both into
 
-    first = tsi_topics("create", "--partitions", "2", "--dlq-max-message-bytes", "2000000", env=env)
+    sizes = ("--partitions", "2", "--shards", "2")  # the internal topic: one partition a shard
+    first = tsi_topics("create", *sizes, "--dlq-max-message-bytes", "2000000", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines() == [
         f"{name}: created, 2 partitions, replication 1, max.message.bytes "

@@ -20,20 +20,20 @@ from flows.service.dataflow import build_flow
 from flows.service.instances.instance import Instance
 from flows.service.instances.registry import Registry
 from flows.service.runtime.recovery import (
-    check_shard_layout,
     read_states,
     seed_from_per_instance_snapshots,
     shard_store,
+    stored_shards,
 )
 from flows.service.runtime.settings import ConfigError, Settings
 from flows.service.runtime.startup import StartupError, prepare
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 from flows.service.wire.keys import (
-    SHARD_NAMES,
-    SHARDS,
+    DEFAULT_SHARDS,
     instance_key,
-    of_this_layout,
+    of_layout,
     shard_name,
+    shard_names,
     shard_of,
 )
 from flows.tools.state import export_state, import_state
@@ -69,7 +69,7 @@ def test_per_instance_snapshots_of_the_release_before_shards_are_carried_over(tm
     keyed = op.input("in", old, TestingSource([(KEY, None)]))
     op.inspect("out", op.stateful("bandit", keyed, lambda resume: Before()))
     run_main(old, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
-    assert seed_from_per_instance_snapshots(recovery) == 1
+    assert seed_from_per_instance_snapshots(recovery, DEFAULT_SHARDS) == 1
 
     selections, dead = [], []
     wiring = memory_wiring([(message("new"), Origin("t", 0, 0))], [], selections, dead)
@@ -77,7 +77,7 @@ def test_per_instance_snapshots_of_the_release_before_shards_are_carried_over(tm
     run_main(flow, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
     [(served_key, answer)] = selections
     assert served_key == KEY and orjson.loads(answer)["round"] == 6 and not dead  # it went on
-    assert seed_from_per_instance_snapshots(recovery) == 0  # once
+    assert seed_from_per_instance_snapshots(recovery, DEFAULT_SHARDS) == 0  # once
     assert read_states(recovery)[KEY]["bandit"]["n_updates"] == 5
 
 
@@ -94,9 +94,15 @@ def serve_once(recovery, messages, monkeypatch=None):
     origins = [(raw, Origin("t", 0, i)) for i, raw in enumerate(messages)]
     wiring = memory_wiring(origins, [], selections, dead)
     if monkeypatch is not None:
-        monkeypatch.setattr("flows.service.dataflow.shard_of", legacy_shard_of)
-        monkeypatch.setattr("flows.service.shards.shard_store.shard_of", legacy_shard_of)
-        monkeypatch.setattr("flows.service.shards.shard_store.of_this_layout", lambda shard: True)
+        monkeypatch.setattr(
+            "flows.service.dataflow.shard_of", lambda key, shards: legacy_shard_of(key)
+        )
+        monkeypatch.setattr(
+            "flows.service.shards.shard_store.shard_of", lambda key, shards: legacy_shard_of(key)
+        )
+        monkeypatch.setattr(
+            "flows.service.shards.shard_store.of_layout", lambda shard, shards: True
+        )
         slow = lambda raw, origin, **kw: parse_request(raw, origin, **kw)  # noqa: E731
         inputs = dataclasses.replace(wiring.inputs, parsers={"requests": slow})
         wiring = dataclasses.replace(wiring, inputs=inputs)
@@ -120,10 +126,12 @@ def test_a_store_of_the_256_shard_release_is_refused_kept_and_moved(tmp_path, mo
     answers, dead = serve_once(old, first, monkeypatch)
     assert [a["round"] for a in answers] == [1] * 40 and not dead
     shards = {legacy_shard_of(instance_key("e", u)) for u in units}
-    assert len(shards) > 30 and not any(of_this_layout(s) for s in shards)
+    assert len(shards) > 30 and not any(of_layout(s, DEFAULT_SHARDS) for s in shards)
 
-    with pytest.raises(ConfigError, match="shards of another shard count") as refused:
-        check_shard_layout(old)
+    with pytest.raises(
+        ConfigError, match="shards of more than one shard count, or of a"
+    ) as refused:
+        stored_shards(old)
     assert "tsi state export" in str(refused.value) and "tsi state import" in str(refused.value)
     assert str(old) in str(refused.value) and "\n" not in str(refused.value)
     registry = tmp_path / "registry.toml"
@@ -131,7 +139,7 @@ def test_a_store_of_the_256_shard_release_is_refused_kept_and_moved(tmp_path, mo
     nowhere = Settings(
         registry=registry, brokers=["127.0.0.1:1"], recovery_dir=old, connect_timeout=0.1
     )
-    with pytest.raises(StartupError, match="shards of another shard count"):
+    with pytest.raises(StartupError, match="shards of more than one shard count, or of a"):
         prepare(nowhere)  # before any broker is asked
     before = read_states(old)
     assert sorted(before) == sorted(instance_key("e", u) for u in units)
@@ -146,22 +154,24 @@ def test_a_store_of_the_256_shard_release_is_refused_kept_and_moved(tmp_path, mo
 
     export_state([old], tmp_path / "state.tsi")
     import_state(tmp_path / "state.tsi", [tmp_path / "new"])
-    check_shard_layout(tmp_path / "new")  # accepted; the import made its partitions
+    assert stored_shards(tmp_path / "new") == DEFAULT_SHARDS  # a new store's count
     second = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r2"}) for u in units]
     answers, dead = serve_once(tmp_path / "new", second)
     assert [a["round"] for a in answers] == [2] * 40 and not dead  # each went on
-    assert {shard_of(instance_key("e", u)) for u in units} <= set(SHARD_NAMES)
+    assert {shard_of(instance_key("e", u)) for u in units} <= set(shard_names(DEFAULT_SHARDS))
 
 
-def test_shard_names_say_their_layout():
-    """This release's names are recognised, the 256-shard release's and other counts' not,
+@pytest.mark.parametrize("shards", [32, DEFAULT_SHARDS])
+def test_shard_names_say_their_layout(shards):
+    """A count's names are recognised, the 256-shard release's and other counts' not,
     and the hash spreads keys over every shard."""
-    assert all(of_this_layout(name) for name in SHARD_NAMES) and len(SHARD_NAMES) == SHARDS
-    others = ["shard-000", "shard-031", "shard-255", shard_name(3, SHARDS * 2), "x", ""]
-    assert not any(of_this_layout(name) for name in others)
-    assert shard_name(SHARDS, SHARDS) not in SHARD_NAMES and not of_this_layout(
-        shard_name(SHARDS, SHARDS)
-    )
-    counts = collections.Counter(shard_of(instance_key("e", f"u{i}")) for i in range(32_000))
-    assert set(counts) == set(SHARD_NAMES)
-    assert max(counts.values()) < 1.1 * 32_000 / SHARDS  # within 10% of an even spread
+    names = shard_names(shards)
+    assert all(of_layout(name, shards) for name in names) and len(names) == shards
+    others = ["shard-000", "shard-031", "shard-255", shard_name(3, shards * 2), "x", ""]
+    assert not any(of_layout(name, shards) for name in others)
+    assert shard_name(shards, shards) not in names
+    assert not of_layout(shard_name(shards, shards), shards)
+    n = 1000 * shards
+    counts = collections.Counter(shard_of(instance_key("e", f"u{i}"), shards) for i in range(n))
+    assert set(counts) == set(names)
+    assert max(counts.values()) < 1.1 * n / shards  # within 10% of an even spread

@@ -29,6 +29,7 @@ from flows.service.runtime.members import ALONE, Members
 from flows.service.runtime.stopping import Stop
 from flows.service.wire._records import internal_copy, messages_only
 from flows.service.wire.events import DeadLetter, ParseBySource, minimal_dead_letter
+from flows.service.wire.keys import DEFAULT_SHARDS
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ def kafka_wiring(
     process: int = 0,
     members: Members = ALONE,
     internal_partitions: int = 0,
+    shards: int = DEFAULT_SHARDS,
 ) -> Wiring:
     """Read and write Kafka; the message key of every output is the instance id.
 
@@ -78,7 +80,7 @@ def kafka_wiring(
     ``members``: read only this member's partitions of every input (members mode,
     ``flows.service.runtime.members``). ``internal_partitions``: the internal topic's
     partition count, to copy each event to its shard's partition (0: the partitioner
-    chooses by key).
+    chooses by key), its shard of the flow's ``shards``.
     """
 
     options = {
@@ -106,7 +108,7 @@ def kafka_wiring(
     repartition = None
     if topics.repartitioned and tail:  # a bounded run (tail=False) reads the inputs directly
         repartition = _repartition(
-            brokers, topics, consumer_config, sink, options, internal_partitions
+            brokers, topics, consumer_config, sink, options, internal_partitions, shards
         )
     return Wiring(
         # an unbounded run (tail) ends when the service is asked to stop
@@ -173,9 +175,11 @@ def _repartition(
     sink: Callable[[str], OpenSink],
     options: dict[str, Any],
     partitions: int,
+    shards: int,
 ) -> Repartition:
     """The internal topic between the inputs and the stateful step: copies written with
-    ``sink`` (to their shard's partition of ``partitions``, or by key when 0), read back by
+    ``sink`` (to their shard's, of ``shards``, partition of ``partitions``, or by key when
+    0), read back by
     an internal source (``options``: its starting offset, group, epoch hook and members),
     each parsed as its original was."""
     tags = {topics.requests: REQUEST_TAG, topics.feedback: FEEDBACK_TAG}
@@ -191,7 +195,7 @@ def _repartition(
         messages = op.map(
             f"{step}_message",
             up,
-            lambda batch: [internal_copy(routed, tags, partitions) for routed in batch],
+            lambda batch: [internal_copy(routed, tags, partitions, shards) for routed in batch],
         )
         sink(topics.internal)(step, messages)
 

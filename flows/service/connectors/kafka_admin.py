@@ -173,6 +173,7 @@ def create_topics(
     max_bytes: Mapping[str, int] | None = None,
     timeout: float = 30.0,
     changelog: tuple[str, int] | None = None,
+    internal: tuple[str, int] | None = None,
 ) -> list[str]:
     """Create the topics of ``names`` that do not exist; one line per topic says what it is.
 
@@ -182,7 +183,9 @@ def create_topics(
     differs from what was asked explicitly: a ``partitions`` or ``replication_factor``
     given (not None), or its ``max_bytes``. ``changelog``: (name, shards) of the changelog
     topic, made with one partition a shard and ``CHANGELOG_CONFIG`` (an existing one must
-    match, ``check_changelog``). Returns once every new topic has leaders.
+    match, ``check_changelog``). ``internal``: (name, shards) of the internal topic, made
+    with one partition a shard (an existing one is left as it is: members check its
+    partitions at start). Returns once every new topic has leaders.
     """
     wanted = list(dict.fromkeys(names))  # the same name twice is one topic
     for name in wanted:
@@ -190,13 +193,17 @@ def create_topics(
     limits = dict(max_bytes or {})
     admin = admin_client(brokers, config)
     before = describe_topics(admin, cluster_metadata(admin, brokers, timeout), wanted, timeout)
+    counts, configs = {}, {}
+    if internal is not None:
+        counts[internal[0]] = internal[1]
     problems = [
         problem
         for name, info in before.items()
         if info is not None
-        for problem in differences(info, partitions, replication_factor, limits.get(name))
+        for problem in differences(
+            info, None if name in counts else partitions, replication_factor, limits.get(name)
+        )
     ]
-    counts, configs = {}, {}
     if changelog is not None:
         name, shards = changelog
         counts[name], configs[name] = shards, dict(CHANGELOG_CONFIG)

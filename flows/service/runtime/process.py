@@ -30,8 +30,10 @@ from flows.service.runtime.gc_freezer import freeze_long_lived
 from flows.service.runtime.members import ALONE, Members
 from flows.service.runtime.recovery import seeded_inputs, shard_store
 from flows.service.runtime.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
+from flows.service.runtime.shard_count import flow_shards
 from flows.service.runtime.stopping import Stop, on_signals
 from flows.service.shards.stream_clock import STREAM_CLOCK
+from flows.service.wire.keys import DEFAULT_SHARDS
 
 log = logging.getLogger("tsi")
 
@@ -54,6 +56,7 @@ class Service:
     outputs: Outputs | None = None  # instead of the selections and dead-letter topics
     members: Members = ALONE
     internal_partitions: int = 0  # the internal topic's (0: copies placed by key)
+    shards: int = DEFAULT_SHARDS  # the flow's count (``runtime.shard_count``)
 
     def __post_init__(self) -> None:
         if not isinstance(self.registry, LiveRegistry):
@@ -90,6 +93,7 @@ class Service:
             process=process,
             members=self.members,
             internal_partitions=self.internal_partitions,
+            shards=self.shards,
         )
         if self.outputs is not None:
             wiring = replace(wiring, outputs=self.outputs)
@@ -108,6 +112,7 @@ class Service:
             store=store,
             changelog=changelog,
             holds=None if self.members.count == 1 else self._holds,
+            shards=self.shards,
         )
 
     def _holds(self, shard: int) -> bool:
@@ -124,8 +129,11 @@ class Service:
         log.warning(self.registry.reload())
 
     @classmethod
-    def from_settings(cls, settings: Settings, guards: Guards | None = None) -> Service:
-        """The service ``settings`` describe, without the start-up checks."""
+    def from_settings(
+        cls, settings: Settings, guards: Guards | None = None, stored: int | None = None
+    ) -> Service:
+        """The service ``settings`` describe, without the start-up checks; ``stored``: the
+        shard count of the store it runs on (``recovery.stored_shards``), if any."""
         consumer, producer = client_config(settings.kafka_config)
         return cls(
             LiveRegistry(Registry.load(settings.registry), settings.registry),
@@ -137,6 +145,7 @@ class Service:
             settings.guards() if guards is None else guards,
             outputs_of(settings),
             settings.membership,
+            shards=flow_shards(settings.shards, stored, None),
         )
 
 

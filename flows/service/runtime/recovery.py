@@ -31,7 +31,7 @@ from flows.service.shards.shard_log import (
     shards_in,
     write_seed,
 )
-from flows.service.wire.keys import SHARDS, of_this_layout, shard_of
+from flows.service.wire.keys import shard_layout, shard_of
 
 STATE_STEP = "shards"
 PER_INSTANCE_STEP = "bandit.stateful_batch"  # before shards: a Bytewax key per instance
@@ -222,12 +222,15 @@ def _log_of(dirs: list[Path], shard: str, gen: int) -> Path:
     return found[0]
 
 
-def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "tsi") -> int:
+def seed_from_per_instance_snapshots(
+    recovery_dir: str | Path, shards: int, flow_id: str = "tsi"
+) -> int:
     """Upgrade a recovery directory written before shards (one Bytewax key per instance,
-    step ``bandit``): its instances become the seeds of their shards, which start from
-    them. Done once, when the directory holds such snapshots and no shard state yet;
-    returns the number of instances seeded. Input offsets are kept by Bytewax as they are
-    (their steps did not change), so the upgrade loses and repeats nothing."""
+    step ``bandit``): its instances become the seeds of their shards (of ``shards``),
+    which start from them. Done once, when the directory holds such snapshots and no
+    shard state yet; returns the number of instances seeded. Input offsets are kept by
+    Bytewax as they are (their steps did not change), so the upgrade loses and repeats
+    nothing."""
     store = shard_store(recovery_dir)
     if store.exists() and any(store.iterdir()):
         return 0
@@ -243,26 +246,41 @@ def seed_from_per_instance_snapshots(recovery_dir: str | Path, flow_id: str = "t
     by_shard: dict[str, list[Entry]] = {}
     for key, state in states.items():
         entry = Entry(key, state["experiment"], "state", state)
-        by_shard.setdefault(shard_of(key), []).append(entry)
+        by_shard.setdefault(shard_of(key, shards), []).append(entry)
     for shard, entries in by_shard.items():
         write_seed(store, shard, entries)
     return len(states)
 
 
-def check_shard_layout(recovery_dir: str | Path) -> None:
-    """Refuse a store written with another shard count (``ConfigError`` saying how to move
-    it): its instances would not reach the shards that hold them. Its shards are known
-    by their names (``logic.shard_name``; a name without the count, ``shard-NNN``, is of
-    another layout too)."""
-    names = {name for name in shards_in(shard_store(recovery_dir)) if not of_this_layout(name)}
-    if names:
-        shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
-        raise ConfigError(
-            f"recovery directory {recovery_dir} holds shards of another shard count ({shown}; "
-            f"this tsi has {SHARDS}): move its state into a new directory with "
-            f"`tsi state export FILE --recovery-dir {recovery_dir}` and "
-            "`tsi state import FILE --recovery-dir NEW_DIR`, then run from NEW_DIR"
-        )
+def stored_shards(recovery_dir: str | Path) -> int | None:
+    """The shard count of a store, read from its shards' names (``keys.shard_layout``);
+    None when it holds no shard yet. ``ConfigError`` saying how to move it for a store
+    holding shards of two counts, or of a layout without the count (``shard-NNN``): its
+    instances would not all reach the shards that hold them.
+
+    >>> import tempfile; where = Path(tempfile.mkdtemp())
+    >>> _ = write_seed(shard_store(where), "shard-003-of-032", []); stored_shards(where)
+    32
+    """
+    names = shards_in(shard_store(recovery_dir))
+    counts: dict[int | None, list[str]] = {}
+    for name in sorted(names):
+        layout = shard_layout(name)
+        counts.setdefault(None if layout is None else layout[1], []).append(name)
+    if len(counts) == 1 and None not in counts:
+        return next(iter(counts))
+    if not counts:
+        return None
+    shown = "; ".join(
+        f"{len(held)} of {'no count' if count is None else count} ({held[0]}, ...)"
+        for count, held in sorted(counts.items(), key=lambda kv: kv[0] or 0)
+    )
+    raise ConfigError(
+        f"recovery directory {recovery_dir} holds shards of more than one shard count, or "
+        f"of a layout without the count ({shown}): move its state into a new directory "
+        f"with `tsi state export FILE --recovery-dir {recovery_dir}` and `tsi state import "
+        "FILE --shards N --recovery-dir NEW_DIR`, then run from NEW_DIR"
+    )
 
 
 def committed_inputs(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[str, Any]:

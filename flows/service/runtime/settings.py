@@ -35,8 +35,10 @@ from flows.service.runtime.options import (
     seconds,
     switch,
 )
+from flows.service.runtime.shard_count import shard_count
 from flows.service.shards.shard_log import MIN_EPOCHS
 from flows.service.wire.events import DEFAULT_DEAD_LETTER_RAW, DEFAULT_TS_WINDOW, raw_limit_for
+from flows.service.wire.keys import DEFAULT_SHARDS
 
 DEFAULT_BROKERS = "127.0.0.1:9092"
 DEFAULT_GROUP = "tsi"
@@ -214,6 +216,15 @@ class Settings:
         "pod's index).",
         count(0),
         "0",
+    )
+    shards: int | None = setting(
+        "TSI_SHARDS",
+        "--shards",
+        "Shards of a new store, 1 to 1024: what members and workers divide between them "
+        "(at most one a member). An existing changelog topic (its partitions) or recovery "
+        "store keeps its own count; another one given is refused.",
+        optional(shard_count),
+        shown=f"the changelog's or store's, else {DEFAULT_SHARDS}",
     )
     connect_timeout: float = setting(
         "TSI_CONNECT_TIMEOUT",

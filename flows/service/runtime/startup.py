@@ -41,13 +41,13 @@ from flows.service.runtime.process import Service
 from flows.service.runtime.recovery import (
     REBUILD_HINT,
     check_recovery_dir,
-    check_shard_layout,
     input_offsets,
     last_layout,
     note_layout,
     seed_from_per_instance_snapshots,
     seeded_inputs,
     store_offsets,
+    stored_shards,
 )
 from flows.service.runtime.settings import (
     ConfigError,
@@ -56,7 +56,7 @@ from flows.service.runtime.settings import (
     dead_letter_bound,
     outputs_of,
 )
-from flows.service.wire.keys import SHARDS
+from flows.service.runtime.shard_count import flow_shards
 
 log = logging.getLogger("tsi")
 DEFAULT_LOG_FILE = Path("tsi-run.log")
@@ -81,9 +81,10 @@ def prepare(options: Settings) -> Service:
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
+        shards = resolve_shards(options, consumer)
         if options.topics.changelog is not None:
             check_changelog(
-                options.brokers, consumer, options.topics.changelog, SHARDS, options.connect_timeout
+                options.brokers, consumer, options.topics.changelog, shards, options.connect_timeout
             )
         internal_partitions = check_members(options, consumer)
         if parts is not None and options.group_id is not None:
@@ -91,7 +92,7 @@ def prepare(options: Settings) -> Service:
         if options.recovery_dir is not None:
             note_member(options)
         if parts:
-            seeded = seed_from_per_instance_snapshots(options.recovery_dir)
+            seeded = seed_from_per_instance_snapshots(options.recovery_dir, shards)
             if seeded:
                 log.warning("upgraded: %d instances moved into their shards' seeds", seeded)
         if options.outputs is None:  # the dead-letter topic bounds what a letter carries
@@ -111,6 +112,7 @@ def prepare(options: Settings) -> Service:
         else f"written to {options.outputs[0]}:{options.outputs[1]}",
         sorted(guards.skip) or "nothing",
     )
+    log.info("serving with %d shards", shards)
     return Service(
         registry,
         options.brokers,
@@ -122,7 +124,20 @@ def prepare(options: Settings) -> Service:
         outputs_of(options),
         options.membership,
         internal_partitions,
+        shards,
     )
+
+
+def resolve_shards(options: Settings, consumer: dict) -> int:
+    """The flow's shard count (``shard_count.flow_shards``): its changelog topic's
+    partitions, else its recovery store's, else ``--shards``, else the default."""
+    stored = None if options.recovery_dir is None else stored_shards(options.recovery_dir)
+    partitions = None
+    if options.topics.changelog is not None:
+        name = options.topics.changelog
+        info = topic_infos(options.brokers, consumer, [name], options.connect_timeout)[name]
+        partitions = None if info is None else info.partitions
+    return flow_shards(options.shards, stored, partitions)
 
 
 def note_member(options: Settings) -> None:
@@ -176,7 +191,7 @@ def check_store(options: Settings) -> list[Path]:
             f"{options.recovery_dir} is not: move it aside first ({REBUILD_HINT})"
         )
     parts = check_recovery_dir(options.recovery_dir, options.processes)
-    check_shard_layout(options.recovery_dir)
+    flow_shards(options.shards, stored_shards(options.recovery_dir), None)  # --shards agrees
     seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
     return parts
 

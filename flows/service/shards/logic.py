@@ -27,6 +27,7 @@ from flows.service.shards.shard_store import REST_AFTER, FlowContext, Routed, Sh
 from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire._records import split_outputs
 from flows.service.wire.events import DeadLetter
+from flows.service.wire.keys import DEFAULT_SHARDS
 
 __all__ = ["REST_AFTER", "FlowContext", "Routed", "ShardLogic", "Split", "logic_builder"]
 
@@ -112,6 +113,7 @@ def logic_builder(
     rest_after: float = REST_AFTER,
     changelog: Changelog | None = None,
     holds: Callable[[int], bool] | None = None,
+    shards: int = DEFAULT_SHARDS,
 ) -> Callable[[dict[str, Any] | None], ShardLogic]:
     """The builder ``op.stateful_batch`` calls for each new shard (with its resume state).
 
@@ -121,10 +123,21 @@ def logic_builder(
     flow's ``WakeUps`` source reads), ``store`` keeps the shards' logs,
     ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``),
     ``changelog`` (with ``store``) mirrors each shard's log (``shards.changelog``),
-    ``holds`` says which shards are this member's (``FlowContext``).
+    ``holds`` says which shards are this member's (``FlowContext``), ``shards`` is the
+    flow's shard count.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     context = FlowContext(
-        live, clock, snapshots, event_time, stream, wake_ups, store, rest_after, changelog, holds
+        live,
+        clock,
+        snapshots,
+        event_time,
+        stream,
+        wake_ups,
+        store,
+        rest_after,
+        changelog,
+        holds,
+        shards,
     )
     return lambda resume: ShardLogic(context, resume)

@@ -37,7 +37,7 @@ from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
 from flows.service.shards.shard_log import ShardLog
 from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire.events import DeadLetter, Feedback, Origin, Request
-from flows.service.wire.keys import SHARDS, of_this_layout, shard_of, split_key
+from flows.service.wire.keys import DEFAULT_SHARDS, of_layout, shard_of, split_key
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class FlowContext:
     changelog: Changelog | None = None
     # members: whether this member holds a shard index (``Members.holds``); None: all
     holds: Callable[[int], bool] | None = None
+    shards: int = DEFAULT_SHARDS  # the flow's shard count (``runtime.shard_count``)
 
 
 class ShardStore:
@@ -180,7 +181,7 @@ class ShardStore:
         elif self.context.store is not None and self.context.snapshots:
             self.log = ShardLog(self.context.store, shard)
             entries, problem = self.log.resume(None if resume is None else resume["store"])
-            if self.context.changelog is not None and of_this_layout(shard):
+            if self.context.changelog is not None and of_layout(shard, self.context.shards):
                 entries, problem = self._started(shard, entries, problem, resume)
             elif problem is not None:
                 problem = f"the shard's log is damaged, {len(entries)} instances read: {problem}"
@@ -190,12 +191,12 @@ class ShardStore:
                 self.log.compact(list(entries.values()))
         else:
             entries = {}
-        if not of_this_layout(shard):  # no event is routed here: held as they are
+        if not of_layout(shard, self.context.shards):  # no event is routed here: kept as is
             self.foreign = list(entries.values())
             detail = (
                 f"{len(entries)} instances kept unserved: {shard} is a shard of another shard "
-                f"count (this flow has {SHARDS}); move the state with `tsi state export` and "
-                "`tsi state import`, which put each instance in its shard"
+                f"count (this flow has {self.context.shards}); move the state with `tsi state "
+                "export` and `tsi state import`, which put each instance in its shard"
             )
             self._lost(detail, "foreign_shard")
         else:
@@ -247,7 +248,8 @@ class ShardStore:
         if self.problems:
             out, self.problems = self.problems, []
         if self.shard is None and events and self.context.changelog is not None:
-            self._start(shard_of(events[0][0]), None)  # rebuilt, if it is, before the guard
+            first = shard_of(events[0][0], self.context.shards)
+            self._start(first, None)  # rebuilt, if it is, before the guard
             out += self.problems
             self.problems = []
         if self.mirror is not None:
@@ -318,7 +320,7 @@ class ShardStore:
         """The first event of a key since the shard started: a saved instance built, or
         a new one (True)."""
         if self.shard is None:
-            self._start(shard_of(key), None)
+            self._start(shard_of(key, self.context.shards), None)
             if key in self.instances:  # from the seed
                 return self.instances[key], False
         entry = self.resting.pop(key)

@@ -26,7 +26,7 @@ in C").
 >>> from flows.service.instances.registry import Registry
 >>> registry = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> batch = [(b'{"experiment":"home","request_id":"r1"}', Origin("t")), (b'[]', Origin("t"))]
->>> shards, dead = parse_and_route(parse_request, route, 3600.0, registry, batch)
+>>> shards, dead = parse_and_route(parse_request, route, 3600.0, registry, batch, shards=32)
 >>> [(shard, [(key, e.request_id) for key, _, e in events]) for shard, events in shards]
 [('shard-016-of-032', [('home', 'r1')])]
 >>> dead[0].reason
@@ -57,8 +57,8 @@ from flows.service.wire._records cimport Layout, kept
 from flows.service.wire import _records as records
 from flows.service.wire.fields cimport arm as _arm, identifier as _identifier, index as _index
 from flows.service.wire.fields cimport loss_in_range, number as _number, size_accepted, time_in_window
-from flows.service.wire.keys cimport shard_of
-from flows.service.wire.keys import UNIT_SEPARATOR
+from flows.service.wire.keys cimport shard_index, shard_names
+from flows.service.wire.keys import DEFAULT_SHARDS, UNIT_SEPARATOR
 from flows.service.instances.registry import Experiment, Registry
 
 
@@ -330,10 +330,13 @@ cdef class _Lane:
     cdef bint per_unit
     cdef object experiment_id, unit, request_id, ts  # the message at hand's common fields
     cdef object shard  # the shard of the message taken last
+    cdef Py_ssize_t shards  # the flow's shard count, and its shards' names
+    cdef tuple names
     cdef _Message message
 
-    def __cinit__(self, Kind kind, object window, object registry):
+    def __cinit__(self, Kind kind, object window, object registry, Py_ssize_t shards):
         self.kind = kind
+        self.shards, self.names = shards, shard_names(shards)
         self.message = _Message()
         self.plain_window = PyFloat_CheckExact(window)
         self.window = window if self.plain_window else 0.0
@@ -390,7 +393,7 @@ cdef class _Lane:
         """(key, experiment, event), its shard in ``shard``; none of it walked by the
         cyclic GC: a batch in flight holds strings, numbers and records only (see
         ``_records.kept``)."""
-        self.shard = shard_of(key)
+        self.shard = self.names[shard_index(key, self.shards)]
         return kept((key, self.experiment, kept(event)))
 
     cdef bint _common(self, _Message data, Py_ssize_t* known) except -1:
@@ -472,22 +475,25 @@ def has_lane(parse) -> bool:
     return _by_source(parse) or parse in FAST_PARSERS
 
 
-def parse_and_route(parse, route, window, registry, batch, bint grouped=True):
-    """``dataflow.parse_and_route(parse, guards, live, batch, grouped)`` for a parser with
-    a lane (``has_lane``) and no skipped offsets: ``window`` is ``guards.ts_window``,
-    ``registry`` is ``live.current``, and ``route`` is ``dataflow.route``, called with
-    the Python parser's events. The routed events come grouped by shard, as
+def parse_and_route(
+    parse, route, window, registry, batch, bint grouped=True, Py_ssize_t shards=DEFAULT_SHARDS
+):
+    """``dataflow.parse_and_route(parse, guards, live, batch, grouped, shards)`` for a
+    parser with a lane (``has_lane``) and no skipped offsets: ``window`` is
+    ``guards.ts_window``, ``registry`` is ``live.current``, and ``route`` is
+    ``dataflow.route``, called with the Python parser's events and the flow's shard count
+    ``shards``. The routed events come grouped by shard, as
     ``dataflow.by_shard`` groups them, or (not ``grouped``) as (key, experiment, event)
     in the batch's order."""
     cdef _Lane lane, requests_lane = None, feedback_lane = None
     cdef object requests = None
     if _by_source(parse):  # each message's kind is its origin's
         requests = parse.requests
-        requests_lane = _Lane(REQUEST, window, registry)
-        feedback_lane = _Lane(FEEDBACK, window, registry)
+        requests_lane = _Lane(REQUEST, window, registry, shards)
+        feedback_lane = _Lane(FEEDBACK, window, registry, shards)
     else:
-        lane = _Lane(FAST_PARSERS[parse], window, registry)
-    cdef dict shards = {}
+        lane = _Lane(FAST_PARSERS[parse], window, registry, shards)
+    cdef dict grouping = {}
     cdef list dead = [], routed = []
     cdef PyObject* events
     for raw, origin in batch:
@@ -502,7 +508,7 @@ def parse_and_route(parse, route, window, registry, batch, bint grouped=True):
         else:
             item = parse(raw, origin, ts_window=window)
             if not isinstance(item, DeadLetter):
-                item = route(registry, item)
+                item = route(registry, item, shards)
             if isinstance(item, DeadLetter):
                 dead.append(item)
                 continue
@@ -510,9 +516,9 @@ def parse_and_route(parse, route, window, registry, batch, bint grouped=True):
         if not grouped:
             routed.append(item)
             continue
-        events = PyDict_GetItemWithError(shards, shard)
+        events = PyDict_GetItemWithError(grouping, shard)
         if events is NULL:
-            shards[shard] = [item]
+            grouping[shard] = [item]
         else:
             (<list>events).append(item)
-    return (list(shards.items()) if grouped else routed), dead
+    return (list(grouping.items()) if grouped else routed), dead

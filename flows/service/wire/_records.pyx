@@ -52,6 +52,7 @@ from flows.service.wire.keys cimport internal_partition, shard_index
 from orjson import dumps
 
 from flows.service.wire.events import DeadLetter, Feedback, Origin, Request, Selection
+from flows.service.wire.keys import DEFAULT_SHARDS
 
 
 cdef extern from *:
@@ -255,12 +256,14 @@ cdef str _NAMED = "o"
 cdef str _STAMPED = "t"
 
 
-def internal_copy(tuple routed, dict tags, Py_ssize_t partitions=0) -> tuple:
+def internal_copy(
+    tuple routed, dict tags, Py_ssize_t partitions=0, Py_ssize_t shards=DEFAULT_SHARDS
+) -> tuple:
     """The internal copy of a routed input message (key, bytes, Origin), as the sink of
     the internal topic writes it: (key, value, headers), keyed by its instance, naming its
     original in two headers. With the internal topic's ``partitions`` (> 0), the copy names
-    its partition too, (key, value, headers, partition): its shard's
-    (``keys.internal_partition``), so all the events of a shard meet in one
+    its partition too, (key, value, headers, partition): its shard's, of the flow's
+    ``shards`` (``keys.internal_partition``), so all the events of a shard meet in one
     partition, whichever process copied them (``flows.service.runtime.members``).
 
     >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)), {"tsi.requests": b"r"})
@@ -273,7 +276,7 @@ def internal_copy(tuple routed, dict tags, Py_ssize_t partitions=0) -> tuple:
     if origin.time is not None:
         headers.append((_STAMPED, b"%d" % round(origin.time * 1000)))
     if partitions > 0:
-        return key.encode(), raw, headers, internal_partition(shard_index(key), partitions)
+        return key.encode(), raw, headers, internal_partition(shard_index(key, shards), partitions)
     return key.encode(), raw, headers
 
 

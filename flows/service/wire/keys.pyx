@@ -3,14 +3,15 @@
 holds it. One module, compiled, which the parser's compiled lane calls too.
 
 An instance key is the experiment's name, or experiment + ``UNIT_SEPARATOR`` + unit (one
-bandit per unit). Instances are routed to a fixed number of shards (``SHARDS``) by the
-CRC-32 of the key's UTF-8 (zlib's: stable across processes and machines, never the
-salted built-in ``hash``), and each shard is named with the count, so a store written
-with another count is recognised by its names.
+bandit per unit). Instances are routed to a flow's number of shards (fixed for its
+store's life; ``DEFAULT_SHARDS`` for a new one) by the CRC-32 of the key's UTF-8 (zlib's:
+stable across processes and machines, never the salted built-in ``hash``), and each shard
+is named with the count, so a store written with another count is recognised by its names
+(``shard_layout``).
 
 >>> split_key(instance_key("home", "u7")), shown_key(instance_key("home", "u7"))
 (('home', 'u7'), 'home/u7')
->>> shard_of("home:u1") == shard_of("home:u1"), shard_of("home:u1", shards=1)
+>>> shard_of("home:u1", 32) == shard_of("home:u1", 32), shard_of("home:u1", shards=1)
 (True, 'shard-000-of-001')
 """
 
@@ -19,10 +20,12 @@ from libc.stdint cimport uint32_t
 
 UNIT_SEPARATOR = "\x1f"  # cannot appear in a valid experiment name
 
-#: Shards per flow. Fixed: an instance's shard must not change while its state is kept.
-#: More shards than workers spread them over the workers; fewer bring each shard call
-#: more events (bench/RESULTS.md, "32 shards instead of 256"). 32 serves up to 32 workers.
-SHARDS = 32
+#: The shard count of a new store (a flow's count is its store's or changelog's,
+#: ``flows.service.runtime.shard_count``). An instance's shard must not change while its
+#: state is kept. The shards are what members and workers divide between them: 128 serve
+#: up to 128 members; fewer bring each shard call more events (bench/RESULTS.md, "32
+#: shards instead of 256").
+DEFAULT_SHARDS = 128
 
 
 cdef extern from "Python.h":
@@ -55,20 +58,54 @@ def shard_name(index: int, shards: int) -> str:
     return f"shard-{index:03d}-of-{shards:03d}"
 
 
-SHARD_NAMES = tuple(shard_name(index, SHARDS) for index in range(SHARDS))
-cdef tuple _NAMES = SHARD_NAMES
-cdef Py_ssize_t _SHARDS = SHARDS  # what _NAMES names
+cdef dict _NAMES = {}  # shard count: its shards' names, built once
+cdef Py_ssize_t _LAST_COUNT = 0  # the count named last, and its names
+cdef tuple _LAST_NAMES = ()
 
 
-def of_this_layout(shard: str) -> bool:
-    """Whether ``shard`` is one of this flow's shards (not of a store written with another
-    shard count, nor a name without the count, ``shard-NNN``).
+cpdef tuple shard_names(Py_ssize_t shards):
+    """The names of the ``shards`` shards of a flow, by index (built once per count).
 
-    >>> of_this_layout(SHARD_NAMES[0]), of_this_layout("shard-100")
+    >>> shard_names(2)
+    ('shard-000-of-002', 'shard-001-of-002')
+    """
+    global _LAST_COUNT, _LAST_NAMES
+    if shards == _LAST_COUNT:
+        return _LAST_NAMES
+    if shards < 1:
+        raise ValueError(f"shards must be 1 or more, got {shards}")
+    names = _NAMES.get(shards)
+    if names is None:
+        names = _NAMES[shards] = tuple([shard_name(index, shards) for index in range(shards)])
+    _LAST_COUNT, _LAST_NAMES = shards, names
+    return names
+
+
+def shard_layout(shard: str) -> tuple | None:
+    """(index, count) of a shard's name (``shard_name``); None for a name that is not one
+    (a name without the count, ``shard-NNN``, is of an older layout).
+
+    >>> shard_layout("shard-007-of-032"), shard_layout("shard-100"), shard_layout("shard-040-of-032")
+    ((7, 32), None, None)
+    """
+    head, _, count = shard.partition("-of-")
+    index = head[6:]
+    if not (head.startswith("shard-") and index.isdigit() and count.isdigit()):
+        return None
+    if int(index) >= int(count) or shard != shard_name(int(index), int(count)):
+        return None
+    return int(index), int(count)
+
+
+def of_layout(shard: str, shards: int) -> bool:
+    """Whether ``shard`` is one of the shards of a flow of ``shards`` (not of a store
+    written with another shard count, nor a name without the count, ``shard-NNN``).
+
+    >>> of_layout("shard-000-of-032", 32), of_layout("shard-000-of-032", 128)
     (True, False)
     """
-    index = shard[6:9]  # shard-NNN-of-MMM
-    return index.isdigit() and int(index) < SHARDS and shard == shard_name(int(index), SHARDS)
+    layout = shard_layout(shard)
+    return layout is not None and layout[1] == shards
 
 
 cdef uint32_t _CRC_TABLE[256]
@@ -94,10 +131,12 @@ cdef uint32_t _crc32(const unsigned char* data, Py_ssize_t size) noexcept:
     return c ^ 0xFFFFFFFFu
 
 
-cpdef Py_ssize_t shard_index(str key, Py_ssize_t shards=SHARDS) except -1:
-    """The index of an instance key's shard: zlib's CRC-32 of its UTF-8, modulo ``shards``.
+cpdef Py_ssize_t shard_index(str key, Py_ssize_t shards=DEFAULT_SHARDS) except -1:
+    """The index of an instance key's shard of ``shards``: zlib's CRC-32 of its UTF-8,
+    modulo ``shards``. With ``p`` dividing ``shards``, the index modulo ``p`` is the key's
+    index of ``p`` shards: an internal partition does not depend on the shard count.
 
-    >>> shard_index("home\x1fu1") == int(shard_of("home\x1fu1")[6:9])
+    >>> shard_index("home\x1fu1", 128) % 32 == shard_index("home\x1fu1", 32)
     True
     """
     cdef bytes utf8
@@ -125,9 +164,7 @@ cpdef Py_ssize_t internal_partition(Py_ssize_t shard, Py_ssize_t partitions) exc
     return shard % partitions
 
 
-cpdef str shard_of(str key, Py_ssize_t shards=SHARDS):
-    """The shard (Bytewax key) of an instance key (``shard_index``)."""
+cpdef str shard_of(str key, Py_ssize_t shards=DEFAULT_SHARDS):
+    """The shard (Bytewax key) of an instance key, of ``shards`` (``shard_index``)."""
     cdef Py_ssize_t index = shard_index(key, shards)
-    if shards == _SHARDS:
-        return _NAMES[index]
-    return shard_name(index, shards)
+    return <str>shard_names(shards)[index]
