@@ -29,7 +29,8 @@ def export_command(
     """Write the committed state of a stopped service to FILE.
 
     Give the recovery directory of every process of the service (a shard's log and its
-    marker may lie in two of them), e.g.
+    marker may lie in two of them), or of every member (each shard is taken from the member
+    holding it), e.g.
     `tsi state export state.tsi --recovery-dir vol-0/recovery --recovery-dir vol-1/recovery`.
     """
     from flows.tools.state import export_state

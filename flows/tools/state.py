@@ -7,7 +7,9 @@ process's recovery directory into one file, import the file into new, empty dire
 (one per process of the new cluster, or one they share), and start the new cluster as
 usual, with the same consumer group. Each shard starts from its seed and each input
 partition from the position the old store had committed, so no feedback is lost or
-applied twice.
+applied twice. Members (``--members N``) export from every member's directory
+(``member_state``) and import once per new member (``--member K``); an import may put
+the instances in another number of shards (``--shards``).
 
 Both commands hold the recovery lock (``flows.service.runtime.dir_lock``) of every directory they
 touch while they work: a directory a running service holds is refused.
