@@ -30,7 +30,9 @@ from flows.service.runtime.recovery import (
     last_layout,
     resumed_inputs,
     resumed_partitions,
+    shard_store,
 )
+from flows.service.shards.shard_log import shards_in
 from flows.service.wire.keys import SHARDS, internal_partition, shard_index, shard_name
 
 INTERNAL_STEP = "internal_in"  # the internal topic's source (``dataflow``): one key a partition
@@ -38,16 +40,22 @@ INTERNAL_STEP = "internal_in"  # the internal topic's source (``dataflow``): one
 
 @dataclass(frozen=True)
 class MemberDir:
-    """A member's recovery directory: the member it last served as (``layout``) and the
-    internal topic's partition count then (``partitions``: the partitions its store lists)."""
+    """A member's recovery directory: the member it last served as (``layout``), the
+    internal topic's partition count then (``partitions``: the partitions its store lists)
+    and its store's shard count (``shards``)."""
 
     directory: Path
     layout: Members
     partitions: int
+    shards: int = SHARDS
 
     def holds(self, shard: int) -> bool:
         """Whether this directory's member holds shard index ``shard``."""
         return self.layout.holds(shard, self.partitions)
+
+    def holds_key(self, key: str) -> bool:
+        """Whether this directory's member holds instance ``key``'s shard."""
+        return self.holds(shard_index(key, self.shards))
 
     def owns_input(self, where: str) -> bool:
         """Whether this directory's member reads input position ``where``
@@ -71,15 +79,32 @@ def member_dir(directory: Path, flow_id: str = "tsi") -> MemberDir:
     """What ``directory`` last served as. The internal topic's partitions are those its
     store lists (a member lists them all, reading its own); a store that never ran (made
     by ``tsi state import``) lists none and is taken to have as many as shards, the layout
-    ``tsi topics create`` makes."""
+    ``tsi topics create`` makes. The shard count is its shards' (``shard-NNN-of-MMM``,
+    ``keys.shard_name``), else ``keys.SHARDS``; a member's store of several is refused
+    (``NotOneClusterError``: which of them it holds cannot be told; a service alone holds
+    all it has)."""
     steps = _committed_steps(resumed_partitions([directory]), f"{flow_id}.{INTERNAL_STEP}")
     listed = {key for _, key, _ in steps}
-    return MemberDir(directory, last_layout(directory), len(listed) or SHARDS)
+    layout = last_layout(directory)
+    counts = {name[13:] for name in shards_in(shard_store(directory)) if name[13:].isdigit()}
+    if len(counts) > 1 and layout.count > 1:
+        raise NotOneClusterError(
+            f"recovery directory {directory} (member {layout.index} of {layout.count}) holds "
+            f"shards of {len(counts)} shard counts ({', '.join(sorted(counts))})"
+        )
+    shards = int(counts.pop()) if len(counts) == 1 else SHARDS
+    return MemberDir(directory, layout, len(listed) or shards, shards)
 
 
-def check_claims(dirs: Sequence[MemberDir], shards: int = SHARDS) -> None:
-    """Refuse (``NotOneClusterError``, one line naming them) a shard two directories hold
-    and a shard none holds (a member's directory left out)."""
+def check_claims(dirs: Sequence[MemberDir]) -> None:
+    """Refuse (``NotOneClusterError``, one line naming them) directories of different
+    shard counts, a shard two directories hold and a shard none holds (a member's
+    directory left out)."""
+    counts = sorted({(each.shards, str(each.directory)) for each in dirs})
+    if len({count for count, _ in counts}) > 1:
+        shown = ", ".join(f"{where} of {count}" for count, where in counts)
+        raise NotOneClusterError(f"the recovery directories hold different shard counts ({shown})")
+    shards = dirs[0].shards
     for shard in range(shards):
         claims = [each for each in dirs if each.holds(shard)]
         if len(claims) > 1:
@@ -111,7 +136,7 @@ def members_state(
     inputs: dict[str, Any] = {}
     for each in dirs:
         found = committed_entries([each.directory], flow_id)
-        entries.update((k, e) for k, e in found.items() if each.holds(shard_index(k)))
+        entries.update((k, e) for k, e in found.items() if each.holds_key(k))
         positions = resumed_inputs([each.directory], flow_id)
         inputs.update((w, s) for w, s in positions.items() if each.owns_input(w))
     return entries, inputs

@@ -150,3 +150,22 @@ def test_the_default_shard_count_is_the_flows(tmp_path):
     for shard, held in seeds(tmp_path / "d").items():
         assert all(shard_index(key) == int(shard[6:9]) for key in held)
         assert shard.endswith(f"-of-{SHARDS:03d}")
+
+
+def test_members_of_another_shard_count_export_by_their_own_count(tmp_path):
+    """Split over 3 members with 64 shards (where a shard's member differs from its member
+    with 32), exported again: each instance once, from the member holding its shard of 64."""
+    source = state_file(tmp_path / "state.tsi")
+    _, exported = read_state_file(source)
+    dirs = [tmp_path / f"m{k}" for k in range(3)]
+    for k, directory in enumerate(dirs):
+        import_state(source, [directory], shards=64, member=Members(3, k))
+    moved = [e.key for e in exported if shard_index(e.key, 64) % 3 != shard_index(e.key) % 3]
+    assert moved  # with 32 shards these would be another member's
+    assert export_state(dirs, tmp_path / "again.tsi").instances == len(exported)
+    _, again = read_state_file(tmp_path / "again.tsi")
+    assert {e.key: e.data for e in again} == {e.key: e.data for e in exported}
+    with pytest.raises(NotOneClusterError, match="different shard counts"):
+        other = tmp_path / "other"
+        import_state(source, [other], member=Members(3, 2))
+        export_state([*dirs[:2], other], tmp_path / "mixed.tsi")
