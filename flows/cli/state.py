@@ -29,7 +29,8 @@ def export_command(
     """Write the committed state of a stopped service to FILE.
 
     Give the recovery directory of every process of the service (a shard's log and its
-    marker may lie in two of them), e.g.
+    marker may lie in two of them), or of every member (each shard is taken from the member
+    holding it), e.g.
     `tsi state export state.tsi --recovery-dir vol-0/recovery --recovery-dir vol-1/recovery`.
     """
     from flows.tools.state import export_state
@@ -57,17 +58,32 @@ def import_command(
         help="Processes of the new cluster (default: one per --recovery-dir; with one "
         "directory, the processes that share it).",
     ),
+    shards: str | None = typer.Option(
+        None,
+        help="The new store's shard count: each instance goes to its shard of it "
+        "(default: this flow's).",
+    ),
+    member: int | None = typer.Option(
+        None, help="Import only what member K of --members holds, into its one directory."
+    ),
+    members: int | None = typer.Option(None, help="The new service's member count."),
 ) -> None:
     """Make new recovery directories from FILE; `tsi run` then starts from them as is.
 
     One directory per process of the new cluster, e.g.
     `tsi state import state.tsi --recovery-dir vol-0/recovery --recovery-dir vol-1/recovery`;
-    start the cluster with the same consumer group (no --fresh).
+    start the cluster with the same consumer group (no --fresh). For members, one import
+    per member: `tsi state import state.tsi --recovery-dir vol-0/recovery --member 0
+    --members 2`, then the same for member 1.
     """
+    from flows.service.runtime.members import Members
     from flows.tools.state import import_state
 
+    if (member is None) != (members is None):
+        fail("state import", "give --member K and --members N together")
     try:
-        moved = import_state(file, recovery_dir, processes)
+        layout = None if member is None else Members(members, member)
+        moved = import_state(file, recovery_dir, processes, shards, layout)
     except (OSError, ValueError) as exc:
         fail("state import", str(exc))
     typer.echo(

@@ -7,7 +7,9 @@ process's recovery directory into one file, import the file into new, empty dire
 (one per process of the new cluster, or one they share), and start the new cluster as
 usual, with the same consumer group. Each shard starts from its seed and each input
 partition from the position the old store had committed, so no feedback is lost or
-applied twice.
+applied twice. Members (``--members N``) export from every member's directory
+(``member_state``) and import once per new member (``--member K``); an import may put
+the instances in another number of shards (``--shards``).
 
 Both commands hold the recovery lock (``flows.service.runtime.dir_lock``) of every directory they
 touch while they work: a directory a running service holds is refused.
@@ -35,15 +37,18 @@ from flows.service.runtime.dir_lock import (
     is_lock_file,
     release_directory,
 )
+from flows.service.runtime.members import Members
 from flows.service.runtime.recovery import (
     INPUTS_SEED,
     PARTITION_FILE,
     committed_entries,
+    note_layout,
     resumed_inputs,
     shard_store,
 )
 from flows.service.shards.shard_log import encode, read_payloads, write_seed
-from flows.service.wire.keys import shard_of
+from flows.service.wire.keys import SHARDS, shard_index, shard_name
+from flows.tools.member_state import input_partition, members_state
 
 FORMAT = "tsi.state"
 VERSION = 1
@@ -64,13 +69,18 @@ class Moved:
 
 def export_state(recovery_dirs: Iterable[Path], path: Path, flow_id: str = "tsi") -> Moved:
     """Write the committed state of a stopped service to ``path``: the recovery directories
-    of all its processes (a shard's log and marker may lie in two of them). Refused
-    (``StateFileError``) while a service holds one of them, or when they are not one
-    cluster's whole set (``ValueError``)."""
+    of all its processes (a Bytewax cluster's: a shard's log and marker may lie in two of
+    them), or of all its members (each shard from the member holding it,
+    ``member_state.members_state``). Refused (``StateFileError``) while a service holds one
+    of them, or when they are not one service's whole set (``ValueError``)."""
     dirs = _distinct(recovery_dirs)
-    with _stopped(dirs, {d: _partition_count(d) for d in dirs}):
-        entries = committed_entries(dirs, flow_id)
-        inputs = resumed_inputs(dirs, flow_id)
+    counts = {d: _partition_count(d) for d in dirs}
+    with _stopped(dirs, counts):
+        if set(counts.values()) == {1}:  # single-process stores: a service, or its members
+            entries, inputs = members_state(dirs, flow_id)
+        else:
+            entries = committed_entries(dirs, flow_id)
+            inputs = resumed_inputs(dirs, flow_id)
     header = {"format": FORMAT, "version": VERSION, "inputs": inputs, "instances": len(entries)}
     held = list(entries.values())
     partial = path.with_name(path.name + ".partial")
@@ -99,13 +109,27 @@ def read_state_file(path: Path) -> tuple[dict[str, Any], list[Entry]]:
     return header, entries
 
 
-def import_state(path: Path, recovery_dirs: Iterable[Path], processes: int | None = None) -> Moved:
+def import_state(
+    path: Path,
+    recovery_dirs: Iterable[Path],
+    processes: int | None = None,
+    shards: int | str | None = None,
+    member: Members | None = None,
+) -> Moved:
     """Make new recovery directories that a cluster of ``processes`` processes starts from
     as is: one directory per process (``processes`` defaults to their number), or one they
     all share. Each gets every shard's seed (a shard is read by the process serving it),
     the input positions and Bytewax's recovery partitions, one per process, as ``tsi
-    run`` initialises an empty directory. Nothing is written unless every directory is
-    new (missing, or empty) and free."""
+    run`` initialises an empty directory. Each instance goes to its shard of ``shards``
+    (``check_shard_count``; default ``keys.SHARDS``, the flow's): another count than the
+    store's moves the state to it.
+
+    With ``member`` (member K of N: one directory, one process): only the shards and the
+    input partitions member K holds (``Members.holds``, with as many internal partitions
+    as shards, as ``tsi topics create`` makes them), and the directory notes it serves as
+    member K; an export is split over the new members' directories by one import each.
+    Nothing is written unless every directory is new (missing, or empty) and free."""
+    shards = check_shard_count(SHARDS if shards is None else shards)
     dirs = _distinct(recovery_dirs)
     count = processes or len(dirs)
     if len(dirs) > 1 and count != len(dirs):
@@ -113,10 +137,22 @@ def import_state(path: Path, recovery_dirs: Iterable[Path], processes: int | Non
             f"{len(dirs)} recovery directories for {count} processes: give one directory "
             "per process, or one directory they all share"
         )
+    if member is not None and (len(dirs), count) != (1, 1):
+        raise StateFileError(
+            f"a member's import (member {member.index} of {member.count}) makes one "
+            f"single-process directory, not {len(dirs)} for {count} processes: import once "
+            "per member"
+        )
     header, entries = read_state_file(path)
-    by_shard: dict[str, list[Entry]] = {}
+    inputs = header["inputs"]
+    by_shard: dict[int, list[Entry]] = {}
     for entry in entries:
-        by_shard.setdefault(shard_of(entry.key), []).append(entry)
+        by_shard.setdefault(shard_index(entry.key, shards), []).append(entry)
+    if member is not None:
+        by_shard = {s: held for s, held in by_shard.items() if member.holds(s, shards)}
+        inputs = {
+            where: state for where, state in inputs.items() if member.owns(input_partition(where))
+        }
     with _stopped(dirs, dict.fromkeys(dirs, count)):
         for directory in dirs:
             _check_new(directory)
@@ -124,12 +160,40 @@ def import_state(path: Path, recovery_dirs: Iterable[Path], processes: int | Non
             store = shard_store(directory)
             store.mkdir(exist_ok=True)
             for shard, held in by_shard.items():
-                write_seed(store, shard, held)
+                write_seed(store, shard_name(shard, shards), held)
             seed = store / INPUTS_SEED
-            seed.with_suffix(".partial").write_bytes(encode([header["inputs"]]))
+            seed.with_suffix(".partial").write_bytes(encode([inputs]))
             seed.with_suffix(".partial").replace(seed)
+            if member is not None:
+                note_layout(directory, member)
             _init_partitions(directory, count)
-    return Moved(len(entries), len(header["inputs"]))
+    return Moved(sum(map(len, by_shard.values())), len(inputs))
+
+
+#: Shard names carry their index in three digits (``keys.shard_name``).
+MAX_SHARDS = 999
+
+
+def check_shard_count(shards: object) -> int:
+    """A shard count: a whole number (or its digits, as given on a command line) in [1,
+    ``MAX_SHARDS``]; ``StateFileError`` naming anything else.
+
+    >>> check_shard_count("64")
+    64
+    >>> for bad in (2000, "x"):
+    ...     try:
+    ...         check_shard_count(bad)
+    ...     except StateFileError as exc:
+    ...         print(exc)
+    shard count 2000: give a whole number from 1 to 999
+    shard count 'x': give a whole number from 1 to 999
+    """
+    count = (
+        int(shards) if isinstance(shards, str) and shards.strip().lstrip("-").isdigit() else shards
+    )
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SHARDS:
+        raise StateFileError(f"shard count {shards!r}: give a whole number from 1 to {MAX_SHARDS}")
+    return count
 
 
 def _init_partitions(directory: Path, count: int) -> None:

@@ -30,6 +30,7 @@ from flows.service.instances.registry import Registry
 from flows.service.observe.metrics import Readiness, serve_metrics
 from flows.service.runtime.settings import client_config
 from flows.service.runtime.settings import options as settings_options
+from flows.service.wire.keys import SHARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -847,6 +848,37 @@ def _healthcheck_problems(name: str, service: dict[str, Any]) -> Problems:
     return problems
 
 
+def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
+    """A tsi service's command parsed by the real ``tsi`` command line, with its
+    environment and nothing else (no run: the command's action is replaced by one keeping
+    what it was given): ("run", Settings) for ``tsi run``, ("topics", {topic names,
+    partitions, changelog}) for ``tsi topics create``, ("refused", the error) otherwise."""
+    from unittest import mock
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    got: dict[str, Any] = {}
+
+    def create(brokers, consumer, names, **given):
+        got["topics"] = {"names": names, **given}
+        return []
+
+    unset = {k: None for k in os.environ if k.startswith(("TSI_", "KAFKA_"))}
+    with (
+        mock.patch("flows.cli.run.serve", lambda settings: got.update(run=settings)),
+        mock.patch("flows.service.connectors.kafka_admin.create_topics", create),
+    ):
+        done = CliRunner().invoke(
+            app, list(service.get("command") or []), env={**unset, **compose_env(service)}
+        )
+    if done.exit_code != 0 or len(got) != 1:
+        said = done.output.strip().splitlines() or [repr(done.exception)]
+        return "refused", said[-1]
+    return next(iter(got.items()))
+
+
 def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
     """`ports`: the ports the image exposes."""
     problems: Problems = []
@@ -860,29 +892,40 @@ def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
             if is_named_volume(source) and source not in declared_volumes:
                 problems.append(f"{name}: volume {source} is not declared")
 
-    processes = {
+    built = {
         name: s
         for name, s in services.items()
         if isinstance(s.get("build"), dict)
         and (COMPOSE_DIR / s["build"].get("context", ".") / s["build"]["dockerfile"]).resolve()
         == DOCKERFILE
     }
+    parsed = {name: parsed_command(service) for name, service in built.items()}
+    for name, (kind, said) in parsed.items():
+        if kind == "refused":
+            problems.append(f"{name}: tsi refuses its command: {said}")
+    processes = {name: built[name] for name, (kind, _) in parsed.items() if kind == "run"}
+    jobs = {name: said for name, (kind, said) in parsed.items() if kind == "topics"}
     if not processes:
-        return [*problems, "no service is built from deploy/Dockerfile"]
-    by_id: dict[int, str] = {}
+        return [*problems, "no service runs `tsi run` from deploy/Dockerfile"]
+    if len(jobs) != 1:
+        return [*problems, f"{len(jobs)} services run `tsi topics create`, not one"]
+    job_name, job = next(iter(jobs.items()))
+    by_index: dict[int, str] = {}
+    counts = set()
     recovery_volumes: dict[str, str] = {}
-    addresses = set()
     for name, service in processes.items():
+        settings = parsed[name][1]
         env = compose_env(service)
         for unknown in sorted(set(env) - ALLOWED_ENV):
             problems.append(f"{name}: tsi run does not read {unknown}")
         if (COMPOSE_DIR / service["build"].get("context", ".")).resolve() != ROOT:
             problems.append(f"{name}: the build context is not the repository root")
-        process_id = int(env.get("TSI_PROCESS_ID", "-1"))
-        if process_id in by_id:
-            problems.append(f"{name}: TSI_PROCESS_ID {process_id} is also {by_id[process_id]}'s")
-        by_id[process_id] = name
-        addresses.add(env.get("TSI_ADDRESSES"))
+        if settings.member in by_index:
+            problems.append(
+                f"{name}: --member {settings.member} is also {by_index[settings.member]}'s"
+            )
+        by_index[settings.member] = name
+        counts.add(settings.members)
         mounts = compose_mounts(service)
         recovery = env.get("TSI_RECOVERY_DIR")
         volume = next(
@@ -911,7 +954,7 @@ def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
                 Registry.load(path)
             except ValueError as exc:
                 problems.append(f"{name}: {path}: {exc}")
-        if not any(c == "service_completed_successfully" for c in depends_on(service).values()):
+        if depends_on(service).get(job_name) != "service_completed_successfully":
             problems.append(f"{name}: does not wait for the topics to be created")
         metrics = env.get("TSI_METRICS_PORT")
         if metrics is None or int(metrics) not in ports:
@@ -924,34 +967,21 @@ def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
             problems.append(
                 f"{name}: KAFKA_BOOTSTRAP_SERVERS {bootstrap} is no advertised listener"
             )
-        created = {
-            topic
-            for other in services.values()
-            for topic in compose_env(other).get("TOPICS", "").split()
-        }
-        for variable, topic in env.items():
-            if variable.startswith("TSI_TOPIC_") and topic not in created:
-                problems.append(f"{name}: {variable} {topic} is never created")
+        created = set(job["names"]) | {(job["changelog"] or ("",))[0]}
+        topics = vars(settings.topics)
+        for field, topic in topics.items():
+            if isinstance(topic, str) and topic and topic not in created:
+                problems.append(f"{name}: its {field} topic {topic} is never created")
 
     n = len(processes)
-    if sorted(by_id) != list(range(n)):
-        problems.append(f"TSI_PROCESS_ID values {sorted(by_id)} are not 0..{n - 1}")
-    for name, service in services.items():
-        partitions = compose_env(service).get("TOPIC_PARTITIONS")
-        if partitions is not None and int(partitions) < n:
-            problems.append(f"{name}: {partitions} partitions per topic for {n} processes")
-    if len(addresses) != 1:
-        problems.append(f"the processes' TSI_ADDRESSES differ: {sorted(map(str, addresses))}")
-    else:
-        listed = str(next(iter(addresses))).split(";")
-        hosts = [a.rsplit(":", 1)[0] for a in listed]
-        if hosts != [by_id.get(i) for i in range(n)]:
-            problems.append(
-                f"TSI_ADDRESSES {listed} must list the {n} processes in process-id order"
-            )
-        cluster_ports = {a.rsplit(":", 1)[-1] for a in listed}
-        if len(cluster_ports) != 1 or not {int(p) for p in cluster_ports if p.isdigit()} <= ports:
-            problems.append(f"TSI_ADDRESSES ports {sorted(cluster_ports)} are not exposed")
+    if counts != {n} or sorted(by_index) != list(range(n)):
+        problems.append(
+            f"the members are {sorted(by_index)} of {sorted(counts)}: "
+            f"give the {n} members --members {n} and --member 0..{n - 1}"
+        )
+    partitions = job.get("partitions")
+    if partitions is None or partitions < n:
+        problems.append(f"{job_name}: {partitions} partitions per topic for {n} members")
     return problems
 
 
@@ -960,45 +990,62 @@ def test_the_compose_file_is_consistent(compose, dockerfile):
     services = compose["services"]
     assert {"kafka", "topics", "tsi-0", "tsi-1"} <= set(services)
     assert services["kafka"]["image"] == "apache/kafka:4.1.1"
-    assert services["topics"]["image"] == "apache/kafka:4.1.1"
     assert "healthcheck" in services["kafka"]
     assert depends_on(services["topics"]) == {"kafka": "service_healthy"}
-    assert "kafka-topics.sh" in " ".join(services["topics"]["command"])
-    created = compose_env(services["topics"])["TOPICS"].split()
-    assert created == [
+    kind, job = parsed_command(services["topics"])
+    assert kind == "topics" and job["partitions"] == 4
+    assert job["names"] == [
         "tsi.requests",
         "tsi.feedback",
         "tsi.selections",
         "tsi.dlq",
         "tsi.events.internal",
+        "tsi.changelog",
     ]
-    env = compose_env(services["tsi-1"])
-    assert env["TSI_ADDRESSES"] == "tsi-0:2101;tsi-1:2101"
-    assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert job["changelog"] == ("tsi.changelog", SHARDS)
+    for member in (0, 1):
+        kind, settings = parsed_command(services[f"tsi-{member}"])
+        assert kind == "run", settings
+        assert (settings.members, settings.member) == (2, member)
+        assert settings.topics.changelog == "tsi.changelog"
+        assert settings.process_id is None and not settings.addresses
+        assert settings.recovery_dir == Path("/var/lib/tsi/recovery")
+        assert settings.brokers == ["kafka:9092"]
 
 
-def _compose_duplicate_id(doc):
-    doc["services"]["tsi-1"]["environment"]["TSI_PROCESS_ID"] = "0"
+def test_the_compose_files_commands_are_tsi_commands(compose):
+    """Each tsi service's command, parsed by the real command line with its environment;
+    a command tsi refuses is reported with what tsi said."""
+    services = compose["services"]
+    for name in ("topics", "tsi-0", "tsi-1"):
+        assert parsed_command(services[name])[0] != "refused", parsed_command(services[name])
+    broken = copy.deepcopy(services["tsi-1"])
+    broken["command"] = ["run", "--members", "2", "--member", "two"]
+    kind, said = parsed_command(broken)
+    assert kind == "refused" and "two" in said, said
+    broken["command"] = ["run", "--members", "2", "--membr", "1"]
+    assert parsed_command(broken)[0] == "refused"
 
 
-def _compose_other_addresses(doc):
-    doc["services"]["tsi-1"]["environment"]["TSI_ADDRESSES"] = "tsi-0:2101"
+def _compose_duplicate_member(doc):
+    doc["services"]["tsi-1"]["command"] = ["run", "--members", "2", "--member", "0"]
 
 
-def _compose_swapped_addresses(doc):
-    for name in ("tsi-0", "tsi-1"):
-        doc["services"][name]["environment"]["TSI_ADDRESSES"] = "tsi-1:2101;tsi-0:2101"
+def _compose_other_member_count(doc):
+    doc["services"]["tsi-1"]["command"] = ["run", "--members", "3", "--member", "1"]
 
 
-def _compose_unexposed_port(doc):
-    for name in ("tsi-0", "tsi-1"):
-        doc["services"][name]["environment"]["TSI_ADDRESSES"] = "tsi-0:2201;tsi-1:2201"
+def _compose_third_member_missing(doc):
+    for k in (0, 1):
+        doc["services"][f"tsi-{k}"]["command"] = ["run", "--members", "3", "--member", str(k)]
 
 
-def _compose_third_process_missing(doc):
-    for name in ("tsi-0", "tsi-1"):
-        value = "tsi-0:2101;tsi-1:2101;tsi-2:2101"
-        doc["services"][name]["environment"]["TSI_ADDRESSES"] = value
+def _compose_member_out_of_range(doc):
+    doc["services"]["tsi-1"]["command"] = ["run", "--members", "2", "--member", "2"]
+
+
+def _compose_a_cluster_member(doc):
+    doc["services"]["tsi-0"]["environment"]["TSI_ADDRESSES"] = "tsi-0:2101;tsi-1:2101"
 
 
 def _compose_shared_recovery(doc):
@@ -1027,12 +1074,20 @@ def _compose_topic_never_created(doc):
     doc["services"]["tsi-0"]["environment"]["TSI_TOPIC_DLQ"] = "tsi.dead"
 
 
+def _compose_changelog_never_created(doc):
+    del doc["services"]["topics"]["environment"]["TSI_TOPIC_CHANGELOG"]
+
+
 def _compose_wrong_bootstrap(doc):
     doc["services"]["tsi-0"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] = "kafka:29092"
 
 
 def _compose_too_few_partitions(doc):
-    doc["services"]["topics"]["environment"]["TOPIC_PARTITIONS"] = 1
+    doc["services"]["topics"]["command"] = ["topics", "create", "--partitions", "1"]
+
+
+def _compose_no_topics_job(doc):
+    doc["services"]["topics"]["command"] = ["topics", "check"]
 
 
 def _compose_healthcheck_script(doc, old, new):
@@ -1058,19 +1113,21 @@ def _compose_healthcheck_in_a_shell(doc):
 
 
 COMPOSE_MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
-    "two processes with id 0": (_compose_duplicate_id, "TSI_PROCESS_ID 0"),
-    "processes disagreeing on addresses": (_compose_other_addresses, "differ"),
-    "addresses out of order": (_compose_swapped_addresses, "process-id order"),
-    "cluster port not exposed": (_compose_unexposed_port, "not exposed"),
-    "an address without a process": (_compose_third_process_missing, "the 2 processes"),
+    "two members with index 0": (_compose_duplicate_member, "--member 0 is also tsi-0's"),
+    "members disagreeing on their count": (_compose_other_member_count, "of [2, 3]"),
+    "a member missing": (_compose_third_member_missing, "--members 2 and --member 0..1"),
+    "a member index out of range": (_compose_member_out_of_range, "member 2 of 2"),
+    "a member given cluster addresses": (_compose_a_cluster_member, "tsi refuses its command"),
     "shared recovery volume": (_compose_shared_recovery, "shares recovery volume"),
     "undeclared volume": (_compose_undeclared_volume, "tsi-1-recovery is not declared"),
     "unknown dependency": (_compose_unknown_dependency, "unknown service broker"),
     "registry file missing": (_compose_missing_registry, "cannot read registry"),
     "variable tsi run does not read": (_compose_unknown_variable, "does not read TSI_PROCESS"),
     "topic never created": (_compose_topic_never_created, "tsi.dead is never created"),
+    "changelog never created": (_compose_changelog_never_created, "tsi.changelog is never"),
     "bootstrap on the host listener": (_compose_wrong_bootstrap, "no advertised listener"),
-    "fewer partitions than processes": (_compose_too_few_partitions, "1 partitions per topic"),
+    "fewer partitions than members": (_compose_too_few_partitions, "1 partitions per topic"),
+    "no topics job": (_compose_no_topics_job, "0 services run `tsi topics create`"),
     "healthcheck on /metrics": (
         _compose_healthcheck_on_metrics,
         "tsi-1: the healthcheck does not ask",
@@ -1138,8 +1195,8 @@ def test_compose_and_kubernetes_use_the_ports_the_image_exposes(compose, dockerf
         for c in sts["spec"]["template"]["spec"]["containers"]
         for p in c["ports"]
     }
-    assert ports <= exposed  # members need no cluster port; Compose's Bytewax cluster does
+    assert ports <= exposed  # members need no cluster port (the image's serves --addresses)
     for name in ("tsi-0", "tsi-1"):
-        assert {int(p) for p in compose["services"][name]["expose"]} == exposed
+        assert {int(p) for p in compose["services"][name]["expose"]} <= exposed
         published = {int(p.rsplit(":", 1)[1]) for p in compose["services"][name]["ports"]}
         assert published <= exposed
