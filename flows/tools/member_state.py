@@ -33,7 +33,13 @@ from flows.service.runtime.recovery import (
     shard_store,
 )
 from flows.service.shards.shard_log import shards_in
-from flows.service.wire.keys import SHARDS, internal_partition, shard_index, shard_name
+from flows.service.wire.keys import (
+    DEFAULT_SHARDS,
+    internal_partition,
+    shard_index,
+    shard_layout,
+    shard_name,
+)
 
 INTERNAL_STEP = "internal_in"  # the internal topic's source (``dataflow``): one key a partition
 
@@ -47,7 +53,7 @@ class MemberDir:
     directory: Path
     layout: Members
     partitions: int
-    shards: int = SHARDS
+    shards: int = DEFAULT_SHARDS
 
     def holds(self, shard: int) -> bool:
         """Whether this directory's member holds shard index ``shard``."""
@@ -80,19 +86,20 @@ def member_dir(directory: Path, flow_id: str = "tsi") -> MemberDir:
     store lists (a member lists them all, reading its own); a store that never ran (made
     by ``tsi state import``) lists none and is taken to have as many as shards, the layout
     ``tsi topics create`` makes. The shard count is its shards' (``shard-NNN-of-MMM``,
-    ``keys.shard_name``), else ``keys.SHARDS``; a member's store of several is refused
+    ``keys.shard_layout``), else ``keys.DEFAULT_SHARDS``; a member's store of several is refused
     (``NotOneClusterError``: which of them it holds cannot be told; a service alone holds
     all it has)."""
     steps = _committed_steps(resumed_partitions([directory]), f"{flow_id}.{INTERNAL_STEP}")
     listed = {key for _, key, _ in steps}
     layout = last_layout(directory)
-    counts = {name[13:] for name in shards_in(shard_store(directory)) if name[13:].isdigit()}
+    layouts = map(shard_layout, shards_in(shard_store(directory)))
+    counts = {str(layout[1]) for layout in layouts if layout is not None}
     if len(counts) > 1 and layout.count > 1:
         raise NotOneClusterError(
             f"recovery directory {directory} (member {layout.index} of {layout.count}) holds "
             f"shards of {len(counts)} shard counts ({', '.join(sorted(counts))})"
         )
-    shards = int(counts.pop()) if len(counts) == 1 else SHARDS
+    shards = int(counts.pop()) if len(counts) == 1 else DEFAULT_SHARDS
     return MemberDir(directory, layout, len(listed) or shards, shards)
 
 

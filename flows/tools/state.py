@@ -46,8 +46,9 @@ from flows.service.runtime.recovery import (
     resumed_inputs,
     shard_store,
 )
+from flows.service.runtime.shard_count import shard_count
 from flows.service.shards.shard_log import encode, read_payloads, write_seed
-from flows.service.wire.keys import SHARDS, shard_index, shard_name
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_index, shard_name
 from flows.tools.member_state import input_partition, members_state
 
 FORMAT = "tsi.state"
@@ -121,7 +122,7 @@ def import_state(
     all share. Each gets every shard's seed (a shard is read by the process serving it),
     the input positions and Bytewax's recovery partitions, one per process, as ``tsi
     run`` initialises an empty directory. Each instance goes to its shard of ``shards``
-    (``check_shard_count``; default ``keys.SHARDS``, the flow's): another count than the
+    (``check_shard_count``; default ``keys.DEFAULT_SHARDS``, a new store's): another count than the
     store's moves the state to it.
 
     With ``member`` (member K of N: one directory, one process): only the shards and the
@@ -129,7 +130,7 @@ def import_state(
     as shards, as ``tsi topics create`` makes them), and the directory notes it serves as
     member K; an export is split over the new members' directories by one import each.
     Nothing is written unless every directory is new (missing, or empty) and free."""
-    shards = check_shard_count(SHARDS if shards is None else shards)
+    shards = check_shard_count(DEFAULT_SHARDS if shards is None else shards)
     dirs = _distinct(recovery_dirs)
     count = processes or len(dirs)
     if len(dirs) > 1 and count != len(dirs):
@@ -170,13 +171,10 @@ def import_state(
     return Moved(sum(map(len, by_shard.values())), len(inputs))
 
 
-#: Shard names carry their index in three digits (``keys.shard_name``).
-MAX_SHARDS = 999
-
-
 def check_shard_count(shards: object) -> int:
-    """A shard count: a whole number (or its digits, as given on a command line) in [1,
-    ``MAX_SHARDS``]; ``StateFileError`` naming anything else.
+    """A shard count (``shard_count.shard_count``'s rule: a whole number, or its digits as
+    given on a command line, in [1, ``MAX_SHARDS``]); ``StateFileError`` naming anything
+    else.
 
     >>> check_shard_count("64")
     64
@@ -185,15 +183,13 @@ def check_shard_count(shards: object) -> int:
     ...         check_shard_count(bad)
     ...     except StateFileError as exc:
     ...         print(exc)
-    shard count 2000: give a whole number from 1 to 999
-    shard count 'x': give a whole number from 1 to 999
+    shard count 2000: must be a whole number from 1 to 1024, got '2000'
+    shard count 'x': must be a whole number from 1 to 1024, got 'x'
     """
-    count = (
-        int(shards) if isinstance(shards, str) and shards.strip().lstrip("-").isdigit() else shards
-    )
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SHARDS:
-        raise StateFileError(f"shard count {shards!r}: give a whole number from 1 to {MAX_SHARDS}")
-    return count
+    try:
+        return shard_count(str(shards))
+    except ValueError as exc:
+        raise StateFileError(f"shard count {shards!r}: {exc}") from None
 
 
 def _init_partitions(directory: Path, count: int) -> None:

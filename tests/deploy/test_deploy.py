@@ -30,7 +30,7 @@ from flows.service.instances.registry import Registry
 from flows.service.observe.metrics import Readiness, serve_metrics
 from flows.service.runtime.settings import client_config
 from flows.service.runtime.settings import options as settings_options
-from flows.service.wire.keys import SHARDS
+from flows.service.wire.keys import DEFAULT_SHARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -1002,7 +1002,7 @@ def test_the_compose_file_is_consistent(compose, dockerfile):
         "tsi.events.internal",
         "tsi.changelog",
     ]
-    assert job["changelog"] == ("tsi.changelog", SHARDS)
+    assert job["changelog"] == ("tsi.changelog", DEFAULT_SHARDS)
     for member in (0, 1):
         kind, settings = parsed_command(services[f"tsi-{member}"])
         assert kind == "run", settings

@@ -22,7 +22,7 @@ from flows.service.runtime.recovery import (
 )
 from flows.service.shards.shard_log import encode, read_records
 from flows.service.wire.events import Origin, parse_feedback, parse_request
-from flows.service.wire.keys import SHARDS, shard_index, shard_of
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_index, shard_of
 from flows.tools.state import export_state, import_state, read_state_file
 from tests.service.members_live import REGISTRY, key_of
 
@@ -87,7 +87,7 @@ def test_import_refuses_a_bad_shard_count_naming_it_and_writes_nothing(tmp_path,
     new = tmp_path / "new"
     done = invoke("import", source, "--recovery-dir", new, "--shards", bad)
     assert done.exit_code == 2, done.output
-    assert f"shard count '{bad}': give a whole number from 1 to 999" in done.output
+    assert f"shard count '{bad}': must be a whole number from 1 to 1024, got '{bad}'" in done.output
     assert not new.exists()
 
 
@@ -99,7 +99,7 @@ def test_an_export_split_over_members_and_exported_again_is_the_same(tmp_path):
         done = invoke("import", source, "--recovery-dir", directory, "--member", k, "--members", 2)
         assert done.exit_code == 0, done.output
         assert last_layout(directory) == Members(2, k)
-        assert all(int(shard[6:9]) % 2 == k for shard in seeds(directory))  # P == SHARDS
+        assert all(int(shard[6:9]) % 2 == k for shard in seeds(directory))  # P == the shard count
         assert all(int(w.split("/")[1].split("-")[0]) % 2 == k for w in seeded_inputs(directory))
     held = [set(committed_entries([d])) for d in dirs]
     assert held[0] and held[1] and not held[0] & held[1]
@@ -149,7 +149,7 @@ def test_the_default_shard_count_is_the_flows(tmp_path):
     import_state(source, [tmp_path / "d"])
     for shard, held in seeds(tmp_path / "d").items():
         assert all(shard_index(key) == int(shard[6:9]) for key in held)
-        assert shard.endswith(f"-of-{SHARDS:03d}")
+        assert shard.endswith(f"-of-{DEFAULT_SHARDS:03d}")
 
 
 def test_members_of_another_shard_count_export_by_their_own_count(tmp_path):

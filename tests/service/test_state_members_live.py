@@ -11,7 +11,7 @@ import time
 from flows.service.connectors.kafka_admin import create_topics
 from flows.service.instances.resting import state_of
 from flows.service.runtime.recovery import committed_entries, read_states
-from flows.service.wire.keys import SHARDS, shard_index, shard_of
+from flows.service.wire.keys import shard_index, shard_of
 from flows.testing.kafka_broker import create_topic, unique_topic
 from flows.tools.member_state import member_dir
 from flows.tools.state import export_state, import_state, read_state_file
@@ -28,6 +28,9 @@ from tests.service.members_live import (
     wait_until,
 )
 from tests.service.test_changelog_recovery import changelog_states
+
+#: The shard count of these tests' flows: their changelog topic's partitions decide it.
+SHARDS = 32
 
 
 def setup(bootstrap, tmp_path, internal_partitions=PARTITIONS):
@@ -55,7 +58,7 @@ def held_states(dirs):
     for directory in dirs:
         member = member_dir(directory)
         states = read_states(directory)
-        held = {k: s for k, s in states.items() if member.holds(shard_index(k))}
+        held = {k: s for k, s in states.items() if member.holds(shard_index(k, SHARDS))}
         assert not merged.keys() & held.keys()
         merged.update(held)
     return merged
@@ -128,7 +131,7 @@ def test_export_of_two_members_and_after_a_rescale_equals_the_oracle(kafka_boots
             thread.join()
     expected = assert_served_as_uninterrupted(kafka_bootstrap, topics, changelog, clients, requests)
     # member 0's store still holds its old copies of member 1's shards: stale
-    stale = {k: s for k, s in read_states(first).items() if shard_index(k) % 2 == 1}
+    stale = {k: s for k, s in read_states(first).items() if shard_index(k, SHARDS) % 2 == 1}
     assert stale and not same(stale, {k: expected[k] for k in stale})
     assert [member_dir(d).partitions for d in (first, second)] == [PARTITIONS, PARTITIONS]
     assert same(exported([first, second], tmp_path / "state.tsi"), expected)
