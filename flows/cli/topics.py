@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -46,7 +47,7 @@ def _read_topics(topics: Topics) -> list[str]:
 
 
 @topics_app.command("create")
-@with_options(*SERVICE_OPTIONS)
+@with_options(*SERVICE_OPTIONS, option("no_changelog"))
 def topics_create(
     env: Mapping[str, str],
     partitions: int | None = typer.Option(
@@ -61,7 +62,8 @@ def topics_create(
     timeout: float = _TIMEOUT,
 ) -> None:
     """Create the service's topics: requests, feedback (or --events-topic), selections, DLQ,
-    and with --changelog-topic the changelog (compacted, one partition a shard).
+    the internal topic, and the changelog (--changelog-topic; compacted, one partition a
+    shard; none with --no-changelog).
 
     Idempotent: an existing topic is reported ("exists, 3 partitions, ...") and left as is.
     It is an error (exit status 2, nothing created) only if it contradicts an option given:
@@ -73,6 +75,8 @@ def topics_create(
 
     try:
         brokers, config, topics = _service(env)
+        if option("no_changelog").read(env):
+            topics = replace(topics, changelog=None)
         limits = (
             {} if dlq_max_message_bytes is None else {topics.dead_letters: dlq_max_message_bytes}
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +76,11 @@ TOPIC_OPTIONS: dict[str, Option] = {
         "TSI_TOPIC_CHANGELOG",
         "--changelog-topic",
         "With --recovery-dir: the compacted topic each shard's log is mirrored to (one "
-        "partition a shard; `tsi topics create` makes it, e.g. tsi.changelog), so a lost or "
-        "damaged recovery directory is rebuilt from it.",
+        "partition a shard; `tsi run` creates it when missing, and so does `tsi topics "
+        "create`), so a lost or damaged recovery directory is rebuilt from it. Unused "
+        "with --no-changelog or --no-recovery.",
         optional(name),
+        "tsi.changelog",
     ),
 }
 
@@ -166,6 +168,16 @@ class Settings:
         "--no-recovery",
         "Run without a recovery directory: state starts empty at every start and the "
         "input resumes from the consumer group's committed offsets (else the topics' end).",
+        switch,
+        "0",
+        kind="switch",
+    )
+    no_changelog: bool = setting(
+        "TSI_NO_CHANGELOG",
+        "--no-changelog",
+        "Keep the shards' state only in the recovery directory, without mirroring it to "
+        "the changelog topic: a lost or damaged directory is then rebuilt only by reading "
+        "the inputs again (--rebuild). Without it the directory is a cache of the changelog.",
         switch,
         "0",
         kind="switch",
@@ -322,6 +334,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         """Refuse settings that contradict each other (``ConfigError``)."""
+        if self.no_changelog or self.recovery_dir is None:  # the changelog mirrors the directory
+            object.__setattr__(self, "topics", replace(self.topics, changelog=None))
         if (self.process_id is None) != (self.addresses is None):
             raise ConfigError("--process-id and --addresses go together")
         self._check_members()

@@ -24,7 +24,7 @@ from bytewax.recovery import init_db_dir
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
     TopicError,
-    check_changelog,
+    ensure_changelog,
     group_offsets,
     service_topics,
     topic_infos,
@@ -78,13 +78,15 @@ def prepare(options: Settings) -> Service:
         if options.outputs is not None:  # written elsewhere: the two output topics unused
             unused = (options.topics.selections, options.topics.dead_letters)
             outputs = [topic for topic in outputs if topic not in unused]
+        if options.topics.changelog is not None:
+            made = ensure_changelog(
+                options.brokers, consumer, options.topics.changelog, SHARDS, options.connect_timeout
+            )
+            if made is not None:
+                log.warning("changelog topic created: %s", made)
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
-        if options.topics.changelog is not None:
-            check_changelog(
-                options.brokers, consumer, options.topics.changelog, SHARDS, options.connect_timeout
-            )
         internal_partitions = check_members(options, consumer)
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
@@ -153,11 +155,6 @@ def check_recovery_options(options: Settings) -> None:
         raise StartupError(
             "--fresh (state starts empty, the input resumes from the group's offsets) and "
             "--rebuild (the state is rebuilt from the inputs' start) contradict each other"
-        )
-    if options.topics.changelog is not None and options.recovery_dir is None:
-        raise StartupError(
-            f"--changelog-topic {options.topics.changelog} mirrors the shards' logs in the "
-            "recovery directory: give --recovery-dir DIR too"
         )
     if (options.recovery_dir is None) == (not options.no_recovery):
         raise StartupError(
