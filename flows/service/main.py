@@ -47,6 +47,30 @@ def _process_id() -> int:
         return 0  # bytewax.run refuses it itself
 
 
+def _ensure_changelog(settings: Settings) -> None:
+    """The changelog topic, created when missing and checked when not, as ``tsi run``
+    does (``kafka_admin.ensure_changelog``)."""
+    from flows.service.connectors.kafka_admin import (
+        BrokerUnavailableError,
+        TopicError,
+        ensure_changelog,
+    )
+    from flows.service.runtime.settings import client_config
+    from flows.service.wire.keys import SHARDS
+
+    consumer, _ = client_config(settings.kafka_config)
+    try:
+        ensure_changelog(
+            settings.brokers,
+            consumer,
+            settings.topics.changelog,
+            SHARDS,
+            settings.connect_timeout,
+        )
+    except (TopicError, BrokerUnavailableError) as exc:
+        raise SystemExit(f"tsi: {exc}") from None
+
+
 def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
@@ -54,6 +78,8 @@ def __getattr__(name: str) -> Any:
             raise SystemExit("tsi: members (TSI_MEMBERS > 1) are started with `tsi run`")
         service = Service.from_settings(settings)
         recovery, process = _recovery_dir(), _process_id()
+        if recovery and settings.topics.changelog is not None:
+            _ensure_changelog(settings)
         flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=process)
         try:
             if recovery:

@@ -334,7 +334,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         """Refuse settings that contradict each other (``ConfigError``)."""
-        if self.no_changelog or self.recovery_dir is None:  # the changelog mirrors the directory
+        if self.no_changelog or self.no_recovery:  # it mirrors the recovery directory
             object.__setattr__(self, "topics", replace(self.topics, changelog=None))
         if (self.process_id is None) != (self.addresses is None):
             raise ConfigError("--process-id and --addresses go together")
