@@ -418,6 +418,30 @@ def group_offsets(
     return {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
 
 
+def holds_records(
+    brokers: Sequence[str], config: Mapping[str, Any], topic: str, timeout: float = 10.0
+) -> bool:
+    """Whether ``topic`` holds a record or ever held one (a partition's high watermark
+    above 0); False when it does not exist. `TopicError` when the brokers do not say
+    within ``timeout`` (a topic just created may not have its leaders known yet: asked
+    again until then)."""
+    consumer = _group_consumer(brokers, config, "tsi-watermarks")  # asks, never joins
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                parts = _partitions(consumer, [topic], timeout)
+                ends = [consumer.get_watermark_offsets(tp, timeout, False)[1] for tp in parts]
+                return any(end > 0 for end in ends)
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    message = f"cannot read topic {topic}'s offsets: {_reason(exc)}"
+                    raise TopicError(message) from None
+                time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
 @dataclass(frozen=True)
 class PartitionLag:
     """A consumer group's position on one partition (``tsi topics check``)."""

@@ -20,6 +20,7 @@ from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
 from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.connectors.kafka_admin import group_offsets, holds_records
 from flows.service.connectors.kafka_changelog import KafkaChangelog
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
@@ -28,7 +29,12 @@ from flows.service.runtime.allocator import TRIM_EVERY, start_trimming
 from flows.service.runtime.dir_lock import hold_directory, is_empty
 from flows.service.runtime.gc_freezer import freeze_long_lived
 from flows.service.runtime.members import ALONE, Members
-from flows.service.runtime.recovery import seeded_inputs, shard_store
+from flows.service.runtime.recovery import (
+    input_seeds,
+    seeded_inputs,
+    shard_store,
+    store_offsets,
+)
 from flows.service.runtime.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
 from flows.service.runtime.stopping import Stop, on_signals
 from flows.service.shards.stream_clock import STREAM_CLOCK
@@ -86,7 +92,7 @@ class Service:
             group_id=self.group_id,
             starting_offset=start,
             on_epoch=self._epoch_closed,
-            seeded=None if isinstance(recovery, bool) else seeded_inputs(recovery),
+            seeded=None if isinstance(recovery, bool) else self._seeds(recovery),
             process=process,
             members=self.members,
             internal_partitions=self.internal_partitions,
@@ -109,6 +115,51 @@ class Service:
             changelog=changelog,
             holds=None if self.members.count == 1 else self._holds,
         )
+
+    def _seeds(self, recovery: str | Path) -> dict[str, Any]:
+        """Where the input partitions without state in ``recovery`` start: the positions
+        ``tsi state import`` left (``seeded_inputs``); or, for a store holding no commit
+        (lost, emptied, a new member's) while the changelog holds the shards, the
+        consumer group's committed offsets (``_at_commits``); else none (the start)."""
+        imported = seeded_inputs(recovery)
+        if imported or self.topics.changelog is None or self.group_id is None:
+            return imported
+        if store_offsets(recovery) is not None:
+            return {}
+        if not holds_records(self.brokers, self.consumer_config, self.topics.changelog):
+            return {}  # nothing mirrored yet: the group's commits say nothing of the shards
+        return self._at_commits()
+
+    def _at_commits(self) -> dict[str, Any]:
+        """The inputs and the internal topic from the consumer group's committed offsets.
+        Sound because the group commits an epoch's offsets only once every snapshot of
+        that epoch is written: Bytewax 0.21.1's input reads and snapshots a partition
+        only when the recovery probe has passed the epochs before (``src/inputs.rs``),
+        each partition commits its previous snapshot's offset in its next snapshot
+        (``kafka_source._ObservedPartition``), and a shard's snapshot returns only once the
+        changelog acknowledged its epoch, a copy sink's once the internal topic did. So
+        what lies before a committed input offset is copied into the internal topic, and
+        what lies before a committed internal offset is in the changelog; what is read
+        again after them the shards rebuilt from the changelog drop (``ShardStore.guard``),
+        and second copies the internal partitions drop (their ``seen``)."""
+        topics = self.topics
+        if topics.events is not None:
+            inputs = {"events": topics.events}
+        else:
+            inputs = {"requests": topics.requests, "feedback": topics.feedback}
+        internal = topics.internal if topics.repartitioned else None
+        read = [*inputs.values(), *([internal] if internal else [])]
+        offsets = group_offsets(self.brokers, self.consumer_config, self.group_id, read)
+        shown = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items()))
+        log.warning(
+            "the recovery directory holds no state: the shards are rebuilt from changelog "
+            "%s, and the inputs resume at consumer group %r's committed offsets (%s; "
+            "partitions without one from their start)",
+            topics.changelog,
+            self.group_id,
+            shown or "none",
+        )
+        return input_seeds(offsets, inputs, internal)
 
     def _holds(self, shard: int) -> bool:
         """Whether this member holds shard index ``shard`` (``Members.holds``)."""

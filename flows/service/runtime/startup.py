@@ -187,7 +187,8 @@ def check_no_silent_reset(
     import``, the positions it was given: the same group goes on from them). A process of
     a cluster compares the inputs its directory holds, a member those it owns.
     ``--fresh`` accepts an empty store (state starts empty; the input resumes from the
-    group's offsets), and so does a changelog topic (each shard is rebuilt from it)."""
+    group's offsets), and so does a changelog topic (each shard is rebuilt from it, the
+    inputs resume at the group's offsets: ``process.Service._at_commits``)."""
     group = options.group_id
     committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
     owns = options.membership.owns  # a member compares the partitions it reads
@@ -201,8 +202,8 @@ def check_no_silent_reset(
         if options.topics.changelog is not None:
             log.warning(
                 "recovery directory %s is empty and consumer group %r was at %s: each shard "
-                "is rebuilt from changelog %s, the inputs read again from their start (what "
-                "the shards hold is dropped)",
+                "is rebuilt from changelog %s, and the inputs resume at the group's offsets "
+                "(what is read again of what the shards hold is dropped)",
                 options.recovery_dir,
                 group,
                 where,
