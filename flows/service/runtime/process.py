@@ -22,6 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.connectors.kafka_admin import group_offsets, holds_records
 from flows.service.connectors.kafka_changelog import KafkaChangelog
+from flows.service.connectors.kafka_source import FINAL_COMMITS
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
@@ -101,7 +102,9 @@ class Service:
             wiring = replace(wiring, outputs=self.outputs)
         store = None if isinstance(recovery, bool) else shard_store(recovery)
         changelog = None
+        FINAL_COMMITS.defer, FINAL_COMMITS.pending = False, []
         if store is not None and self.topics.changelog is not None:
+            FINAL_COMMITS.defer = True  # the group's commits say where a lost store resumes
             changelog = KafkaChangelog(
                 self.brokers, self.topics.changelog, self.producer_config, self.consumer_config
             )
@@ -136,8 +139,10 @@ class Service:
         that epoch is written: Bytewax 0.21.1's input reads and snapshots a partition
         only when the recovery probe has passed the epochs before (``src/inputs.rs``),
         each partition commits its previous snapshot's offset in its next snapshot
-        (``kafka_source._ObservedPartition``), and a shard's snapshot returns only once the
-        changelog acknowledged its epoch, a copy sink's once the internal topic did. So
+        (``kafka_source._ObservedPartition``; the last one, at the end of its input, only
+        once the flow has ended: ``kafka_source.FINAL_COMMITS``), and a shard's snapshot
+        returns only once the changelog acknowledged its epoch, a copy sink's once the
+        internal topic did. So
         what lies before a committed input offset is copied into the internal topic, and
         what lies before a committed internal offset is in the changelog; what is read
         again after them the shards rebuilt from the changelog drop (``ShardStore.guard``),
@@ -233,6 +238,7 @@ def run(
         epoch_interval=timedelta(seconds=snapshot_every),
         recovery_config=recovery,
     )
+    FINAL_COMMITS.commit()  # the flow has ended: every epoch is snapshotted
 
 
 def start_process(
