@@ -98,18 +98,20 @@ def topics_create(
 
 
 @topics_app.command("check")
-@with_options(*SERVICE_OPTIONS, option("group_id"))
+@with_options(*SERVICE_OPTIONS, option("group_id"), option("no_changelog"))
 def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
     """Each of the service's topics: partitions, replication, max.message.bytes or missing;
     then the consumer group's lag on every partition the service reads: the offset it
     committed, the partition's end, and the messages between them.
 
-    Exit status 2 when a topic is missing.
+    Exit status 2 when a topic is missing (but the changelog, which tsi run creates).
     """
     from flows.service.connectors.kafka_admin import TopicError, group_lag, topic_infos
 
     try:
         brokers, config, topics = _service(env)
+        if option("no_changelog").read(env):
+            topics = replace(topics, changelog=None)
         group_id = option("group_id").read(env)
         consumer, _ = client_config(config)
         infos = topic_infos(brokers, consumer, _service_topic_names(topics), timeout)
@@ -118,10 +120,11 @@ def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
     except (ConfigError, TopicError) as exc:
         fail("topics", str(exc))
     for name, info in infos.items():
-        typer.echo(f"{name}: {'missing' if info is None else info.summary()}")
+        made = " (tsi run creates it)" if name == topics.changelog else ""
+        typer.echo(f"{name}: {'missing' + made if info is None else info.summary()}")
     for line in _lag_lines(group_id, read, lags):
         typer.echo(line)
-    missing = [name for name, info in infos.items() if info is None]
+    missing = [name for name, info in infos.items() if info is None and name != topics.changelog]
     if missing:
         fail("topics", f"missing topic(s) {', '.join(missing)}; create them: tsi topics create")
 

@@ -25,6 +25,7 @@ from flows.cli import app
 from flows.service.connectors.kafka_admin import BrokerUnavailableError, check_topics
 from flows.service.runtime.recovery import check_recovery_dir
 from flows.service.runtime.settings import ConfigError, client_config
+from flows.service.wire.keys import SHARDS
 from flows.testing.kafka_broker import create_topic, free_port, unique_topic
 
 TSI = Path(sys.executable).parent / "tsi"
@@ -245,6 +246,7 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
     env = {f"TSI_TOPIC_{role}": name for role, name in names.items()}
     env["KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
     ordered = [names[r] for r in roles]  # the internal topic the service copies both into
+    changelog = env["TSI_TOPIC_CHANGELOG"] = unique_topic("cli-CHANGELOG")  # one a shard
 
     first = tsi_topics("create", "--partitions", "2", "--dlq-max-message-bytes", "2000000", env=env)
     assert first.returncode == 0, first.stderr
@@ -252,6 +254,8 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
         f"{name}: created, 2 partitions, replication 1, max.message.bytes "
         f"{2000000 if name == names['DLQ'] else DEFAULT_MAX}"
         for name in ordered
+    ] + [
+        f"{changelog}: created, {SHARDS} partitions, replication 1, max.message.bytes {DEFAULT_MAX}"
     ]
     counts = partition_counts(kafka_bootstrap)
     assert [counts.get(name) for name in ordered] == [2, 2, 2, 2, 2]
@@ -262,7 +266,7 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
     assert again.returncode == 0, again.stderr
     assert [line.split(",")[:2] for line in again.stdout.splitlines()] == [
         [f"{name}: exists", " 2 partitions"] for name in ordered
-    ]
+    ] + [[f"{changelog}: exists", f" {SHARDS} partitions"]]
 
     contradicted = tsi_topics("create", "--partitions", "5", env=env)
     assert contradicted.returncode == 2 and contradicted.stdout == ""
@@ -274,14 +278,17 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
 def test_tsi_topics_create_with_an_events_topic_skips_requests_and_feedback(kafka_bootstrap):
     events, selections, dlq = (unique_topic(p) for p in ("ev", "sel", "dlq"))
     requests, feedback = unique_topic("req"), unique_topic("fb")
+    changelog = unique_topic("changelog")
     options = [
         *("--brokers", kafka_bootstrap, "--events-topic", events),
         *("--requests-topic", requests, "--feedback-topic", feedback),
         *("--selections-topic", selections, "--dlq-topic", dlq),
+        *("--changelog-topic", changelog),
     ]
     done = tsi_topics("create", *options)
     assert done.returncode == 0, done.stderr
-    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [events, selections, dlq]
+    made = [line.split(":")[0] for line in done.stdout.splitlines()]
+    assert made == [events, selections, dlq, changelog]
     counts = partition_counts(kafka_bootstrap)
     assert [counts.get(t) for t in (events, selections, dlq)] == [3, 3, 3]
     assert requests not in counts and feedback not in counts
