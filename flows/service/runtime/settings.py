@@ -75,10 +75,11 @@ TOPIC_OPTIONS: dict[str, Option] = {
     "changelog": Option(
         "TSI_TOPIC_CHANGELOG",
         "--changelog-topic",
-        "With --recovery-dir: the compacted topic each shard's log is mirrored to (one "
+        "The compacted topic each shard's log is mirrored to, with --recovery-dir (one "
         "partition a shard; `tsi run` creates it when missing, and so does `tsi topics "
-        "create`), so a lost or damaged recovery directory is rebuilt from it. Unused "
-        "with --no-changelog or --no-recovery.",
+        "create`): the recovery directory is then a cache, rebuilt from it when lost or "
+        "damaged. None with --no-changelog or --no-recovery, nor in replays and demos "
+        "(files, memory).",
         optional(name),
         "tsi.changelog",
     ),
@@ -156,7 +157,9 @@ class Settings:
         "masked when the effective settings are logged.",
         optional(path),
     )
-    topics: Topics = field(default_factory=Topics, metadata={"bundle": TOPIC_OPTIONS})
+    topics: Topics = field(
+        default_factory=lambda: topics_from_env({}), metadata={"bundle": TOPIC_OPTIONS}
+    )
     recovery_dir: Path | None = setting(
         "TSI_RECOVERY_DIR",
         "--recovery-dir",
