@@ -72,13 +72,15 @@ class Service:
         recovery: bool | str | Path = True,
         fresh: bool = False,
         process: int = 0,
+        rebuild: bool = False,
     ) -> Dataflow:
         """The Kafka dataflow. ``recovery``: the recovery directory (the shards keep their
         logs in it), True for snapshots of whole shards, or False: no snapshots, and the
         flow starts from the group's offsets (the end where it has none). A new recovery
         store reads the topics from their start, or with ``fresh`` (an accepted reset) from
-        the consumer group's committed offsets. ``process``: this process's index in its
-        cluster."""
+        the consumer group's committed offsets, or (an empty store while the changelog
+        holds the shards, ``_seeds``) from them too, but with ``rebuild`` (``--rebuild``).
+        ``process``: this process's index in its cluster."""
         Stop.reset()
         consumer = dict(self.consumer_config)
         start = OFFSET_STORED if fresh or not recovery else OFFSET_BEGINNING
@@ -93,7 +95,7 @@ class Service:
             group_id=self.group_id,
             starting_offset=start,
             on_epoch=self._epoch_closed,
-            seeded=None if isinstance(recovery, bool) else self._seeds(recovery),
+            seeded=None if isinstance(recovery, bool) else self._seeds(recovery, rebuild),
             process=process,
             members=self.members,
             internal_partitions=self.internal_partitions,
@@ -119,13 +121,14 @@ class Service:
             holds=None if self.members.count == 1 else self._holds,
         )
 
-    def _seeds(self, recovery: str | Path) -> dict[str, Any]:
+    def _seeds(self, recovery: str | Path, rebuild: bool) -> dict[str, Any]:
         """Where the input partitions without state in ``recovery`` start: the positions
         ``tsi state import`` left (``seeded_inputs``); or, for a store holding no commit
         (lost, emptied, a new member's) while the changelog holds the shards, the
-        consumer group's committed offsets (``_at_commits``); else none (the start)."""
+        consumer group's committed offsets (``_at_commits``); else, and with
+        ``rebuild``, none (the start)."""
         imported = seeded_inputs(recovery)
-        if imported or self.topics.changelog is None or self.group_id is None:
+        if imported or rebuild or self.topics.changelog is None or self.group_id is None:
             return imported
         if store_offsets(recovery) is not None:
             return {}
