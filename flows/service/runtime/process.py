@@ -145,11 +145,11 @@ class Service:
         (``kafka_source._ObservedPartition``; the last one, at the end of its input, only
         once the flow has ended: ``kafka_source.FINAL_COMMITS``), and a shard's snapshot
         returns only once the changelog acknowledged its epoch, a copy sink's once the
-        internal topic did. So
-        what lies before a committed input offset is copied into the internal topic, and
-        what lies before a committed internal offset is in the changelog; what is read
-        again after them the shards rebuilt from the changelog drop (``ShardStore.guard``),
-        and second copies the internal partitions drop (their ``seen``)."""
+        internal topic did. So what lies before a committed input offset is copied into
+        the internal topic, and what lies before a committed internal offset is in the
+        changelog; what is read again after them the shards rebuilt from the changelog
+        drop (``ShardStore.guard``), and second copies the internal partitions drop
+        (their ``seen``)."""
         topics = self.topics
         if topics.events is not None:
             inputs = {"events": topics.events}
