@@ -15,12 +15,15 @@ timed (wall clock, all of them), with the instances it found changed. Median of 
 epochs on the same shards, after one epoch of warm-up. No Kafka, no Bytewax.
 ``--changelog``: each shard's log mirrored to an in-memory changelog
 (``flows.service.shards.changelog.MemoryChangelog``): what the mirror costs the shards
-themselves, without the broker's round trip.
+themselves, without the broker's round trip. ``--kafka``: mirrored to a changelog topic on
+a real broker (``KAFKA_BOOTSTRAP_SERVERS``, else one started as the tests start theirs,
+``flows.testing.kafka_broker``): the close then waits for the broker's acknowledgements.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -37,7 +40,7 @@ from bench_engine import BATCH, messages  # noqa: E402
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
-from flows.service.shards.changelog import MemoryChangelog  # noqa: E402
+from flows.service.shards.changelog import Changelog, MemoryChangelog  # noqa: E402
 from flows.service.shards.deadlines import WakeUpScheduler  # noqa: E402
 from flows.service.shards.logic import FlowContext, ShardLogic  # noqa: E402
 from flows.service.shards.stream_clock import StreamClock  # noqa: E402
@@ -51,7 +54,9 @@ REPEATS = 5
 class Shards:
     """The shards of one flow over a store directory, fed in batches."""
 
-    def __init__(self, store: Path, registry: LiveRegistry, changelog: bool = False) -> None:
+    def __init__(
+        self, store: Path, registry: LiveRegistry, changelog: Changelog | None = None
+    ) -> None:
         self.registry = registry
         self.context = FlowContext(
             registry,
@@ -59,7 +64,7 @@ class Shards:
             stream=StreamClock(),
             wake_ups=WakeUpScheduler(),
             store=store,
-            changelog=MemoryChangelog() if changelog else None,
+            changelog=changelog,
         )
         self.logics: dict[str, ShardLogic] = {}
         self.offset = 0
@@ -99,6 +104,21 @@ class Shards:
         return time.perf_counter() - started, changed
 
 
+def kafka_changelog(stack: contextlib.ExitStack, scratch: Path) -> Changelog:
+    """A changelog topic (one partition a shard) on ``KAFKA_BOOTSTRAP_SERVERS``, or on a
+    broker started for the run (stopped when ``stack`` closes)."""
+    from flows.service.connectors.kafka_admin import create_topics
+    from flows.service.connectors.kafka_changelog import KafkaChangelog
+    from flows.testing.kafka_broker import broker_session, unique_topic
+
+    session = broker_session(scratch / "kafka")
+    bootstrap = next(session)
+    stack.callback(session.close)
+    topic = unique_topic("bench-changelog")
+    create_topics([bootstrap], {}, [topic], changelog=(topic, DEFAULT_SHARDS))
+    return KafkaChangelog([bootstrap], topic)
+
+
 def epoch(shards: Shards, msgs: list[tuple[bytes, str]]) -> tuple[float, int]:
     half = len(msgs) // 2
     shards.feed(msgs[:half])
@@ -112,14 +132,19 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=PAIRS)
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--changelog", action="store_true", help="mirror to a changelog")
+    parser.add_argument("--kafka", action="store_true", help="the changelog on a broker")
     args = parser.parse_args()
     from bench_flow import registry_toml
 
     msgs = messages("events", args.pairs)
     freeze_long_lived()
-    with tempfile.TemporaryDirectory(prefix="tsi-bench-close-") as store:
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(tempfile.TemporaryDirectory(prefix="tsi-bench-close-"))
+        changelog: Changelog | None = MemoryChangelog() if args.changelog else None
+        if args.kafka:
+            changelog = kafka_changelog(stack, Path(store))
         registry = LiveRegistry(Registry.from_toml(registry_toml()))
-        shards = Shards(Path(store), registry, args.changelog)
+        shards = Shards(Path(store) / "shards", registry, changelog)
         shards.feed(msgs)
         shards.close()  # the bases
         shards.turn()
@@ -138,6 +163,8 @@ def main() -> None:
     print(f"- {args.pairs:,} requests and their feedback an epoch, a generation turning halfway")
     if args.changelog:
         print("- each shard's log mirrored to an in-memory changelog (`--changelog`)")
+    if args.kafka:
+        print("- each shard's log mirrored to a changelog topic on a local broker (`--kafka`)")
     print(
         f"- the close of {DEFAULT_SHARDS} shards: "
         f"**{statistics.median(seconds) * 1e3:.1f} ms** (median of "

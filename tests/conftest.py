@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flows.testing.kafka_broker import BrokerStartError, broker_session
+from flows.testing.kafka_broker import BrokerStartError, broker_session, unique_topic
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +15,15 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield from broker_session(tmp_path_factory.mktemp("kafka"))
     except BrokerStartError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def own_changelog(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each broker test its own changelog topic: the service mirrors its shards to one by
+    default (created as it starts), and a name shared between tests would rebuild one
+    test's shards from another's changelog."""
+    if "kafka_bootstrap" in request.fixturenames:
+        monkeypatch.setenv("TSI_TOPIC_CHANGELOG", unique_topic("changelog"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

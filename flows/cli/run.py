@@ -54,6 +54,7 @@ def serve(settings: Settings) -> None:
                 recovery=settings.recovery_dir or False,
                 fresh=settings.fresh,
                 process=settings.process_id or 0,
+                rebuild=settings.rebuild,
             ),
             settings.workers,
             settings.process_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -18,6 +19,7 @@ from flows.service.runtime.settings import (
     option,
     topics_from_env,
 )
+from flows.service.runtime.shard_count import internal_partitions as internal_partitions_of
 from flows.service.runtime.shard_count import shard_count
 from flows.service.wire.keys import DEFAULT_SHARDS
 
@@ -47,7 +49,7 @@ def _read_topics(topics: Topics) -> list[str]:
 
 
 @topics_app.command("create")
-@with_options(*SERVICE_OPTIONS)
+@with_options(*SERVICE_OPTIONS, option("no_changelog"))
 def topics_create(
     env: Mapping[str, str],
     partitions: int | None = typer.Option(
@@ -58,8 +60,14 @@ def topics_create(
     ),
     shards: str = typer.Option(
         str(DEFAULT_SHARDS),
-        help="Shards of the service (1 to 1024): partitions of a new internal topic and of "
-        "the changelog topic, one a shard; tsi run then serves with as many.",
+        help="Shards of the service (1 to 1024): partitions of a new changelog topic, one "
+        "a shard; tsi run then serves with as many.",
+    ),
+    internal_partitions: str | None = typer.Option(
+        None,
+        help="Partitions of a new internal topic: the most members the service can have "
+        "(each a Kafka consumer where it is read); must divide --shards. Default: the greatest "
+        "common divisor of 32 and --shards (32 for 128 shards).",
     ),
     dlq_max_message_bytes: int | None = typer.Option(
         None, min=1, help="max.message.bytes of a new dead-letter topic; if given, existing too."
@@ -67,8 +75,9 @@ def topics_create(
     timeout: float = _TIMEOUT,
 ) -> None:
     """Create the service's topics: requests, feedback (or --events-topic), selections, DLQ,
-    the internal topic (one partition a shard: --shards, members share them), and with
-    --changelog-topic the changelog (compacted, one partition a shard).
+    the internal topic (--internal-partitions: the most members; by default the greatest
+    common divisor of 32 and --shards), and the changelog (--changelog-topic; compacted, one
+    partition a shard; none with --no-changelog).
 
     Idempotent: an existing topic is reported ("exists, 3 partitions, ...") and left as is.
     It is an error (exit status 2, nothing created) only if it contradicts an option given:
@@ -80,6 +89,8 @@ def topics_create(
 
     try:
         brokers, config, topics = _service(env)
+        if option("no_changelog").read(env):
+            topics = replace(topics, changelog=None)
         limits = (
             {} if dlq_max_message_bytes is None else {topics.dead_letters: dlq_max_message_bytes}
         )
@@ -88,6 +99,10 @@ def topics_create(
             count = shard_count(shards)
         except ValueError as exc:
             raise ConfigError(f"--shards {exc}") from None
+        try:
+            internal = internal_partitions_of(internal_partitions, count)
+        except ValueError as exc:
+            raise ConfigError(f"--internal-partitions {exc}") from None
         lines = create_topics(
             brokers,
             consumer,
@@ -97,7 +112,7 @@ def topics_create(
             max_bytes=limits,
             timeout=timeout,
             changelog=None if topics.changelog is None else (topics.changelog, count),
-            internal=(topics.internal, count) if topics.repartitioned else None,
+            internal=(topics.internal, internal) if topics.repartitioned else None,
         )
     except (ConfigError, TopicError) as exc:
         fail("topics", str(exc))
@@ -106,18 +121,20 @@ def topics_create(
 
 
 @topics_app.command("check")
-@with_options(*SERVICE_OPTIONS, option("group_id"))
+@with_options(*SERVICE_OPTIONS, option("group_id"), option("no_changelog"))
 def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
     """Each of the service's topics: partitions, replication, max.message.bytes or missing;
     then the consumer group's lag on every partition the service reads: the offset it
     committed, the partition's end, and the messages between them.
 
-    Exit status 2 when a topic is missing.
+    Exit status 2 when a topic is missing (but the changelog, which tsi run creates).
     """
     from flows.service.connectors.kafka_admin import TopicError, group_lag, topic_infos
 
     try:
         brokers, config, topics = _service(env)
+        if option("no_changelog").read(env):
+            topics = replace(topics, changelog=None)
         group_id = option("group_id").read(env)
         consumer, _ = client_config(config)
         infos = topic_infos(brokers, consumer, _service_topic_names(topics), timeout)
@@ -126,10 +143,11 @@ def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
     except (ConfigError, TopicError) as exc:
         fail("topics", str(exc))
     for name, info in infos.items():
-        typer.echo(f"{name}: {'missing' if info is None else info.summary()}")
+        made = " (tsi run creates it)" if name == topics.changelog else ""
+        typer.echo(f"{name}: {'missing' + made if info is None else info.summary()}")
     for line in _lag_lines(group_id, read, lags):
         typer.echo(line)
-    missing = [name for name, info in infos.items() if info is None]
+    missing = [name for name, info in infos.items() if info is None and name != topics.changelog]
     if missing:
         fail("topics", f"missing topic(s) {', '.join(missing)}; create them: tsi topics create")
 

@@ -5,8 +5,10 @@ The same flow as ``tsi run``, from the same ``Settings`` (the ``TSI_*`` variable
 ``tsi run``'s. The flow is built when Bytewax asks for it, not at import.
 """
 
+import dataclasses
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from flows.service.observe.metrics import MetricsPortError
@@ -48,15 +50,33 @@ def _process_id() -> int:
         return 0  # bytewax.run refuses it itself
 
 
+def _shards(settings: Settings, recovery: str | None) -> int:
+    """The flow's shard count as ``tsi run`` resolves it (``startup.ready_changelog``):
+    with a recovery directory and a changelog, the changelog topic created when missing
+    and checked when not; ``SystemExit`` saying what is wrong."""
+    from flows.service.connectors.kafka_admin import BrokerUnavailableError, TopicError
+    from flows.service.runtime.settings import client_config
+    from flows.service.runtime.shard_count import flow_shards
+    from flows.service.runtime.startup import ready_changelog
+
+    if not recovery:
+        return flow_shards(settings.shards, None, None)
+    try:
+        if settings.topics.changelog is None:
+            return flow_shards(settings.shards, stored_shards(recovery), None)
+        consumer, _ = client_config(settings.kafka_config)
+        return ready_changelog(dataclasses.replace(settings, recovery_dir=Path(recovery)), consumer)
+    except (ConfigError, TopicError, BrokerUnavailableError) as exc:
+        raise SystemExit(f"tsi: {exc}") from None
+
+
 def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
         if settings.members > 1:  # tsi run reads the internal topic's partitions first
             raise SystemExit("tsi: members (TSI_MEMBERS > 1) are started with `tsi run`")
         recovery, process = _recovery_dir(), _process_id()
-        service = Service.from_settings(
-            settings, stored=stored_shards(recovery) if recovery else None
-        )
+        service = Service.from_settings(settings, shards=_shards(settings, recovery))
         flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=process)
         try:
             if recovery:

@@ -133,6 +133,8 @@ def member_env(bootstrap: str, registry: Path, topics: dict[str, str], members: 
         "TSI_TOPIC_SELECTIONS": topics["sel"],
         "TSI_TOPIC_DLQ": topics["dlq"],
         "TSI_TOPIC_INTERNAL": topics["internal"],
+        # the changelog of these topics' service (created as the first member starts)
+        "TSI_TOPIC_CHANGELOG": f"{topics['internal']}-changelog",
         "TSI_MEMBERS": str(members),
         "TSI_MEMBER": str(member),
         "TSI_SNAPSHOT_EVERY": "0.5",

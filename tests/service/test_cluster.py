@@ -67,6 +67,7 @@ def test_two_processes_equal_one_process(kafka_bootstrap, tmp_path):
             sel_topic,
             dlq_topic,
             TSI_STOP_AT_END="1",
+            TSI_TOPIC_CHANGELOG=unique_topic("changelog"),  # each run's own
         )
         states = run_service(env, tmp_path / f"recovery-{processes}", processes)
         results[processes] = (

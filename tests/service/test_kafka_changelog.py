@@ -1,14 +1,14 @@
 """The changelog on the real broker: ``tsi topics create`` makes it compacted with one
-partition a shard, the start-up check refuses one that is not, a shard's mirror writes
-to its own partition and is acknowledged with its marker's offset, and a shard whose
-recovery directory is gone is rebuilt from it."""
+partition a shard, the start-up check creates a missing one so and refuses one that is
+not, a shard's mirror writes to its own partition and is acknowledged with its marker's
+offset, and a shard whose recovery directory is gone is rebuilt from it."""
 
 from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from flows.service.connectors.kafka_admin import TopicError, check_changelog, create_topics
+from flows.service.connectors.kafka_admin import TopicError, create_topics, ensure_changelog
 from flows.service.connectors.kafka_changelog import KafkaChangelog
 from flows.service.shards.changelog import MARKER_KEY, Marker, encode, replay
 from flows.testing.kafka_broker import create_topic, unique_topic
@@ -22,7 +22,7 @@ def test_topics_create_makes_the_changelog_compacted_one_partition_a_shard(kafka
     assert line.startswith(f"{name}: created, 8 partitions")
     assert topic_config(kafka_bootstrap, name, "cleanup.policy") == "compact"
     assert int(topic_config(kafka_bootstrap, name, "min.compaction.lag.ms")) > 0
-    check_changelog([kafka_bootstrap], {}, name, 8, 30.0)
+    assert ensure_changelog([kafka_bootstrap], {}, name, 8, 30.0) is None  # exists, fit
     [again] = create_topics([kafka_bootstrap], {}, [name], changelog=(name, 8))
     assert again.startswith(f"{name}: exists")
 
@@ -30,16 +30,25 @@ def test_topics_create_makes_the_changelog_compacted_one_partition_a_shard(kafka
 def test_the_start_up_check_refuses_a_changelog_of_another_shape(kafka_bootstrap):
     uncompacted = create_topic(kafka_bootstrap, unique_topic("changelog"), 4)
     with pytest.raises(TopicError, match=r"cleanup\.policy=delete, not compact"):
-        check_changelog([kafka_bootstrap], {}, uncompacted, 4, 30.0)
+        ensure_changelog([kafka_bootstrap], {}, uncompacted, 4, 30.0)
     compacted = create_with_config(
         kafka_bootstrap, unique_topic("changelog"), {"cleanup.policy": "compact"}, 3
     )
     with pytest.raises(TopicError, match="has 3 partitions, not one a shard \\(4\\)"):
-        check_changelog([kafka_bootstrap], {}, compacted, 4, 30.0)
+        ensure_changelog([kafka_bootstrap], {}, compacted, 4, 30.0)
     with pytest.raises(TopicError, match="has 3 partitions"):
         create_topics([kafka_bootstrap], {}, [compacted], changelog=(compacted, 4))
-    with pytest.raises(TopicError, match="does not exist"):
-        check_changelog([kafka_bootstrap], {}, unique_topic("absent"), 4, 30.0)
+    with pytest.raises(TopicError, match=f"changelog topic {compacted} has 3 .*--changelog-topic"):
+        ensure_changelog([kafka_bootstrap], {}, compacted, 4, 30.0)
+
+
+def test_the_start_up_check_creates_a_missing_changelog(kafka_bootstrap):
+    absent = unique_topic("absent")
+    made = ensure_changelog([kafka_bootstrap], {}, absent, 4, 30.0)
+    assert made is not None and made.startswith(f"{absent}: created, 4 partitions")
+    assert topic_config(kafka_bootstrap, absent, "cleanup.policy") == "compact"
+    assert int(topic_config(kafka_bootstrap, absent, "min.compaction.lag.ms")) > 0
+    assert ensure_changelog([kafka_bootstrap], {}, absent, 4, 30.0) is None
 
 
 def test_a_mirror_writes_its_shards_partition_and_reads_back_to_the_high_watermark(

@@ -330,6 +330,7 @@ def test_an_emptied_or_stale_recovery_store_is_refused_not_silently_restarted(
         "--stop-at-end",
         "--group-id",
         unique_topic("group"),
+        "--no-changelog",  # the changelog-less path: only the group's offsets remain
     )
     produce(kafka_bootstrap, names["ev"], requests([f"r{i}" for i in range(20)]))
     assert tsi("run", *args).returncode == 0

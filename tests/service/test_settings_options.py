@@ -34,8 +34,9 @@ VALID = {  # a value each setting accepts, other than its default
     "TSI_TOPIC_SELECTIONS": "sel",
     "TSI_TOPIC_DLQ": "dl",
     "TSI_TOPIC_INTERNAL": "",
-    "TSI_TOPIC_CHANGELOG": "tsi.changelog",
+    "TSI_TOPIC_CHANGELOG": "other.changelog",
     "TSI_RECOVERY_DIR": "rec",
+    "TSI_NO_CHANGELOG": "1",
     "TSI_SNAPSHOT_EVERY": "2.5",
     "TSI_BACKUP_EVERY": "20",
     "TSI_WORKERS": "4",
@@ -79,6 +80,7 @@ PAIRED = {
     "TSI_PROCESS_ID": {"TSI_ADDRESSES": "a:1;b:2"},
     "TSI_ADDRESSES": {"TSI_PROCESS_ID": "0"},
     "TSI_MEMBER": {"TSI_MEMBERS": "4"},
+    "TSI_TOPIC_CHANGELOG": {"TSI_RECOVERY_DIR": "rec"},  # mirrors the recovery directory
 }
 
 

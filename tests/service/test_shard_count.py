@@ -2,6 +2,7 @@
 every refusal naming both counts; a count moves instances between shards and changes
 nothing they serve; a store written with 32 shards keeps serving with 32."""
 
+import re
 from datetime import timedelta
 
 import orjson
@@ -18,11 +19,17 @@ from flows.service.runtime.options import ConfigError
 from flows.service.runtime.process import Service
 from flows.service.runtime.recovery import read_states, shard_store, stored_shards
 from flows.service.runtime.settings import Settings
-from flows.service.runtime.shard_count import MAX_SHARDS, flow_shards, shard_count
+from flows.service.runtime.shard_count import (
+    DEFAULT_INTERNAL_PARTITIONS,
+    MAX_SHARDS,
+    flow_shards,
+    internal_partitions,
+    shard_count,
+)
 from flows.service.runtime.startup import StartupError, prepare
 from flows.service.shards.shard_log import shards_in, write_seed
 from flows.service.wire.events import Origin
-from flows.service.wire.keys import DEFAULT_SHARDS, of_layout
+from flows.service.wire.keys import DEFAULT_SHARDS, internal_partition, of_layout, shard_index
 
 REGISTRY_TOML = """
 [experiments.e]
@@ -205,3 +212,17 @@ def test_the_default_count_on_a_32_shard_store_would_start_its_instances_over(tm
         firsts[key] = answer["round"]
     assert all(before[key]["bandit"]["n_rounds"] >= 1 for key in firsts if key in before)
     assert set(firsts.values()) == {1}  # started over: what the resolution prevents
+
+
+@given(st.integers(1, MAX_SHARDS))
+def test_a_new_internal_topic_divides_the_shard_count_and_keeps_each_key_partition(shards):
+    default = internal_partitions(None, shards)
+    assert shards % default == 0 and default <= DEFAULT_INTERNAL_PARTITIONS
+    key = f"exp\x1fu{shards}"
+    assert internal_partition(shard_index(key, shards), default) == shard_index(key, default)
+
+
+@pytest.mark.parametrize("bad", ["0", "3", "256", "x", "-4", "2.0"])
+def test_an_internal_partition_count_not_dividing_the_shards_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match=f"dividing the shard count 128, got '{re.escape(bad)}'"):
+        internal_partitions(bad, 128)

@@ -245,15 +245,16 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
     env = {f"TSI_TOPIC_{role}": name for role, name in names.items()}
     env["KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
     ordered = [names[r] for r in roles]  # the internal topic the service copies both into
+    changelog = env["TSI_TOPIC_CHANGELOG"] = unique_topic("cli-CHANGELOG")  # one a shard
 
-    sizes = ("--partitions", "2", "--shards", "2")  # the internal topic: one partition a shard
+    sizes = ("--partitions", "2", "--shards", "2")  # the internal topic: 2, gcd(32, shards)
     first = tsi_topics("create", *sizes, "--dlq-max-message-bytes", "2000000", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines() == [
         f"{name}: created, 2 partitions, replication 1, max.message.bytes "
         f"{2000000 if name == names['DLQ'] else DEFAULT_MAX}"
         for name in ordered
-    ]
+    ] + [f"{changelog}: created, 2 partitions, replication 1, max.message.bytes {DEFAULT_MAX}"]
     counts = partition_counts(kafka_bootstrap)
     assert [counts.get(name) for name in ordered] == [2, 2, 2, 2, 2]
     assert topic_config(kafka_bootstrap, names["DLQ"], "max.message.bytes") == "2000000"
@@ -263,7 +264,7 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
     assert again.returncode == 0, again.stderr
     assert [line.split(",")[:2] for line in again.stdout.splitlines()] == [
         [f"{name}: exists", " 2 partitions"] for name in ordered
-    ]
+    ] + [[f"{changelog}: exists", " 2 partitions"]]
 
     contradicted = tsi_topics("create", "--partitions", "5", env=env)
     assert contradicted.returncode == 2 and contradicted.stdout == ""
@@ -275,14 +276,17 @@ def test_tsi_topics_create_makes_the_service_topics_once(kafka_bootstrap):
 def test_tsi_topics_create_with_an_events_topic_skips_requests_and_feedback(kafka_bootstrap):
     events, selections, dlq = (unique_topic(p) for p in ("ev", "sel", "dlq"))
     requests, feedback = unique_topic("req"), unique_topic("fb")
+    changelog = unique_topic("changelog")
     options = [
         *("--brokers", kafka_bootstrap, "--events-topic", events),
         *("--requests-topic", requests, "--feedback-topic", feedback),
         *("--selections-topic", selections, "--dlq-topic", dlq),
+        *("--changelog-topic", changelog),
     ]
     done = tsi_topics("create", *options)
     assert done.returncode == 0, done.stderr
-    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [events, selections, dlq]
+    made = [line.split(":")[0] for line in done.stdout.splitlines()]
+    assert made == [events, selections, dlq, changelog]
     counts = partition_counts(kafka_bootstrap)
     assert [counts.get(t) for t in (events, selections, dlq)] == [3, 3, 3]
     assert requests not in counts and feedback not in counts

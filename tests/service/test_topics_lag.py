@@ -62,7 +62,7 @@ def test_check_shows_committed_end_and_lag_per_partition(kafka_bootstrap):
 
     status, lines, stderr = check(kafka_bootstrap, *options, "--group-id", group)
     assert status == 0, stderr
-    assert lines[3:] == [
+    assert lines[4:] == [
         f"consumer group {group!r}, lag on the topics the service reads:",
         f"  {events}[0]: committed 7, end 10, lag 3",
         f"  {events}[1]: committed 4, end 4, lag 0",
@@ -72,7 +72,7 @@ def test_check_shows_committed_end_and_lag_per_partition(kafka_bootstrap):
 
     commit(kafka_bootstrap, group, {(events, 0): 10, (events, 2): 1})
     _, lines, _ = check(kafka_bootstrap, *options, "--group-id", group)
-    assert lines[4:] == [
+    assert lines[5:] == [
         f"  {events}[0]: committed 10, end 10, lag 0",
         f"  {events}[1]: committed 4, end 4, lag 0",
         f"  {events}[2]: committed 1, end 6, lag 5",
@@ -95,7 +95,7 @@ def test_what_the_service_source_commits_is_what_check_reads(kafka_bootstrap):
     produce(kafka_bootstrap, events, {1: 5})
     status, lines, stderr = check(kafka_bootstrap, *options, "--group-id", group)
     assert status == 0, stderr
-    assert lines[4:] == [
+    assert lines[5:] == [
         f"  {events}[0]: committed 30, end 30, lag 0",
         f"  {events}[1]: committed 20, end 25, lag 5",
         "  total lag: 5 messages",
@@ -119,16 +119,16 @@ def test_a_group_that_committed_nothing_says_so(kafka_bootstrap):
     group = unique_topic("never")
     status, lines, stderr = check(kafka_bootstrap, *options, "--group-id", group)
     assert status == 0, stderr
-    assert len(lines) == 4
-    assert lines[3].startswith(f"consumer group {group!r} has committed nothing on {events}: ")
-    assert "--group-id" in lines[3]
+    assert len(lines) == 5  # the topics, the changelog among them, then the lag
+    assert lines[4].startswith(f"consumer group {group!r} has committed nothing on {events}: ")
+    assert "--group-id" in lines[4]
 
 
 def test_an_empty_group_id_leaves_the_lag_out(kafka_bootstrap):
     _, options = events_setup(kafka_bootstrap)
     status, lines, _ = check(kafka_bootstrap, *options, "--group-id", "")
     assert status == 0
-    assert lines[3:] == ["no consumer group given (--group-id ''): lag not shown"]
+    assert lines[4:] == ["no consumer group given (--group-id ''): lag not shown"]
 
 
 def test_the_default_setup_shows_the_inputs_and_the_internal_topic(kafka_bootstrap):
@@ -148,7 +148,7 @@ def test_the_default_setup_shows_the_inputs_and_the_internal_topic(kafka_bootstr
     ]
     status, lines, stderr = check(kafka_bootstrap, *options)
     assert status == 0, stderr
-    assert lines[5:] == [
+    assert lines[6:] == [
         f"consumer group {group!r}, lag on the topics the service reads:",
         f"  {names['req']}[0]: committed 4, end 4, lag 0",
         f"  {names['fb']}[0]: nothing committed, end 0 (0 message(s) held)",

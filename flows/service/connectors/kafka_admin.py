@@ -264,22 +264,27 @@ def changelog_problems(
     return problems
 
 
-def check_changelog(
+def ensure_changelog(
     brokers: Sequence[str], config: Mapping[str, Any], name: str, shards: int, timeout: float
-) -> None:
-    """The start-up check of the changelog topic: ``TopicError`` saying what is wrong."""
+) -> str | None:
+    """The start-up check of the changelog topic (as Kafka Streams makes its own): a
+    missing one is created (``create_topics``: one partition a shard, ``CHANGELOG_CONFIG``)
+    and the line saying so returned; an existing one is checked (``TopicError`` saying
+    what is wrong and how to fix it), and None returned."""
     admin = admin_client(brokers, config)
     [info] = describe_topics(
         admin, cluster_metadata(admin, brokers, timeout), [name], timeout
     ).values()
     if info is None:
-        raise TopicError(f"changelog topic {name} does not exist; create it: tsi topics create")
+        [line] = create_topics(brokers, config, [name], timeout=timeout, changelog=(name, shards))
+        return line
     problems = changelog_problems(admin, info, shards, timeout)
     if problems:
         raise TopicError(
-            f"{'; '.join(problems)}: make it with `tsi topics create` (under another name "
-            "if this one is in use)"
+            f"{'; '.join(problems)}: name another changelog topic with --changelog-topic "
+            "(`tsi run` creates it), or delete this one if nothing else uses it"
         )
+    return None
 
 
 def check_topic_name(name: str) -> None:
@@ -418,6 +423,30 @@ def group_offsets(
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
+
+
+def holds_records(
+    brokers: Sequence[str], config: Mapping[str, Any], topic: str, timeout: float = 10.0
+) -> bool:
+    """Whether ``topic`` holds a record or ever held one (a partition's high watermark
+    above 0); False when it does not exist. `TopicError` when the brokers do not say
+    within ``timeout`` (a topic just created may not have its leaders known yet: asked
+    again until then)."""
+    consumer = _group_consumer(brokers, config, "tsi-watermarks")  # asks, never joins
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                parts = _partitions(consumer, [topic], timeout)
+                ends = [consumer.get_watermark_offsets(tp, timeout, False)[1] for tp in parts]
+                return any(end > 0 for end in ends)
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    message = f"cannot read topic {topic}'s offsets: {_reason(exc)}"
+                    raise TopicError(message) from None
+                time.sleep(0.2)
+    finally:
+        consumer.close()
 
 
 @dataclass(frozen=True)

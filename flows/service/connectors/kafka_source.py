@@ -79,6 +79,7 @@ class _ObservedPartition(_KafkaSourcePartition):
         on_epoch, commit = source._on_epoch, source._group_id is not None
         self._on_epoch = on_epoch
         self._commits = commit
+        self._config = args[1]  # the consumer's: its group commits a deferred final offset
         self._done: int | None = None  # the offset of the previous snapshot
         STREAM_CLOCK.expect(self._topic, self._part_idx)
 
@@ -185,10 +186,50 @@ class _ObservedPartition(_KafkaSourcePartition):
             log.warning("committing offset of %s[%d]: %s", self._topic, self._part_idx, exc)
 
     def close(self) -> None:
-        """At the end of the input every epoch is done: commit the last snapshot's offset."""
-        self._commit(asynchronous=False)
+        """At the end of the input: commit the last snapshot's offset, or hand it to
+        ``FINAL_COMMITS`` to commit once the flow has ended (Bytewax closes a partition
+        before the last epoch is snapshotted downstream)."""
+        done = self._done is not None and self._done >= 0
+        if FINAL_COMMITS.defer and self._commits and done:
+            tp = TopicPartition(self._topic, self._part_idx, self._done)
+            FINAL_COMMITS.pending.append((self._config, tp))
+        else:
+            self._commit(asynchronous=False)
         STREAM_CLOCK.forget(self._topic, self._part_idx)
         super().close()
+
+
+class FinalCommits:
+    """The offsets input partitions reach at the end of their input, committed to their
+    consumer group once the flow has ended (``commit``), when ``defer`` is on (the
+    service with a changelog, ``process.Service.flow``): Bytewax closes a partition at the
+    end of its input before the last epoch is snapshotted downstream, and with a changelog
+    the group's commits are where a lost recovery directory resumes
+    (``process.Service._at_commits``), so no commit may run ahead of the shards'
+    snapshots. A flow that fails, or that Bytewax runs by itself (``bytewax.run``), leaves
+    them uncommitted: the group stays one epoch behind, which re-reads that epoch."""
+
+    def __init__(self) -> None:
+        self.defer = False
+        self.pending: list[tuple[dict[str, Any], TopicPartition]] = []
+
+    def commit(self) -> None:
+        """Commit what is pending (each with its partition's consumer settings); a
+        failure is logged, never raised (the group's offsets are then behind)."""
+        from confluent_kafka import Consumer
+
+        pending, self.pending = self.pending, []
+        for config, tp in pending:
+            consumer = Consumer(config)
+            try:
+                consumer.commit(offsets=[tp], asynchronous=False)
+            except KafkaException as exc:
+                log.warning("committing offset of %s[%d]: %s", tp.topic, tp.partition, exc)
+            finally:
+                consumer.close()
+
+
+FINAL_COMMITS = FinalCommits()
 
 
 #: Seconds between two looks of a dormant partition at whether a stop was asked for.

@@ -20,7 +20,9 @@ from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
 from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.connectors.kafka_admin import group_offsets, holds_records
 from flows.service.connectors.kafka_changelog import KafkaChangelog
+from flows.service.connectors.kafka_source import FINAL_COMMITS
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
@@ -28,7 +30,12 @@ from flows.service.runtime.allocator import TRIM_EVERY, start_trimming
 from flows.service.runtime.dir_lock import hold_directory, is_empty
 from flows.service.runtime.gc_freezer import freeze_long_lived
 from flows.service.runtime.members import ALONE, Members
-from flows.service.runtime.recovery import seeded_inputs, shard_store
+from flows.service.runtime.recovery import (
+    input_seeds,
+    seeded_inputs,
+    shard_store,
+    store_offsets,
+)
 from flows.service.runtime.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
 from flows.service.runtime.shard_count import flow_shards
 from flows.service.runtime.stopping import Stop, on_signals
@@ -68,13 +75,15 @@ class Service:
         recovery: bool | str | Path = True,
         fresh: bool = False,
         process: int = 0,
+        rebuild: bool = False,
     ) -> Dataflow:
         """The Kafka dataflow. ``recovery``: the recovery directory (the shards keep their
         logs in it), True for snapshots of whole shards, or False: no snapshots, and the
         flow starts from the group's offsets (the end where it has none). A new recovery
         store reads the topics from their start, or with ``fresh`` (an accepted reset) from
-        the consumer group's committed offsets. ``process``: this process's index in its
-        cluster."""
+        the consumer group's committed offsets, or (an empty store while the changelog
+        holds the shards, ``_seeds``) from them too, but with ``rebuild`` (``--rebuild``).
+        ``process``: this process's index in its cluster."""
         Stop.reset()
         consumer = dict(self.consumer_config)
         start = OFFSET_STORED if fresh or not recovery else OFFSET_BEGINNING
@@ -89,7 +98,7 @@ class Service:
             group_id=self.group_id,
             starting_offset=start,
             on_epoch=self._epoch_closed,
-            seeded=None if isinstance(recovery, bool) else seeded_inputs(recovery),
+            seeded=None if isinstance(recovery, bool) else self._seeds(recovery, rebuild),
             process=process,
             members=self.members,
             internal_partitions=self.internal_partitions,
@@ -99,7 +108,9 @@ class Service:
             wiring = replace(wiring, outputs=self.outputs)
         store = None if isinstance(recovery, bool) else shard_store(recovery)
         changelog = None
+        FINAL_COMMITS.defer, FINAL_COMMITS.pending = False, []
         if store is not None and self.topics.changelog is not None:
+            FINAL_COMMITS.defer = True  # the group's commits say where a lost store resumes
             changelog = KafkaChangelog(
                 self.brokers, self.topics.changelog, self.producer_config, self.consumer_config
             )
@@ -114,6 +125,54 @@ class Service:
             holds=None if self.members.count == 1 else self._holds,
             shards=self.shards,
         )
+
+    def _seeds(self, recovery: str | Path, rebuild: bool) -> dict[str, Any]:
+        """Where the input partitions without state in ``recovery`` start: the positions
+        ``tsi state import`` left (``seeded_inputs``); or, for a store holding no commit
+        (lost, emptied, a new member's) while the changelog holds the shards, the
+        consumer group's committed offsets (``_at_commits``); else, and with
+        ``rebuild``, none (the start)."""
+        imported = seeded_inputs(recovery)
+        if imported or rebuild or self.topics.changelog is None or self.group_id is None:
+            return imported
+        if store_offsets(recovery) is not None:
+            return {}
+        if not holds_records(self.brokers, self.consumer_config, self.topics.changelog):
+            return {}  # nothing mirrored yet: the group's commits say nothing of the shards
+        return self._at_commits()
+
+    def _at_commits(self) -> dict[str, Any]:
+        """The inputs and the internal topic from the consumer group's committed offsets.
+        Sound because the group commits an epoch's offsets only once every snapshot of
+        that epoch is written: Bytewax 0.21.1's input reads and snapshots a partition
+        only when the recovery probe has passed the epochs before (``src/inputs.rs``),
+        each partition commits its previous snapshot's offset in its next snapshot
+        (``kafka_source._ObservedPartition``; the last one, at the end of its input, only
+        once the flow has ended: ``kafka_source.FINAL_COMMITS``), and a shard's snapshot
+        returns only once the changelog acknowledged its epoch, a copy sink's once the
+        internal topic did. So what lies before a committed input offset is copied into
+        the internal topic, and what lies before a committed internal offset is in the
+        changelog; what is read again after them the shards rebuilt from the changelog
+        drop (``ShardStore.guard``), and second copies the internal partitions drop
+        (their ``seen``)."""
+        topics = self.topics
+        if topics.events is not None:
+            inputs = {"events": topics.events}
+        else:
+            inputs = {"requests": topics.requests, "feedback": topics.feedback}
+        internal = topics.internal if topics.repartitioned else None
+        read = [*inputs.values(), *([internal] if internal else [])]
+        offsets = group_offsets(self.brokers, self.consumer_config, self.group_id, read)
+        shown = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items()))
+        log.warning(
+            "the recovery directory holds no state: the shards are rebuilt from changelog "
+            "%s, and the inputs resume at consumer group %r's committed offsets (%s; "
+            "partitions without one from their start)",
+            topics.changelog,
+            self.group_id,
+            shown or "none",
+        )
+        return input_seeds(offsets, inputs, internal)
 
     def _holds(self, shard: int) -> bool:
         """Whether this member holds shard index ``shard`` (``Members.holds``)."""
@@ -130,10 +189,15 @@ class Service:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, guards: Guards | None = None, stored: int | None = None
+        cls,
+        settings: Settings,
+        guards: Guards | None = None,
+        stored: int | None = None,
+        shards: int | None = None,
     ) -> Service:
         """The service ``settings`` describe, without the start-up checks; ``stored``: the
-        shard count of the store it runs on (``recovery.stored_shards``), if any."""
+        shard count of the store it runs on (``recovery.stored_shards``), if any;
+        ``shards``: the count already resolved (``startup.ready_changelog``), if it is."""
         consumer, producer = client_config(settings.kafka_config)
         return cls(
             LiveRegistry(Registry.load(settings.registry), settings.registry),
@@ -145,7 +209,7 @@ class Service:
             settings.guards() if guards is None else guards,
             outputs_of(settings),
             settings.membership,
-            shards=flow_shards(settings.shards, stored, None),
+            shards=flow_shards(settings.shards, stored, None) if shards is None else shards,
         )
 
 
@@ -191,6 +255,7 @@ def run(
         epoch_interval=timedelta(seconds=snapshot_every),
         recovery_config=recovery,
     )
+    FINAL_COMMITS.commit()  # the flow has ended: every epoch is snapshotted
 
 
 def start_process(

@@ -298,13 +298,43 @@ def resumed_inputs(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[st
 
 
 def _inputs_in(files: list[Path], flow_id: str) -> dict[str, Any]:
-    steps = (f"{flow_id}.%_in.kafka_input", f"{flow_id}.internal_in")
+    steps = (f"{flow_id}.%_in.kafka_input", INTERNAL_STEP.format(flow_id=flow_id))
     return {
         f"{step}/{key}": state
         for pattern in steps
         for step, key, state in _committed_steps(files, pattern)
         if state is not None
     }
+
+
+#: The flow's input steps as Bytewax keys their partitions' state: an input topic read
+#: under its name (``requests``, ``feedback``, ``events``), and the internal topic.
+INPUT_STEP = "{flow_id}.{name}_in.kafka_input"
+INTERNAL_STEP = "{flow_id}.internal_in"
+
+
+def input_seeds(
+    offsets: dict[tuple[str, int], int],
+    inputs: dict[str, str],
+    internal: str | None,
+    flow_id: str = "tsi",
+) -> dict[str, Any]:
+    """{"step id/partition": state} that starts the flow's input partitions at ``offsets``
+    ({(topic, partition): next offset}): ``inputs`` maps each input's name to its topic,
+    ``internal`` is the internal topic (its partitions start with no copy seen).
+
+    >>> input_seeds({("r", 1): 7, ("i", 0): 3}, {"requests": "r"}, "i")
+    {'tsi.requests_in.kafka_input/1-r': 7, 'tsi.internal_in/0-i': {'offset': 3, 'seen': {}}}
+    """
+    steps = {topic: INPUT_STEP.format(flow_id=flow_id, name=name) for name, topic in inputs.items()}
+    seeds: dict[str, Any] = {}
+    for (topic, partition), offset in offsets.items():
+        if topic == internal:
+            step = INTERNAL_STEP.format(flow_id=flow_id)
+            seeds[f"{step}/{partition}-{topic}"] = {"offset": offset, "seen": {}}
+        elif topic in steps:
+            seeds[f"{steps[topic]}/{partition}-{topic}"] = offset
+    return seeds
 
 
 def store_offsets(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +77,13 @@ TOPIC_OPTIONS: dict[str, Option] = {
     "changelog": Option(
         "TSI_TOPIC_CHANGELOG",
         "--changelog-topic",
-        "With --recovery-dir: the compacted topic each shard's log is mirrored to (one "
-        "partition a shard; `tsi topics create` makes it, e.g. tsi.changelog), so a lost or "
-        "damaged recovery directory is rebuilt from it.",
+        "The compacted topic each shard's log is mirrored to, with --recovery-dir (one "
+        "partition a shard; `tsi run` creates it when missing, and so does `tsi topics "
+        "create`): the recovery directory is then a cache, rebuilt from it when lost or "
+        "damaged. None with --no-changelog or --no-recovery, nor in replays and demos "
+        "(files, memory).",
         optional(name),
+        "tsi.changelog",
     ),
 }
 
@@ -156,7 +159,9 @@ class Settings:
         "masked when the effective settings are logged.",
         optional(path),
     )
-    topics: Topics = field(default_factory=Topics, metadata={"bundle": TOPIC_OPTIONS})
+    topics: Topics = field(
+        default_factory=lambda: topics_from_env({}), metadata={"bundle": TOPIC_OPTIONS}
+    )
     recovery_dir: Path | None = setting(
         "TSI_RECOVERY_DIR",
         "--recovery-dir",
@@ -168,6 +173,16 @@ class Settings:
         "--no-recovery",
         "Run without a recovery directory: state starts empty at every start and the "
         "input resumes from the consumer group's committed offsets (else the topics' end).",
+        switch,
+        "0",
+        kind="switch",
+    )
+    no_changelog: bool = setting(
+        "TSI_NO_CHANGELOG",
+        "--no-changelog",
+        "Keep the shards' state only in the recovery directory, without mirroring it to "
+        "the changelog topic: a lost or damaged directory is then rebuilt only by reading "
+        "the inputs again (--rebuild). Without it the directory is a cache of the changelog.",
         switch,
         "0",
         kind="switch",
@@ -333,6 +348,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         """Refuse settings that contradict each other (``ConfigError``)."""
+        if self.no_changelog or self.no_recovery:  # it mirrors the recovery directory
+            object.__setattr__(self, "topics", replace(self.topics, changelog=None))
         if (self.process_id is None) != (self.addresses is None):
             raise ConfigError("--process-id and --addresses go together")
         self._check_members()

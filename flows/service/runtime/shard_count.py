@@ -14,6 +14,7 @@ to change it.
 
 from __future__ import annotations
 
+import math
 import re
 
 from flows.service.runtime.options import ConfigError
@@ -74,3 +75,35 @@ def flow_shards(requested: int | None, stored: int | None, changelog_partitions:
             f"--shards {requested} disagrees with the {what} {decided} shards: {way_out(requested)}"
         )
     return decided
+
+
+#: The most partitions ``tsi topics create`` gives a new internal topic by default: the
+#: most members the service can grow to without new topics. Each partition a process
+#: reads is a Kafka consumer of its own (Bytewax's Kafka source), which a service alone
+#: pays for idle (bench/RESULTS.md, "what an internal topic of one partition a shard
+#: costs").
+DEFAULT_INTERNAL_PARTITIONS = 32
+
+
+def internal_partitions(text: str | None, shards: int) -> int:
+    """Partitions of a new internal topic for a flow of ``shards``: ``text`` (a whole
+    number), else the greatest common divisor of ``DEFAULT_INTERNAL_PARTITIONS`` and the
+    count. It must divide the count, so that an event's internal partition (its shard
+    modulo the partitions, ``keys.internal_partition``) is its key's CRC-32 modulo the
+    partitions under any count it divides: copies in flight keep their partition when the
+    state moves to another count. ``ValueError`` naming the value otherwise.
+
+    >>> internal_partitions(None, 128), internal_partitions(None, 48)
+    (32, 16)
+    >>> internal_partitions("128", 128)
+    128
+    >>> internal_partitions("3", 128)
+    Traceback (most recent call last):
+    ...
+    ValueError: must be a whole number dividing the shard count 128, got '3'
+    """
+    if text is None:
+        return math.gcd(DEFAULT_INTERNAL_PARTITIONS, shards)
+    if not re.fullmatch(r"\+?[0-9]+", text) or not 1 <= int(text) <= shards or shards % int(text):
+        raise ValueError(f"must be a whole number dividing the shard count {shards}, got {text!r}")
+    return int(text)

@@ -24,7 +24,7 @@ from bytewax.recovery import init_db_dir
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
     TopicError,
-    check_changelog,
+    ensure_changelog,
     group_offsets,
     service_topics,
     topic_infos,
@@ -78,14 +78,10 @@ def prepare(options: Settings) -> Service:
         if options.outputs is not None:  # written elsewhere: the two output topics unused
             unused = (options.topics.selections, options.topics.dead_letters)
             outputs = [topic for topic in outputs if topic not in unused]
+        shards = ready_changelog(options, consumer)
         limits = check_kafka_topics(
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
-        shards = resolve_shards(options, consumer)
-        if options.topics.changelog is not None:
-            check_changelog(
-                options.brokers, consumer, options.topics.changelog, shards, options.connect_timeout
-            )
         internal_partitions = check_members(options, consumer)
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
@@ -126,6 +122,20 @@ def prepare(options: Settings) -> Service:
         internal_partitions,
         shards,
     )
+
+
+def ready_changelog(options: Settings, consumer: dict) -> int:
+    """The flow's shard count (``resolve_shards``), its changelog topic (when it has one)
+    created with as many partitions when missing (logged), checked when not
+    (``TopicError``)."""
+    shards = resolve_shards(options, consumer)
+    if options.topics.changelog is not None:
+        made = ensure_changelog(
+            options.brokers, consumer, options.topics.changelog, shards, options.connect_timeout
+        )
+        if made is not None:
+            log.warning("changelog topic created: %s", made)
+    return shards
 
 
 def resolve_shards(options: Settings, consumer: dict) -> int:
@@ -169,11 +179,6 @@ def check_recovery_options(options: Settings) -> None:
             "--fresh (state starts empty, the input resumes from the group's offsets) and "
             "--rebuild (the state is rebuilt from the inputs' start) contradict each other"
         )
-    if options.topics.changelog is not None and options.recovery_dir is None:
-        raise StartupError(
-            f"--changelog-topic {options.topics.changelog} mirrors the shards' logs in the "
-            "recovery directory: give --recovery-dir DIR too"
-        )
     if (options.recovery_dir is None) == (not options.no_recovery):
         raise StartupError(
             "give --recovery-dir DIR (state and offsets survive restarts) or --no-recovery "
@@ -205,7 +210,8 @@ def check_no_silent_reset(
     import``, the positions it was given: the same group goes on from them). A process of
     a cluster compares the inputs its directory holds, a member those it owns.
     ``--fresh`` accepts an empty store (state starts empty; the input resumes from the
-    group's offsets), and so does a changelog topic (each shard is rebuilt from it)."""
+    group's offsets), and so does a changelog topic (each shard is rebuilt from it, the
+    inputs resume at the group's offsets: ``process.Service._at_commits``)."""
     group = options.group_id
     committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
     owns = options.membership.owns  # a member compares the partitions it reads
@@ -219,8 +225,8 @@ def check_no_silent_reset(
         if options.topics.changelog is not None:
             log.warning(
                 "recovery directory %s is empty and consumer group %r was at %s: each shard "
-                "is rebuilt from changelog %s, the inputs read again from their start (what "
-                "the shards hold is dropped)",
+                "is rebuilt from changelog %s, and the inputs resume at the group's offsets "
+                "(what is read again of what the shards hold is dropped)",
                 options.recovery_dir,
                 group,
                 where,

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from flows.service.instances.resting import Entry
 from flows.service.shards.shard_log import decode, encode
+from flows.service.wire.keys import shard_layout
 
 __all__ = [
     "MARKER_KEY",
@@ -108,13 +109,13 @@ class Changelog(Protocol):
 def shard_index(shard: str) -> int:
     """The changelog partition of a shard: its index (``keys.shard_name``).
 
-    >>> shard_index("shard-007-of-032")
-    7
+    >>> shard_index("shard-007-of-032"), shard_index("shard-1000-of-1024")
+    (7, 1000)
     """
-    index = shard[6:9]
-    if not (shard.startswith("shard-") and index.isdigit()):
+    layout = shard_layout(shard)
+    if layout is None:
         raise ValueError(f"{shard!r} is not a shard name (shard-NNN-of-MMM)")
-    return int(index)
+    return layout[0]
 
 
 @dataclass

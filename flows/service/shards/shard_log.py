@@ -166,20 +166,20 @@ class ShardLog:
         """Where the log is now: what a snapshot hands Bytewax."""
         return {"gen": self.gen, "end": self.end}
 
-    def append(self, entries: list[Entry]) -> dict[str, int]:
-        """Add what an epoch changed; the marker to hand Bytewax."""
-        self.write(entries)
+    def append(self, records: bytes) -> dict[str, int]:
+        """Add what an epoch changed (``encode`` records); the marker to hand Bytewax."""
+        self.write(records)
         self.epochs += 1
         return self.marker
 
-    def write(self, entries: list[Entry]) -> None:
-        """Add entries within an epoch (instances put to rest before it closes): a restart
-        reads them only if a later marker covers them, and a later entry of the same key
-        replaces them."""
-        record = encode(entries)
+    def write(self, records: bytes) -> None:
+        """Add ``encode`` records within an epoch (instances put to rest before it
+        closes): a restart reads them only if a later marker covers them, and a later
+        entry of the same key replaces them. The caller encodes them, so that the same
+        bytes can go to the shard's changelog too (``shard_store``)."""
         with open(self.path(self.gen), "ab") as file:
-            file.write(record)
-        self.end += len(record)
+            file.write(records)
+        self.end += len(records)
 
     def compact(self, entries: list[Entry]) -> dict[str, int]:
         """Start a new generation holding ``entries`` (the whole live state); generations

@@ -497,15 +497,21 @@ class ShardStore:
 
     def _logged(self, entries: list[Entry]) -> None:
         """Write ``entries`` to the log within an epoch, and to the changelog."""
-        self._mirrored(entries)
-        self.log.write(entries)
+        self.log.write(self._encoded(entries))
 
-    def _mirrored(self, entries: list[Entry]) -> None:
-        """Send ``entries`` to the changelog, if any (one record each, keyed by instance)."""
-        if self.mirror is not None and entries:
-            for entry in entries:
-                self.mirror.append(entry.key, encode([entry]))
+    def _encoded(self, entries: list[Entry]) -> bytes:
+        """The log's records of ``entries``: one record for all of them, or, with a
+        changelog, one each, each also sent to the changelog keyed by its instance (each
+        entry pickled once, the same bytes in both)."""
+        if self.mirror is None:
+            return encode(entries)
+        records = [encode([entry]) for entry in entries]
+        if records:
+            append = self.mirror.append
+            for entry, record in zip(entries, records, strict=True):
+                append(entry.key, record)
             self.unmarked = True
+        return b"".join(records)
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on entries as
@@ -574,12 +580,12 @@ class ShardStore:
         if self.log is None:
             state = {"shard": self.shard, "entries": self._all_entries()}
         elif self.log.wants_compaction:
-            self._mirrored(list(map(entry_of, dirty)))  # the changelog compacts itself
+            if self.mirror is not None:  # the changed entries to it: it compacts itself
+                self._encoded(list(map(entry_of, dirty)))
             state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
         elif dirty:
-            entries = list(map(entry_of, dirty))
-            self._mirrored(entries)
-            state = {"shard": self.shard, "store": self.log.append(entries)}
+            records = self._encoded(list(map(entry_of, dirty)))
+            state = {"shard": self.shard, "store": self.log.append(records)}
         else:
             state = {"shard": self.shard, "store": self.log.marker}
         if self.mirror is not None:
