@@ -854,6 +854,9 @@ def service_process(
         # a group of its own: a fresh recovery directory refuses a group with progress
         TSI_GROUP_ID=group or f"bench-{uuid.uuid4().hex[:12]}",
     )
+    # and a changelog of its own (with a recovery directory tsi run creates it): one
+    # shared with an earlier run would rebuild that run's state
+    env["TSI_TOPIC_CHANGELOG"] = f"{env['TSI_GROUP_ID']}-changelog"
     for name in ("TSI_TOPIC_REQUESTS", "TSI_TOPIC_FEEDBACK", "TSI_TOPIC_EVENTS"):
         env.pop(name, None)
     # without recovery the service starts from its (fresh) group's offsets: read from the

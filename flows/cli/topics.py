@@ -19,8 +19,8 @@ from flows.service.runtime.settings import (
     option,
     topics_from_env,
 )
+from flows.service.runtime.shard_count import flow_shards, shard_count
 from flows.service.runtime.shard_count import internal_partitions as internal_partitions_of
-from flows.service.runtime.shard_count import shard_count
 from flows.service.wire.keys import DEFAULT_SHARDS
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create and check the service's Kafka topics.")
@@ -58,10 +58,11 @@ def topics_create(
     replication_factor: int | None = typer.Option(
         None, min=1, help="Replicas of new topics (default 1); if given, existing must match."
     ),
-    shards: str = typer.Option(
-        str(DEFAULT_SHARDS),
+    shards: str | None = typer.Option(
+        None,
         help="Shards of the service (1 to 1024): partitions of a new changelog topic, one "
-        "a shard; tsi run then serves with as many.",
+        f"a shard; tsi run then serves with as many. Default: the existing changelog's, "
+        f"else {DEFAULT_SHARDS}; if given, an existing changelog must match.",
     ),
     internal_partitions: str | None = typer.Option(
         None,
@@ -95,10 +96,7 @@ def topics_create(
             {} if dlq_max_message_bytes is None else {topics.dead_letters: dlq_max_message_bytes}
         )
         consumer, _ = client_config(config)
-        try:
-            count = shard_count(shards)
-        except ValueError as exc:
-            raise ConfigError(f"--shards {exc}") from None
+        count = _shards(brokers, consumer, topics, shards, timeout)
         try:
             internal = internal_partitions_of(internal_partitions, count)
         except ValueError as exc:
@@ -150,6 +148,25 @@ def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
     missing = [name for name, info in infos.items() if info is None and name != topics.changelog]
     if missing:
         fail("topics", f"missing topic(s) {', '.join(missing)}; create them: tsi topics create")
+
+
+def _shards(
+    brokers: list[str], consumer: dict, topics: Topics, given: str | None, timeout: float
+) -> int:
+    """The shard count ``tsi topics create`` makes the changelog for: ``--shards`` (checked),
+    else the existing changelog topic's (``shard_count.flow_shards``), else the default;
+    ``ConfigError`` naming both when they disagree."""
+    from flows.service.connectors.kafka_admin import topic_infos
+
+    try:
+        requested = None if given is None else shard_count(given)
+    except ValueError as exc:
+        raise ConfigError(f"--shards {exc}") from None
+    existing = None
+    if topics.changelog is not None:
+        info = topic_infos(brokers, consumer, [topics.changelog], timeout)[topics.changelog]
+        existing = None if info is None else info.partitions
+    return flow_shards(requested, None, existing)
 
 
 def _service(env: Mapping[str, str]) -> tuple[list[str], Path | None, Topics]:

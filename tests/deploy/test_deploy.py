@@ -869,6 +869,10 @@ def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
     with (
         mock.patch("flows.cli.run.serve", lambda settings: got.update(run=settings)),
         mock.patch("flows.service.connectors.kafka_admin.create_topics", create),
+        mock.patch(  # no topic exists yet (tsi topics create reads an existing changelog)
+            "flows.service.connectors.kafka_admin.topic_infos",
+            lambda brokers, consumer, names, timeout: dict.fromkeys(names),
+        ),
     ):
         done = CliRunner().invoke(
             app, list(service.get("command") or []), env={**unset, **compose_env(service)}
@@ -1074,10 +1078,6 @@ def _compose_topic_never_created(doc):
     doc["services"]["tsi-0"]["environment"]["TSI_TOPIC_DLQ"] = "tsi.dead"
 
 
-def _compose_changelog_never_created(doc):
-    del doc["services"]["topics"]["environment"]["TSI_TOPIC_CHANGELOG"]
-
-
 def _compose_wrong_bootstrap(doc):
     doc["services"]["tsi-0"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] = "kafka:29092"
 
@@ -1124,7 +1124,6 @@ COMPOSE_MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "registry file missing": (_compose_missing_registry, "cannot read registry"),
     "variable tsi run does not read": (_compose_unknown_variable, "does not read TSI_PROCESS"),
     "topic never created": (_compose_topic_never_created, "tsi.dead is never created"),
-    "changelog never created": (_compose_changelog_never_created, "tsi.changelog is never"),
     "bootstrap on the host listener": (_compose_wrong_bootstrap, "no advertised listener"),
     "fewer partitions than members": (_compose_too_few_partitions, "1 partitions per topic"),
     "no topics job": (_compose_no_topics_job, "0 services run `tsi topics create`"),

@@ -63,9 +63,11 @@ def fresh_directory(recovery):
 
 
 def changelog_states(bootstrap, topic):
-    """{key: Instance.to_dict()} the changelog holds as of each shard's last marker."""
+    """{key: Instance.to_dict()} the changelog holds as of each shard's last marker (its
+    partitions are the flow's shards)."""
     changelog, states = KafkaChangelog([bootstrap], topic), {}
-    for shard in shard_names(DEFAULT_SHARDS):
+    listed = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    for shard in shard_names(len(listed.topics[topic].partitions)):
         found = replay(changelog.read(shard))
         states.update((key, state_of(entry)) for key, entry in found.entries.items())
     return states

@@ -21,7 +21,7 @@ def test_a_member_with_no_position_of_its_own_yet_restarts_with_a_changelog(tmp_
 
 def test_without_a_changelog_it_is_refused(tmp_path, monkeypatch):
     with pytest.raises(StartupError, match=r"behind consumer group .* on tsi\.requests\[1\]"):
-        check_reset(tmp_path, monkeypatch, {}, COMMITTED, Members(2, 1))
+        check_reset(tmp_path, monkeypatch, {}, COMMITTED, Members(2, 1), TSI_NO_CHANGELOG="1")
     with pytest.raises(StartupError, match=r"behind consumer group .* on tsi\.requests\[1\]"):
         check_reset(tmp_path, monkeypatch, {("tsi.requests", 1): 3}, COMMITTED, Members(2, 1),
                     TSI_TOPIC_CHANGELOG="c")  # fmt: skip

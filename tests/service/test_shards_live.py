@@ -4,6 +4,7 @@ shards (read from the changelog topic), each holding its own."""
 
 from flows.service.connectors.kafka_admin import topic_infos
 from flows.service.runtime.recovery import shard_store
+from flows.service.runtime.shard_count import internal_partitions
 from flows.service.shards.shard_log import shards_in
 from flows.service.wire.keys import shard_layout
 from flows.testing.kafka_broker import unique_topic
@@ -44,7 +45,8 @@ def test_topics_made_for_64_shards_serve_two_members_with_64(kafka_bootstrap, tm
     assert made.returncode == 0, made.stderr
     infos = topic_infos([kafka_bootstrap], {}, list(topics.values()))
     counts = {name: infos[topic].partitions for name, topic in topics.items()}
-    assert counts == {**dict.fromkeys(names, PARTITIONS), "internal": 64, "changelog": 64}
+    internal = internal_partitions(None, SHARDS)  # the default: gcd(32, 64)
+    assert counts == {**dict.fromkeys(names, PARTITIONS), "internal": internal, "changelog": 64}
 
     registry = tmp_path / "registry.toml"
     registry.write_text(REGISTRY_TOML)
@@ -78,5 +80,5 @@ def test_topics_made_for_64_shards_serve_two_members_with_64(kafka_bootstrap, tm
         layouts = [shard_layout(name) for name in shards_in(shard_store(directory))]
         assert layouts and all(layout is not None for layout in layouts)
         assert {count for _, count in layouts} == {SHARDS}  # shard-NNN-of-064
-        assert {index % 64 % 2 for index, _ in layouts} == {member}  # its own shards
+        assert {index % internal % 2 for index, _ in layouts} == {member}  # its own shards
         assert "INFO tsi serving with 64 shards" in logs[member].read_text()
