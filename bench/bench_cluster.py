@@ -285,10 +285,11 @@ def report(results: dict[str, Any]) -> str:
         "|---:|---:|---:|---:|---:|",
     ]
     for n in sizes:
+        disk = f"{results['peak_disk_bytes'][n] / 2**20:.1f}" if results["recovery"] else "-"
         lines.append(
             f"| {n} | {results['events_per_s'][n]:,.0f} | "
             f"{results['ratio_to_reference'][n]:.2f} | {results['ratio_to_linear'][n]:.2f} | "
-            f"{results['peak_disk_bytes'][n] / 2**20:.1f} |"
+            f"{disk} |"
         )
     lines.append(
         f"| reference (Python, two hops) | {results['reference_events_per_s']:,.0f} | | | |"
