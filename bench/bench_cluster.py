@@ -70,6 +70,9 @@ from flows.testing import kafka_broker  # noqa: E402
 #: options added by ``member_args``)
 MEMBER = ("-m", "flows.cli", "run")
 
+#: the commit a bundle (``cluster_bundle.sh``, no git) was built from
+BUNDLED_COMMIT = ROOT / "COMMIT"
+
 #: the internal topic's partitions, as ``tsi topics create`` gives a new one
 INTERNAL_PARTITIONS = internal_partitions(None, DEFAULT_SHARDS)
 
@@ -237,6 +240,8 @@ def measure(args: argparse.Namespace, sizes: tuple[int, ...]) -> dict[str, Any]:
     }
     with bench_session() as (bk, workdir, registry_path, counter):
         results["machine"] = machine_info(bk)
+        if not results["machine"]["git_commit"] and BUNDLED_COMMIT.exists():  # a bundle
+            results["machine"]["git_commit"] = BUNDLED_COMMIT.read_text().strip()
         runs = []
         for k in range(args.rounds):
             inp = prepare(bk, args.requests, args.units, args.partitions)
@@ -278,7 +283,8 @@ def report(results: dict[str, Any]) -> str:
         f"topic of {results['internal_partitions']}, {how}; medians of "
         f"{results['rounds']} rounds; "
         f"{m['cpu_model']}, {m['usable_cpus']} cores, Python {m['python']}, Bytewax "
-        f"{m['bytewax']}, at {m['git_commit']}",
+        f"{m['bytewax']}, at {m['git_commit']}, load average "
+        f"{m['load_average_at_start'][0]:.1f} at the start",
         "",
         "| members | events/s | ratio to the reference | ratio to linear | recovery "
         "directories' peak, MiB |",
