@@ -54,6 +54,9 @@ cp "$root"/bench/bench_cluster.py "$root"/bench/bench_flow.py "$root"/bench/flow
   "$root"/bench/open_loop.py \
   "$out/src/bench/"
 cp -r "$root/deploy/kafka" "$out/src/deploy/"
+# the commit built from, for the figures (the bundle has no git); -dirty: changes not committed
+dirty=$(git -C "$root" status --porcelain flows tsi_core bench deploy pyproject.toml setup.py)
+echo "$(git -C "$root" rev-parse --short HEAD)${dirty:+-dirty}" >"$out/src/COMMIT"
 
 cat >"$out/run.sh" <<RUN
 #!/usr/bin/env bash
