@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 DEFAULT_PARTITIONS = 3
 DEFAULT_REPLICATION = 1
+#: A new topic's replication factor meaning "the broker's default.replication.factor"
+#: (KIP-464, brokers 2.4 and later).
+BROKER_DEFAULT = -1
 #: The changelog topic's settings (``tsi topics create``): compacted, and a record stays out
 #: of the cleaner this long, so the values an epoch never committed overwrote are still
 #: there when a restart repairs them (``flows.service.shards.changelog``): a process down
@@ -268,15 +271,23 @@ def ensure_changelog(
     brokers: Sequence[str], config: Mapping[str, Any], name: str, shards: int, timeout: float
 ) -> str | None:
     """The start-up check of the changelog topic (as Kafka Streams makes its own): a
-    missing one is created (``create_topics``: one partition a shard, ``CHANGELOG_CONFIG``)
+    missing one is created (``create_topics``: one partition a shard, ``CHANGELOG_CONFIG``,
+    the broker's ``default.replication.factor``, as Kafka Streams' ``replication.factor=-1``)
     and the line saying so returned; an existing one is checked (``TopicError`` saying
     what is wrong and how to fix it), and None returned."""
     admin = admin_client(brokers, config)
     [info] = describe_topics(
         admin, cluster_metadata(admin, brokers, timeout), [name], timeout
     ).values()
-    if info is None:
-        [line] = create_topics(brokers, config, [name], timeout=timeout, changelog=(name, shards))
+    if info is None:  # as many replicas as the broker gives a topic by default
+        [line] = create_topics(
+            brokers,
+            config,
+            [name],
+            replication_factor=BROKER_DEFAULT,
+            timeout=timeout,
+            changelog=(name, shards),
+        )
         return line
     problems = changelog_problems(admin, info, shards, timeout)
     if problems:
