@@ -13,11 +13,12 @@ from pathlib import Path
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from flows.service.connectors.kafka_admin import create_topics
 from flows.service.instances.instance import Instance
 from flows.service.instances.registry import Registry
 from flows.service.runtime.recovery import read_states
 from flows.service.wire.events import Origin, parse_feedback, parse_request
-from flows.service.wire.keys import shard_index
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_index
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 
 REGISTRY = """
@@ -32,11 +33,34 @@ UNITS = 40
 TSI = Path(sys.executable).parent / "tsi"
 
 
-def make_topics(bootstrap: str) -> dict[str, str]:
+def make_topics(bootstrap: str, internal_partitions: int = PARTITIONS) -> dict[str, str]:
     topics = {n: unique_topic(n) for n in ("requests", "feedback", "sel", "dlq", "internal")}
     for name, topic in topics.items():
-        create_topic(bootstrap, topic, 1 if name == "dlq" else PARTITIONS)
+        count = {"dlq": 1, "internal": internal_partitions}.get(name, PARTITIONS)
+        create_topic(bootstrap, topic, count)
     return topics
+
+
+def changelog_setup(
+    bootstrap: str,
+    tmp_path: Path,
+    shards: int = DEFAULT_SHARDS,
+    internal_partitions: int = PARTITIONS,
+) -> tuple[dict[str, str], str, Path]:
+    """(topics, a changelog topic of ``shards`` partitions, the registry file) of members
+    with a changelog."""
+    topics = make_topics(bootstrap, internal_partitions)
+    changelog = unique_topic("changelog")
+    create_topics([bootstrap], {}, [changelog], changelog=(changelog, shards))
+    registry = tmp_path / "registry.toml"
+    registry.write_text(REGISTRY)
+    return topics, changelog, registry
+
+
+def changelog_env(bootstrap, registry, topics, changelog, members, member) -> dict[str, str]:
+    """``member_env`` of member ``member`` of ``members``, mirroring to ``changelog``."""
+    env = member_env(bootstrap, registry, topics, members, member)
+    return {**env, "TSI_TOPIC_CHANGELOG": changelog}
 
 
 def key_of(unit: int) -> str:

@@ -9,16 +9,12 @@ and in the members' recovery directories."""
 import shutil
 import signal
 
-from flows.service.connectors.kafka_admin import create_topics
-from flows.service.wire.keys import DEFAULT_SHARDS
-from flows.testing.kafka_broker import unique_topic
 from tests.service.members_live import (
-    REGISTRY,
     Clients,
+    changelog_env,
+    changelog_setup,
     comparable,
     internal_oracle,
-    make_topics,
-    member_env,
     served,
     start_member,
     states_of,
@@ -26,21 +22,6 @@ from tests.service.members_live import (
     wait_until,
 )
 from tests.service.test_changelog_recovery import changelog_states
-
-
-def setup(bootstrap, tmp_path):
-    """(topics, the changelog topic, the registry file)."""
-    topics = make_topics(bootstrap)
-    changelog = unique_topic("changelog")
-    create_topics([bootstrap], {}, [changelog], changelog=(changelog, DEFAULT_SHARDS))
-    registry = tmp_path / "registry.toml"
-    registry.write_text(REGISTRY)
-    return topics, changelog, registry
-
-
-def env_of(bootstrap, registry, topics, changelog, members, member):
-    env = member_env(bootstrap, registry, topics, members, member)
-    return {**env, "TSI_TOPIC_CHANGELOG": changelog}
 
 
 def applied(dirs):
@@ -62,7 +43,7 @@ def assert_as_uninterrupted(bootstrap, topics, changelog, dirs, clients, request
 
 def test_members_rescale_by_restart_from_one_to_two_and_back(kafka_bootstrap, tmp_path):
     requests = 500
-    topics, changelog, registry = setup(kafka_bootstrap, tmp_path)
+    topics, changelog, registry = changelog_setup(kafka_bootstrap, tmp_path)
     first, second = tmp_path / "member-0", tmp_path / "member-1"
     clients = Clients(kafka_bootstrap, topics, requests, 0.03)
     threads = clients.start()
@@ -72,7 +53,8 @@ def test_members_rescale_by_restart_from_one_to_two_and_back(kafka_bootstrap, tm
             [(1, [first], 100), (2, [first, second], 300), (1, [first], requests)]
         ):
             envs = [
-                env_of(kafka_bootstrap, registry, topics, changelog, members, k) for k in (0, 1)
+                changelog_env(kafka_bootstrap, registry, topics, changelog, members, k)
+                for k in (0, 1)
             ]
             logs = [tmp_path / f"phase{phase}-{k}.log" for k in range(members)]
             procs = [(start_member(envs[k], dirs[k], logs[k]), logs[k]) for k in range(members)]
@@ -97,10 +79,10 @@ def test_members_rescale_by_restart_from_one_to_two_and_back(kafka_bootstrap, tm
 
 def test_a_member_that_loses_its_disk_under_load_loses_nothing(kafka_bootstrap, tmp_path):
     requests = 500
-    topics, changelog, registry = setup(kafka_bootstrap, tmp_path)
+    topics, changelog, registry = changelog_setup(kafka_bootstrap, tmp_path)
     dirs = [tmp_path / f"member-{k}" for k in range(2)]
     logs = [tmp_path / f"member-{k}.log" for k in range(2)]
-    envs = [env_of(kafka_bootstrap, registry, topics, changelog, 2, k) for k in range(2)]
+    envs = [changelog_env(kafka_bootstrap, registry, topics, changelog, 2, k) for k in range(2)]
     procs = [start_member(envs[k], dirs[k], logs[k]) for k in range(2)]
     clients = Clients(kafka_bootstrap, topics, requests, 0.03)
     threads = clients.start()

@@ -8,20 +8,18 @@ partitions as shards). Each is compared with the oracle of the internal topic
 import signal
 import time
 
-from flows.service.connectors.kafka_admin import create_topics
 from flows.service.instances.resting import state_of
 from flows.service.runtime.recovery import committed_entries, read_states
 from flows.service.wire.keys import shard_index, shard_of
-from flows.testing.kafka_broker import create_topic, unique_topic
 from flows.tools.member_state import member_dir
 from flows.tools.state import export_state, import_state, read_state_file
 from tests.service.members_live import (
     PARTITIONS,
-    REGISTRY,
     Clients,
+    changelog_env,
+    changelog_setup,
     comparable,
     internal_oracle,
-    member_env,
     served,
     start_member,
     stop_member,
@@ -31,24 +29,6 @@ from tests.service.test_changelog_recovery import changelog_states
 
 #: The shard count of these tests' flows: their changelog topic's partitions decide it.
 SHARDS = 32
-
-
-def setup(bootstrap, tmp_path, internal_partitions=PARTITIONS):
-    """(topics, the changelog topic, the registry file)."""
-    topics = {n: unique_topic(n) for n in ("requests", "feedback", "sel", "dlq", "internal")}
-    for name, topic in topics.items():
-        count = {"dlq": 1, "internal": internal_partitions}.get(name, PARTITIONS)
-        create_topic(bootstrap, topic, count)
-    changelog = unique_topic("changelog")
-    create_topics([bootstrap], {}, [changelog], changelog=(changelog, SHARDS))
-    registry = tmp_path / "registry.toml"
-    registry.write_text(REGISTRY)
-    return topics, changelog, registry
-
-
-def env_of(bootstrap, registry, topics, changelog, members, member):
-    env = member_env(bootstrap, registry, topics, members, member)
-    return {**env, "TSI_TOPIC_CHANGELOG": changelog}
 
 
 def held_states(dirs):
@@ -102,7 +82,9 @@ def serve(bootstrap, tmp_path, topics, changelog, registry, clients, phases):
     procs = []
     try:
         for phase, (members, dirs, until) in enumerate(phases):
-            envs = [env_of(bootstrap, registry, topics, changelog, members, k) for k in (0, 1)]
+            envs = [
+                changelog_env(bootstrap, registry, topics, changelog, members, k) for k in (0, 1)
+            ]
             logs = [tmp_path / f"phase{phase}-{k}.log" for k in range(members)]
             procs = [(start_member(envs[k], dirs[k], logs[k]), logs[k]) for k in range(members)]
             wait_until(lambda n=until: clients.answered() >= n, 180, procs)
@@ -118,7 +100,7 @@ def serve(bootstrap, tmp_path, topics, changelog, registry, clients, phases):
 
 def test_export_of_two_members_and_after_a_rescale_equals_the_oracle(kafka_bootstrap, tmp_path):
     requests = 300
-    topics, changelog, registry = setup(kafka_bootstrap, tmp_path)
+    topics, changelog, registry = changelog_setup(kafka_bootstrap, tmp_path, SHARDS)
     first, second = tmp_path / "member-0", tmp_path / "member-1"
     clients = Clients(kafka_bootstrap, topics, requests, 0.02)
     threads = clients.start()
@@ -148,11 +130,11 @@ def test_export_of_two_members_and_after_a_rescale_equals_the_oracle(kafka_boots
 
 def test_a_member_killed_while_it_takes_its_shards_over_loses_nothing(kafka_bootstrap, tmp_path):
     requests = 400
-    topics, changelog, registry = setup(kafka_bootstrap, tmp_path)
+    topics, changelog, registry = changelog_setup(kafka_bootstrap, tmp_path, SHARDS)
     dirs = [tmp_path / "member-0", tmp_path / "member-1"]
     clients = Clients(kafka_bootstrap, topics, requests, 0.03)
     threads = clients.start()
-    envs = [env_of(kafka_bootstrap, registry, topics, changelog, 2, k) for k in (0, 1)]
+    envs = [changelog_env(kafka_bootstrap, registry, topics, changelog, 2, k) for k in (0, 1)]
     procs = []
     try:
         serve(kafka_bootstrap, tmp_path, topics, changelog, registry, clients, [(1, dirs[:1], 120)])
@@ -183,7 +165,9 @@ def test_a_member_killed_while_it_takes_its_shards_over_loses_nothing(kafka_boot
 
 def test_an_internal_topic_with_a_partition_per_shard_serves_two_members(kafka_bootstrap, tmp_path):
     requests = 300
-    topics, changelog, registry = setup(kafka_bootstrap, tmp_path, internal_partitions=SHARDS)
+    topics, changelog, registry = changelog_setup(
+        kafka_bootstrap, tmp_path, SHARDS, internal_partitions=SHARDS
+    )
     dirs = [tmp_path / "member-0", tmp_path / "member-1"]
     clients = Clients(kafka_bootstrap, topics, requests, 0.01)
     threads = clients.start()
