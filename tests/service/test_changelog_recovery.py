@@ -73,7 +73,7 @@ def changelog_states(bootstrap, topic):
     return states
 
 
-def test_a_deleted_recovery_directory_loses_nothing(kafka_bootstrap, tmp_path):
+def test_a_deleted_recovery_directory_loses_nothing_whatever_the_workers(kafka_bootstrap, tmp_path):
     rng = random.Random(43)
     events_topic, sel_topic, dlq_topic = (unique_topic(n) for n in ("ev", "sel", "dlq"))
     changelog = unique_topic("changelog")
@@ -110,7 +110,8 @@ def test_a_deleted_recovery_directory_loses_nothing(kafka_bootstrap, tmp_path):
     ends, deleted, forgotten = [], 0, 0
     try:
         while producer.is_alive() or len(ends) < 4:
-            proc = start_service(env, recovery)
+            workers = str(1 + len(ends) % 2)  # each restart with another number of workers
+            proc = start_service(env, recovery, "-w", workers)
             time.sleep(rng.uniform(2.0, 4.0))
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             how = signal.SIGKILL if len(ends) % 2 else signal.SIGTERM  # stopped, or killed
@@ -128,7 +129,7 @@ def test_a_deleted_recovery_directory_loses_nothing(kafka_bootstrap, tmp_path):
     want = {k: comparable(v) for k, v in expected.items()}
     forgotten = forget_consumed(kafka_bootstrap, events_topic)
     fresh_directory(recovery)  # the last run too starts from the changelog alone
-    proc = start_service(env, recovery)
+    proc = start_service(env, recovery, "-w", "2" if workers == "1" else "1")  # another
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
