@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from flows.service.connectors.kafka_admin import TopicError, create_topics, ensure_changelog
+from flows.service.connectors.kafka_admin import (
+    BROKER_DEFAULT,
+    TopicError,
+    create_topics,
+    ensure_changelog,
+)
 from flows.service.connectors.kafka_changelog import KafkaChangelog
 from flows.service.shards.changelog import MARKER_KEY, Marker, encode, replay
 from flows.testing.kafka_broker import create_topic, unique_topic
@@ -49,6 +54,12 @@ def test_the_start_up_check_creates_a_missing_changelog(kafka_bootstrap):
     assert topic_config(kafka_bootstrap, absent, "cleanup.policy") == "compact"
     assert int(topic_config(kafka_bootstrap, absent, "min.compaction.lag.ms")) > 0
     assert ensure_changelog([kafka_bootstrap], {}, absent, 4, 30.0) is None
+    # a member that found it missing while another created it: the broker's replication
+    # is what it asked for, not a contradiction
+    again = create_topics(
+        [kafka_bootstrap], {}, [absent], replication_factor=BROKER_DEFAULT, changelog=(absent, 4)
+    )
+    assert again == [made.replace("created", "exists", 1)]
 
 
 def test_a_mirror_writes_its_shards_partition_and_reads_back_to_the_high_watermark(

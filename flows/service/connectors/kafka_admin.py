@@ -309,11 +309,13 @@ def check_topic_name(name: str) -> None:
 def differences(
     info: TopicInfo, partitions: int | None, replication: int | None, max_bytes: int | None
 ) -> list[str]:
-    """How an existing topic differs from the settings asked for (None: not asked)."""
+    """How an existing topic differs from the settings asked for (None: not asked;
+    ``BROKER_DEFAULT`` replication: whatever the broker gave it)."""
     out = []
     if partitions is not None and info.partitions != partitions:
         out.append(f"{info.name} exists with {info.partitions} partitions, not {partitions}")
-    if replication is not None and info.replication_factor != replication:
+    asked = replication not in (None, BROKER_DEFAULT)
+    if asked and info.replication_factor != replication:
         out.append(
             f"{info.name} exists with replication {info.replication_factor}, not {replication}"
         )
