@@ -97,10 +97,7 @@ def topics_create(
         )
         consumer, _ = client_config(config)
         count = _shards(brokers, consumer, topics, shards, timeout)
-        try:
-            internal = internal_partitions_of(internal_partitions, count)
-        except ValueError as exc:
-            raise ConfigError(f"--internal-partitions {exc}") from None
+        internal = _internal_partitions(internal_partitions, count)
         lines = create_topics(
             brokers,
             consumer,
@@ -167,6 +164,15 @@ def _shards(
         info = topic_infos(brokers, consumer, [topics.changelog], timeout)[topics.changelog]
         existing = None if info is None else info.partitions
     return flow_shards(requested, None, existing)
+
+
+def _internal_partitions(given: str | None, shards: int) -> int:
+    """The internal topic's partitions ``tsi topics create`` makes it with
+    (``shard_count.internal_partitions``); ``ConfigError`` naming a bad one."""
+    try:
+        return internal_partitions_of(given, shards)
+    except ValueError as exc:
+        raise ConfigError(f"--internal-partitions {exc}") from None
 
 
 def _service(env: Mapping[str, str]) -> tuple[list[str], Path | None, Topics]:
