@@ -276,3 +276,22 @@ def test_a_shard_another_member_holds_lies_dormant_and_is_rebuilt_when_held_agai
     assert changelog.logs == written and changelog.sent == {}
     back = build(tmp_path / "here", changelog, mine)
     assert held(back) == held(there) and back.handle([]) == []
+
+
+def test_a_request_read_again_is_dropped_where_feedback_waits_under_its_id(tmp_path):
+    """Rebuilt from the changelog, a shard reads its input again from the start: a request
+    whose instance holds only early feedback for the same request id (a second feedback,
+    after the first took the ticket) is applied already and dropped, not served again."""
+    ops = [("request", 0, 0.0)] * 2 + [("request", 1, 0.0), ("feedback", 1, 0.0)]
+    events = events_of(ops + [("request", 0, 0.0)] * 5 + [("feedback", 1, 0.0)])
+    oracle = build(None, None)
+    feed(oracle, events)
+    changelog = MemoryChangelog()
+    first = build(tmp_path / "first", changelog)
+    run(first, events, {len(events) - 1}, set())
+    changelog.deliver()
+    rebuilt = build(tmp_path / "lost", changelog)
+    assert rebuilt.store.guard  # it drops what it holds
+    again = feed(rebuilt, events)
+    assert states(rebuilt) == states(oracle)
+    assert again.items() <= first.answers.items()  # answered again, if at all, the same

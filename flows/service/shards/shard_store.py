@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.service.instances.instance import Instance, Output
+from flows.service.instances.instance import Early, Instance, Output
 from flows.service.instances.registry import Experiment, LiveRegistry
 from flows.service.instances.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.observe.metrics import observe_expired, observe_restored
@@ -306,7 +306,8 @@ class ShardStore:
             except Exception:  # kept as it was (``_built``); the request is applied already
                 return False
             self.changed(key)  # live now: settled and woken as any other
-        return instance.get(event.request_id) is not None
+        held = instance.get(event.request_id)  # an answer; not feedback waiting for it
+        return held is not None and not isinstance(held, Early)
 
     # What the compiled loop (``flows.service.shards._event_loop``) uses of a shard: ``instances``,
     # ``touched``, ``deadlines``, ``context`` and the three methods below.
