@@ -25,9 +25,11 @@ from flows.cli.options import with_options
 from flows.service.instances.registry import Registry, RegistryError
 from flows.service.runtime.settings import (
     CLIENT_OPTIONS,
+    GROUP_OPTION,
     TOPIC_OPTIONS,
     ConfigError,
     consumer_from_env,
+    topics_from_env,
 )
 from flows.service.wire.events import Feedback
 
@@ -36,9 +38,11 @@ if TYPE_CHECKING:
     from flows.tools.replay_input import TopicLog
 
 #: The service's settings a replay from Kafka reads, declared once with ``tsi run``'s: the
-#: brokers, the client settings, and which topic is which in the service's setup.
+#: brokers, the client settings, and which topic is which in the service's setup (the
+#: internal topic's default is named from the group id).
 REPLAY_OPTIONS = (
     *CLIENT_OPTIONS,
+    GROUP_OPTION,
     *(TOPIC_OPTIONS[k] for k in ("requests", "feedback", "internal")),
 )
 
@@ -121,8 +125,8 @@ def _topic_source(
     from flows.tools.replay_input import ReplayError, TopicLog
 
     try:
-        names = (TOPIC_OPTIONS[k].read(env) for k in ("requests", "feedback", "internal"))
-        log = TopicLog(tuple(topic), *names)
+        named = topics_from_env(env)
+        log = TopicLog(tuple(topic), named.requests, named.feedback, named.internal)
         brokers, consumer = consumer_from_env(env)
     except (ConfigError, ReplayError) as exc:
         fail("replay", str(exc))

@@ -14,6 +14,7 @@ from flows.service.runtime.process import run as run_flow
 from flows.service.runtime.settings import ConfigError, Settings, options
 from flows.service.runtime.startup import ServiceLog, StartupError, describe_start, prepare
 from flows.service.runtime.stopping import Stop
+from flows.service.shards.changelog import ForeignChangelogError
 
 RESTART = 3  # the exit status asking a supervisor to start the service again
 
@@ -43,19 +44,21 @@ def serve(settings: Settings) -> None:
         if settings.recovery_dir is not None:  # one writer per directory and process id
             hold_directory(settings.recovery_dir, settings.process_id or 0)
         service = prepare(settings)
-    except (ConfigError, StartupError) as exc:
+        service_log.say(describe_start(settings, service_log.path))
+        flow = service.flow(
+            tail=not settings.stop_at_end,
+            recovery=settings.recovery_dir or False,
+            fresh=settings.fresh,
+            process=settings.process_id or 0,
+            rebuild=settings.rebuild,
+            cluster=settings.addresses is not None,
+        )
+    except (ConfigError, StartupError, ForeignChangelogError) as exc:
         service_log.say(f"tsi run: {exc}")
         raise typer.Exit(2) from None
-    service_log.say(describe_start(settings, service_log.path))
     try:
         run_flow(
-            service.flow(
-                tail=not settings.stop_at_end,
-                recovery=settings.recovery_dir or False,
-                fresh=settings.fresh,
-                process=settings.process_id or 0,
-                rebuild=settings.rebuild,
-            ),
+            flow,
             settings.workers,
             settings.process_id,
             settings.addresses,

@@ -49,7 +49,7 @@ def _read_topics(topics: Topics) -> list[str]:
 
 
 @topics_app.command("create")
-@with_options(*SERVICE_OPTIONS, option("no_changelog"))
+@with_options(*SERVICE_OPTIONS, option("group_id"), option("no_changelog"))
 def topics_create(
     env: Mapping[str, str],
     partitions: int | None = typer.Option(

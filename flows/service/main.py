@@ -16,6 +16,7 @@ from flows.service.runtime.dir_lock import hold_directory
 from flows.service.runtime.process import Service, start_process
 from flows.service.runtime.recovery import stored_shards
 from flows.service.runtime.settings import ConfigError, Settings
+from flows.service.shards.changelog import ForeignChangelogError
 
 
 def _recovery_dir() -> str | bool:
@@ -77,8 +78,13 @@ def __getattr__(name: str) -> Any:
             raise SystemExit("tsi: members (TSI_MEMBERS > 1) are started with `tsi run`")
         recovery, process = _recovery_dir(), _process_id()
         service = Service.from_settings(settings, shards=_shards(settings, recovery))
-        flow = service.flow(tail=not settings.stop_at_end, recovery=recovery, process=process)
         try:
+            flow = service.flow(
+                tail=not settings.stop_at_end,
+                recovery=recovery,
+                process=process,
+                cluster=settings.addresses is not None or "BYTEWAX_ADDRESSES" in os.environ,
+            )
             if recovery:
                 hold_directory(recovery, process)  # one writer per directory and process
             start_process(
@@ -88,7 +94,7 @@ def __getattr__(name: str) -> Any:
                 settings.malloc_trim,
                 metrics_host=settings.metrics_host,
             )
-        except (MetricsPortError, ConfigError) as exc:
+        except (MetricsPortError, ConfigError, ForeignChangelogError) as exc:
             raise SystemExit(f"tsi: {exc}") from None
         return flow
     raise AttributeError(name)

@@ -4,8 +4,10 @@
 logs to: one idempotent producer per process (each shard's records go to its own
 partition, explicitly, in order), and a shard's mirror waits, at its epoch's close, for
 the acknowledgement of every record it sent (``acknowledged``: the marker's offset).
-Reading a shard's partition back assigns a consumer to it and reads up to the high
-watermark. Client settings (SASL, TLS, ...) pass through the two config dicts.
+Reading back assigns one consumer to the partitions of the shards read (all of a
+process's, at its start: ``prefetch``) and reads each to its end; a read the broker does
+not answer is asked again, never taken as an empty shard. Client settings (SASL, TLS,
+...) pass through the two config dicts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 60.0
 #: Seconds between two log lines while an epoch's close waits for the broker.
 _WAIT_LOG_S = 10.0
+#: The longest wait between two tries of a changelog read.
+_MAX_BACKOFF_S = 5.0
 
 
 class KafkaChangelog:
@@ -47,14 +52,18 @@ class KafkaChangelog:
         producer_config: dict[str, Any] | None = None,
         consumer_config: dict[str, Any] | None = None,
         read_timeout: float = READ_TIMEOUT_S,
+        application: str = "tsi",
     ) -> None:
         self.brokers = names_of("brokers", brokers)
         self.topic = topic
+        self.name = topic
+        self.application = application
         self._producer_config = dict(producer_config or {})
         self._consumer_config = dict(consumer_config or {})
         self._read_timeout = read_timeout
         self._producer: Producer | None = None
         self._lock = threading.Lock()
+        self._ahead: dict[tuple[int, int], list[Record]] = {}  # prefetched, by (p, after)
 
     def producer(self) -> Producer:
         """The process's one producer, built on first use (Bytewax's workers share it)."""
@@ -77,72 +86,110 @@ class KafkaChangelog:
         return KafkaMirror(self, shard_index(shard))
 
     def read(self, shard: str, after: int = -1) -> list[Record]:
-        """The records of ``shard``'s partition at offsets above ``after``, up to its
-        high watermark; ``ChangelogError`` when they cannot be read in time."""
+        """The records of ``shard``'s partition at offsets above ``after``, up to its end
+        (what ``prefetch`` read, if it read that); read again while the broker is slow or
+        away, never given up as empty; ``ChangelogError`` for a record that cannot be read.
+        """
         partition = shard_index(shard)
-        config = {
-            "bootstrap.servers": ",".join(self.brokers),
-            **self._consumer_config,
-            "group.id": f"tsi-changelog-reader-{uuid.uuid4().hex}",  # assigned, never committed
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "fetch.wait.max.ms": 10,  # the partition's last fetch is not waited on
-        }
-        consumer = Consumer(config)
+        ahead = self._ahead.pop((partition, after), None)
+        if ahead is not None:
+            return ahead
+        return self._retried({partition: after})[partition]
+
+    def prefetch(self, afters: Mapping[str, int]) -> dict[str, list[Record]]:
+        """Read the partitions of the shards ``afters`` names (each above its offset) in
+        one pass, by one consumer: a start restores every shard it owns at once, and each
+        shard's ``read`` of that offset then answers from it. The records, by shard."""
+        wanted = {shard_index(shard): after for shard, after in afters.items()}
+        if not wanted:
+            return {}
+        found = self._retried(wanted)
+        self._ahead.update(((p, wanted[p]), records) for p, records in found.items())
+        return {shard: found[shard_index(shard)] for shard in afters}
+
+    def _retried(self, wanted: dict[int, int]) -> dict[int, list[Record]]:
+        """``_read_all``, asked again with back-off while the broker is slow or away."""
+        delay, next_log, started = 0.1, time.monotonic(), time.monotonic()
+        while True:
+            try:
+                return self._read_all(wanted)
+            except (ChangelogTimeoutError, KafkaException) as exc:
+                if isinstance(exc, KafkaException) and not _transient(exc):
+                    raise ChangelogError(f"{self.topic}: {exc}") from None
+                if time.monotonic() >= next_log:
+                    next_log = time.monotonic() + _WAIT_LOG_S
+                    log.warning(
+                        "changelog %s not read after %.0f s (%s): asking again",
+                        self.topic,
+                        time.monotonic() - started,
+                        exc,
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, _MAX_BACKOFF_S)
+
+    def _read_all(self, wanted: dict[int, int]) -> dict[int, list[Record]]:
+        """Each partition of ``wanted`` read above its offset to its end (the end of
+        partition events of one consumer); ``ChangelogTimeoutError`` when no record
+        arrives for ``read_timeout`` seconds."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": ",".join(self.brokers),
+                **self._consumer_config,
+                "group.id": f"tsi-changelog-reader-{uuid.uuid4().hex}",  # assigned only
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,  # each partition says when it is read
+                "auto.offset.reset": "earliest",  # a compacted start: the oldest there
+                "fetch.wait.max.ms": 10,
+            }
+        )
         try:
-            return self._read(consumer, partition, after)
-        except KafkaException as exc:
-            raise ChangelogError(f"{self.topic}[{partition}]: {exc}") from None
+            out: dict[int, list[Record]] = {p: [] for p in wanted}
+            consumer.assign(
+                [TopicPartition(self.topic, p, max(a + 1, 0)) for p, a in wanted.items()]
+            )
+            self._take(consumer, wanted, out)
+            return out
         finally:
             consumer.close()
 
-    def _read(self, consumer: Consumer, partition: int, after: int) -> list[Record]:
-        started = time.monotonic()
-        low, high = self._watermarks(consumer, partition, started)
-        start = max(low, after + 1)
-        if high <= start:
-            return []
-        where = TopicPartition(self.topic, partition, start)
-        consumer.assign([where])
-        out: list[Record] = []
-        while True:
-            if time.monotonic() - started > self._read_timeout:
-                raise ChangelogError(
-                    f"{self.topic}[{partition}]: not read to offset {high} in "
-                    f"{self._read_timeout:g} s"
-                )
+    def _take(
+        self, consumer: Consumer, wanted: dict[int, int], out: dict[int, list[Record]]
+    ) -> None:
+        """Consume into ``out`` until every partition of ``wanted`` reached its end."""
+        left, quiet_since = set(wanted), time.monotonic()
+        while left:
             messages = consumer.consume(1000, 0.05)
+            if messages:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > self._read_timeout:
+                raise ChangelogTimeoutError(
+                    f"{self.topic}: {len(left)} partitions not read to their end, nothing "
+                    f"came for {self._read_timeout:g} s"
+                )
             for message in messages:
-                error = message.error()
+                error, partition = message.error(), message.partition()
                 if error is not None:
-                    if error.code() == ConfluentKafkaError._PARTITION_EOF or error.retriable():
-                        continue  # the end, or the client fetches again
-                    raise ChangelogError(f"{self.topic}[{partition}]: {error}")
-                offset = message.offset()
-                if after < offset < high:
+                    if error.code() == ConfluentKafkaError._PARTITION_EOF:
+                        left.discard(partition)
+                    elif not error.retriable():
+                        raise ChangelogError(f"{self.topic}[{partition}]: {error}")
+                    continue
+                if message.offset() > wanted[partition]:
                     key = message.key()
-                    out.append((offset, key.decode() if key is not None else "", message.value()))
-            # the last offsets may be gone (a tombstone cleaned): the position says
-            if consumer.position([where])[0].offset >= high:
-                return out
+                    record = (message.offset(), key.decode() if key is not None else "")
+                    out[partition].append((*record, message.value()))
 
-    def _watermarks(self, consumer: Consumer, partition: int, started: float) -> tuple[int, int]:
-        """The partition's low and high watermarks, asked again while its leader moves
-        (a new topic, a broker restarting) within the read's time."""
-        while True:
-            left = self._read_timeout - (time.monotonic() - started)
-            try:
-                return consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, partition), timeout=max(left, 0.1)
-                )
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                retriable = isinstance(error, ConfluentKafkaError) and (
-                    error.retriable() or error.code() in _LEADER_MOVING
-                )
-                if not retriable or left <= 0:
-                    raise
-                time.sleep(0.2)
+
+class ChangelogTimeoutError(ChangelogError):
+    """A changelog read that made no progress in time: the broker is slow or away."""
+
+
+def _transient(exc: KafkaException) -> bool:
+    """Whether a client error goes away by itself (a leader moving, a broker restarting)."""
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, ConfluentKafkaError) and (
+        error.retriable() or error.code() in _LEADER_MOVING or error.code() in _LOCAL_WAITS
+    )
 
 
 class KafkaMirror:
@@ -215,4 +262,9 @@ _LEADER_MOVING = (
     ConfluentKafkaError.NOT_LEADER_FOR_PARTITION,
     ConfluentKafkaError.LEADER_NOT_AVAILABLE,
     ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+_LOCAL_WAITS = (
+    ConfluentKafkaError._TIMED_OUT,
+    ConfluentKafkaError._TRANSPORT,
+    ConfluentKafkaError._ALL_BROKERS_DOWN,
 )

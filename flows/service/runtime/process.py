@@ -36,6 +36,7 @@ from flows.service.runtime.recovery import (
     shard_store,
     store_offsets,
 )
+from flows.service.runtime.restore import restore
 from flows.service.runtime.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
 from flows.service.runtime.shard_count import flow_shards
 from flows.service.runtime.stopping import Stop, on_signals
@@ -76,6 +77,7 @@ class Service:
         fresh: bool = False,
         process: int = 0,
         rebuild: bool = False,
+        cluster: bool = False,
     ) -> Dataflow:
         """The Kafka dataflow. ``recovery``: the recovery directory (the shards keep their
         logs in it), True for snapshots of whole shards, or False: no snapshots, and the
@@ -83,7 +85,10 @@ class Service:
         store reads the topics from their start, or with ``fresh`` (an accepted reset) from
         the consumer group's committed offsets, or (an empty store while the changelog
         holds the shards, ``_seeds``) from them too, but with ``rebuild`` (``--rebuild``).
-        ``process``: this process's index in its cluster."""
+        ``process``: this process's index in its cluster (``cluster``: one of several
+        processes of one Bytewax cluster, which place shards themselves: each shard reads
+        its changelog at its start; otherwise every shard this process owns is restored
+        at once, here: ``runtime.restore``)."""
         Stop.reset()
         consumer = dict(self.consumer_config)
         start = OFFSET_STORED if fresh or not recovery else OFFSET_BEGINNING
@@ -112,8 +117,15 @@ class Service:
         if store is not None and self.topics.changelog is not None:
             FINAL_COMMITS.defer = True  # the group's commits say where a lost store resumes
             changelog = KafkaChangelog(
-                self.brokers, self.topics.changelog, self.producer_config, self.consumer_config
+                self.brokers,
+                self.topics.changelog,
+                self.producer_config,
+                self.consumer_config,
+                application=self.group_id or DEFAULT_GROUP,
             )
+            if not cluster:
+                holds = None if self.members.count == 1 else self._holds
+                restore(changelog, Path(recovery), self.shards, holds)
         return build_flow(
             self.registry,
             wiring,

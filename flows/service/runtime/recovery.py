@@ -136,6 +136,20 @@ def _committed_here(directory: str | Path) -> list[Path]:
     return [path for path, _, _, epoch in _partitions(Path(directory)) if epoch is not None]
 
 
+def committed_shard_states(recovery_dir: str | Path, step: str) -> dict[str, dict[str, Any]]:
+    """{shard: its Bytewax state at the committed epoch of ``recovery_dir``'s partitions}
+    of the stateful step ``step``; none for a directory without (readable) partitions.
+
+    >>> import tempfile; committed_shard_states(tempfile.mkdtemp(), "tsi.shards")
+    {}
+    """
+    try:
+        steps = _committed_steps(_committed_here(recovery_dir), step)
+        return {key: state for _, key, state in steps if state}
+    except (FileNotFoundError, sqlite3.DatabaseError):
+        return {}
+
+
 def shard_store(recovery_dir: str | Path) -> Path:
     """Where the shards of a recovery directory keep their logs."""
     return Path(recovery_dir) / SHARD_STORE

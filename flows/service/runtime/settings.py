@@ -17,6 +17,7 @@ from typing import Any
 
 from flows.service.connectors.files import outputs_to
 from flows.service.connectors.kafka import Topics
+from flows.service.connectors.kafka_admin import TOPIC_NAME
 from flows.service.connectors.kafka_config import KafkaSettingsError, load_client_settings
 from flows.service.dataflow import Guards, Outputs, parse_skips
 from flows.service.observe.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
@@ -42,7 +43,22 @@ from flows.service.wire.keys import DEFAULT_SHARDS
 
 DEFAULT_BROKERS = "127.0.0.1:9092"
 DEFAULT_GROUP = "tsi"
+#: In a topic's default name, the application id (``application_id``): the topics a
+#: deployment owns are named from it, as Kafka Streams names ``<application.id>-...``.
+APP = "{app}"
 KEPT_EPOCHS = MIN_EPOCHS - 2  # a commit may lag this many snapshots behind the newest
+
+#: The consumer group id, which is also the application id (``application_id``).
+GROUP_OPTION = Option(
+    "TSI_GROUP_ID",
+    "--group-id",
+    "Consumer group the offsets of finished epochs are committed to (lag for standard "
+    "tools; recovery uses the recovery directory); '' for none. It is the application's "
+    "identity: the topics the service owns are named from it (`tsi` when none).",
+    optional(name),
+    DEFAULT_GROUP,
+    empty=True,
+)
 
 #: The topic options, one bundle: ``tsi run``, ``tsi topics create`` and ``check`` take it.
 TOPIC_OPTIONS: dict[str, Option] = {
@@ -71,7 +87,8 @@ TOPIC_OPTIONS: dict[str, Option] = {
         "serves from, so a restart sees every instance's events in the same order ('' to "
         "serve straight from the two, without that guarantee).",
         optional(name),
-        str(Topics.internal),
+        f"{APP}.events.internal",
+        shown=f"`{APP}.events.internal`, {APP} the application id (the group id)",
         empty=True,
     ),
     "changelog": Option(
@@ -83,14 +100,43 @@ TOPIC_OPTIONS: dict[str, Option] = {
         "damaged. None with --no-changelog or --no-recovery, nor in replays and demos "
         "(files, memory).",
         optional(name),
-        "tsi.changelog",
+        f"{APP}.changelog",
+        shown=f"`{APP}.changelog`, {APP} the application id (the group id)",
     ),
 }
 
 
+def application_id(env: Mapping[str, str]) -> str:
+    """The application a service is: its consumer group id (``DEFAULT_GROUP`` when none is
+    given, or '' for none). Its own topics are named from it and its changelog's markers
+    carry it, so two services with their own groups never share state.
+
+    >>> [application_id(env) for env in ({}, {"TSI_GROUP_ID": "shop"}, {"TSI_GROUP_ID": ""})]
+    ['tsi', 'shop', 'tsi']
+    """
+    return GROUP_OPTION.read(env) or DEFAULT_GROUP
+
+
 def topics_from_env(env: Mapping[str, str]) -> Topics:
-    """The topics the ``TSI_TOPIC_*`` variables (or their flags) name."""
-    return Topics(**{key: option.read(env) for key, option in TOPIC_OPTIONS.items()})
+    """The topics the ``TSI_TOPIC_*`` variables (or their flags) name; a default name's
+    ``{app}`` is the application id.
+
+    >>> topics = topics_from_env({"TSI_GROUP_ID": "shop"})
+    >>> topics.changelog, topics.internal, topics.requests
+    ('shop.changelog', 'shop.events.internal', 'tsi.requests')
+    """
+    app = application_id(env)
+    named = dict(env)
+    for option in TOPIC_OPTIONS.values():
+        chosen = option.given(env) or (option.empty and option.var in env)
+        if option.default and APP in option.default and not chosen:
+            named[option.var] = option.default.replace(APP, app)
+            if not TOPIC_NAME.fullmatch(named[option.var]):
+                raise ConfigError(
+                    f"{GROUP_OPTION.names} {app!r} cannot name the topic {named[option.var]!r} "
+                    f"(ASCII letters, digits, '.', '_' and '-'): give {option.names}"
+                )
+    return Topics(**{key: option.read(named) for key, option in TOPIC_OPTIONS.items()})
 
 
 def setting(
@@ -98,8 +144,13 @@ def setting(
 ) -> Any:
     """A field of ``Settings`` declared with its ``Option`` (its default: the default text
     read; none with ``default=None``: the setting is required)."""
-    option = Option(var, flag, help, parse, default, **more)
-    if default is None:
+    return declared(Option(var, flag, help, parse, default, **more))
+
+
+def declared(option: Option) -> Any:
+    """A field of ``Settings`` read by ``option`` (declared elsewhere: the group id, which
+    the topics' names read too)."""
+    if option.default is None:
         return field(metadata={"option": option})
     return field(default_factory=lambda: option.read({}), metadata={"option": option})
 
@@ -279,15 +330,7 @@ class Settings:
         optional(seconds(1.0)),
         shown="60, or 3 snapshot intervals if longer",
     )
-    group_id: str | None = setting(
-        "TSI_GROUP_ID",
-        "--group-id",
-        "Consumer group the offsets of finished epochs are committed to (lag for standard "
-        "tools; recovery uses the recovery directory); '' for none.",
-        optional(name),
-        DEFAULT_GROUP,
-        empty=True,
-    )
+    group_id: str | None = declared(GROUP_OPTION)
     skip_offsets: frozenset[tuple[str, int, int]] = setting(
         "TSI_SKIP_OFFSETS",
         "--skip-offset",
@@ -383,6 +426,11 @@ class Settings:
                 "--members with --stop-at-end: a bounded run reads the inputs directly, "
                 "without the internal topic the members share"
             )
+
+    @property
+    def application(self) -> str:
+        """The application id (``application_id``): the group id, else ``DEFAULT_GROUP``."""
+        return self.group_id or DEFAULT_GROUP
 
     @property
     def membership(self) -> Members:

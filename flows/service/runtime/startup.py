@@ -26,6 +26,7 @@ from flows.service.connectors.kafka_admin import (
     TopicError,
     ensure_changelog,
     group_offsets,
+    holds_records,
     service_topics,
     topic_infos,
 )
@@ -62,6 +63,12 @@ log = logging.getLogger("tsi")
 DEFAULT_LOG_FILE = Path("tsi-run.log")
 
 
+#: The names of the internal and changelog topics of every service before they were named
+#: from the application id: a service of the default group keeps them.
+LEGACY_INTERNAL = "tsi.events.internal"
+LEGACY_CHANGELOG = "tsi.changelog"
+
+
 class StartupError(Exception):
     """Something the service needs is missing or wrong: one line saying what."""
 
@@ -83,6 +90,7 @@ def prepare(options: Settings) -> Service:
             options.brokers, consumer, inputs, outputs, options.connect_timeout
         )
         internal_partitions = check_members(options, consumer)
+        check_internal_topic_kept(options, consumer)
         if parts is not None and options.group_id is not None:
             check_no_silent_reset(options, consumer, inputs, parts)
         if options.recovery_dir is not None:
@@ -222,7 +230,8 @@ def check_no_silent_reset(
     imported = input_offsets(seeded_inputs(options.recovery_dir))
     stored = store_offsets(options.recovery_dir) if parts else None  # None: no commit yet
     if stored is None and not imported:
-        if options.topics.changelog is not None:
+        changelog = options.topics.changelog
+        if changelog is not None and _holds(options, consumer, changelog):
             log.warning(
                 "recovery directory %s is empty and consumer group %r was at %s: each shard "
                 "is rebuilt from changelog %s, and the inputs resume at the group's offsets "
@@ -241,11 +250,14 @@ def check_no_silent_reset(
         if options.fresh:
             log.warning("starting afresh (--fresh): consumer group %r was at %s", group, where)
             return
+        empty = "" if changelog is None else f" and changelog {changelog} holds nothing"
         raise StartupError(
-            f"recovery directory {options.recovery_dir} is empty but consumer group {group!r} "
-            f"has committed progress ({where}): restore the directory from its backup, "
-            "rebuild the state from what the topics still hold with --rebuild, or accept a "
-            "reset with --fresh (state starts empty, the input resumes from the group's offsets)"
+            f"recovery directory {options.recovery_dir} is empty{empty} but consumer group "
+            f"{group!r} has committed progress ({where}): restore the directory from its "
+            "backup, give the changelog that holds its state (--changelog-topic; before "
+            f"topics were named from the group: {LEGACY_CHANGELOG}), rebuild the state from "
+            "what the topics still hold with --rebuild, or accept a reset with --fresh "
+            "(state starts empty, the input resumes from the group's offsets)"
         )
     if stored is None:  # imported, nothing committed since: the positions it was given
         stored = imported
@@ -265,6 +277,36 @@ def check_no_silent_reset(
         raise StartupError(
             f"recovery directory {options.recovery_dir} is behind consumer group {group!r} "
             f"on {topic}[{partition}] (offset {store_at} < {group_at}): {why}"
+        )
+
+
+def _holds(options: Settings, consumer: dict, topic: str) -> bool:
+    """Whether ``topic`` holds (or held) a record."""
+    return holds_records(options.brokers, consumer, topic, options.connect_timeout)
+
+
+def check_internal_topic_kept(options: Settings, consumer: dict) -> None:
+    """Refuse to leave behind the internal topic a service served from before topics
+    were named from the application (``LEGACY_INTERNAL``): its group committed offsets
+    there and none on the internal topic now named, so what was copied and not yet
+    served would be lost. ``--fresh`` leaves it knowingly."""
+    internal, group = options.topics.internal, options.group_id
+    if not options.topics.repartitioned or group is None or internal == LEGACY_INTERNAL:
+        return
+    timeout = options.connect_timeout
+    topics = [LEGACY_INTERNAL, internal]
+    known = topic_infos(options.brokers, consumer, topics, timeout)
+    if known[LEGACY_INTERNAL] is None or options.fresh:
+        return
+    committed = group_offsets(options.brokers, consumer, group, topics, timeout)
+    if any(t == LEGACY_INTERNAL for t, _ in committed) and not any(
+        t == internal for t, _ in committed
+    ):
+        raise StartupError(
+            f"consumer group {group!r} served from internal topic {LEGACY_INTERNAL}, not "
+            f"from {internal} (the internal topic is named from the group now): keep it "
+            f"with --internal-topic {LEGACY_INTERNAL}, or leave what it holds unserved "
+            "with --fresh"
         )
 
 

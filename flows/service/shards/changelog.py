@@ -32,6 +32,7 @@ partition = shard index) is I/O at the edge: the store sees the two protocols be
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,16 +42,20 @@ from flows.service.instances.resting import Entry
 from flows.service.shards.shard_log import decode, encode
 from flows.service.wire.keys import shard_layout
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "MARKER_KEY",
     "Changelog",
     "ChangelogError",
+    "ForeignChangelogError",
     "Marker",
     "MemoryChangelog",
     "Mirror",
     "Mirrored",
     "Replayed",
     "Start",
+    "check_application",
     "encode",
     "repair",
     "replay",
@@ -75,10 +80,41 @@ class Marker:
     seq: int
     seen: dict[tuple[str, int], int] = field(default_factory=dict)
     lineage: str = ""
+    application: str = ""  # the application that wrote it ('': a store from before ids)
 
 
 class ChangelogError(Exception):
     """A changelog that cannot be read (the broker, or a record that does not decode)."""
+
+
+class ForeignChangelogError(ChangelogError):
+    """A changelog holding another application's markers: its state is not this one's."""
+
+
+def check_application(records: Iterable[Record], application: str, where: str) -> None:
+    """Refuse (``ForeignChangelogError``, naming both) ``records`` whose markers another
+    application wrote; markers without an application (older stores) are accepted.
+
+    >>> mine = encode([Marker(1, application="shop")])
+    >>> check_application([(0, MARKER_KEY, mine)], "shop", "t[0]")
+    >>> try:
+    ...     check_application([(0, MARKER_KEY, mine)], "blog", "t[0]")
+    ... except ForeignChangelogError as exc:
+    ...     print(str(exc).split(":")[0])
+    changelog t[0] holds the state of application 'shop', not of 'blog'
+    """
+    for _, key, value in records:
+        if key != MARKER_KEY:
+            continue
+        marker = _decoded(key, value)
+        other = getattr(marker, "application", "")
+        if other and other != application:
+            raise ForeignChangelogError(
+                f"changelog {where} holds the state of application {other!r}, not of "
+                f"{application!r}: give this service its own --changelog-topic (the "
+                f"default, {{app}}.changelog, is named from --group-id), or run it as "
+                f"--group-id {other}"
+            )
 
 
 class Mirror(Protocol):
@@ -96,7 +132,12 @@ class Mirror(Protocol):
 
 
 class Changelog(Protocol):
-    """Where the shards' changelogs live: a mirror per shard, and a shard's read back."""
+    """Where the shards' changelogs live: a mirror per shard, and a shard's read back.
+    ``application``: whose changelog it is (its markers carry it); ``name``: where it is,
+    as messages name it."""
+
+    application: str
+    name: str
 
     def mirror(self, shard: str) -> Mirror:
         """The mirror shard ``shard`` writes through."""
@@ -178,17 +219,18 @@ def repair(
 @dataclass
 class Mirrored:
     """Where a shard's changelog stands (kept in the shard's Bytewax state): the last
-    marker's sequence, offset (None: none acknowledged yet) and lineage, and the input
-    the shard's state includes (``Marker.seen``)."""
+    marker's sequence, offset (None: none acknowledged yet) and lineage, the input the
+    shard's state includes (``Marker.seen``), and the application that writes it."""
 
     seq: int
     offset: int | None
     lineage: str
     seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    application: str = ""
 
     def marker(self) -> Marker:
         """The next marker: the sequence after this one's."""
-        return Marker(self.seq + 1, dict(self.seen), self.lineage)
+        return Marker(self.seq + 1, dict(self.seen), self.lineage, self.application)
 
 
 @dataclass
@@ -224,31 +266,61 @@ def start(
       the local log, unless the changelog holds markers of another lineage after
       ``mirrored`` (another process served the shard since): then the changelog. What
       follows ``mirrored`` of its own lineage is uncommitted: repaired to the local values.
+      A changelog that lacks the marker ``mirrored`` names (a new topic: renamed, deleted)
+      is written the local entries again (as a seed is).
     - a sound local log holding entries and no ``mirrored`` (a seed, a store from before
       the changelog): the local entries, all written to the changelog (its other keys
       tombstoned).
     - otherwise (nothing local, or a damaged log): rebuilt from the changelog up to its
       last marker; nothing there either: a first start.
 
-    A changelog that cannot be read leaves the local entries, with a ``problem``."""
+    Another application's markers refuse the start (``ForeignChangelogError``); a
+    changelog that cannot be read leaves the local entries, with a ``problem``."""
     mirror = changelog.mirror(shard)
     held = None if mirrored is None else Mirrored(**mirrored)
+    app = changelog.application
     try:
         if held is not None and damaged is None:
-            after = -1 if held.offset is None else held.offset
-            records = changelog.read(shard, after)
+            held.application = app
+            after = -1 if held.offset is None else held.offset - 1  # its own marker too
+            records = _checked(changelog, shard, after)
             markers = [_decoded(k, v) for _, k, v in records if k == MARKER_KEY]
+            if held.offset is not None and not markers:
+                log.warning(
+                    "%s: the changelog %s lacks this store's last marker (offset %d): the "
+                    "store's %d instances are written to it again",
+                    shard,
+                    changelog.name,
+                    held.offset,
+                    len(local),
+                )
+                return _seeded(changelog, mirror, shard, local, held.seen)
             if all(getattr(m, "lineage", None) == held.lineage for m in markers):
-                return _kept(mirror, held, local, records, markers)
+                return _kept(mirror, held, local, _after_own(records, held), markers)
         elif held is None and damaged is None and local:
             return _seeded(changelog, mirror, shard, local)
         return _rebuilt(changelog, mirror, shard, local, damaged)
+    except ForeignChangelogError:
+        raise
     except ChangelogError as exc:
         problem = f"the shard's changelog cannot be read ({exc})"
         if damaged is not None:
             problem = f"the shard's log is damaged ({damaged}) and {problem}"
-        kept = held or Mirrored(0, None, _lineage())
+        kept = held or Mirrored(0, None, _lineage(), application=app)
         return Start(local, kept, problem=f"{problem}: {len(local)} instances read")
+
+
+def _checked(changelog: Changelog, shard: str, after: int = -1) -> list[Record]:
+    """``changelog.read``, refused when another application wrote it."""
+    records = changelog.read(shard, after)
+    where = f"{changelog.name}[{shard_index(shard)}]"
+    check_application(records, changelog.application, where)
+    return records
+
+
+def _after_own(records: list[Record], held: Mirrored) -> list[Record]:
+    """``records`` without the store's own last marker (at ``held.offset``)."""
+    return [r for r in records if held.offset is None or r[0] > held.offset]
 
 
 def _kept(
@@ -263,18 +335,25 @@ def _kept(
         return Start(local, held)
     seq = max([held.seq] + [m.seq for m in markers])
     tail = list(dict.fromkeys(k for _, k, _ in records if k != MARKER_KEY))
-    now = Mirrored(seq, None, held.lineage, held.seen)
+    now = Mirrored(seq, None, held.lineage, held.seen, held.application)
     now.offset = repair(mirror, tail, local, now.marker())
     now.seq += 1
     return Start(local, now)
 
 
-def _seeded(changelog: Changelog, mirror: Mirror, shard: str, local: dict[str, Entry]) -> Start:
-    """Local entries without a changelog position: all of them written to it."""
-    records = changelog.read(shard)
+def _seeded(
+    changelog: Changelog,
+    mirror: Mirror,
+    shard: str,
+    local: dict[str, Entry],
+    seen: dict[tuple[str, int], int] | None = None,
+) -> Start:
+    """Local entries without a changelog position: all of them written to it (``seen``:
+    the input they include, when known)."""
+    records = _checked(changelog, shard)
     seq = max([0] + [m.seq for _, k, v in records if k == MARKER_KEY for m in [_decoded(k, v)]])
     gone = [k for _, k, _ in records if k != MARKER_KEY and k not in local]
-    now = Mirrored(seq, None, _lineage())
+    now = Mirrored(seq, None, _lineage(), dict(seen or {}), changelog.application)
     now.offset = repair(mirror, list(local) + list(dict.fromkeys(gone)), local, now.marker())
     now.seq += 1
     return Start(local, now)
@@ -288,16 +367,17 @@ def _rebuilt(
     damaged: str | None,
 ) -> Start:
     """The changelog's state as of its last marker (nothing local, or a damaged log)."""
-    found = replay(changelog.read(shard))
+    found = replay(_checked(changelog, shard))
+    app = changelog.application
     if found.marker is None:  # never marked: a first start (what it holds is tombstoned)
         problem = None if damaged is None else f"the shard's log is damaged: {damaged}"
-        now = Mirrored(0, None, _lineage())
+        now = Mirrored(0, None, _lineage(), application=app)
         if found.tail:
             now.offset = repair(mirror, found.tail, local, now.marker())
             now.seq += 1
         return Start(local, now, problem=problem)
     last = found.marker
-    now = Mirrored(last.seq, None, _lineage(), dict(last.seen))
+    now = Mirrored(last.seq, None, _lineage(), dict(last.seen), app)
     now.offset = repair(mirror, found.tail, found.entries, now.marker())
     now.seq += 1
     return Start(found.entries, now, guard=dict(last.seen), rebuilt=True)
@@ -309,7 +389,9 @@ class MemoryChangelog:
     log cleaner may (only the last record of each key, in order), ``deliver`` what
     reaches the broker unacknowledged."""
 
-    def __init__(self) -> None:
+    def __init__(self, application: str = "tsi", name: str = "memory") -> None:
+        self.application = application
+        self.name = name
         self.logs: dict[str, list[Record]] = {}
         self.sent: dict[str, list[Record]] = {}
 
@@ -318,6 +400,10 @@ class MemoryChangelog:
 
     def read(self, shard: str, after: int = -1) -> list[Record]:
         return [record for record in self.logs.get(shard, []) if record[0] > after]
+
+    def prefetch(self, afters: dict[str, int]) -> dict[str, list[Record]]:
+        """Each shard's records above its offset (``KafkaChangelog.prefetch``)."""
+        return {shard: self.read(shard, after) for shard, after in afters.items()}
 
     def lose(self) -> None:
         self.sent.clear()
