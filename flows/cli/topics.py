@@ -13,6 +13,7 @@ from flows.cli.options import with_options
 from flows.service.connectors.kafka import Topics
 from flows.service.runtime.settings import (
     CLIENT_OPTIONS,
+    GROUP_OPTION,
     TOPIC_OPTIONS,
     ConfigError,
     client_config,
@@ -27,8 +28,9 @@ topics_app = typer.Typer(no_args_is_help=True, help="Create and check the servic
 app.add_typer(topics_app, name="topics")
 
 _TIMEOUT = typer.Option(30.0, min=0.1, help="Seconds to wait for the brokers.")
-#: What both commands are told of the service: its brokers, client settings and topics.
-SERVICE_OPTIONS = (*CLIENT_OPTIONS, *TOPIC_OPTIONS.values())
+#: What both commands are told of the service: its brokers, client settings, application
+#: (the group id, which names the topics it owns) and topics.
+SERVICE_OPTIONS = (*CLIENT_OPTIONS, GROUP_OPTION, *TOPIC_OPTIONS.values())
 
 
 def _service_topic_names(topics: Topics) -> list[str]:
@@ -49,7 +51,7 @@ def _read_topics(topics: Topics) -> list[str]:
 
 
 @topics_app.command("create")
-@with_options(*SERVICE_OPTIONS, option("group_id"), option("no_changelog"))
+@with_options(*SERVICE_OPTIONS, option("no_changelog"))
 def topics_create(
     env: Mapping[str, str],
     partitions: int | None = typer.Option(
@@ -116,7 +118,7 @@ def topics_create(
 
 
 @topics_app.command("check")
-@with_options(*SERVICE_OPTIONS, option("group_id"), option("no_changelog"))
+@with_options(*SERVICE_OPTIONS, option("no_changelog"))
 def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
     """Each of the service's topics: partitions, replication, max.message.bytes or missing;
     then the consumer group's lag on every partition the service reads: the offset it
@@ -130,7 +132,7 @@ def topics_check(env: Mapping[str, str], timeout: float = _TIMEOUT) -> None:
         brokers, config, topics = _service(env)
         if option("no_changelog").read(env):
             topics = replace(topics, changelog=None)
-        group_id = option("group_id").read(env)
+        group_id = GROUP_OPTION.read(env)
         consumer, _ = client_config(config)
         infos = topic_infos(brokers, consumer, _service_topic_names(topics), timeout)
         read = [t for t in _read_topics(topics) if infos.get(t) is not None]

@@ -26,8 +26,9 @@ def params(command: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("command", "declared", "flags"),
     [
-        ("replay", REPLAY_OPTIONS, ["--brokers", "--kafka-config", "--requests-topic",
-                                    "--feedback-topic", "--internal-topic"]),
+        ("replay", REPLAY_OPTIONS, ["--brokers", "--kafka-config", "--group-id",
+                                    "--requests-topic", "--feedback-topic",
+                                    "--internal-topic"]),
         ("evaluate", EVALUATE_OPTIONS, ["--brokers", "--kafka-config", "--selections-topic",
                                         "--events-topic", "--feedback-topic", "--requests-topic"]),
     ],
