@@ -38,7 +38,7 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     # how soon partitions added to a topic are noticed (librdkafka's default: 5 minutes)
     "topic.metadata.refresh.interval.ms": 30000,
-    # Bytewax builds one consumer a partition, and librdkafka's default prefetch into each
+    # each partition has a consumer of its own, and librdkafka's default prefetch into each
     # is large: a flood of new users then waits in those buffers and sets the process's peak
     # memory. One MiB a partition keeps the worker fed (it reads batches of a thousand)
     # when a full buffer is refilled at once: librdkafka otherwise waits a second
@@ -244,12 +244,13 @@ def kafka_messages(
     where partitions without resume state start (``"step id/partition": offset``).
     ``members``: read only this member's partitions (``flows.service.runtime.members``).
 
-    Defaults added over Bytewax's: `SOURCE_DEFAULTS`, each with its reason. Left at its
+    Defaults added over those of Bytewax's own Kafka source (which the partitions' consumer
+    settings repeat): `SOURCE_DEFAULTS`, each with its reason. Left at its
     default: `fetch.wait.max.ms` (the broker answers a pending fetch as soon as one byte
     arrives, so lowering it only multiplies idle fetches; it does bound how soon
     `tail=False` sees a partition's end: add_config={"fetch.wait.max.ms": 10}).
 
-    Caveats of the underlying connector (Bytewax 0.21.1): listing the partitions at start
+    Caveats, as with Bytewax 0.21.1's own Kafka source: listing the partitions at start
     waits forever if no broker answers; a broker outage while running produces no error
     items, the input just waits and resumes when the broker is back.
     """
