@@ -43,7 +43,7 @@ import bench_flow  # noqa: E402
 from bench_flow import Counter, broker, log, prepare_input, registry_toml, run_once, run_rung  # noqa: E402
 
 from flows.service import dataflow, logic  # noqa: E402
-from flows.service.connectors import kafka_sink, kafka_source  # noqa: E402
+from flows.service.connectors import kafka_partition, kafka_sink  # noqa: E402
 from flows.service.instances.registry import Registry  # noqa: E402
 from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
 from flows.service.shards import deadlines  # noqa: E402
@@ -51,7 +51,7 @@ from flows.service.shards import deadlines  # noqa: E402
 #: (label, owner, attribute): the steps timed. The dataflow's functions are looked up when
 #: a flow is built, so a wrapper set before ``run_once`` builds it is the one called.
 STEPS = (
-    ("Kafka sources: next_batch", kafka_source._ObservedPartition, "next_batch"),
+    ("Kafka sources: next_batch", kafka_partition.ObservedPartition, "next_batch"),
     ("parse and route by shard (compiled)", dataflow, "parse_and_route"),
     ("shards: on_batch", logic.ShardLogic, "on_batch"),
     ("shards: on_batch", bench_flow._EchoShard, "on_batch"),

@@ -37,7 +37,7 @@ FIGURE = re.compile(
 #: only in its file: (path, the exact phrase). Nothing here is a measurement.
 ALLOWED = {
     # Bytewax 0.21.1 polls an empty source partition again after 1 ms
-    ("flows/service/connectors/kafka_source.py", "1 ms after"),
+    ("flows/service/connectors/kafka_partition.py", "1 ms after"),
     ("bench/flow_helpers.py", "1 ms later"),
     ("bench/flow_references.py", "1 ms later"),
     # the passthrough reference's own wait (its code), and the open loop's lateness bound

@@ -240,7 +240,7 @@ def parse_route(
     malformed message, an unknown experiment, a skipped offset, ...). The routed events go
     on as one item per shard (``per_shard``: what the shards take), else as one item per
     batch, in its order (what the internal topic's copies are written from: its reader
-    drops a copy whose input offset is below one it has read, ``_InternalPartition``).
+    drops a copy whose input offset is below one it has read, ``InternalPartition``).
     ``shards``: the flow's shard count."""
     parse_batch = functools.partial(
         parse_and_route, parse, guards, live, grouped=per_shard, shards=shards

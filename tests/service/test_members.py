@@ -30,7 +30,8 @@ def test_the_members_split_a_topics_partitions_the_others_lying_dormant(count, p
     """Each member lists every partition (a store of an earlier layout resumes), reads its
     own and builds the others dormant: each partition read by exactly one member, a dormant
     one reading nothing and keeping its state as it was."""
-    from flows.service.connectors.kafka_source import ObservedKafkaSource, _DormantPartition
+    from flows.service.connectors.kafka_partition import DormantPartition
+    from flows.service.connectors.kafka_source import ObservedKafkaSource
     from flows.service.runtime.stopping import Stop
 
     parts = [f"{p}-tsi.requests" for p in range(partitions)]
@@ -40,7 +41,7 @@ def test_the_members_split_a_topics_partitions_the_others_lying_dormant(count, p
         source._owned_part = lambda step, part, state: part  # no consumer built here
         for part in parts:
             built = source.build_part("in", part, {"offset": 7})
-            if isinstance(built, _DormantPartition):
+            if isinstance(built, DormantPartition):
                 assert built.next_batch() == [] and built.snapshot() == {"offset": 7}
             else:
                 read.append(built)
@@ -48,7 +49,7 @@ def test_the_members_split_a_topics_partitions_the_others_lying_dormant(count, p
     Stop.ask("a test's stop")
     try:  # a stop ends a dormant partition too: else the flow never ends cleanly
         with pytest.raises(StopIteration):
-            _DormantPartition(None).next_batch()
+            DormantPartition(None).next_batch()
     finally:
         Stop.reset()
 

@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 from flows.service.connectors.kafka import Topics, kafka_wiring
 from flows.service.connectors.kafka_admin import group_offsets, holds_records
 from flows.service.connectors.kafka_changelog import KafkaChangelog
-from flows.service.connectors.kafka_source import FINAL_COMMITS
+from flows.service.connectors.kafka_partition import FINAL_COMMITS
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
@@ -159,8 +159,8 @@ class Service:
         that epoch is written: Bytewax 0.21.1's input reads and snapshots a partition
         only when the recovery probe has passed the epochs before (``src/inputs.rs``),
         each partition commits its previous snapshot's offset in its next snapshot
-        (``kafka_source._ObservedPartition``; the last one, at the end of its input, only
-        once the flow has ended: ``kafka_source.FINAL_COMMITS``), and a shard's snapshot
+        (``kafka_partition.ObservedPartition``; the last one, at the end of its input, only
+        once the flow has ended: ``kafka_partition.FINAL_COMMITS``), and a shard's snapshot
         returns only once the changelog acknowledged its epoch, a copy sink's once the
         internal topic did. So what lies before a committed input offset is copied into
         the internal topic, and what lies before a committed internal offset is in the
