@@ -317,7 +317,7 @@ class StateModel(RuleBasedStateMachine):
 
 
 StateModel.TestCase.settings = settings(
-    max_examples=30,
+    max_examples=300,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
