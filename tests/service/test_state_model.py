@@ -353,3 +353,29 @@ def test_a_restart_from_a_lagging_commit_then_a_lost_directory_loses_nothing():
             ("kill", {"who": 0, "kill": Kill(lost=True), "restart": Restart()}),
         ]
     )
+
+
+def test_a_commit_taken_while_a_rebuilt_shard_catches_up_keeps_its_guard():
+    """Rebuilt from its changelog, a shard reads again from the group's offsets, behind
+    the state it holds; an epoch committed before it has caught up is resumed from its
+    local log with the input its state includes still guarded: a request whose kept
+    answer has since gone is not served again as a new round."""
+    u, other = UNITS[0], UNITS[2]
+    plain = {"who": 0, "lag": 0, "cut": None, "kill": Kill(), "restart": Restart()}
+    asked = ("arrive", {"unit": u, "kind": "request"})
+    later = [("arrive", {"unit": other, "kind": "request"})] * 7  # time passes
+    run_model(
+        [
+            asked,
+            ("close", plain),
+            asked,
+            asked,  # read again after the commit below, as a new round
+            *later,
+            asked,  # expires it (its answer kept for retries)
+            *later,
+            asked,  # drops its kept answer
+            ("close", plain),
+            ("kill", {"who": 0, "kill": Kill(lost=True), "restart": Restart(closes={0})}),
+            ("kill", {"who": 0, "kill": Kill(), "restart": Restart()}),
+        ]
+    )
