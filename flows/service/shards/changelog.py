@@ -169,10 +169,11 @@ class Replayed:
     tail: list[str]
 
 
-def replay(records: Iterable[Record]) -> Replayed:
-    """The state a changelog's ``records`` hold as of their last marker.
-    ``ChangelogError`` for a record that does not decode (naming its key)."""
-    committed: dict[str, Entry] = {}
+def replay(records: Iterable[Record], base: dict[str, Entry] | None = None) -> Replayed:
+    """The state a changelog's ``records`` hold as of their last marker (applied over
+    ``base``: the state before them, if any). ``ChangelogError`` for a record that does
+    not decode (naming its key)."""
+    committed: dict[str, Entry] = dict(base or {})
     pending: dict[str, Entry | None] = {}
     marker = None
     for _, key, value in records:
@@ -264,8 +265,10 @@ def start(
 
     - ``mirrored`` (the Bytewax state's ``Mirrored``, as a dict) and a sound local log:
       the local log, unless the changelog holds markers of another lineage after
-      ``mirrored`` (another process served the shard since): then the changelog. What
-      follows ``mirrored`` of its own lineage is uncommitted: repaired to the local values.
+      ``mirrored`` (another process served the shard since): then the changelog. Its own
+      lineage's markers after ``mirrored`` (epochs Bytewax had not committed yet) bring
+      the local entries up to the last one; what follows it is repaired. Either way the
+      state includes the input up to its marker's ``seen`` (the guard), never less.
       A changelog that lacks the marker ``mirrored`` names (a new topic: renamed, deleted)
       is written the local entries again (as a seed is).
     - a sound local log holding entries and no ``mirrored`` (a seed, a store from before
@@ -330,15 +333,20 @@ def _kept(
     records: list[Record],
     markers: list[Any],
 ) -> Start:
-    """The local log, and what the changelog holds after it repaired to its values."""
+    """The local log, brought up to the changelog's last marker when its own lineage
+    marked epochs after it (acknowledged, not yet committed by Bytewax, whose commit lags:
+    the group's commits, where a lost directory resumes, may have passed them), what
+    follows repaired; guarded by the input its state includes (``Marker.seen``), which
+    may lie past the input positions Bytewax resumes from."""
     if not records:
-        return Start(local, held)
+        return Start(local, held, guard=dict(held.seen))
+    found = replay(records, local)
+    seen = held.seen if found.marker is None else found.marker.seen
     seq = max([held.seq] + [m.seq for m in markers])
-    tail = list(dict.fromkeys(k for _, k, _ in records if k != MARKER_KEY))
-    now = Mirrored(seq, None, held.lineage, held.seen, held.application)
-    now.offset = repair(mirror, tail, local, now.marker())
+    now = Mirrored(seq, None, held.lineage, dict(seen), held.application)
+    now.offset = repair(mirror, found.tail, found.entries, now.marker())
     now.seq += 1
-    return Start(local, now)
+    return Start(found.entries, now, dict(seen), rebuilt=found.marker is not None)
 
 
 def _seeded(
@@ -356,7 +364,7 @@ def _seeded(
     now = Mirrored(seq, None, _lineage(), dict(seen or {}), changelog.application)
     now.offset = repair(mirror, list(local) + list(dict.fromkeys(gone)), local, now.marker())
     now.seq += 1
-    return Start(local, now)
+    return Start(local, now, dict(now.seen))
 
 
 def _rebuilt(
