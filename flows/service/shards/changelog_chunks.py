@@ -158,8 +158,10 @@ class ChunkedMirror:
 
     def append(self, key: str, value: bytes | None) -> None:
         """Send ``key``'s record (None: a tombstone, of its chunks' keys too)."""
-        records = [] if value is None else split(key, value, self.limit)
-        used = max(len(records) - 1, 0)
+        records: list[tuple[str, bytes | None]] = (
+            [(key, None)] if value is None else list(split(key, value, self.limit))
+        )
+        used = len(records) - 1
         for index in range(used, self.counts.pop(key, 0)):
             self.mirror.append(chunk_key(key, index), None)
         for each, record in records:
