@@ -1,21 +1,30 @@
 """The changelog on the real broker: ``tsi topics create`` makes it compacted with one
 partition a shard, the start-up check creates a missing one so and refuses one that is
 not, a shard's mirror writes to its own partition and is acknowledged with its marker's
-offset, and a shard whose recovery directory is gone is rebuilt from it."""
+offset, and a shard whose recovery directory is gone is rebuilt from it, an instance
+over the broker's message limit too (in chunks)."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from confluent_kafka.admin import AdminClient
 
 from flows.service.connectors.kafka_admin import (
     BROKER_DEFAULT,
+    BROKER_DEFAULT_MAX_MESSAGE_BYTES,
     TopicError,
     create_topics,
     ensure_changelog,
 )
 from flows.service.connectors.kafka_changelog import KafkaChangelog
+from flows.service.instances.registry import Registry
+from flows.service.instances.resting import open_tickets
 from flows.service.shards.changelog import MARKER_KEY, Marker, encode, replay
+from flows.service.shards.changelog_chunks import base_key
+from flows.service.shards.logic import logic_builder
+from flows.service.wire.events import Origin, parse_request
+from flows.service.wire.keys import shard_of
 from flows.testing.kafka_broker import create_topic, unique_topic
 from tests.service.test_changelog import build, events_of, held, run
 from tests.service.test_topics import create_with_config, topic_config
@@ -106,3 +115,54 @@ def test_a_shard_whose_directory_is_gone_is_rebuilt_from_the_kafka_changelog(
     assert found.marker.seq == last["changelog"]["seq"] and found.tail == []
     rebuilt = build(tmp_path / "new", KafkaChangelog([kafka_bootstrap], name))
     assert held(rebuilt) == held(first) and rebuilt.handle([]) == []
+
+
+def test_an_instance_of_100k_open_tickets_closes_epochs_and_is_rebuilt_exactly(
+    kafka_bootstrap, tmp_path
+):
+    """One shared instance holding 10^5 selections awaiting feedback: its record is far
+    over the broker's default message limit; every epoch's close goes through (in
+    chunks), and a restart whose recovery directory is gone rebuilds it exactly."""
+    name = unique_topic("changelog")
+    create_topics([kafka_bootstrap], {}, [name], changelog=(name, 1))
+    assert topic_config(kafka_bootstrap, name, "max.message.bytes") == str(
+        BROKER_DEFAULT_MAX_MESSAGE_BYTES
+    )
+    first = shared_logic(tmp_path / "lost", KafkaChangelog([kafka_bootstrap], name))
+    for batch in range(4):
+        first.handle(shared_requests(batch * 25_000, (batch + 1) * 25_000))
+        first.snapshot()
+    [only] = first.store._all_entries()
+    assert open_tickets(only) == 100_000
+    records = KafkaChangelog([kafka_bootstrap], name).read(first.store.shard)
+    assert any(base_key(key) == "big" != key for _, key, _ in records)  # in chunks
+    rebuilt = shared_logic(tmp_path / "new", KafkaChangelog([kafka_bootstrap], name))
+    [again] = rebuilt.store._all_entries()
+    assert (again.kind, again.data) == (only.kind, only.data) and open_tickets(again) == 100_000
+
+
+def shared_logic(store, changelog):
+    """The shard of experiment "big" (one bandit for all units), started."""
+    logic = logic_builder(
+        BIG, clock=lambda: 1_000.0, store=store, rest_after=0.0, changelog=changelog, shards=1
+    )(None)
+    logic.store._start(shard_of("big", shards=1), None)
+    return logic
+
+
+def shared_requests(start, stop):
+    """Requests of units ``start`` to ``stop`` (each its own selection) to experiment big."""
+    return [
+        (
+            "big",
+            BIG["big"],
+            parse_request(
+                orjson.dumps({"experiment": "big", "unit": f"u{i}", "request_id": f"r{i}"}),
+                Origin("in", 0, i, 1_000.0),
+            ),
+        )
+        for i in range(start, stop)
+    ]
+
+
+BIG = Registry.from_toml('[experiments.big]\narms = ["a", "b", "c"]\nfeedback_ttl = 86400\n')

@@ -7,7 +7,9 @@ the acknowledgement of every record it sent (``acknowledged``: the marker's offs
 Reading back assigns one consumer to the partitions of the shards read (all of a
 process's, at its start: ``prefetch``) and reads each to its end; a read the broker does
 not answer is asked again, never taken as an empty shard. Client settings (SASL, TLS,
-...) pass through the two config dicts.
+...) pass through the two config dicts. A record longer than a message may be (the
+topic's ``max.message.bytes``, read at the first mirror, and the producer's
+``message.max.bytes``, less ``HEADROOM``) goes in chunks (``changelog_chunks``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
+from flows.service.connectors.kafka_admin import (
+    BROKER_DEFAULT_MAX_MESSAGE_BYTES,
+    TopicError,
+    admin_client,
+    max_message_bytes,
+)
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.shards.changelog import (
     MARKER_KEY,
@@ -31,6 +39,7 @@ from flows.service.shards.changelog import (
     encode,
     shard_index,
 )
+from flows.service.shards.changelog_chunks import ChunkedMirror
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,10 @@ READ_TIMEOUT_S = 60.0
 _WAIT_LOG_S = 10.0
 #: The longest wait between two tries of a changelog read.
 _MAX_BACKOFF_S = 5.0
+#: Bytes of a message left to its key and the batch's framing: a chunk is that much shorter.
+HEADROOM = 16 * 1024
+#: librdkafka's default ``message.max.bytes``: the producer refuses a longer message.
+PRODUCER_MAX_MESSAGE_BYTES = 1_000_000
 
 
 class KafkaChangelog:
@@ -53,6 +66,7 @@ class KafkaChangelog:
         consumer_config: dict[str, Any] | None = None,
         read_timeout: float = READ_TIMEOUT_S,
         application: str = "tsi",
+        max_message_bytes: int | None = None,
     ) -> None:
         self.brokers = names_of("brokers", brokers)
         self.topic = topic
@@ -64,6 +78,8 @@ class KafkaChangelog:
         self._producer: Producer | None = None
         self._lock = threading.Lock()
         self._ahead: dict[tuple[int, int], list[Record]] = {}  # prefetched, by (p, after)
+        self._max_message_bytes = max_message_bytes  # None: the topic's, read when needed
+        self._chunked: dict[int, dict[str, int]] = {}  # per partition: ChunkedMirror.counts
 
     def producer(self) -> Producer:
         """The process's one producer, built on first use (Bytewax's workers share it)."""
@@ -74,6 +90,7 @@ class KafkaChangelog:
                     "client.id": "tsi-changelog",
                     "linger.ms": 1,
                     "message.timeout.ms": 0,  # a broker outage is waited out
+                    **self._batch(),
                     **self._producer_config,
                     "enable.idempotence": True,  # in order, no duplicates
                     "acks": "all",
@@ -82,8 +99,37 @@ class KafkaChangelog:
                 self._producer = Producer(config)
             return self._producer
 
-    def mirror(self, shard: str) -> KafkaMirror:
-        return KafkaMirror(self, shard_index(shard))
+    def _batch(self) -> dict[str, int]:
+        """A batch no longer than a topic's max.message.bytes below the producer's."""
+        limit = self._max_message_bytes
+        return {} if limit is None or limit >= PRODUCER_MAX_MESSAGE_BYTES else {"batch.size": limit}
+
+    def mirror(self, shard: str) -> ChunkedMirror:
+        partition = shard_index(shard)
+        limit = self.chunk_bytes()
+        with self._lock:
+            counts = self._chunked.setdefault(partition, {})
+        return ChunkedMirror(KafkaMirror(self, partition), limit, counts)
+
+    def chunk_bytes(self) -> int:
+        """The longest record value sent as one message: the topic's max.message.bytes
+        (the broker's default when it cannot be read, with a warning) or the producer's
+        message.max.bytes, whichever is less, minus ``HEADROOM``."""
+        with self._lock:
+            if self._max_message_bytes is None:
+                self._max_message_bytes = self._topic_limit()
+            producer = int(
+                self._producer_config.get("message.max.bytes", PRODUCER_MAX_MESSAGE_BYTES)
+            )
+            return min(self._max_message_bytes, producer) - HEADROOM
+
+    def _topic_limit(self) -> int:
+        try:
+            admin = admin_client(self.brokers, self._producer_config)
+            return max_message_bytes(admin, [self.topic], self._read_timeout)[self.topic]
+        except TopicError as exc:
+            log.warning("changelog %s: max.message.bytes taken as the default: %s", self.topic, exc)
+            return BROKER_DEFAULT_MAX_MESSAGE_BYTES
 
     def read(self, shard: str, after: int = -1) -> list[Record]:
         """The records of ``shard``'s partition at offsets above ``after``, up to its end

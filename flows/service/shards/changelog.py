@@ -36,9 +36,10 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from flows.service.instances.resting import Entry
+from flows.service.shards.changelog_chunks import CHUNK, Assembler, ChunkedMirror, base_key
 from flows.service.shards.shard_log import decode, encode
 from flows.service.wire.keys import shard_layout
 
@@ -171,10 +172,13 @@ class Replayed:
 
 def replay(records: Iterable[Record], base: dict[str, Entry] | None = None) -> Replayed:
     """The state a changelog's ``records`` hold as of their last marker (applied over
-    ``base``: the state before them, if any). ``ChangelogError`` for a record that does
-    not decode (naming its key)."""
-    committed: dict[str, Entry] = dict(base or {})
-    pending: dict[str, Entry | None] = {}
+    ``base``: the state before them, if any), a record in chunks joined
+    (``changelog_chunks``). ``ChangelogError`` for a record that does not decode, or a
+    committed one whose chunks are missing or corrupt (naming its key)."""
+    committed: dict[str, Entry | _Broken] = dict(base or {})
+    pending: dict[str, Entry | _Broken | None] = {}
+    loose: dict[str, None] = {}  # keys with chunks since the last marker
+    chunks = Assembler()
     marker = None
     for _, key, value in records:
         if key == MARKER_KEY:
@@ -187,9 +191,37 @@ def replay(records: Iterable[Record], base: dict[str, Entry] | None = None) -> R
                 else:
                     committed[each] = entry
             pending.clear()
+            loose.clear()
         else:
-            pending[key] = None if value is None else _decoded(key, value)
-    return Replayed(committed, marker, list(pending))
+            pending.update(_joined(chunks, key, value, loose))
+    for entry in committed.values():
+        if isinstance(entry, _Broken):
+            raise ChangelogError(entry.problem)
+    tail = list(dict.fromkeys([*pending, *loose]))
+    return Replayed(cast("dict[str, Entry]", committed), marker, tail)
+
+
+@dataclass
+class _Broken:
+    """A record whose chunks do not join: an error only if it is committed and stays so."""
+
+    problem: str
+
+
+def _joined(
+    chunks: Assembler, key: str, value: bytes | None, loose: dict[str, None]
+) -> dict[str, Entry | _Broken | None]:
+    """What record ``key`` makes pending: its entry, a tombstone, nothing for a chunk
+    (its key noted in ``loose``), or ``_Broken``: a record superseded later (compaction
+    keeps only each key's newest chunks) may no longer join."""
+    try:
+        base, whole = chunks.read(key, value)
+    except ValueError as exc:
+        return {key: _Broken(str(exc))}
+    if whole is CHUNK:
+        loose[base] = None
+        return {}
+    return {base: None if whole is None else _decoded(base, whole)}
 
 
 def _decoded(key: str, value: bytes | None) -> object:
@@ -360,7 +392,8 @@ def _seeded(
     the input they include, when known)."""
     records = _checked(changelog, shard)
     seq = max([0] + [m.seq for _, k, v in records if k == MARKER_KEY for m in [_decoded(k, v)]])
-    gone = [k for _, k, _ in records if k != MARKER_KEY and k not in local]
+    gone = [base_key(k) for _, k, _ in records if k != MARKER_KEY]
+    gone = [k for k in gone if k not in local]
     now = Mirrored(seq, None, _lineage(), dict(seen or {}), changelog.application)
     now.offset = repair(mirror, list(local) + list(dict.fromkeys(gone)), local, now.marker())
     now.seq += 1
@@ -395,16 +428,24 @@ class MemoryChangelog:
     """Changelogs in memory (tests): a record is in once acknowledged; ``lose`` drops
     what was sent and not acknowledged (a process killed), ``compact`` does what Kafka's
     log cleaner may (only the last record of each key, in order), ``deliver`` what
-    reaches the broker unacknowledged."""
+    reaches the broker unacknowledged. With ``max_bytes``, a value longer is refused (a
+    broker's message limit) and the mirrors split records to fit (``ChunkedMirror``)."""
 
-    def __init__(self, application: str = "tsi", name: str = "memory") -> None:
+    def __init__(
+        self, application: str = "tsi", name: str = "memory", max_bytes: int | None = None
+    ) -> None:
         self.application = application
         self.name = name
         self.logs: dict[str, list[Record]] = {}
         self.sent: dict[str, list[Record]] = {}
+        self.max_bytes = max_bytes
+        self.chunked: dict[str, dict[str, int]] = {}  # per shard: ``ChunkedMirror.counts``
 
-    def mirror(self, shard: str) -> _MemoryMirror:
-        return _MemoryMirror(self, shard)
+    def mirror(self, shard: str) -> Mirror:
+        mirror = _MemoryMirror(self, shard)
+        if self.max_bytes is None:
+            return mirror
+        return ChunkedMirror(mirror, self.max_bytes, self.chunked.setdefault(shard, {}))
 
     def read(self, shard: str, after: int = -1) -> list[Record]:
         return [record for record in self.logs.get(shard, []) if record[0] > after]
@@ -447,6 +488,9 @@ class _MemoryMirror:
         self.shard = shard
 
     def append(self, key: str, value: bytes | None) -> None:
+        limit = self.changelog.max_bytes
+        if value is not None and limit is not None and len(value) > limit:
+            raise RuntimeError(f"record {key!r} of {len(value)} bytes: over {limit}")
         self.changelog.sent.setdefault(self.shard, []).append((key, value))
 
     def mark(self, marker: Marker) -> None:
