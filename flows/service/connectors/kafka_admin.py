@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from flows.service.connectors.kafka_config import connection_settings
+from flows.service.connectors.kafka_config import connection_settings, with_reconnect_defaults
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import ClusterMetadata
@@ -193,7 +193,7 @@ def _retriable_reason(exc: Exception) -> str | None:
 def admin_client(brokers: Sequence[str], config: Mapping[str, Any]) -> AdminClient:
     """An admin client for ``brokers`` with the connection settings of ``config``."""
     settings = {
-        **connection_settings(config),
+        **with_reconnect_defaults(connection_settings(config)),
         "bootstrap.servers": ",".join(brokers),
         "log_level": 0,  # each failed connection would be a line on stderr: errors say it
     }
@@ -546,8 +546,8 @@ def check_topics(
                 "with the --*-topic options"
             )
         return max_message_bytes(admin, outputs, timeout)
-    except TopicError as exc:
-        raise BrokerUnavailableError(str(exc)) from None
+    except TopicError as exc:  # the cause kept: a deadline passed, or a refusal
+        raise BrokerUnavailableError(str(exc)) from exc
 
 
 def group_offsets(
@@ -641,7 +641,10 @@ def _group_consumer(brokers: Sequence[str], config: Mapping[str, Any], group: st
     """A consumer of ``group`` that only asks (it never subscribes, so it never joins it)."""
     from confluent_kafka import Consumer
 
-    settings = {**connection_settings(config), "bootstrap.servers": ",".join(brokers)}
+    settings = {
+        **with_reconnect_defaults(connection_settings(config)),
+        "bootstrap.servers": ",".join(brokers),
+    }
     try:
         return Consumer(
             {**settings, "group.id": group, "enable.auto.commit": False, "log_level": 0}
