@@ -7,6 +7,7 @@ in one line naming the timeout; after the broker's return every request is answe
 import contextlib
 import os
 import signal
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from tests.service.test_outage import Load, outlive, ready
 
 PAUSE_S = 4.0  # the broker paused at start, well within the start's --connect-timeout
 OUTAGE_S = 10.0  # the broker killed while serving
+SLOW_STOP_S, SLOW_RUN_S = 0.4, 0.1  # a slow broker: frozen, then running, in turn
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +61,28 @@ def paused(data: Path):
     try:
         yield
     finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def slowed(data: Path):
+    """The broker slow inside the block: frozen most of the time, running in short bursts."""
+    pid, done = broker_pid(data), threading.Event()
+
+    def stutter() -> None:
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(SLOW_STOP_S)
+            os.kill(pid, signal.SIGCONT)
+            done.wait(SLOW_RUN_S)
+
+    thread = threading.Thread(target=stutter, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
         os.kill(pid, signal.SIGCONT)
 
 
@@ -108,10 +132,12 @@ def run_args(bootstrap, names, tmp_path, connect_timeout, *more):
     ]
 
 
-def test_a_start_on_a_paused_broker_waits_for_it_then_serves(broker, tmp_path):
+def test_a_start_on_a_paused_then_slow_broker_waits_for_it_then_serves(broker, tmp_path):
     data, bootstrap = broker
     names = service_topics(bootstrap)
-    args = run_args(bootstrap, names, tmp_path, 120)
+    produce(bootstrap, names["ev"], requests(["r1", "r2", "r3"]))
+    port = free_port()
+    args = run_args(bootstrap, names, tmp_path, 120, "--metrics-port", port)
     with paused(data):
         proc = start(*args, log_file=tmp_path / "run.log")
         try:
@@ -121,7 +147,8 @@ def test_a_start_on_a_paused_broker_waits_for_it_then_serves(broker, tmp_path):
             proc.kill()
             raise
     try:
-        produce(bootstrap, names["ev"], requests(["r1", "r2", "r3"]))
+        with slowed(data):  # the changelog's partitions created and led slowly
+            wait_for(lambda: ready(port), proc, seconds=240, what="readiness")
         wait_for(lambda: set(answered(bootstrap, names["sel"])) == {"r1", "r2", "r3"}, proc)
         assert proc.poll() is None
     finally:

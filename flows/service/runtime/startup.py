@@ -126,6 +126,7 @@ def prepare(options: Settings) -> Service:
         options.membership,
         internal_partitions,
         shards,
+        options.connect_timeout,
     )
 
 
