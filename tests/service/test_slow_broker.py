@@ -35,7 +35,7 @@ from tests.service.test_outage import Load, outlive, ready
 
 PAUSE_S = 4.0  # the broker paused at start, well within the start's --connect-timeout
 OUTAGE_S = 10.0  # the broker killed while serving
-SLOW_STOP_S, SLOW_RUN_S = 0.4, 0.1  # a slow broker: frozen, then running, in turn
+SLOW_STOP_S, SLOW_RUN_S = 0.9, 0.1  # a slow broker: frozen, then running, in turn
 
 
 @pytest.fixture(scope="module")
