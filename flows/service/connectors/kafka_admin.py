@@ -11,14 +11,14 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from flows.service.connectors.kafka_config import connection_settings
+from flows.service.connectors.kafka_config import connection_settings, with_reconnect_defaults
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import ClusterMetadata
@@ -41,6 +41,7 @@ BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1048588
 TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 #: The principal may not read topic configs: max.message.bytes is assumed to be the default.
 _DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+T = TypeVar("T")
 
 
 #: A new group's coordinator is found (and loaded) on first use: asking again succeeds.
@@ -84,11 +85,115 @@ def service_topics(topics: Topics) -> tuple[list[str], list[str]]:
     return inputs, [topics.selections, topics.dead_letters, *internal, *changelog]
 
 
+# --------------------------------------------------------------------------- retrying
+#: Errors a broker that is slow, just back or just given a new topic answers with: asked
+#: again, they pass (partitions still electing leaders, a topic's metadata not spread yet,
+#: a coordinator loading, a request or connection lost on the way).
+RETRIABLE = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._WAIT_COORD,
+        KafkaError._UNKNOWN_PARTITION,
+        *_COORDINATOR_MOVING,
+    }
+)
+#: The first pause between two tries, doubled after each up to the last.
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MOST_S = 2.0
+
+
+class Deadline:
+    """One end in time shared by several calls: each asks what is left of it.
+
+    >>> Deadline(5.0).seconds
+    5.0
+    >>> Deadline.of(Deadline(2.0)).seconds  # a deadline passed on stays the same one
+    2.0
+    """
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not seconds > 0:
+            raise ValueError(f"a deadline needs seconds > 0, got {seconds!r}")
+        self.seconds = float(seconds)
+        self._clock = clock
+        self._end = clock() + self.seconds
+
+    @classmethod
+    def of(cls, timeout: float | Deadline) -> Deadline:
+        """``timeout`` itself when it is a deadline, else a new one of that many seconds."""
+        return timeout if isinstance(timeout, Deadline) else cls(timeout)
+
+    def left(self) -> float:
+        """Seconds until the end (0 once passed)."""
+        return max(0.0, self._end - self._clock())
+
+
+class DeadlineError(TopicError):
+    """The brokers kept failing until the deadline passed: what, the last error, how long."""
+
+    def __init__(self, what: str, reason: str, seconds: float) -> None:
+        super().__init__(f"{what}: {reason} (retried for {seconds:g} s)")
+        self.what, self.reason, self.seconds = what, reason, seconds
+
+
+class NotReadyError(Exception):
+    """A condition the brokers do not meet yet (partitions without a leader): try again."""
+
+
+def retried(
+    call: Callable[[float], T],
+    what: str,
+    timeout: float | Deadline,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``call(seconds left)`` until it returns, retrying the errors of a slow or returning
+    broker (``RETRIABLE``, client timeouts, `NotReadyError`) after a pause doubling from
+    ``BACKOFF_FIRST_S`` to ``BACKOFF_MOST_S``; any other Kafka error is raised at once as
+    `TopicError` (``what: reason``). Once the deadline passes, `DeadlineError`: ``what``,
+    the last error and the timeout.
+
+    >>> retried(lambda left: "ok", "reading", 1.0)
+    'ok'
+    """
+    deadline = Deadline.of(timeout)
+    pause = BACKOFF_FIRST_S
+    while True:
+        try:
+            return call(max(deadline.left(), 0.01))
+        except (KafkaException, concurrent.futures.TimeoutError, NotReadyError) as exc:
+            reason = _retriable_reason(exc)
+            if reason is None:
+                raise TopicError(f"{what}: {_reason(exc)}") from None
+        if deadline.left() <= 0:
+            raise DeadlineError(what, reason, deadline.seconds)
+        sleep(min(pause, deadline.left()))
+        pause = min(pause * 2, BACKOFF_MOST_S)
+
+
+def _retriable_reason(exc: Exception) -> str | None:
+    """The text of ``exc`` when asking again may pass; None when it never will."""
+    if isinstance(exc, concurrent.futures.TimeoutError):
+        return "no answer"
+    if isinstance(exc, NotReadyError):
+        return str(exc)
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and (err.retriable() or err.code() in RETRIABLE):
+        return err.str()
+    return None
+
+
 # --------------------------------------------------------------------------- the brokers
 def admin_client(brokers: Sequence[str], config: Mapping[str, Any]) -> AdminClient:
     """An admin client for ``brokers`` with the connection settings of ``config``."""
     settings = {
-        **connection_settings(config),
+        **with_reconnect_defaults(connection_settings(config)),
         "bootstrap.servers": ",".join(brokers),
         "log_level": 0,  # each failed connection would be a line on stderr: errors say it
     }
@@ -98,44 +203,58 @@ def admin_client(brokers: Sequence[str], config: Mapping[str, Any]) -> AdminClie
         raise TopicError(f"Kafka client settings refused: {_reason(exc)}") from None
 
 
-def cluster_metadata(admin: AdminClient, brokers: Sequence[str], timeout: float) -> ClusterMetadata:
-    """All topics the brokers show this client, or `TopicError` if none answers in time."""
+def cluster_metadata(
+    admin: AdminClient, brokers: Sequence[str], timeout: float | Deadline
+) -> ClusterMetadata:
+    """All topics the brokers show this client (asked again until ``timeout``), or
+    `DeadlineError` if none answers in time."""
     where = ",".join(brokers)
     try:
-        return admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise TopicError(
-            f"no Kafka broker answers at {where} within {timeout:g} s ({_reason(exc)}); "
-            "start one (deploy/kafka/start.sh) or point --brokers / KAFKA_BOOTSTRAP_SERVERS "
-            "at yours"
+        return retried(lambda left: admin.list_topics(timeout=left), where, timeout)
+    except DeadlineError as exc:
+        raise DeadlineError(
+            f"no Kafka broker answers at {where} within {exc.seconds:g} s",
+            f"{exc.reason}; start one (deploy/kafka/start.sh) or point --brokers / "
+            "KAFKA_BOOTSTRAP_SERVERS at yours",
+            exc.seconds,
         ) from None
 
 
-def max_message_bytes(admin: AdminClient, names: Sequence[str], timeout: float) -> dict[str, int]:
+def max_message_bytes(
+    admin: AdminClient, names: Sequence[str], timeout: float | Deadline
+) -> dict[str, int]:
     """Each topic's effective max.message.bytes (``BROKER_DEFAULT_MAX_MESSAGE_BYTES`` when
     this client may not describe topic configs)."""
-    if not names:
-        return {}
-    resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
-    futures = admin.describe_configs(resources, request_timeout=timeout)
-    limits: dict[str, int] = {}
-    for resource, future in futures.items():
+    deadline = Deadline.of(timeout) if names else None
+    limits = {name: topic_config(admin, name, "max.message.bytes", deadline) for name in names}
+    return {
+        name: BROKER_DEFAULT_MAX_MESSAGE_BYTES if value is None else int(value)
+        for name, value in limits.items()
+    }
+
+
+def topic_config(admin: AdminClient, name: str, key: str, timeout: float | Deadline) -> str | None:
+    """Topic ``name``'s setting ``key`` (None when this client may not describe topic
+    configs); `TopicError` when the brokers do not say within ``timeout``."""
+    resource = ConfigResource(ResourceType.TOPIC, name)
+
+    def read(left: float) -> str | None:
+        future = admin.describe_configs([resource], request_timeout=left)[resource]
         try:
-            limits[resource.name] = int(future.result(timeout)["max.message.bytes"].value)
+            return future.result(left)[key].value
         except KafkaException as exc:
             if exc.args and exc.args[0].code() in _DENIED:
-                limits[resource.name] = BROKER_DEFAULT_MAX_MESSAGE_BYTES
-            else:
-                msg = f"cannot read the configuration of topic {resource.name}: {_reason(exc)}"
-                raise TopicError(msg) from None
-        except concurrent.futures.TimeoutError:
-            msg = f"no answer within {timeout:g} s describing topic {resource.name}"
-            raise TopicError(msg) from None
-    return {name: limits[name] for name in names}
+                return None
+            raise
+
+    return retried(read, f"cannot read the configuration of topic {name}", timeout)
 
 
 def describe_topics(
-    admin: AdminClient, metadata: ClusterMetadata, names: Sequence[str], timeout: float
+    admin: AdminClient,
+    metadata: ClusterMetadata,
+    names: Sequence[str],
+    timeout: float | Deadline,
 ) -> dict[str, TopicInfo | None]:
     """{name: what the brokers say of it, or None when it does not exist}."""
     present = [name for name in names if name in metadata.topics]
@@ -158,11 +277,14 @@ def describe_topics(
 
 
 def topic_infos(
-    brokers: Sequence[str], config: Mapping[str, Any], names: Sequence[str], timeout: float = 10.0
+    brokers: Sequence[str],
+    config: Mapping[str, Any],
+    names: Sequence[str],
+    timeout: float | Deadline = 10.0,
 ) -> dict[str, TopicInfo | None]:
     """`describe_topics` with its own admin client (``tsi topics check``)."""
-    admin = admin_client(brokers, config)
-    return describe_topics(admin, cluster_metadata(admin, brokers, timeout), names, timeout)
+    admin, deadline = admin_client(brokers, config), Deadline.of(timeout)
+    return describe_topics(admin, cluster_metadata(admin, brokers, deadline), names, deadline)
 
 
 # --------------------------------------------------------------------------- creating
@@ -174,7 +296,7 @@ def create_topics(
     partitions: int | None = None,
     replication_factor: int | None = None,
     max_bytes: Mapping[str, int] | None = None,
-    timeout: float = 30.0,
+    timeout: float | Deadline = 30.0,
     changelog: tuple[str, int] | None = None,
     internal: tuple[str, int] | None = None,
 ) -> list[str]:
@@ -188,13 +310,14 @@ def create_topics(
     topic, made with one partition a shard and ``CHANGELOG_CONFIG`` (an existing one must
     match, ``check_changelog``). ``internal``: (name, shards) of the internal topic, made
     with one partition a shard (an existing one is left as it is: members check its
-    partitions at start). Returns once every new topic has leaders.
+    partitions at start). Returns once every new topic has leaders. ``timeout`` bounds it
+    all, retries of a slow broker's answers included.
     """
     wanted = list(dict.fromkeys(names))  # the same name twice is one topic
     for name in wanted:
         check_topic_name(name)
     limits = dict(max_bytes or {})
-    admin = admin_client(brokers, config)
+    admin, timeout = admin_client(brokers, config), Deadline.of(timeout)
     before = describe_topics(admin, cluster_metadata(admin, brokers, timeout), wanted, timeout)
     counts, configs = {}, {}
     if internal is not None:
@@ -234,7 +357,7 @@ def create_topics(
         ],
         timeout,
     )
-    wait_for_leaders(admin, brokers, created, timeout)
+    wait_for_leaders(admin, missing, timeout)  # created here or meanwhile by another
     after = describe_topics(admin, cluster_metadata(admin, brokers, timeout), wanted, timeout)
     return [
         f"{name}: {'created' if name in created else 'exists'}, {_summary(after[name])}"
@@ -243,22 +366,20 @@ def create_topics(
 
 
 def changelog_problems(
-    admin: AdminClient, info: TopicInfo, shards: int, timeout: float
+    admin: AdminClient, info: TopicInfo, shards: int, timeout: float | Deadline
 ) -> list[str]:
     """What makes an existing topic unfit to be the changelog: not one partition a shard
-    (a shard's records would not be in the partition read back for it), not compacted."""
+    (a shard's records would not be in the partition read back for it), not compacted
+    (`TopicError` when the brokers do not say)."""
     problems = []
     if info.partitions != shards:
         problems.append(
             f"changelog topic {info.name} has {info.partitions} partitions, not one a shard "
             f"({shards})"
         )
-    resource = ConfigResource(ResourceType.TOPIC, info.name)
-    try:
-        policy = admin.describe_configs([resource], request_timeout=timeout)[resource]
-        cleanup = policy.result(timeout)["cleanup.policy"].value
-    except (KafkaException, concurrent.futures.TimeoutError) as exc:
-        return [*problems, f"cannot read the configuration of changelog topic {info.name}: {exc}"]
+    cleanup = topic_config(admin, info.name, "cleanup.policy", timeout)
+    if cleanup is None:
+        return [*problems, f"this client may not read changelog topic {info.name}'s settings"]
     if "compact" not in cleanup.split(","):
         problems.append(
             f"changelog topic {info.name} has cleanup.policy={cleanup}, not compact (delete "
@@ -268,14 +389,19 @@ def changelog_problems(
 
 
 def ensure_changelog(
-    brokers: Sequence[str], config: Mapping[str, Any], name: str, shards: int, timeout: float
+    brokers: Sequence[str],
+    config: Mapping[str, Any],
+    name: str,
+    shards: int,
+    timeout: float | Deadline,
 ) -> str | None:
     """The start-up check of the changelog topic (as Kafka Streams makes its own): a
     missing one is created (``create_topics``: one partition a shard, ``CHANGELOG_CONFIG``,
     the broker's ``default.replication.factor``, as Kafka Streams' ``replication.factor=-1``)
     and the line saying so returned; an existing one is checked (``TopicError`` saying
-    what is wrong and how to fix it), and None returned."""
-    admin = admin_client(brokers, config)
+    what is wrong and how to fix it), and None returned. A topic created is returned
+    once every partition has a leader; ``timeout`` bounds it all."""
+    admin, timeout = admin_client(brokers, config), Deadline.of(timeout)
     [info] = describe_topics(
         admin, cluster_metadata(admin, brokers, timeout), [name], timeout
     ).values()
@@ -326,44 +452,50 @@ def differences(
     return out
 
 
-def _create(admin: AdminClient, new: list[NewTopic], timeout: float) -> list[str]:
+def _create(admin: AdminClient, new: list[NewTopic], timeout: float | Deadline) -> list[str]:
     """Create ``new``; the names created (not those someone else created meanwhile)."""
-    if not new:
-        return []
-    futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
-    created = []
-    for name, future in futures.items():
-        try:
-            future.result(timeout)
-            created.append(name)
-        except KafkaException as exc:
-            if not (exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
-                raise TopicError(f"cannot create topic {name}: {_reason(exc)}") from None
-        except concurrent.futures.TimeoutError:
-            raise TopicError(f"no answer within {timeout:g} s creating topic {name}") from None
-    return created
+    return [
+        topic.topic
+        for topic in new
+        if retried(
+            lambda left, topic=topic: _create_one(admin, topic, left),
+            f"cannot create topic {topic.topic}",
+            timeout,
+        )
+    ]
 
 
-def wait_for_leaders(
-    admin: AdminClient, brokers: Sequence[str], names: Sequence[str], timeout: float
-) -> None:
-    """Return once every partition of every topic of ``names`` has a leader."""
-    deadline = time.monotonic() + timeout
-    while names:
-        topics = cluster_metadata(admin, brokers, timeout).topics
+def _create_one(admin: AdminClient, topic: NewTopic, timeout: float) -> bool:
+    """Create ``topic``: True, or False when it exists already."""
+    futures = admin.create_topics([topic], operation_timeout=timeout, request_timeout=timeout)
+    try:
+        futures[topic.topic].result(timeout)
+    except KafkaException as exc:
+        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
+    return True
+
+
+def wait_for_leaders(admin: AdminClient, names: Sequence[str], timeout: float | Deadline) -> None:
+    """Return once every partition of every topic of ``names`` has a leader
+    (`DeadlineError` naming those still without one once ``timeout`` passes)."""
+
+    def leaders(left: float) -> None:
+        topics = admin.list_topics(timeout=left).topics
         waiting = [
             name
             for name in names
             if name not in topics
+            or topics[name].error is not None
             or not topics[name].partitions
             or any(p.leader < 0 for p in topics[name].partitions.values())
         ]
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            msg = f"topic(s) {', '.join(waiting)} have no leader after {timeout:g} s"
-            raise TopicError(msg)
-        time.sleep(0.1)
+        if waiting:
+            raise NotReadyError(f"partitions without a leader in {', '.join(waiting)}")
+
+    if names:
+        retried(leaders, f"topic(s) {', '.join(names)} not ready", timeout)
 
 
 def _summary(info: TopicInfo | None) -> str:
@@ -385,7 +517,7 @@ def check_topics(
     config: dict[str, Any],
     inputs: Iterable[str],
     outputs: Iterable[str] = (),
-    timeout: float = 10.0,
+    timeout: float | Deadline = 10.0,
 ) -> dict[str, int]:
     """Fail fast, in one line, unless a broker answers and every topic exists; then return
     {output topic: its max.message.bytes} (to bound what is written to it).
@@ -395,9 +527,10 @@ def check_topics(
     here too. Without this check a source started against an absent broker waits forever,
     and a missing output topic fails the flow only at its first write. max.message.bytes
     is the topic's effective value (``BROKER_DEFAULT_MAX_MESSAGE_BYTES``, 1048588, when the
-    client may not describe topic configs).
+    client may not describe topic configs). ``timeout`` bounds it all.
     """
     inputs, outputs = list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
+    timeout = Deadline.of(timeout)
     try:
         admin = admin_client(brokers, config)
         known = cluster_metadata(admin, brokers, timeout).topics
@@ -413,8 +546,8 @@ def check_topics(
                 "with the --*-topic options"
             )
         return max_message_bytes(admin, outputs, timeout)
-    except TopicError as exc:
-        raise BrokerUnavailableError(str(exc)) from None
+    except TopicError as exc:  # the cause kept: a deadline passed, or a refusal
+        raise BrokerUnavailableError(str(exc)) from exc
 
 
 def group_offsets(
@@ -422,42 +555,36 @@ def group_offsets(
     config: dict[str, Any],
     group: str,
     topics: Iterable[str],
-    timeout: float = 10.0,
+    timeout: float | Deadline = 10.0,
 ) -> dict[tuple[str, int], int]:
     """{(topic, partition): offset} the consumer ``group`` committed on ``topics`` (partitions
-    without a commit are left out; a group that never committed gives {})."""
-    consumer = _group_consumer(brokers, config, group)
+    without a commit are left out; a group that never committed gives {}); `TopicError`
+    when the brokers do not say within ``timeout``."""
+    consumer, deadline = _group_consumer(brokers, config, group), Deadline.of(timeout)
+    what = f"cannot read consumer group {group!r}'s offsets"
     try:
-        parts = _partitions(consumer, topics, timeout)
-        committed = _committed(consumer, parts, timeout)
-    except KafkaException as exc:
-        message = f"cannot read consumer group {group!r}'s offsets: {_reason(exc)}"
-        raise TopicError(message) from None
+        parts = _partitions(consumer, topics, what, deadline)
+        committed = _committed(consumer, parts, what, deadline)
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
 
 
 def holds_records(
-    brokers: Sequence[str], config: Mapping[str, Any], topic: str, timeout: float = 10.0
+    brokers: Sequence[str],
+    config: Mapping[str, Any],
+    topic: str,
+    timeout: float | Deadline = 10.0,
 ) -> bool:
     """Whether ``topic`` holds a record or ever held one (a partition's high watermark
     above 0); False when it does not exist. `TopicError` when the brokers do not say
     within ``timeout`` (a topic just created may not have its leaders known yet: asked
     again until then)."""
     consumer = _group_consumer(brokers, config, "tsi-watermarks")  # asks, never joins
-    deadline = time.monotonic() + timeout
+    deadline, what = Deadline.of(timeout), f"cannot read topic {topic}'s offsets"
     try:
-        while True:
-            try:
-                parts = _partitions(consumer, [topic], timeout)
-                ends = [consumer.get_watermark_offsets(tp, timeout, False)[1] for tp in parts]
-                return any(end > 0 for end in ends)
-            except KafkaException as exc:
-                if time.monotonic() > deadline:
-                    message = f"cannot read topic {topic}'s offsets: {_reason(exc)}"
-                    raise TopicError(message) from None
-                time.sleep(0.2)
+        parts = _partitions(consumer, [topic], what, deadline)
+        return any(end > 0 for _, end in _watermarks(consumer, parts, what, deadline))
     finally:
         consumer.close()
 
@@ -491,33 +618,33 @@ def group_lag(
     config: Mapping[str, Any],
     group: str,
     topics: Iterable[str],
-    timeout: float = 10.0,
+    timeout: float | Deadline = 10.0,
 ) -> list[PartitionLag]:
     """Per partition of ``topics`` (those that exist), the offset ``group`` committed, the
     partition's end and the lag between them; `TopicError` (one line) when the brokers do
     not say."""
-    consumer = _group_consumer(brokers, config, group)
+    consumer, deadline = _group_consumer(brokers, config, group), Deadline.of(timeout)
+    what = f"cannot read consumer group {group!r}'s lag"
     try:
-        parts = _partitions(consumer, topics, timeout)
-        committed = _committed(consumer, parts, timeout)
-        lags = []
-        for tp in committed:
-            start, end = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
-            position = tp.offset if tp.offset >= 0 else None
-            lags.append(PartitionLag(tp.topic, tp.partition, position, start, end))
-    except KafkaException as exc:
-        message = f"cannot read consumer group {group!r}'s lag: {_reason(exc)}"
-        raise TopicError(message) from None
+        parts = _partitions(consumer, topics, what, deadline)
+        committed = _committed(consumer, parts, what, deadline)
+        marks = _watermarks(consumer, committed, what, deadline)
     finally:
         consumer.close()
-    return lags
+    return [
+        PartitionLag(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else None, start, end)
+        for tp, (start, end) in zip(committed, marks, strict=True)
+    ]
 
 
 def _group_consumer(brokers: Sequence[str], config: Mapping[str, Any], group: str) -> Any:
     """A consumer of ``group`` that only asks (it never subscribes, so it never joins it)."""
     from confluent_kafka import Consumer
 
-    settings = {**connection_settings(config), "bootstrap.servers": ",".join(brokers)}
+    settings = {
+        **with_reconnect_defaults(connection_settings(config)),
+        "bootstrap.servers": ",".join(brokers),
+    }
     try:
         return Consumer(
             {**settings, "group.id": group, "enable.auto.commit": False, "log_level": 0}
@@ -526,11 +653,13 @@ def _group_consumer(brokers: Sequence[str], config: Mapping[str, Any], group: st
         raise TopicError(f"Kafka client settings refused: {_reason(exc)}") from None
 
 
-def _partitions(consumer: Any, topics: Iterable[str], timeout: float) -> list[Any]:
+def _partitions(
+    consumer: Any, topics: Iterable[str], what: str, timeout: float | Deadline
+) -> list[Any]:
     """Every partition of the ``topics`` that exist, in topic and partition order."""
     from confluent_kafka import TopicPartition
 
-    known = consumer.list_topics(timeout=timeout).topics
+    known = retried(lambda left: consumer.list_topics(timeout=left).topics, what, timeout)
     return [
         TopicPartition(t, p)
         for t in dict.fromkeys(topics)
@@ -539,15 +668,19 @@ def _partitions(consumer: Any, topics: Iterable[str], timeout: float) -> list[An
     ]
 
 
-def _committed(consumer: Any, parts: list[Any], timeout: float) -> list[Any]:
+def _committed(consumer: Any, parts: list[Any], what: str, timeout: float | Deadline) -> list[Any]:
     """The group's committed offsets of ``parts`` (negative where it committed nothing)."""
-    deadline = time.monotonic() + timeout
-    while True:  # a group's coordinator may still be loading ("not coordinator")
-        try:
-            return consumer.committed(parts, timeout=timeout) if parts else []
-        except KafkaException as exc:
-            err = exc.args[0]
-            again = err.retriable() or err.code() in _COORDINATOR_MOVING
-            if not again or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    if not parts:
+        return []
+    return retried(lambda left: consumer.committed(parts, timeout=left), what, timeout)
+
+
+def _watermarks(
+    consumer: Any, parts: list[Any], what: str, timeout: float | Deadline
+) -> list[tuple[int, int]]:
+    """(oldest offset, high watermark) of each of ``parts``, asked of their leaders."""
+
+    def marks(left: float) -> list[tuple[int, int]]:
+        return [consumer.get_watermark_offsets(tp, left, False) for tp in parts]
+
+    return retried(marks, what, timeout)

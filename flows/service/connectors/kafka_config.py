@@ -78,6 +78,44 @@ CONNECTION_PREFIXES = (
 )
 
 
+#: Defaults of every client of the service (the settings file overrides them): a broker
+#: back after an outage is found again within a second or two, not minutes.
+RECONNECT_DEFAULTS: dict[str, Any] = {
+    # The pause between two connection attempts to a broker doubles up to this cap
+    # (librdkafka's own: 10 s), and every connection (each partition leader's, each
+    # client's) waits out its own: a broker back just after a long pause was found only a
+    # whole cap later. One second keeps the attempts to a down broker few.
+    "reconnect.backoff.ms": 100,
+    "reconnect.backoff.max.ms": 1000,
+    # A broker that accepts a connection and does not answer it (hung, or still loading
+    # its logs after a restart) is given up on after this and connected again, instead
+    # of after librdkafka's 30 s.
+    "socket.connection.setup.timeout.ms": 5000,
+    # A request the broker took and never answered (the broker died or hung holding it)
+    # is failed and sent again after this, not after librdkafka's 60 s: the writes and
+    # fetches in flight when the broker went are what the return waits for.
+    "socket.timeout.ms": 10000,
+    # A failed request (no leader yet, a leader that moved) is asked again after a
+    # pause doubling up to this: librdkafka's defaults, written down as the service's.
+    "retry.backoff.ms": 100,
+    "retry.backoff.max.ms": 1000,
+    # Partitions without a known leader (all of them when a broker returns) have their
+    # metadata asked again this often until they have one.
+    "topic.metadata.refresh.fast.interval.ms": 100,
+}
+
+
+def with_reconnect_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` over `RECONNECT_DEFAULTS` (what the settings file sets wins).
+
+    >>> with_reconnect_defaults({"socket.timeout.ms": 30000})["socket.timeout.ms"]
+    30000
+    >>> with_reconnect_defaults({})["reconnect.backoff.max.ms"]
+    1000
+    """
+    return {**RECONNECT_DEFAULTS, **config}
+
+
 class KafkaSettingsError(ValueError):
     """The Kafka settings file is unreadable or names a setting librdkafka refuses."""
 

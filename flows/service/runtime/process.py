@@ -65,6 +65,7 @@ class Service:
     members: Members = ALONE
     internal_partitions: int = 0  # the internal topic's (0: copies placed by key)
     shards: int = DEFAULT_SHARDS  # the flow's count (``runtime.shard_count``)
+    connect_timeout: float = 10.0  # seconds the brokers get to answer the start's questions
 
     def __post_init__(self) -> None:
         if not isinstance(self.registry, LiveRegistry):
@@ -149,7 +150,8 @@ class Service:
             return imported
         if store_offsets(recovery) is not None:
             return {}
-        if not holds_records(self.brokers, self.consumer_config, self.topics.changelog):
+        changelog, timeout = self.topics.changelog, self.connect_timeout
+        if not holds_records(self.brokers, self.consumer_config, changelog, timeout):
             return {}  # nothing mirrored yet: the group's commits say nothing of the shards
         return self._at_commits()
 
@@ -174,7 +176,9 @@ class Service:
             inputs = {"requests": topics.requests, "feedback": topics.feedback}
         internal = topics.internal if topics.repartitioned else None
         read = [*inputs.values(), *([internal] if internal else [])]
-        offsets = group_offsets(self.brokers, self.consumer_config, self.group_id, read)
+        offsets = group_offsets(
+            self.brokers, self.consumer_config, self.group_id, read, self.connect_timeout
+        )
         shown = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items()))
         log.warning(
             "the recovery directory holds no state: the shards are rebuilt from changelog "

@@ -23,6 +23,8 @@ from bytewax.recovery import init_db_dir
 
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
+    Deadline,
+    DeadlineError,
     TopicError,
     ensure_changelog,
     group_offsets,
@@ -31,7 +33,11 @@ from flows.service.connectors.kafka_admin import (
     topic_infos,
 )
 from flows.service.connectors.kafka_admin import check_topics as check_kafka_topics
-from flows.service.connectors.kafka_config import settings_lines, with_rate_limited_logs
+from flows.service.connectors.kafka_config import (
+    settings_lines,
+    with_rate_limited_logs,
+    with_reconnect_defaults,
+)
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
 from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
@@ -78,21 +84,20 @@ def prepare(options: Settings) -> Service:
     check_recovery_options(options)
     try:  # the checks that need no broker first
         guards = options.guards()
-        consumer, producer = client_config(options.kafka_config)
+        consumer, producer = map(with_reconnect_defaults, client_config(options.kafka_config))
         registry = LiveRegistry(Registry.load(options.registry), options.registry)
         parts = None if options.recovery_dir is None else check_store(options)
         inputs, outputs = service_topics(options.topics)
         if options.outputs is not None:  # written elsewhere: the two output topics unused
             unused = (options.topics.selections, options.topics.dead_letters)
             outputs = [topic for topic in outputs if topic not in unused]
-        shards = ready_changelog(options, consumer)
-        limits = check_kafka_topics(
-            options.brokers, consumer, inputs, outputs, options.connect_timeout
-        )
-        internal_partitions = check_members(options, consumer)
-        check_internal_topic_kept(options, consumer)
+        deadline = Deadline(options.connect_timeout)  # one for every call to the brokers
+        shards = ready_changelog(options, consumer, deadline)
+        limits = check_kafka_topics(options.brokers, consumer, inputs, outputs, deadline)
+        internal_partitions = check_members(options, consumer, deadline)
+        check_internal_topic_kept(options, consumer, deadline)
         if parts is not None and options.group_id is not None:
-            check_no_silent_reset(options, consumer, inputs, parts)
+            check_no_silent_reset(options, consumer, inputs, parts, deadline)
         if options.recovery_dir is not None:
             note_member(options)
         if parts:
@@ -103,7 +108,7 @@ def prepare(options: Settings) -> Service:
             bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
             guards = dataclasses.replace(guards, dead_letter_raw=bound)
     except (ConfigError, RegistryError, BrokerUnavailableError, TopicError, MembersError) as exc:
-        raise StartupError(str(exc)) from None
+        raise StartupError(str(exc) + _slow_broker_hint(exc)) from None
     note_broker_contact(True)
     effective = DeliveryCheckedKafkaSink(options.brokers, None, producer).producer_config()
     for line in settings_lines({**SOURCE_DEFAULTS, **consumer}, effective):
@@ -129,31 +134,42 @@ def prepare(options: Settings) -> Service:
         options.membership,
         internal_partitions,
         shards,
+        options.connect_timeout,
     )
 
 
-def ready_changelog(options: Settings, consumer: dict) -> int:
+def _slow_broker_hint(exc: Exception) -> str:
+    """What to do when the brokers kept failing until ``--connect-timeout`` passed."""
+    if isinstance(exc, DeadlineError) or isinstance(exc.__cause__, DeadlineError):
+        return "; a slow broker may need a longer --connect-timeout"
+    return ""
+
+
+def ready_changelog(options: Settings, consumer: dict, deadline: Deadline | None = None) -> int:
     """The flow's shard count (``resolve_shards``), its changelog topic (when it has one)
-    created with as many partitions when missing (logged), checked when not
-    (``TopicError``)."""
-    shards = resolve_shards(options, consumer)
+    created with as many partitions when missing (logged, once every partition has a
+    leader), checked when not (``TopicError``); within ``deadline`` (default
+    ``--connect-timeout``)."""
+    deadline = deadline or Deadline(options.connect_timeout)
+    shards = resolve_shards(options, consumer, deadline)
     if options.topics.changelog is not None:
         made = ensure_changelog(
-            options.brokers, consumer, options.topics.changelog, shards, options.connect_timeout
+            options.brokers, consumer, options.topics.changelog, shards, deadline
         )
         if made is not None:
             log.warning("changelog topic created: %s", made)
     return shards
 
 
-def resolve_shards(options: Settings, consumer: dict) -> int:
+def resolve_shards(options: Settings, consumer: dict, deadline: Deadline | None = None) -> int:
     """The flow's shard count (``shard_count.flow_shards``): its changelog topic's
     partitions, else its recovery store's, else ``--shards``, else the default."""
     stored = None if options.recovery_dir is None else stored_shards(options.recovery_dir)
     partitions = None
     if options.topics.changelog is not None:
         name = options.topics.changelog
-        info = topic_infos(options.brokers, consumer, [name], options.connect_timeout)[name]
+        timeout = deadline or options.connect_timeout
+        info = topic_infos(options.brokers, consumer, [name], timeout)[name]
         partitions = None if info is None else info.partitions
     return flow_shards(options.shards, stored, partitions)
 
@@ -168,13 +184,14 @@ def note_member(options: Settings) -> None:
     note_layout(options.recovery_dir, options.membership)
 
 
-def check_members(options: Settings, consumer: dict) -> int:
+def check_members(options: Settings, consumer: dict, deadline: Deadline | None = None) -> int:
     """The internal topic's partition count (0 without one), once every topic the members
     share has a partition for each member (``MembersError`` naming the topic otherwise):
     each copy goes to its shard's internal partition (``_records.internal_copy``)."""
     inputs, _ = service_topics(options.topics)
     internal = [options.topics.internal] if options.topics.repartitioned else []
-    infos = topic_infos(options.brokers, consumer, inputs + internal, options.connect_timeout)
+    timeout = deadline or options.connect_timeout
+    infos = topic_infos(options.brokers, consumer, inputs + internal, timeout)
     counts = {name: info.partitions for name, info in infos.items() if info is not None}
     options.membership.check_partitions(counts)
     return counts[internal[0]] if internal else 0
@@ -210,7 +227,11 @@ def check_store(options: Settings) -> list[Path]:
 
 
 def check_no_silent_reset(
-    options: Settings, consumer: dict, inputs: list[str], parts: list[Path]
+    options: Settings,
+    consumer: dict,
+    inputs: list[str],
+    parts: list[Path],
+    deadline: Deadline | None = None,
 ) -> None:
     """Refuse a recovery store that would silently start over: empty (or missing) while
     the consumer group committed progress, or behind the group's commits (its latest
@@ -220,8 +241,8 @@ def check_no_silent_reset(
     ``--fresh`` accepts an empty store (state starts empty; the input resumes from the
     group's offsets), and so does a changelog topic (each shard is rebuilt from it, the
     inputs resume at the group's offsets: ``process.Service._at_commits``)."""
-    group = options.group_id
-    committed = group_offsets(options.brokers, consumer, group, inputs, options.connect_timeout)
+    group, timeout = options.group_id, deadline or options.connect_timeout
+    committed = group_offsets(options.brokers, consumer, group, inputs, timeout)
     owns = options.membership.owns  # a member compares the partitions it reads
     committed = {tp: offset for tp, offset in committed.items() if owns(tp[1])}
     if not committed:
@@ -231,7 +252,7 @@ def check_no_silent_reset(
     stored = store_offsets(options.recovery_dir) if parts else None  # None: no commit yet
     if stored is None and not imported:
         changelog = options.topics.changelog
-        if changelog is not None and _holds(options, consumer, changelog):
+        if changelog is not None and _holds(options, consumer, changelog, timeout):
             log.warning(
                 "recovery directory %s is empty and consumer group %r was at %s: each shard "
                 "is rebuilt from changelog %s, and the inputs resume at the group's offsets "
@@ -280,12 +301,14 @@ def check_no_silent_reset(
         )
 
 
-def _holds(options: Settings, consumer: dict, topic: str) -> bool:
+def _holds(options: Settings, consumer: dict, topic: str, timeout: float | Deadline) -> bool:
     """Whether ``topic`` holds (or held) a record."""
-    return holds_records(options.brokers, consumer, topic, options.connect_timeout)
+    return holds_records(options.brokers, consumer, topic, timeout)
 
 
-def check_internal_topic_kept(options: Settings, consumer: dict) -> None:
+def check_internal_topic_kept(
+    options: Settings, consumer: dict, deadline: Deadline | None = None
+) -> None:
     """Refuse to leave behind the internal topic a service served from before topics
     were named from the application (``LEGACY_INTERNAL``): its group committed offsets
     there and none on the internal topic now named, so what was copied and not yet
@@ -293,7 +316,7 @@ def check_internal_topic_kept(options: Settings, consumer: dict) -> None:
     internal, group = options.topics.internal, options.group_id
     if not options.topics.repartitioned or group is None or internal == LEGACY_INTERNAL:
         return
-    timeout = options.connect_timeout
+    timeout = deadline or options.connect_timeout
     topics = [LEGACY_INTERNAL, internal]
     known = topic_infos(options.brokers, consumer, topics, timeout)
     if known[LEGACY_INTERNAL] is None or options.fresh:
