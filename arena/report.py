@@ -464,8 +464,8 @@ def geometric_mean(values: Sequence[float]) -> float:
     return float(np.exp(np.mean(np.log(values))))
 
 
-# ---------------------------------------------------------------- frontier (issue #39)
-#: issue #39's targets on the frontier's axes
+# ---------------------------------------------------------------- frontier
+#: the default preset's targets on the frontier's axes
 FRONTIER_TARGETS = {"geo_mean": 1.25, "max": 1.5, "ftl_breaker": 35.0}
 
 
@@ -551,7 +551,7 @@ def plot_frontier(rows: Sequence[dict[str, float]], preset: float, path: Path) -
         ax.set_yscale("log")
         ax.set_xlabel("FTL-breaker regret (T = 10^4; target ≤ 35, dashed)")
         ax.set_ylabel("bobw / best baseline, held-out stationary (log)")
-        ax.set_title("bobw's rate constant c: stationary against adversarial (issue #39)")
+        ax.set_title("bobw's rate constant c: stationary against adversarial")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

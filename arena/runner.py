@@ -176,7 +176,7 @@ def baseline_contenders() -> list[Contender]:
     ]
 
 
-# the peers the arena runs by default: one per library and algorithm family named in issue #4
+# the peers the arena runs by default: one per library and algorithm family compared
 DEFAULT_PEERS = (
     "river Exp3",
     "SMPyBandits Exp3",

@@ -86,11 +86,11 @@ def log(message: str) -> None:
 
 
 #: the default as the service runs it (the environment's class), the paper's Algorithm 1
-#: with the same class, and the stochastic baselines issue #39 measures it against
+#: with the same class, and the stochastic baselines it is measured against
 DEFAULT = tsi_name(DEFAULT_VARIANT, "matched class")
 PAPER = tsi_name("paper", "matched class")
 BEST_OF = ("Thompson (NIG)", "ε-greedy (range-free)")
-#: issue #39's targets: the default's regret at most PER_TABLE times the best of ``BEST_OF``
+#: the default's targets: the default's regret at most PER_TABLE times the best of ``BEST_OF``
 #: on every stationary table and GEO_MEAN times in geometric mean; on the adversarial
 #: families at most the paper's plus PAPER_MARGIN of it
 PER_TABLE, GEO_MEAN, PAPER_MARGIN = 1.5, 1.25, 0.10
@@ -126,8 +126,7 @@ def method_lines(results: dict[str, Any]) -> list[str]:
     what each algorithm is told."""
     m, plan = results["machine"], results["plan"]
     return [
-        "## Arena: tsi's variants beside baselines and peers, scored on held-out tables "
-        "(issues #4, #39, #40)",
+        "## Arena: tsi's variants beside baselines and peers, scored on held-out tables",
         "",
         f"Reproduce: `{results['command']}` ({results['wall_seconds']:.0f} s on the machine "
         f"below, load average {results['load_average'][0]:.1f} at the end; `--quick` for a "
@@ -221,7 +220,7 @@ def split_lines(plan: dict[str, Any]) -> list[str]:
 
 def headline_lines(outcomes: list, plan: dict[str, Any]) -> list[str]:
     """The held-out headline: the default against the best stochastic baseline and the
-    paper per family, and issue #39's targets as this run measures them."""
+    paper per family, and the default's targets as this run measures them."""
     families = list(dict.fromkeys(o.environment for o in outcomes))
     held = [f for f in families if f not in NOT_HELD_OUT]
     stationary = [f for f in held if f in STATIONARY]
@@ -248,7 +247,7 @@ def headline_lines(outcomes: list, plan: dict[str, Any]) -> list[str]:
 
 
 def _family_ratio_lines(ratios: dict[str, float]) -> list[str]:
-    """The stationary held-out families' ratios of means against issue #39's targets."""
+    """The stationary held-out families' ratios of means against the default's targets."""
     if not ratios:
         return []
     geo = geometric_mean(list(ratios.values()))
@@ -257,14 +256,14 @@ def _family_ratio_lines(ratios: dict[str, float]) -> list[str]:
         f"- Stationary held-out families ({len(ratios)}): default / best of "
         f"({', '.join(BEST_OF)}) from ×{min(ratios.values()):.2f} to "
         f"×{max(ratios.values()):.2f}, geometric mean ×{geo:.2f} "
-        f"(issue #39: ≤ {PER_TABLE} on every table, ≤ {GEO_MEAN} in geometric mean); "
+        f"(target: ≤ {PER_TABLE} on every table, ≤ {GEO_MEAN} in geometric mean); "
         + (f"above ×{PER_TABLE}: {', '.join(over)}." if over else f"none above ×{PER_TABLE}.")
     ]
 
 
 def _per_table_lines(per_table: dict[str, np.ndarray]) -> list[str]:
     """The stationary held-out tables one by one: the worst, the geometric mean, and how
-    many exceed issue #39's per-table target."""
+    many exceed the per-table target."""
     if not per_table:
         return []
     every = np.concatenate(list(per_table.values()))
@@ -296,7 +295,7 @@ def _adversarial_lines(held: list[str], cells: dict[tuple[str, str], Any]) -> li
         verdict = "worse" if worse(mine, paper, PAPER_MARGIN) else "not worse"
         lines.append(
             f"- {f}: default {mine:.3f} against the paper's {paper:.3f}: {verdict} than the "
-            f"paper + {100 * PAPER_MARGIN:.0f}% (issue #39's target on adversarial tables)."
+            f"paper + {100 * PAPER_MARGIN:.0f}% (the target on adversarial tables)."
         )
     return lines
 
@@ -309,13 +308,13 @@ def _ftl_lines(cells: dict[tuple[str, str], Any], plan: dict[str, Any]) -> list[
     return [
         f"- FTL-breaker (tuning table, not held out): the default's regret "
         f"{ftl.regret.mean():.1f} ± {ftl.regret.std(ddof=1):.1f} in loss units at "
-        f"T = {plan['rounds']:,} (issue #39: ≤ 35 at T = 10^4)."
+        f"T = {plan['rounds']:,} (target: ≤ 35 at T = 10^4)."
     ]
 
 
 def frontier_lines(plots_dir: Path, quote_targets: bool) -> tuple[list[str], Path]:
     """The "Best of both worlds: the frontier" section, from ``bench/bobw/frontier.json``
-    and (quoted, or pointed to) RESULTS.md's targets of issue #39; and its plot."""
+    and (quoted, or pointed to) RESULTS.md's targets of the default preset; and its plot."""
     found = json.loads(FRONTIER.read_text())
     preset = VARIANTS["bobw"].tsallis_scale
     plot = plot_frontier(found["frontier"], preset, plots_dir / "frontier.png")
@@ -327,7 +326,7 @@ def frontier_lines(plots_dir: Path, quote_targets: bool) -> tuple[list[str], Pat
         'cell; bench/RESULTS.md, "Best of both worlds"): `bobw`\'s rate constant c trades '
         "the held-out stationary ratio to the best of (Thompson NIG, ε-greedy) (bench_bobw's "
         "8 held-out stationary tables, seed 7) against the FTL-breaker's regret (seed 7, "
-        f"the tuning table up to arm labels). ✓: meets issue #39's target (geometric mean "
+        f"the tuning table up to arm labels). ✓: meets the default's target (geometric mean "
         f"≤ 1.25, worst table ≤ 1.5, FTL-breaker ≤ 35). Plot: [frontier.png](arena/{plot.name}).",
         "",
         frontier_table(found["frontier"], preset),
@@ -340,10 +339,10 @@ def frontier_lines(plots_dir: Path, quote_targets: bool) -> tuple[list[str], Pat
     ]
     if quote_targets:
         lines += [
-            "Issue #39's targets, met and missed, quoted from bench/RESULTS.md (\"Targets of "
-            'issue #39 (the preset as committed)"; measured by bench_bobw, not by this run):',
+            "The default's targets, met and missed, quoted from bench/RESULTS.md (\"Targets of "
+            'the default preset (as committed)"; measured by bench_bobw, not by this run):',
             "",
-            section_of(results, "### Targets of issue #39 (the preset as committed)"),
+            section_of(results, "### Targets of the default preset (as committed)"),
             "",
             'Why the misses (quoted from bench/RESULTS.md, "Best of both worlds"):',
             "",
@@ -352,8 +351,8 @@ def frontier_lines(plots_dir: Path, quote_targets: bool) -> tuple[list[str], Pat
         ]
     else:
         lines += [
-            "Which of issue #39's targets are met and which missed, and why: the sections "
-            '"Targets of issue #39 (the preset as committed)" and "Why the misses" of '
+            "Which of the default's targets are met and which missed, and why: the sections "
+            '"Targets of the default preset (as committed)" and "Why the misses" of '
             '"Best of both worlds" below.',
             "",
         ]

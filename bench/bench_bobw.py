@@ -1,4 +1,4 @@
-"""The ``bobw`` variant against the stochastic baselines and the paper: the issue #39 figures.
+"""The ``bobw`` variant against the stochastic baselines and the paper: its targets' figures.
 
     .venv/bin/python bench/bench_bobw.py                  # every part, 10 seeds, T = 10^4
     .venv/bin/python bench/bench_bobw.py --part tuning --scales 1 2 4 8

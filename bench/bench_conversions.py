@@ -1,4 +1,4 @@
-"""Experiments as traffic teams run them (issue 41): a conversion stream where feedback
+"""Experiments as traffic teams run them: a conversion stream where feedback
 comes only for conversions, with and without ``default_loss``; and a holdout's share
 against the ``prob`` the service logs.
 

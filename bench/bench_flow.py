@@ -867,7 +867,7 @@ def service_process(
     env.pop("TSI_STOP_AT_END", None)  # tail mode: the service waits for new messages
     if "events" in topics:
         env["TSI_TOPIC_EVENTS"] = topics["events"]
-    else:  # the default two-topic setup also needs its internal topic (issue 11)
+    else:  # the default two-topic setup also needs its internal topic
         env["TSI_TOPIC_REQUESTS"] = topics["requests"]
         env["TSI_TOPIC_FEEDBACK"] = topics["feedback"]
         env["TSI_TOPIC_INTERNAL"] = internal or new_topics(bk.bootstrap, ("internal",))["internal"]

@@ -1,4 +1,4 @@
-"""The gateway's latency (issue 42): what ``tsi serve`` adds to the Kafka round trip.
+"""The gateway's latency: what ``tsi serve`` adds to the Kafka round trip.
 
 Run from the repository root::
 

@@ -10,7 +10,7 @@ Clients ask at a steady pace on the two input topics (4 partitions each, every e
 its shard's partition); once both processes answer, process 1 is killed with -9 and the
 survivor is watched: whether it exits (when, with what status and last log line) and how
 many answers it writes in the seconds after the kill. Figures go to bench/RESULTS.md,
-"Members (issue 43)".
+"Members".
 """
 
 from __future__ import annotations

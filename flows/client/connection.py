@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 #: the latency of one answer, not for throughput:
 CONSUMER_TUNING: dict[str, Any] = {
     # the longest a fetch may wait at the broker for data: librdkafka's default is half a
-    # second, the size of the recurring maximum a stock consumer showed (issue 42); kept
+    # second, the size of the recurring maximum a stock consumer showed; kept
     # short, no answer can wait behind a fetch the broker holds. The cost: an idle client
     # sends a fetch per broker this often.
     "fetch.wait.max.ms": 5,

@@ -1,4 +1,4 @@
-"""The ``bobw`` variant (½-Tsallis-INF on the mean baseline and an RMS scale, issue #39):
+"""The ``bobw`` variant (½-Tsallis-INF on the mean baseline and an RMS scale):
 the kernel against a Python transcription, exact propensities, no forced exploration,
 invariance under maps that round, and its configuration. Bandit ≡ BatchBandit, 2^k
 scaling bit for bit and snapshots run for every preset in ``test_long_horizon.py``,

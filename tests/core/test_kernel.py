@@ -113,7 +113,7 @@ GOLDEN = {
 }
 
 
-# The same for the bobw variant (issue #39: ½-Tsallis-INF for Fixed and Contextual, robust's
+# The same for the bobw variant (½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
     "contextual": "2e910a4a740ee20b6eacc3be638ec93ab3d462a3e20044760d4a4f5e31665bd6",
@@ -153,7 +153,7 @@ def test_bobw_selections_are_the_recorded_bits_on_every_machine(name):
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_the_default_variant_is_bobw_and_plays_its_recorded_bits(name):
-    """An experiment that names no variant runs bobw (issue #39), bit for bit."""
+    """An experiment that names no variant runs bobw, bit for bit."""
     assert DEFAULT_VARIANT == "bobw"
     assert run_digest(name, None) == GOLDEN_BOBW[name]
 

@@ -105,7 +105,7 @@ def test_one_member_killed_stops_only_its_partitions_and_resumes_exactly_once(
     }
     answered_down = {rid for rid, at in first_seen.items() if killed_at <= at < restarted_at}
     mine = {rid for rid, member in during.items() if member == 0}
-    print(  # the measure (pytest -s): bench/RESULTS.md, "Members (issue 43)"
+    print(  # the measure (pytest -s): bench/RESULTS.md, "Members"
         f"member 1 down {restarted_at - killed_at:.1f} s: member 0 answered "
         f"{len(answered_down)} requests, {len(mine & answered_down)} of the {len(mine)} of "
         f"its instances asked then; {len(during) - len(mine)} of member 1's waited"

@@ -1,4 +1,4 @@
-"""``tsi evaluate`` on logs served with an allocation (issue 41): the evaluated policy's
+"""``tsi evaluate`` on logs served with an allocation: the evaluated policy's
 target probability is its serving distribution (floor, holdout, burn-in, forced arm) over
 each row's eligible arms; rows served a forced arm are counted, not evaluated; holdout
 traffic is compared with the bandit's; bad ``why`` and ``eligible`` values are refused
