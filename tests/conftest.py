@@ -1,10 +1,17 @@
 """Shared pytest fixtures, and the ``kafka`` marker on every test that needs the broker."""
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from flows.testing.kafka_broker import BrokerStartError, broker_session, unique_topic
+from flows.testing.kafka_broker import (
+    BrokerStartError,
+    broker_session,
+    start_broker,
+    stop_broker,
+    unique_topic,
+)
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +22,21 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield from broker_session(tmp_path_factory.mktemp("kafka"))
     except BrokerStartError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """(its directory, its address): a broker of the module's own, which its tests may
+    pause, kill and start again (``kafka_broker.restart_broker``)."""
+    data = tmp_path_factory.mktemp("own-kafka")
+    try:
+        bootstrap = start_broker(data)
+    except BrokerStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield data, bootstrap
+    finally:
+        stop_broker(data)
 
 
 @pytest.fixture(autouse=True)
@@ -29,5 +51,6 @@ def own_changelog(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that use the broker: ``pytest -m "not kafka"`` is the fast loop."""
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "kafka_bootstrap" in names or "own_broker" in names:
             item.add_marker(pytest.mark.kafka)

@@ -13,14 +13,11 @@ from pathlib import Path
 
 import orjson
 import psutil
-import pytest
 
 from flows.testing.kafka_broker import (
     consume_all,
     free_port,
     restart_broker,
-    start_broker,
-    stop_broker,
     unique_topic,
 )
 from tests.service.test_operating import (
@@ -36,17 +33,6 @@ from tests.service.test_outage import Load, outlive, ready
 PAUSE_S = 4.0  # the broker paused at start, well within the start's --connect-timeout
 OUTAGE_S = 10.0  # the broker killed while serving
 SLOW_STOP_S, SLOW_RUN_S = 0.9, 0.1  # a slow broker: frozen, then running, in turn
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    """(its directory, its address): a broker these tests pause, kill and start again."""
-    data = tmp_path_factory.mktemp("own-kafka")
-    bootstrap = start_broker(data)
-    try:
-        yield data, bootstrap
-    finally:
-        stop_broker(data)
 
 
 def broker_pid(data: Path) -> int:
@@ -132,8 +118,8 @@ def run_args(bootstrap, names, tmp_path, connect_timeout, *more):
     ]
 
 
-def test_a_start_on_a_paused_then_slow_broker_waits_for_it_then_serves(broker, tmp_path):
-    data, bootstrap = broker
+def test_a_start_on_a_paused_then_slow_broker_waits_for_it_then_serves(own_broker, tmp_path):
+    data, bootstrap = own_broker
     names = service_topics(bootstrap)
     produce(bootstrap, names["ev"], requests(["r1", "r2", "r3"]))
     port = free_port()
@@ -157,8 +143,8 @@ def test_a_start_on_a_paused_then_slow_broker_waits_for_it_then_serves(broker, t
     assert "changelog topic created" in (tmp_path / "run.log").read_text()
 
 
-def test_a_broker_paused_past_the_connect_timeout_ends_the_start_in_one_line(broker, tmp_path):
-    data, bootstrap = broker
+def test_a_broker_paused_past_the_connect_timeout_ends_the_start_in_one_line(own_broker, tmp_path):
+    data, bootstrap = own_broker
     names = service_topics(bootstrap)
     args = run_args(bootstrap, names, tmp_path, 3)
     with paused(data):
@@ -174,8 +160,8 @@ def test_a_broker_paused_past_the_connect_timeout_ends_the_start_in_one_line(bro
     assert line.endswith("a slow broker may need a longer --connect-timeout")
 
 
-def test_every_request_sent_during_and_after_a_killed_broker_is_answered_once(broker, tmp_path):
-    data, bootstrap = broker
+def test_every_request_sent_during_and_after_a_killed_broker_is_answered_once(own_broker, tmp_path):
+    data, bootstrap = own_broker
     names = service_topics(bootstrap)
     port = free_port()
     args = run_args(bootstrap, names, tmp_path, 60, "--metrics-port", port, "--ready-timeout", "5")
