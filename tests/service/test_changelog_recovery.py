@@ -258,3 +258,63 @@ def test_two_topics_lose_their_directory_and_nothing_else(kafka_bootstrap, tmp_p
     states = changelog_states(kafka_bootstrap, changelog)
     assert sum(s["bandit"]["n_updates"] for s in states.values()) == REQUESTS  # once each
     assert sum(len(s["open"]) + len(s["early"]) for s in states.values()) == 0
+
+
+def test_incarnations_killed_before_their_first_snapshot_lose_nothing(kafka_bootstrap, tmp_path):
+    """Each of the first three runs serves, then is killed -9 before its first snapshot
+    (so its directory never holds an epoch); the fourth ends as an uninterrupted run."""
+    events_topic, sel_topic, dlq_topic = (unique_topic(n) for n in ("ev", "sel", "dlq"))
+    changelog = unique_topic("changelog")
+    for topic, partitions in ((events_topic, 3), (sel_topic, 3), (dlq_topic, 1)):
+        create_topic(kafka_bootstrap, topic, partitions)
+    registry_path = tmp_path / "registry.toml"
+    registry_path.write_text(REGISTRY_TOML)
+    recovery = tmp_path / "recovery"
+    fresh_directory(recovery)
+    env = service_env(
+        kafka_bootstrap, registry_path, events_topic, sel_topic, dlq_topic,
+        TSI_TOPIC_CHANGELOG=changelog,
+    )  # fmt: skip
+    events = event_stream(random.Random(61))
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for key, value in events:
+        producer.produce(events_topic, key=key, value=value)
+    assert producer.flush(30) == 0
+    answered = 0
+    for _ in range(3):
+        proc = start_service(env, recovery, "-s", "600")  # no snapshot before the kill
+        try:
+            deadline = time.monotonic() + 120
+            while selections(kafka_bootstrap, sel_topic) <= answered:
+                assert time.monotonic() < deadline, "no answer from this run"
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        answered = selections(kafka_bootstrap, sel_topic)
+    want = {
+        k: comparable(v)
+        for k, v in reference_states(Registry.from_toml(REGISTRY_TOML), events).items()
+    }
+    proc = start_service(env, recovery)
+    try:
+        deadline = time.monotonic() + 180
+        while comparable_states(kafka_bootstrap, changelog) != want:
+            assert time.monotonic() < deadline, "the state never became the uninterrupted run's"
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(1.0)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert_served_once_each(kafka_bootstrap, sel_topic, dlq_topic)
+
+
+def selections(bootstrap, topic):
+    """How many selections ``topic`` holds."""
+    return sum(map(len, consume_all(bootstrap, topic, timeout=5).values()))
+
+
+def comparable_states(bootstrap, changelog):
+    """The changelog's states, each in the form two runs' states compare in."""
+    return {k: comparable(v) for k, v in changelog_states(bootstrap, changelog).items()}
