@@ -205,7 +205,8 @@ def test_a_damaged_local_log_with_a_good_changelog_is_rebuilt_without_a_dead_let
     path.write_bytes(path.read_bytes()[:-5])
     resumed = build(tmp_path, changelog, marker)
     assert resumed.handle([]) == [] and held(resumed) == held(logic)
-    assert resumed.store.guard and resumed.handle([(SHARD, None, NOW[0])]) == []  # a wake-up
+    assert resumed.store.changelog.guard
+    assert resumed.handle([(SHARD, None, NOW[0])]) == []  # a wake-up
 
 
 class Unreadable(MemoryChangelog):
@@ -291,7 +292,7 @@ def test_a_request_read_again_is_dropped_where_feedback_waits_under_its_id(tmp_p
     run(first, events, {len(events) - 1}, set())
     changelog.deliver()
     rebuilt = build(tmp_path / "lost", changelog)
-    assert rebuilt.store.guard  # it drops what it holds
+    assert rebuilt.store.changelog.guard  # it drops what it holds
     again = feed(rebuilt, events)
     assert states(rebuilt) == states(oracle)
     assert again.items() <= first.answers.items()  # answered again, if at all, the same

@@ -19,29 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.service.instances.instance import Early, Instance, Output
+from flows.service.instances.instance import Instance, Output
 from flows.service.instances.registry import Experiment, LiveRegistry
 from flows.service.instances.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.observe.metrics import observe_expired, observe_restored
 from flows.service.shards import _event_loop as event_loop
 from flows.service.shards._deadline_queue import TimeHeap
-from flows.service.shards.changelog import (
-    Changelog,
-    Mirror,
-    Mirrored,
-    encode,
-    shard_index,
-    start,
-)
+from flows.service.shards.changelog import Changelog, encode, shard_index
+from flows.service.shards.changelog_layer import ChangelogLayer, Routed
 from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
 from flows.service.shards.shard_log import ShardLog
 from flows.service.shards.stream_clock import StreamClock
-from flows.service.wire.events import DeadLetter, Feedback, Origin, Request
+from flows.service.wire.events import DeadLetter, Origin
 from flows.service.wire.keys import DEFAULT_SHARDS, of_layout, shard_of, split_key
 
 log = logging.getLogger(__name__)
-
-Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experiment, event)
 
 
 #: Seconds without an event after which an instance is put to rest (packed; with a shard
@@ -148,10 +140,7 @@ class ShardStore:
         self.loop: Any = None  # what the compiled loop keeps between calls (_event_loop)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
         self.foreign: list[Entry] = []  # a shard of another shard count: kept as they are
-        self.mirror: Mirror | None = None  # with a changelog: what the log's writes go to
-        self.mirrored: Mirrored | None = None  # where the changelog stands
-        self.guard: dict[tuple[str, int], int] = {}  # rebuilt: the input already applied
-        self.unmarked = False  # sent to the changelog since its last marker
+        self.changelog: ChangelogLayer | None = None  # its log's mirror, and the guard
         self.dormant: dict[str, Any] | None = None  # resumed, another member's: kept as is
         if resume:
             self._start(resume["shard"], resume)
@@ -182,7 +171,11 @@ class ShardStore:
             self.log = ShardLog(self.context.store, shard)
             entries, problem = self.log.resume(None if resume is None else resume["store"])
             if self.context.changelog is not None and of_layout(shard, self.context.shards):
-                entries, problem = self._started(shard, entries, problem, resume)
+                self.changelog = ChangelogLayer(self.context.changelog)
+                entries, problem, rebuilt = self.changelog.begin(shard, entries, problem, resume)
+                if rebuilt:  # a new generation holds what the changelog gave
+                    self.log.fresh = True
+                    log.warning("%s: rebuilt from its changelog, %d instances", shard, len(entries))
             elif problem is not None:
                 problem = f"the shard's log is damaged, {len(entries)} instances read: {problem}"
             if problem is not None:
@@ -202,20 +195,6 @@ class ShardStore:
         else:
             for entry in entries.values():
                 self._resume(entry)
-
-    def _started(
-        self, shard: str, entries: dict[str, Entry], damaged: str | None, resume: dict | None
-    ) -> tuple[dict[str, Entry], str | None]:
-        """With a changelog: the entries the shard starts from (its log's, or rebuilt
-        from the changelog: ``changelog.start``), and the problem found, if any."""
-        changelog = self.context.changelog
-        begun = start(changelog, shard, entries, damaged, resume and resume.get("changelog"))
-        self.mirror = changelog.mirror(shard)
-        self.mirrored, self.guard = begun.mirrored, begun.guard
-        if begun.rebuilt:  # a new generation holds what the changelog gave
-            self.log.fresh = True
-            log.warning("%s: rebuilt from its changelog, %d instances", shard, len(begun.entries))
-        return begun.entries, begun.problem
 
     def _lost(self, detail: str, reason: str = "state_lost") -> None:
         log.error("%s: %s", self.shard, detail)
@@ -252,62 +231,26 @@ class ShardStore:
             self._start(first, None)  # rebuilt, if it is, before the guard
             out += self.problems
             self.problems = []
-        if self.mirror is not None:
-            events = self._applied(events)
+        if self.changelog is not None:
+            events = self.changelog.admit(events, self._now, self._held)
         out += event_loop.handle(self, events)
         self._settle(len(events))
         return out
 
-    def _applied(self, events: list[Routed]) -> list[Routed]:
-        """With a changelog: note the input the state now includes (``Marker.seen``), and
-        drop what a shard rebuilt from its changelog already holds (``guard``), but for
-        the requests it answers again (``_answers_again``)."""
-        seen, guard = self.mirrored.seen, self.guard
-        kept = [] if guard else events
-        for routed in events:
-            if routed[1] is None:  # a wake-up (``_event_loop``): no input
-                if guard:
-                    kept.append(routed)
-                continue
-            origin = routed[2].origin
-            offset = origin.offset
-            if offset is None or origin.partition is None:  # not from Kafka
-                if guard:
-                    kept.append(routed)
-                continue
-            where = (origin.source, origin.partition)
-            if guard:
-                if offset <= guard.get(where, -1) and not self._answers_again(routed):
-                    continue
-                kept.append(routed)
-            if offset > seen.get(where, -1):
-                seen[where] = offset
-        self.unmarked = True
-        return kept
-
-    def _answers_again(self, routed: Routed) -> bool:
-        """Whether a request a rebuilt shard already holds goes on to its instance all the
-        same: its answer may be one the crash kept from being written (the changelog had
-        the epoch, the selections' topic not yet), and an instance that still holds the
-        request answers it again as a retry, changing nothing. One too old to be held is
-        not looked up (no instance is revived for it)."""
-        key, experiment, event = routed
-        if not isinstance(event, Request) or event.origin.time is None:
-            return False
-        if event.origin.time + experiment.feedback_ttl + experiment.retry_window < self._now():
-            return False
+    def _held(self, key: str, experiment: Experiment) -> Instance | None:
+        """Instance ``key`` for the guard (``ChangelogLayer.admit``): live, or built from
+        its resting bytes and live from then on; None if not held or not built."""
         instance = self.instances.get(key)
         if instance is None:
             entry = self.resting.pop(key)
             if entry is None:
-                return False
+                return None
             try:
                 instance = self._built(experiment, key, entry)
             except Exception:  # kept as it was (``_built``); the request is applied already
-                return False
+                return None
             self.changed(key)  # live now: settled and woken as any other
-        held = instance.get(event.request_id)  # an answer; not feedback waiting for it
-        return held is not None and not isinstance(held, Early)
+        return instance
 
     # What the compiled loop (``flows.service.shards._event_loop``) uses of a shard: ``instances``,
     # ``touched``, ``deadlines``, ``context`` and the three methods below.
@@ -502,17 +445,8 @@ class ShardStore:
 
     def _encoded(self, entries: list[Entry]) -> bytes:
         """The log's records of ``entries``: one record for all of them, or, with a
-        changelog, one each, each also sent to the changelog keyed by its instance (each
-        entry pickled once, the same bytes in both)."""
-        if self.mirror is None:
-            return encode(entries)
-        records = [encode([entry]) for entry in entries]
-        if records:
-            append = self.mirror.append
-            for entry, record in zip(entries, records, strict=True):
-                append(entry.key, record)
-            self.unmarked = True
-        return b"".join(records)
+        changelog, one each, each also sent to it (``ChangelogLayer.write``)."""
+        return encode(entries) if self.changelog is None else self.changelog.write(entries)
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on entries as
@@ -581,16 +515,16 @@ class ShardStore:
         if self.log is None:
             state = {"shard": self.shard, "entries": self._all_entries()}
         elif self.log.wants_compaction:
-            if self.mirror is not None:  # the changed entries to it: it compacts itself
-                self._encoded(list(map(entry_of, dirty)))
+            if self.changelog is not None:  # the changed entries to it: it compacts itself
+                self.changelog.write(list(map(entry_of, dirty)))
             state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
         elif dirty:
             records = self._encoded(list(map(entry_of, dirty)))
             state = {"shard": self.shard, "store": self.log.append(records)}
         else:
             state = {"shard": self.shard, "store": self.log.marker}
-        if self.mirror is not None:
-            state["changelog"] = self._marked()
+        if self.changelog is not None:
+            state["changelog"] = self.changelog.mark()
         if self.log is None:
             self._put_to_rest(changed)
         else:  # at the pace of the calls that follow: the close is the latency's tail
@@ -598,17 +532,6 @@ class ShardStore:
             self.saved += written
             self.clean.update(written)
         return state
-
-    def _marked(self) -> dict[str, Any]:
-        """An epoch's close with a changelog: its marker sent after its entries, and
-        acknowledged with them before the snapshot returns (raises if they were not: the
-        epoch is not committed); where the changelog now stands (``Mirrored``)."""
-        now = self.mirrored
-        if self.unmarked:
-            self.mirror.mark(now.marker())
-            offset = self.mirror.acknowledged()
-            now.seq, now.offset, self.unmarked = now.seq + 1, offset, False
-        return {**vars(now), "seen": dict(now.seen)}
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:
