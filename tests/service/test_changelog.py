@@ -92,7 +92,7 @@ def run(logic, events, closes, turns):
     for at, routed in enumerate(events):
         logic.answers = {**getattr(logic, "answers", {}), **step(logic, at, routed)}
         if at in turns:
-            logic.store.turned = float("-inf")
+            logic.store.generations.turned = float("-inf")
             logic.handle([])
         if at in closes:
             snapshots.append((logic.snapshot(), at + 1))
@@ -127,7 +127,7 @@ def test_the_changelog_to_its_last_marker_rebuilds_what_the_local_log_holds(
     snapshots = run(logic, events, closes | {len(events) // 2}, turns)
     last, _ = snapshots[-1]
     feed(logic, events[: len(events) // 3], len(events))  # after the last marker: dropped
-    logic.store.turned = float("-inf")
+    logic.store.generations.turned = float("-inf")
     logic.handle([])  # written ahead of a close that never comes
     changelog.deliver()
     if compacted:  # what follows the last marker is younger than min.compaction.lag.ms

@@ -28,6 +28,7 @@ from flows.service.shards._deadline_queue import TimeHeap
 from flows.service.shards.changelog import Changelog, encode, shard_index
 from flows.service.shards.changelog_layer import ChangelogLayer, Routed
 from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
+from flows.service.shards.generations import Generations
 from flows.service.shards.shard_log import ShardLog
 from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire.events import DeadLetter, Origin
@@ -127,15 +128,9 @@ class ShardStore:
         self.instances: dict[str, Instance] = {}
         self.resting = Resting()  # saved, not built: idle, or of an experiment not in force
         self.deadlines = DeadlineQueue()  # instance keys, by their next deadline
-        self.touched: set[str] = set()  # instances changed in this generation
-        self.cooling: set[str] = set()  # changed in the generation before, not since
-        self.settling: list[str] = []  # unchanged for a generation: to put to rest
-        self.unwritten: list[str] = []  # cooling, with a log: written a few per call
-        self.saved: list[str] = []  # written at an epoch's close: to put to rest, unwritten
-        self.clean: set[str] = set()  # written since they last changed (see ``_settle``)
+        self.generations = Generations()  # which live instances changed when (``_settle``)
+        self.touched = self.generations.touched  # the same set, for the compiled loop
         self.lingering = TimeHeap()  # (when to look again, key) of those kept live (LINGER)
-        self.turned = time.monotonic()  # when the generation turned
-        self.created = 0  # new instances in this generation (NEW_PER_GENERATION)
         self.log: ShardLog | None = None
         self.loop: Any = None  # what the compiled loop keeps between calls (_event_loop)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
@@ -275,7 +270,7 @@ class ShardStore:
         that cannot be revived is kept as it was, and the error raised."""
         if entry is None:
             instance = Instance(experiment, key)
-            self.created += 1
+            self.generations.created += 1
         else:
             try:
                 instance = revive(entry, experiment)
@@ -369,12 +364,8 @@ class ShardStore:
         if len(self.lingering):  # (conditionals, not min and max: this runs every call)
             linger = self.lingering.first_time()
             due = linger if due is None or linger < due else due
-        if self.settling or self.saved:
-            wait = 0.0
-        elif self.touched or self.cooling:
-            wait = self.turned + self.context.rest_after - time.monotonic()
-            wait = wait if wait > 0.0 else 0.0
-        else:
+        wait = self.generations.wait(self.context.rest_after)
+        if wait is None:
             return due
         settle = self._now() + wait
         return settle if due is None or settle < due else due
@@ -393,31 +384,25 @@ class ShardStore:
         next change is likely near (``_changes_before``): written now and again soon,
         they would cost twice the bytes."""
         writing = self.log is not None and self.context.snapshots
-        clock = time.monotonic()
-        if clock - self.turned >= self.context.rest_after or self.created >= NEW_PER_GENERATION:
-            self.turned, self.created = clock, 0
-            self.clean -= self.touched
-            self.settling += self.cooling - self.touched
-            self.cooling = set(self.touched)  # the loop holds this set: cleared, kept
-            self.touched.clear()
-            if writing:
-                self.unwritten = list(self.cooling)
+        generations, clock = self.generations, time.monotonic()
+        if (
+            clock - generations.turned >= self.context.rest_after
+            or generations.created >= NEW_PER_GENERATION
+        ):
+            generations.turn(clock, writing)
         budget = SETTLE_BASE + 2 * handled
-        if self.settling:
-            keys, self.settling[-budget:] = self.settling[-budget:], []
-            keys = [k for k in dict.fromkeys(keys) if k not in self.touched and k in self.instances]
+        if generations.settling:
+            keys = generations.take_settling(budget, self.instances)
             if keys:
                 if writing:
-                    self._write([key for key in keys if key not in self.clean])
-                self.clean.difference_update(keys)
+                    self._write([key for key in keys if key not in generations.clean])
+                generations.clean.difference_update(keys)
                 self._put_to_rest([self.instances[key] for key in keys])
                 budget -= len(keys)
-        if self.saved and budget > 0:
-            keys, self.saved[-budget:] = self.saved[-budget:], []
-            clean = [key for key in keys if key in self.clean and key not in self.touched]
-            self.clean.difference_update(keys)
+        if generations.saved and budget > 0:
+            clean, taken = generations.take_saved(budget)
             self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
-            budget -= len(keys)
+            budget -= taken
         if len(self.lingering) and budget > 0:  # those kept live whose time has come
             now = self._now()
             while len(self.lingering) and budget > 0 and self.lingering.first_time() <= now:
@@ -425,14 +410,12 @@ class ShardStore:
                 budget -= 1
                 if key not in self.touched and key in self.instances:
                     self._put_to_rest([self.instances[key]])
-        if self.unwritten and budget > 0:
-            keys, self.unwritten[-budget:] = self.unwritten[-budget:], []
-            cooling, touched, clean, live = self.cooling, self.touched, self.clean, self.instances
-            keys = [k for k in keys if k in cooling and k not in touched and k not in clean]
-            soon = self._now() + CHANGE_NEAR
-            keys = [k for k in keys if k in live and not _changes_before(live[k], soon)]
+        if generations.unwritten and budget > 0:
+            keys = generations.take_unwritten(budget, self.instances)
+            soon, live = self._now() + CHANGE_NEAR, self.instances
+            keys = [k for k in keys if not _changes_before(live[k], soon)]
             self._write(keys)
-            self.clean.update(keys)
+            generations.clean.update(keys)
 
     def _write(self, keys: list[str]) -> None:
         """Write the live instances ``keys`` to the log within an epoch."""
@@ -505,13 +488,9 @@ class ShardStore:
             return None
         if self.dormant is not None:
             return self.dormant
-        keys = self.touched | self.cooling | set(self.settling)
+        keys, unwritten = self.generations.close()
         changed = [self.instances[key] for key in keys if key in self.instances]
-        dirty = [i for i in changed if i.key in self.touched or i.key not in self.clean]
-        self.touched.clear()
-        self.cooling.clear()
-        self.settling.clear()
-        self.unwritten.clear()
+        dirty = [i for i in changed if i.key in unwritten]
         if self.log is None:
             state = {"shard": self.shard, "entries": self._all_entries()}
         elif self.log.wants_compaction:
@@ -528,9 +507,7 @@ class ShardStore:
         if self.log is None:
             self._put_to_rest(changed)
         else:  # at the pace of the calls that follow: the close is the latency's tail
-            written = [instance.key for instance in changed]
-            self.saved += written
-            self.clean.update(written)
+            self.generations.written([instance.key for instance in changed])
         return state
 
 
