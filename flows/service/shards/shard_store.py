@@ -1,12 +1,15 @@
 """A shard's instances and where they live: live, resting, and the shard's log.
 
-One ``ShardStore`` per shard holds its instances in three tiers, as Kafka Streams layers
-a cache over a store over a changelog: live ``Instance`` objects (the cache: what events
-change), resting records (packed bytes in C tables, ``flows.service.instances.resting``) and, with
-recovery, the shard's append-only log (``flows.service.shards.shard_log``). An instance unchanged
-for a generation is put to rest (and written ahead of the epoch's close); an epoch's close
-appends what changed since last written. The store knows nothing of Bytewax: the adapter
-(``flows.service.shards.logic.ShardLogic``) maps Bytewax's calls onto it.
+One ``ShardStore`` per shard composes its tiers as Kafka Streams layers a cache over a
+store over a changelog: live ``Instance`` objects (the cache: what events change; which
+changed when, ``generations``), resting records (packed bytes in C tables,
+``flows.service.instances.resting``), with recovery the shard's append-only log
+(``shard_log``), and with a changelog the layer that mirrors the log's writes and guards
+the input (``changelog_layer``: what the shard starts from, exactly once). An instance
+unchanged for a generation is put to rest (and written ahead of the epoch's close); an
+epoch's close appends what changed since last written. The store knows nothing of
+Bytewax: the adapter (``flows.service.shards.logic.ShardLogic``) maps Bytewax's calls
+onto it.
 """
 
 from __future__ import annotations
@@ -90,10 +93,11 @@ class FlowContext:
 
 
 class ShardStore:
-    """The instances of one shard, in three tiers: live (``Instance`` objects), resting
-    (packed bytes in C tables, ``resting.Resting``) and, with recovery, the shard's log
-    (``shard_log.ShardLog``). Instances are created on their first event (which names the
-    experiment) and kept with one queue of their deadlines.
+    """The instances of one shard, in tiers: live (``Instance`` objects), resting (packed
+    bytes in C tables, ``resting.Resting``), with recovery the shard's log
+    (``shard_log.ShardLog``), with a changelog its layer (``changelog``). Instances are
+    created on their first event (which names the experiment) and kept with one queue
+    of their deadlines.
 
     What it offers its callers (the Bytewax adapter ``logic.ShardLogic``, the compiled
     event loop, tests and benchmarks): ``handle`` events, ``bind`` (get an instance:
@@ -375,20 +379,16 @@ class ShardStore:
         seconds, or fewer if ``NEW_PER_GENERATION`` new instances came first): at most
         ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
         calls and keeps up with the keys they touch. With a log, what is put to rest is
-        written first unless it is ``clean`` (written since it last changed: a key
-        touched in a generation leaves ``clean`` when the generation turns, and while
-        it is touched it is neither written nor put to rest). Within the same budget,
-        the keys an epoch's close wrote (``saved``) are put to rest, and the keys the
-        last generation changed are written (``unwritten``), so that the close, which
-        holds every answer, has only the newest changes left to write; not those whose
-        next change is likely near (``_changes_before``): written now and again soon,
-        they would cost twice the bytes."""
+        written first unless it is ``clean`` (``generations.Generations``: a touched key
+        is neither written nor put to rest). Within the same budget, the keys an epoch's
+        close wrote (``saved``) are put to rest, and the keys the last generation changed
+        are written (``unwritten``), so that the close, which holds every answer, has only
+        the newest changes left to write; not those whose next change is likely near
+        (``_changes_before``): written now and again soon, they would cost twice the bytes."""
         writing = self.log is not None and self.context.snapshots
         generations, clock = self.generations, time.monotonic()
-        if (
-            clock - generations.turned >= self.context.rest_after
-            or generations.created >= NEW_PER_GENERATION
-        ):
+        rest_after, created = self.context.rest_after, generations.created
+        if clock - generations.turned >= rest_after or created >= NEW_PER_GENERATION:
             generations.turn(clock, writing)
         budget = SETTLE_BASE + 2 * handled
         if generations.settling:
