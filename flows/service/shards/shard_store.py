@@ -170,8 +170,9 @@ class ShardStore:
             self.log = ShardLog(self.context.store, shard)
             entries, problem = self.log.resume(None if resume is None else resume["store"])
             if self.context.changelog is not None and of_layout(shard, self.context.shards):
-                self.changelog = ChangelogLayer(self.context.changelog)
-                entries, problem, rebuilt = self.changelog.begin(shard, entries, problem, resume)
+                layer = ChangelogLayer(self.context.changelog)  # kept once begun
+                entries, problem, rebuilt = layer.begin(shard, entries, problem, resume)
+                self.changelog = layer
                 if rebuilt:  # a new generation holds what the changelog gave
                     self.log.fresh = True
                     log.warning("%s: rebuilt from its changelog, %d instances", shard, len(entries))
