@@ -1,15 +1,13 @@
 """A shard's instances and where they live: live, resting, and the shard's log.
 
 One ``ShardStore`` per shard composes its tiers as Kafka Streams layers a cache over a
-store over a changelog: live ``Instance`` objects (the cache: what events change; which
-changed when, ``generations``), resting records (packed bytes in C tables,
-``flows.service.instances.resting``), with recovery the shard's append-only log
+store over a changelog: live ``Instance`` objects (the cache; which changed when:
+``generations``), resting records (``instances.resting``), with recovery the shard's log
 (``shard_log``), and with a changelog the layer that mirrors the log's writes and guards
-the input (``changelog_layer``: what the shard starts from, exactly once). An instance
-unchanged for a generation is put to rest (and written ahead of the epoch's close); an
-epoch's close appends what changed since last written. The store knows nothing of
-Bytewax: the adapter (``flows.service.shards.logic.ShardLogic``) maps Bytewax's calls
-onto it.
+the input (``changelog_layer``). An instance unchanged for a generation is put to rest
+(and written ahead of the epoch's close); an epoch's close appends what changed since
+last written. The store knows nothing of Bytewax: the adapter (``logic.ShardLogic``)
+maps Bytewax's calls onto it.
 """
 
 from __future__ import annotations
