@@ -87,15 +87,16 @@ class Shards:
         """A generation turns in every shard (as after a second), and the calls that
         follow do their work until none is left (as the service's calls do)."""
         for logic in self.logics.values():
-            logic.store.turned = float("-inf")
+            logic.store.generations.turned = float("-inf")
             logic.handle([])
-            while logic.store.unwritten or logic.store.saved or logic.store.settling:
+            generations = logic.store.generations
+            while generations.unwritten or generations.saved or generations.settling:
                 logic.handle([])
 
     def close(self) -> tuple[float, int]:
         """Seconds of every shard's snapshot, and the instances they found changed."""
         changed = sum(
-            len(s.store.touched | s.store.cooling | set(s.store.settling))
+            len(s.store.touched | s.store.generations.cooling | set(s.store.generations.settling))
             for s in self.logics.values()
         )
         started = time.perf_counter()

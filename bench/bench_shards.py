@@ -354,7 +354,7 @@ def fill(fleet: Fleet, n: int, kind: str) -> None:
         fleet.clock.now += LINGER  # users gone longer than LINGER rest
         for logic in fleet.logics.values():
             for _ in range(100_000):
-                if not (logic.store.saved or len(logic.store.lingering)):
+                if not (logic.store.generations.saved or len(logic.store.lingering)):
                     break
                 logic.on_notify()
 

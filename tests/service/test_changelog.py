@@ -92,7 +92,7 @@ def run(logic, events, closes, turns):
     for at, routed in enumerate(events):
         logic.answers = {**getattr(logic, "answers", {}), **step(logic, at, routed)}
         if at in turns:
-            logic.store.turned = float("-inf")
+            logic.store.generations.turned = float("-inf")
             logic.handle([])
         if at in closes:
             snapshots.append((logic.snapshot(), at + 1))
@@ -127,7 +127,7 @@ def test_the_changelog_to_its_last_marker_rebuilds_what_the_local_log_holds(
     snapshots = run(logic, events, closes | {len(events) // 2}, turns)
     last, _ = snapshots[-1]
     feed(logic, events[: len(events) // 3], len(events))  # after the last marker: dropped
-    logic.store.turned = float("-inf")
+    logic.store.generations.turned = float("-inf")
     logic.handle([])  # written ahead of a close that never comes
     changelog.deliver()
     if compacted:  # what follows the last marker is younger than min.compaction.lag.ms
@@ -205,7 +205,8 @@ def test_a_damaged_local_log_with_a_good_changelog_is_rebuilt_without_a_dead_let
     path.write_bytes(path.read_bytes()[:-5])
     resumed = build(tmp_path, changelog, marker)
     assert resumed.handle([]) == [] and held(resumed) == held(logic)
-    assert resumed.store.guard and resumed.handle([(SHARD, None, NOW[0])]) == []  # a wake-up
+    assert resumed.store.changelog.guard
+    assert resumed.handle([(SHARD, None, NOW[0])]) == []  # a wake-up
 
 
 class Unreadable(MemoryChangelog):
@@ -291,7 +292,7 @@ def test_a_request_read_again_is_dropped_where_feedback_waits_under_its_id(tmp_p
     run(first, events, {len(events) - 1}, set())
     changelog.deliver()
     rebuilt = build(tmp_path / "lost", changelog)
-    assert rebuilt.store.guard  # it drops what it holds
+    assert rebuilt.store.changelog.guard  # it drops what it holds
     again = feed(rebuilt, events)
     assert states(rebuilt) == states(oracle)
     assert again.items() <= first.answers.items()  # answered again, if at all, the same

@@ -98,7 +98,7 @@ def test_a_shard_no_event_reaches_is_woken_to_put_its_instances_to_rest():
     assert logic.notify_at() is None
     logic.handle(item(logic, "e", request("r1")))  # a ticket due at 505
     assert 500.0 < logic.notify_at().timestamp() <= 500.5  # the generation turns first
-    logic.store.settling.append("e")
+    logic.store.generations.settling.append("e")
     assert logic.notify_at().timestamp() == 500.0
 
 

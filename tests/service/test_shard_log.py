@@ -114,7 +114,7 @@ def test_instances_written_within_an_epoch_count_once_a_marker_covers_them(tmp_p
 
 def turn(logic):
     """A generation of changed keys turns at the shard's next call (REST_AFTER passed)."""
-    logic.store.turned = float("-inf")
+    logic.store.generations.turned = float("-inf")
     logic.handle([])
 
 
@@ -130,9 +130,9 @@ def test_a_close_only_writes_and_the_calls_after_it_put_to_rest(tmp_path):
     later(logic)  # kept answers go: every instance idle, changed in this generation
     closed = logic.snapshot()["store"]
     assert all(key(unit) in logic.store.instances for unit in units)  # written, not yet at rest
-    last = logic.store.saved[0]  # the last the calls after the close reach
+    last = logic.store.generations.saved[0]  # the last the calls after the close reach
     served(logic, split_key(last)[1], "r1")  # changed after the close: a ticket opens
-    while logic.store.saved:
+    while logic.store.generations.saved:
         logic.handle([])
     assert last in logic.store.instances  # touched: not put to rest with the close's state
     turn(logic)  # its generation ends: written again by the calls
@@ -155,7 +155,7 @@ def test_the_calls_leave_to_the_close_what_is_about_to_change(tmp_path, monkeypa
     served(logic, "u1", "r0", loss=1.0)
     served(logic, "u2", "r0")
     turn(logic)
-    assert [unit for unit in ("u1", "u2") if key(unit) in logic.store.clean] == written
+    assert [unit for unit in ("u1", "u2") if key(unit) in logic.store.generations.clean] == written
 
 
 def test_a_key_two_closes_wrote_rests_once(tmp_path):
@@ -168,7 +168,8 @@ def test_a_key_two_closes_wrote_rests_once(tmp_path):
     served(logic, "u1", "r1", loss=2.0)
     later(logic)
     logic.snapshot()
-    logic.store.saved.insert(0, key("u1"))  # the first close's, not reached yet (a backlog)
+    saved = logic.store.generations.saved
+    saved.insert(0, key("u1"))  # the first close's, not reached yet (a backlog)
     logic.handle([])
     assert key("u1") in logic.store.resting and key("u1") not in logic.store.instances
     assert served(logic, "u1", "r2", loss=1.0)  # built again from its resting entry
@@ -188,9 +189,9 @@ def test_the_close_writes_only_what_changed_since_the_calls_wrote_it(tmp_path):
         assert served(straight, unit, "r1", 2.0) == served(logic, unit, "r1", 2.0)
     assert served(straight, "u20", "r1") == served(logic, "u20", "r1")  # feedback to come
     turn(logic)  # the ten are written by the calls, not by the close
-    written = logic.store.log.end
-    assert written > base["end"] and all(key(unit) in logic.store.clean for unit in units[:10])
-    assert key("u20") not in logic.store.clean  # its feedback is near: written once, later
+    written, clean = logic.store.log.end, logic.store.generations.clean
+    assert written > base["end"] and all(key(unit) in clean for unit in units[:10])
+    assert key("u20") not in clean  # its feedback is near: written once, later
     assert served(straight, "u3", "r2", 3.0) == served(logic, "u3", "r2", 3.0)
     closed = logic.snapshot()
     path = logic.store.log.path(logic.store.log.gen)

@@ -167,7 +167,7 @@ class Service:
         internal topic did. So what lies before a committed input offset is copied into
         the internal topic, and what lies before a committed internal offset is in the
         changelog; what is read again after them the shards rebuilt from the changelog
-        drop (``ShardStore.guard``), and second copies the internal partitions drop
+        drop (``ChangelogLayer.guard``), and second copies the internal partitions drop
         (their ``seen``)."""
         topics = self.topics
         if topics.events is not None:

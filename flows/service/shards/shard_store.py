@@ -1,12 +1,13 @@
 """A shard's instances and where they live: live, resting, and the shard's log.
 
-One ``ShardStore`` per shard holds its instances in three tiers, as Kafka Streams layers
-a cache over a store over a changelog: live ``Instance`` objects (the cache: what events
-change), resting records (packed bytes in C tables, ``flows.service.instances.resting``) and, with
-recovery, the shard's append-only log (``flows.service.shards.shard_log``). An instance unchanged
-for a generation is put to rest (and written ahead of the epoch's close); an epoch's close
-appends what changed since last written. The store knows nothing of Bytewax: the adapter
-(``flows.service.shards.logic.ShardLogic``) maps Bytewax's calls onto it.
+One ``ShardStore`` per shard composes its tiers as Kafka Streams layers a cache over a
+store over a changelog: live ``Instance`` objects (the cache; which changed when:
+``generations``), resting records (``instances.resting``), with recovery the shard's log
+(``shard_log``), and with a changelog the layer that mirrors the log's writes and guards
+the input (``changelog_layer``). An instance unchanged for a generation is put to rest
+(and written ahead of the epoch's close); an epoch's close appends what changed since
+last written. The store knows nothing of Bytewax: the adapter (``logic.ShardLogic``)
+maps Bytewax's calls onto it.
 """
 
 from __future__ import annotations
@@ -19,29 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.service.instances.instance import Early, Instance, Output
+from flows.service.instances.instance import Instance, Output
 from flows.service.instances.registry import Experiment, LiveRegistry
 from flows.service.instances.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.observe.metrics import observe_expired, observe_restored
 from flows.service.shards import _event_loop as event_loop
 from flows.service.shards._deadline_queue import TimeHeap
-from flows.service.shards.changelog import (
-    Changelog,
-    Mirror,
-    Mirrored,
-    encode,
-    shard_index,
-    start,
-)
+from flows.service.shards.changelog import Changelog, encode, shard_index
+from flows.service.shards.changelog_layer import ChangelogLayer, Routed
 from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
+from flows.service.shards.generations import Generations
 from flows.service.shards.shard_log import ShardLog
 from flows.service.shards.stream_clock import StreamClock
-from flows.service.wire.events import DeadLetter, Feedback, Origin, Request
+from flows.service.wire.events import DeadLetter, Origin
 from flows.service.wire.keys import DEFAULT_SHARDS, of_layout, shard_of, split_key
 
 log = logging.getLogger(__name__)
-
-Routed = tuple[str, Experiment, Request | Feedback]  # (instance key, its experiment, event)
 
 
 #: Seconds without an event after which an instance is put to rest (packed; with a shard
@@ -97,10 +91,11 @@ class FlowContext:
 
 
 class ShardStore:
-    """The instances of one shard, in three tiers: live (``Instance`` objects), resting
-    (packed bytes in C tables, ``resting.Resting``) and, with recovery, the shard's log
-    (``shard_log.ShardLog``). Instances are created on their first event (which names the
-    experiment) and kept with one queue of their deadlines.
+    """The instances of one shard, in tiers: live (``Instance`` objects), resting (packed
+    bytes in C tables, ``resting.Resting``), with recovery the shard's log
+    (``shard_log.ShardLog``), with a changelog its layer (``changelog``). Instances are
+    created on their first event (which names the experiment) and kept with one queue
+    of their deadlines.
 
     What it offers its callers (the Bytewax adapter ``logic.ShardLogic``, the compiled
     event loop, tests and benchmarks): ``handle`` events, ``bind`` (get an instance:
@@ -135,23 +130,14 @@ class ShardStore:
         self.instances: dict[str, Instance] = {}
         self.resting = Resting()  # saved, not built: idle, or of an experiment not in force
         self.deadlines = DeadlineQueue()  # instance keys, by their next deadline
-        self.touched: set[str] = set()  # instances changed in this generation
-        self.cooling: set[str] = set()  # changed in the generation before, not since
-        self.settling: list[str] = []  # unchanged for a generation: to put to rest
-        self.unwritten: list[str] = []  # cooling, with a log: written a few per call
-        self.saved: list[str] = []  # written at an epoch's close: to put to rest, unwritten
-        self.clean: set[str] = set()  # written since they last changed (see ``_settle``)
+        self.generations = Generations()  # which live instances changed when (``_settle``)
+        self.touched = self.generations.touched  # the same set, for the compiled loop
         self.lingering = TimeHeap()  # (when to look again, key) of those kept live (LINGER)
-        self.turned = time.monotonic()  # when the generation turned
-        self.created = 0  # new instances in this generation (NEW_PER_GENERATION)
         self.log: ShardLog | None = None
         self.loop: Any = None  # what the compiled loop keeps between calls (_event_loop)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
         self.foreign: list[Entry] = []  # a shard of another shard count: kept as they are
-        self.mirror: Mirror | None = None  # with a changelog: what the log's writes go to
-        self.mirrored: Mirrored | None = None  # where the changelog stands
-        self.guard: dict[tuple[str, int], int] = {}  # rebuilt: the input already applied
-        self.unmarked = False  # sent to the changelog since its last marker
+        self.changelog: ChangelogLayer | None = None  # its log's mirror, and the guard
         self.dormant: dict[str, Any] | None = None  # resumed, another member's: kept as is
         if resume:
             self._start(resume["shard"], resume)
@@ -182,7 +168,12 @@ class ShardStore:
             self.log = ShardLog(self.context.store, shard)
             entries, problem = self.log.resume(None if resume is None else resume["store"])
             if self.context.changelog is not None and of_layout(shard, self.context.shards):
-                entries, problem = self._started(shard, entries, problem, resume)
+                layer = ChangelogLayer(self.context.changelog)  # kept once begun
+                entries, problem, rebuilt = layer.begin(shard, entries, problem, resume)
+                self.changelog = layer
+                if rebuilt:  # a new generation holds what the changelog gave
+                    self.log.fresh = True
+                    log.warning("%s: rebuilt from its changelog, %d instances", shard, len(entries))
             elif problem is not None:
                 problem = f"the shard's log is damaged, {len(entries)} instances read: {problem}"
             if problem is not None:
@@ -202,20 +193,6 @@ class ShardStore:
         else:
             for entry in entries.values():
                 self._resume(entry)
-
-    def _started(
-        self, shard: str, entries: dict[str, Entry], damaged: str | None, resume: dict | None
-    ) -> tuple[dict[str, Entry], str | None]:
-        """With a changelog: the entries the shard starts from (its log's, or rebuilt
-        from the changelog: ``changelog.start``), and the problem found, if any."""
-        changelog = self.context.changelog
-        begun = start(changelog, shard, entries, damaged, resume and resume.get("changelog"))
-        self.mirror = changelog.mirror(shard)
-        self.mirrored, self.guard = begun.mirrored, begun.guard
-        if begun.rebuilt:  # a new generation holds what the changelog gave
-            self.log.fresh = True
-            log.warning("%s: rebuilt from its changelog, %d instances", shard, len(begun.entries))
-        return begun.entries, begun.problem
 
     def _lost(self, detail: str, reason: str = "state_lost") -> None:
         log.error("%s: %s", self.shard, detail)
@@ -252,62 +229,26 @@ class ShardStore:
             self._start(first, None)  # rebuilt, if it is, before the guard
             out += self.problems
             self.problems = []
-        if self.mirror is not None:
-            events = self._applied(events)
+        if self.changelog is not None:
+            events = self.changelog.admit(events, self._now, self._held)
         out += event_loop.handle(self, events)
         self._settle(len(events))
         return out
 
-    def _applied(self, events: list[Routed]) -> list[Routed]:
-        """With a changelog: note the input the state now includes (``Marker.seen``), and
-        drop what a shard rebuilt from its changelog already holds (``guard``), but for
-        the requests it answers again (``_answers_again``)."""
-        seen, guard = self.mirrored.seen, self.guard
-        kept = [] if guard else events
-        for routed in events:
-            if routed[1] is None:  # a wake-up (``_event_loop``): no input
-                if guard:
-                    kept.append(routed)
-                continue
-            origin = routed[2].origin
-            offset = origin.offset
-            if offset is None or origin.partition is None:  # not from Kafka
-                if guard:
-                    kept.append(routed)
-                continue
-            where = (origin.source, origin.partition)
-            if guard:
-                if offset <= guard.get(where, -1) and not self._answers_again(routed):
-                    continue
-                kept.append(routed)
-            if offset > seen.get(where, -1):
-                seen[where] = offset
-        self.unmarked = True
-        return kept
-
-    def _answers_again(self, routed: Routed) -> bool:
-        """Whether a request a rebuilt shard already holds goes on to its instance all the
-        same: its answer may be one the crash kept from being written (the changelog had
-        the epoch, the selections' topic not yet), and an instance that still holds the
-        request answers it again as a retry, changing nothing. One too old to be held is
-        not looked up (no instance is revived for it)."""
-        key, experiment, event = routed
-        if not isinstance(event, Request) or event.origin.time is None:
-            return False
-        if event.origin.time + experiment.feedback_ttl + experiment.retry_window < self._now():
-            return False
+    def _held(self, key: str, experiment: Experiment) -> Instance | None:
+        """Instance ``key`` for the guard (``ChangelogLayer.admit``): live, or built from
+        its resting bytes and live from then on; None if not held or not built."""
         instance = self.instances.get(key)
         if instance is None:
             entry = self.resting.pop(key)
             if entry is None:
-                return False
+                return None
             try:
                 instance = self._built(experiment, key, entry)
             except Exception:  # kept as it was (``_built``); the request is applied already
-                return False
+                return None
             self.changed(key)  # live now: settled and woken as any other
-        held = instance.get(event.request_id)  # an answer; not feedback waiting for it
-        return held is not None and not isinstance(held, Early)
+        return instance
 
     # What the compiled loop (``flows.service.shards._event_loop``) uses of a shard: ``instances``,
     # ``touched``, ``deadlines``, ``context`` and the three methods below.
@@ -332,7 +273,7 @@ class ShardStore:
         that cannot be revived is kept as it was, and the error raised."""
         if entry is None:
             instance = Instance(experiment, key)
-            self.created += 1
+            self.generations.created += 1
         else:
             try:
                 instance = revive(entry, experiment)
@@ -426,12 +367,8 @@ class ShardStore:
         if len(self.lingering):  # (conditionals, not min and max: this runs every call)
             linger = self.lingering.first_time()
             due = linger if due is None or linger < due else due
-        if self.settling or self.saved:
-            wait = 0.0
-        elif self.touched or self.cooling:
-            wait = self.turned + self.context.rest_after - time.monotonic()
-            wait = wait if wait > 0.0 else 0.0
-        else:
+        wait = self.generations.wait(self.context.rest_after)
+        if wait is None:
             return due
         settle = self._now() + wait
         return settle if due is None or settle < due else due
@@ -441,40 +378,30 @@ class ShardStore:
         seconds, or fewer if ``NEW_PER_GENERATION`` new instances came first): at most
         ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
         calls and keeps up with the keys they touch. With a log, what is put to rest is
-        written first unless it is ``clean`` (written since it last changed: a key
-        touched in a generation leaves ``clean`` when the generation turns, and while
-        it is touched it is neither written nor put to rest). Within the same budget,
-        the keys an epoch's close wrote (``saved``) are put to rest, and the keys the
-        last generation changed are written (``unwritten``), so that the close, which
-        holds every answer, has only the newest changes left to write; not those whose
-        next change is likely near (``_changes_before``): written now and again soon,
-        they would cost twice the bytes."""
+        written first unless it is ``clean`` (``generations.Generations``: a touched key
+        is neither written nor put to rest). Within the same budget, the keys an epoch's
+        close wrote (``saved``) are put to rest, and the keys the last generation changed
+        are written (``unwritten``), so that the close, which holds every answer, has only
+        the newest changes left to write; not those whose next change is likely near
+        (``_changes_before``): written now and again soon, they would cost twice the bytes."""
         writing = self.log is not None and self.context.snapshots
-        clock = time.monotonic()
-        if clock - self.turned >= self.context.rest_after or self.created >= NEW_PER_GENERATION:
-            self.turned, self.created = clock, 0
-            self.clean -= self.touched
-            self.settling += self.cooling - self.touched
-            self.cooling = set(self.touched)  # the loop holds this set: cleared, kept
-            self.touched.clear()
-            if writing:
-                self.unwritten = list(self.cooling)
+        generations, clock = self.generations, time.monotonic()
+        rest_after, created = self.context.rest_after, generations.created
+        if clock - generations.turned >= rest_after or created >= NEW_PER_GENERATION:
+            generations.turn(clock, writing)
         budget = SETTLE_BASE + 2 * handled
-        if self.settling:
-            keys, self.settling[-budget:] = self.settling[-budget:], []
-            keys = [k for k in dict.fromkeys(keys) if k not in self.touched and k in self.instances]
+        if generations.settling:
+            keys = generations.take_settling(budget, self.instances)
             if keys:
                 if writing:
-                    self._write([key for key in keys if key not in self.clean])
-                self.clean.difference_update(keys)
+                    self._write([key for key in keys if key not in generations.clean])
+                generations.clean.difference_update(keys)
                 self._put_to_rest([self.instances[key] for key in keys])
                 budget -= len(keys)
-        if self.saved and budget > 0:
-            keys, self.saved[-budget:] = self.saved[-budget:], []
-            clean = [key for key in keys if key in self.clean and key not in self.touched]
-            self.clean.difference_update(keys)
+        if generations.saved and budget > 0:
+            clean, taken = generations.take_saved(budget)
             self._put_to_rest([self.instances[key] for key in clean if key in self.instances])
-            budget -= len(keys)
+            budget -= taken
         if len(self.lingering) and budget > 0:  # those kept live whose time has come
             now = self._now()
             while len(self.lingering) and budget > 0 and self.lingering.first_time() <= now:
@@ -482,14 +409,12 @@ class ShardStore:
                 budget -= 1
                 if key not in self.touched and key in self.instances:
                     self._put_to_rest([self.instances[key]])
-        if self.unwritten and budget > 0:
-            keys, self.unwritten[-budget:] = self.unwritten[-budget:], []
-            cooling, touched, clean, live = self.cooling, self.touched, self.clean, self.instances
-            keys = [k for k in keys if k in cooling and k not in touched and k not in clean]
-            soon = self._now() + CHANGE_NEAR
-            keys = [k for k in keys if k in live and not _changes_before(live[k], soon)]
+        if generations.unwritten and budget > 0:
+            keys = generations.take_unwritten(budget, self.instances)
+            soon, live = self._now() + CHANGE_NEAR, self.instances
+            keys = [k for k in keys if not _changes_before(live[k], soon)]
             self._write(keys)
-            self.clean.update(keys)
+            generations.clean.update(keys)
 
     def _write(self, keys: list[str]) -> None:
         """Write the live instances ``keys`` to the log within an epoch."""
@@ -502,17 +427,8 @@ class ShardStore:
 
     def _encoded(self, entries: list[Entry]) -> bytes:
         """The log's records of ``entries``: one record for all of them, or, with a
-        changelog, one each, each also sent to the changelog keyed by its instance (each
-        entry pickled once, the same bytes in both)."""
-        if self.mirror is None:
-            return encode(entries)
-        records = [encode([entry]) for entry in entries]
-        if records:
-            append = self.mirror.append
-            for entry, record in zip(entries, records, strict=True):
-                append(entry.key, record)
-            self.unmarked = True
-        return b"".join(records)
+        changelog, one each, each also sent to it (``ChangelogLayer.write``)."""
+        return encode(entries) if self.changelog is None else self.changelog.write(entries)
 
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on entries as
@@ -571,44 +487,27 @@ class ShardStore:
             return None
         if self.dormant is not None:
             return self.dormant
-        keys = self.touched | self.cooling | set(self.settling)
+        keys, unwritten = self.generations.close()
         changed = [self.instances[key] for key in keys if key in self.instances]
-        dirty = [i for i in changed if i.key in self.touched or i.key not in self.clean]
-        self.touched.clear()
-        self.cooling.clear()
-        self.settling.clear()
-        self.unwritten.clear()
+        dirty = [i for i in changed if i.key in unwritten]
         if self.log is None:
             state = {"shard": self.shard, "entries": self._all_entries()}
         elif self.log.wants_compaction:
-            if self.mirror is not None:  # the changed entries to it: it compacts itself
-                self._encoded(list(map(entry_of, dirty)))
+            if self.changelog is not None:  # the changed entries to it: it compacts itself
+                self.changelog.write(list(map(entry_of, dirty)))
             state = {"shard": self.shard, "store": self.log.compact(self._all_entries())}
         elif dirty:
             records = self._encoded(list(map(entry_of, dirty)))
             state = {"shard": self.shard, "store": self.log.append(records)}
         else:
             state = {"shard": self.shard, "store": self.log.marker}
-        if self.mirror is not None:
-            state["changelog"] = self._marked()
+        if self.changelog is not None:
+            state["changelog"] = self.changelog.mark()
         if self.log is None:
             self._put_to_rest(changed)
         else:  # at the pace of the calls that follow: the close is the latency's tail
-            written = [instance.key for instance in changed]
-            self.saved += written
-            self.clean.update(written)
+            self.generations.written([instance.key for instance in changed])
         return state
-
-    def _marked(self) -> dict[str, Any]:
-        """An epoch's close with a changelog: its marker sent after its entries, and
-        acknowledged with them before the snapshot returns (raises if they were not: the
-        epoch is not committed); where the changelog now stands (``Mirrored``)."""
-        now = self.mirrored
-        if self.unmarked:
-            self.mirror.mark(now.marker())
-            offset = self.mirror.acknowledged()
-            now.seq, now.offset, self.unmarked = now.seq + 1, offset, False
-        return {**vars(now), "seen": dict(now.seen)}
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:
