@@ -87,6 +87,8 @@ class Campaign:
     faults: tuple[str, ...] = FAULTS
     gap: tuple[float, float] = (2.0, 8.0)  # seconds between two faults
     cover: bool = False  # each fault once first (in the seed's order), then drawn
+    script: tuple[str, ...] = ()  # faults played first, in this order
+    first_count: int | None = None  # members at the start (None: drawn)
     members: dict[int, Member] = field(default_factory=dict)
     count: int = 1
     started: float = 0.0
@@ -99,7 +101,7 @@ class Campaign:
         rng = random.Random(self.seed)
         requests = int(self.seconds / self.pace)
         self.topics, self.changelog, self.registry = changelog_setup(self.bootstrap, self.work)
-        self.count = rng.randint(1, self.max_members)
+        self.count = self.first_count or rng.randint(1, self.max_members)
         self.clients = Clients(self.bootstrap, self.topics, requests, self.pace)
         self.started = time.monotonic()
         self._start_all()
@@ -159,7 +161,8 @@ class Campaign:
     # ---------------------------------------------------------------- faults
     def _strike(self, rng: random.Random) -> None:
         end = self.started + self.seconds
-        plan = rng.sample(self.faults, len(self.faults)) if self.cover else []
+        plan = list(self.script)
+        plan += rng.sample(self.faults, len(self.faults)) if self.cover else []
         while time.monotonic() < end or plan:
             self._pause(rng.uniform(*self.gap))
             fault = plan.pop(0) if plan else rng.choice(self.faults)

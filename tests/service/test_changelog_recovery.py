@@ -261,8 +261,10 @@ def test_two_topics_lose_their_directory_and_nothing_else(kafka_bootstrap, tmp_p
 
 
 def test_incarnations_killed_before_their_first_snapshot_lose_nothing(kafka_bootstrap, tmp_path):
-    """Each of the first three runs serves, then is killed -9 before its first snapshot
-    (so its directory never holds an epoch); the fourth ends as an uninterrupted run."""
+    """The first three runs each serve, then are killed -9 before their first snapshot (the
+    directory never holds an epoch); the fourth snapshots every second while the rest of
+    the stream arrives and is killed -9 mid-stream; its directory is lost; the fifth ends
+    as an uninterrupted run, every answer the same."""
     events_topic, sel_topic, dlq_topic = (unique_topic(n) for n in ("ev", "sel", "dlq"))
     changelog = unique_topic("changelog")
     for topic, partitions in ((events_topic, 3), (sel_topic, 3), (dlq_topic, 1)):
@@ -276,27 +278,22 @@ def test_incarnations_killed_before_their_first_snapshot_lose_nothing(kafka_boot
         TSI_TOPIC_CHANGELOG=changelog,
     )  # fmt: skip
     events = event_stream(random.Random(61))
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
-    for key, value in events:
-        producer.produce(events_topic, key=key, value=value)
-    assert producer.flush(30) == 0
+    half = len(events) // 2
+    produce_events(kafka_bootstrap, events_topic, events[:half])
     answered = 0
     for _ in range(3):
         proc = start_service(env, recovery, "-s", "600")  # no snapshot before the kill
-        try:
-            deadline = time.monotonic() + 120
-            while selections(kafka_bootstrap, sel_topic) <= answered:
-                assert time.monotonic() < deadline, "no answer from this run"
-                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-                time.sleep(0.2)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        answered = selections(kafka_bootstrap, sel_topic)
-    want = {
-        k: comparable(v)
-        for k, v in reference_states(Registry.from_toml(REGISTRY_TOML), events).items()
-    }
+        answered = killed_after_answers(proc, kafka_bootstrap, sel_topic, answered)
+    proc = start_service(env, recovery)  # a snapshot every second
+    later = threading.Thread(
+        target=produce_events, args=(kafka_bootstrap, events_topic, events[half:], 0.05)
+    )
+    later.start()
+    killed_after_answers(proc, kafka_bootstrap, sel_topic, answered + 40)
+    later.join()
+    fresh_directory(recovery)
+    registry = Registry.from_toml(REGISTRY_TOML)
+    want = {k: comparable(v) for k, v in reference_states(registry, events).items()}
     proc = start_service(env, recovery)
     try:
         deadline = time.monotonic() + 180
@@ -308,6 +305,30 @@ def test_incarnations_killed_before_their_first_snapshot_lose_nothing(kafka_boot
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert_served_once_each(kafka_bootstrap, sel_topic, dlq_topic)
+
+
+def produce_events(bootstrap, topic, events, pause=0.0):
+    """``events`` written to ``topic`` in order, 20 at a time ``pause`` seconds apart."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for start_at in range(0, len(events), 20):
+        for key, value in events[start_at : start_at + 20]:
+            producer.produce(topic, key=key, value=value)
+        assert producer.flush(30) == 0
+        time.sleep(pause)
+
+
+def killed_after_answers(proc, bootstrap, topic, answered):
+    """Kill -9 ``proc`` once ``topic`` holds more than ``answered`` selections; how many."""
+    try:
+        deadline = time.monotonic() + 120
+        while selections(bootstrap, topic) <= answered:
+            assert time.monotonic() < deadline, "no new answer from this run"
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return selections(bootstrap, topic)
 
 
 def selections(bootstrap, topic):
