@@ -140,19 +140,22 @@ def test_a_shard_is_held_by_exactly_the_owner_of_its_internal_partition(count, p
     assert len(holders) == 1 and Members(count, holders[0]).holds(shard, 0)
 
 
-def check_reset(tmp_path, monkeypatch, stored, committed, layout=None, **env):
+def check_reset(tmp_path, monkeypatch, stored, committed, layout=None, holds=False, **env):
     """``check_no_silent_reset`` of a member whose store holds ``stored`` offsets and last
-    served as ``layout`` (None: never as a member), the group at ``committed``."""
+    served as ``layout`` (None: never as a member), the group at ``committed``, the
+    changelog holding records or not (``holds``): the partitions to start from."""
     from flows.service.runtime import startup
     from flows.service.runtime.recovery import note_layout
 
     store = tmp_path / "rec"
+    store.mkdir(parents=True, exist_ok=True)
     if layout is not None:
         note_layout(store, layout)
     monkeypatch.setattr(startup, "group_offsets", lambda *a: dict(committed))
     monkeypatch.setattr(startup, "store_offsets", lambda d: dict(stored))
+    monkeypatch.setattr(startup, "_holds", lambda *a: holds)
     options = settings(TSI_RECOVERY_DIR=str(store), TSI_GROUP_ID="g", **env)
-    startup.check_no_silent_reset(options, {}, ["tsi.requests"], [store])
+    return startup.check_no_silent_reset(options, {}, ["tsi.requests"], [store])
 
 
 def test_a_store_behind_on_partitions_another_member_served_since_rescales_with_a_changelog(
@@ -171,6 +174,30 @@ def test_a_store_behind_on_partitions_another_member_served_since_rescales_with_
     with pytest.raises(StartupError, match="is behind consumer group"):  # its own partition
         check_reset(
             tmp_path, monkeypatch, stored, committed, Members(2, 1), TSI_TOPIC_CHANGELOG="c"
-        )
+        )  # and a changelog that holds nothing to stand in for the store
     with pytest.raises(StartupError, match="is behind consumer group"):  # never a member
         check_reset(tmp_path / "alone", monkeypatch, stored, committed, TSI_TOPIC_CHANGELOG="c")
+
+
+@pytest.mark.parametrize("layout", [Members(2, 1), Members(3, 1), None])
+def test_a_store_behind_the_group_with_a_changelog_that_holds_its_state_is_moved_aside(
+    tmp_path, monkeypatch, caplog, layout
+):
+    """Behind the group on a partition it owns (another member served it while this one
+    was away, or its latest snapshots are lost): with a changelog that holds records the
+    store is moved aside, kept, and the start goes on from the changelog, never a refusal
+    repeated at every restart; without a changelog it stays refused."""
+    from flows.service.runtime.startup import StartupError
+
+    committed = {("tsi.requests", 1): 9}
+    stored = {("tsi.requests", 1): 3}
+    parts = check_reset(
+        tmp_path, monkeypatch, stored, committed, layout, holds=True, TSI_TOPIC_CHANGELOG="c"
+    )
+    assert parts == [] and not (tmp_path / "rec").exists()
+    [moved] = tmp_path.glob("rec.behind-*")
+    assert any(moved.rglob("*")) or layout is None  # kept as it was
+    assert "is behind consumer group 'g' on tsi.requests[1] (offset 3 < 9)" in caplog.text
+    assert "moved aside to" in caplog.text and "rebuilt from changelog c" in caplog.text
+    with pytest.raises(StartupError, match="is behind consumer group"):
+        check_reset(tmp_path / "no", monkeypatch, stored, committed, layout, TSI_NO_CHANGELOG="1")

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import IO
 
@@ -97,7 +98,7 @@ def prepare(options: Settings) -> Service:
         internal_partitions = check_members(options, consumer, deadline)
         check_internal_topic_kept(options, consumer, deadline)
         if parts is not None and options.group_id is not None:
-            check_no_silent_reset(options, consumer, inputs, parts, deadline)
+            parts = check_no_silent_reset(options, consumer, inputs, parts, deadline)
         if options.recovery_dir is not None:
             note_member(options)
         if parts:
@@ -232,7 +233,7 @@ def check_no_silent_reset(
     inputs: list[str],
     parts: list[Path],
     deadline: Deadline | None = None,
-) -> None:
+) -> list[Path]:
     """Refuse a recovery store that would silently start over: empty (or missing) while
     the consumer group committed progress, or behind the group's commits (its latest
     snapshots are lost; for a store imported and not committed since, ``tsi state
@@ -240,46 +241,22 @@ def check_no_silent_reset(
     a cluster compares the inputs its directory holds, a member those it owns.
     ``--fresh`` accepts an empty store (state starts empty; the input resumes from the
     group's offsets), and so does a changelog topic (each shard is rebuilt from it, the
-    inputs resume at the group's offsets: ``process.Service._at_commits``)."""
+    inputs resume at the group's offsets: ``process.Service._at_commits``); with one, a
+    store behind the group is moved aside (``set_aside``) and the start goes on as from
+    an empty one. The partitions to start from (none once moved aside)."""
     group, timeout = options.group_id, deadline or options.connect_timeout
     committed = group_offsets(options.brokers, consumer, group, inputs, timeout)
     owns = options.membership.owns  # a member compares the partitions it reads
     committed = {tp: offset for tp, offset in committed.items() if owns(tp[1])}
     if not committed:
-        return
+        return parts
     where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(committed.items())[:4])
     imported = input_offsets(seeded_inputs(options.recovery_dir))
     stored = store_offsets(options.recovery_dir) if parts else None  # None: no commit yet
     if stored is None and not imported:
-        changelog = options.topics.changelog
-        if changelog is not None and _holds(options, consumer, changelog, timeout):
-            log.warning(
-                "recovery directory %s is empty and consumer group %r was at %s: each shard "
-                "is rebuilt from changelog %s, and the inputs resume at the group's offsets "
-                "(what is read again of what the shards hold is dropped)",
-                options.recovery_dir,
-                group,
-                where,
-                options.topics.changelog,
-            )
-            return
-        if options.rebuild:
-            log.warning(
-                "rebuilding (--rebuild) from the inputs' start: group %r was at %s", group, where
-            )
-            return
-        if options.fresh:
-            log.warning("starting afresh (--fresh): consumer group %r was at %s", group, where)
-            return
-        empty = "" if changelog is None else f" and changelog {changelog} holds nothing"
-        raise StartupError(
-            f"recovery directory {options.recovery_dir} is empty{empty} but consumer group "
-            f"{group!r} has committed progress ({where}): restore the directory from its "
-            "backup, give the changelog that holds its state (--changelog-topic; before "
-            f"topics were named from the group: {LEGACY_CHANGELOG}), rebuild the state from "
-            "what the topics still hold with --rebuild, or accept a reset with --fresh "
-            "(state starts empty, the input resumes from the group's offsets)"
-        )
+        _accept_empty(options, consumer, where, timeout)
+        return parts
+    cache = stored is not None and options.topics.changelog is not None  # it stands in
     if stored is None:  # imported, nothing committed since: the positions it was given
         stored = imported
         why = "the state file is older than the service's last epochs: export and import again"
@@ -295,10 +272,77 @@ def check_no_silent_reset(
     behind = _served_elsewhere(options, behind)
     if behind:
         (topic, partition), group_at, store_at = sorted(behind)[0]
-        raise StartupError(
+        said = (
             f"recovery directory {options.recovery_dir} is behind consumer group {group!r} "
-            f"on {topic}[{partition}] (offset {store_at} < {group_at}): {why}"
+            f"on {topic}[{partition}] (offset {store_at} < {group_at})"
         )
+        changelog = options.topics.changelog
+        if cache and options.processes == 1 and _holds(options, consumer, changelog, timeout):
+            set_aside(options.recovery_dir, said, changelog)
+            return []
+        raise StartupError(f"{said}: {why}")
+    return parts
+
+
+def _accept_empty(options: Settings, consumer: dict, where: str, timeout: float | Deadline) -> None:
+    """An empty store where the consumer group committed progress (``where``): accepted
+    with a changelog that holds records (each shard rebuilt from it), ``--rebuild`` or
+    ``--fresh`` (logged), refused otherwise (``StartupError`` naming the ways out)."""
+    group = options.group_id
+    changelog = options.topics.changelog
+    if changelog is not None and _holds(options, consumer, changelog, timeout):
+        log.warning(
+            "recovery directory %s is empty and consumer group %r was at %s: each shard "
+            "is rebuilt from changelog %s, and the inputs resume at the group's offsets "
+            "(what is read again of what the shards hold is dropped)",
+            options.recovery_dir,
+            group,
+            where,
+            options.topics.changelog,
+        )
+        return
+    if options.rebuild:
+        log.warning(
+            "rebuilding (--rebuild) from the inputs' start: group %r was at %s", group, where
+        )
+        return
+    if options.fresh:
+        log.warning("starting afresh (--fresh): consumer group %r was at %s", group, where)
+        return
+    empty = "" if changelog is None else f" and changelog {changelog} holds nothing"
+    raise StartupError(
+        f"recovery directory {options.recovery_dir} is empty{empty} but consumer group "
+        f"{group!r} has committed progress ({where}): restore the directory from its "
+        "backup, give the changelog that holds its state (--changelog-topic; before "
+        f"topics were named from the group: {LEGACY_CHANGELOG}), rebuild the state from "
+        "what the topics still hold with --rebuild, or accept a reset with --fresh "
+        "(state starts empty, the input resumes from the group's offsets)"
+    )
+
+
+def set_aside(directory: Path, why: str, changelog: str) -> Path:
+    """Move a recovery directory the changelog can stand in for (behind the group: another
+    member served its partitions since, or its latest snapshots are lost) aside, kept for a
+    post-mortem, so that the start rebuilds every shard from ``changelog`` and resumes the
+    inputs at the group's offsets, as after a lost directory. Where it went.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()) / "recovery"; d.mkdir()
+    >>> moved = set_aside(d, "behind", "tsi.changelog")
+    >>> d.exists(), moved.name.startswith("recovery.behind-"), moved.exists()
+    (False, True, True)
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    moved = directory.with_name(f"{directory.name}.behind-{stamp}-{os.getpid()}")
+    directory.rename(moved)
+    log.warning(
+        "%s: moved aside to %s (delete it when no longer needed); every shard is rebuilt "
+        "from changelog %s and the inputs resume at the group's offsets",
+        why,
+        moved,
+        changelog,
+    )
+    return moved
 
 
 def _holds(options: Settings, consumer: dict, topic: str, timeout: float | Deadline) -> bool:
