@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import typer
@@ -9,10 +10,17 @@ import typer
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
 from flows.service.observe.metrics import MetricsPortError
-from flows.service.runtime.dir_lock import hold_directory
+from flows.service.runtime.dir_lock import hold_directory, is_empty
+from flows.service.runtime.process import Service
 from flows.service.runtime.process import run as run_flow
 from flows.service.runtime.settings import ConfigError, Settings, options
-from flows.service.runtime.startup import ServiceLog, StartupError, describe_start, prepare
+from flows.service.runtime.startup import (
+    BrokersAwayError,
+    ServiceLog,
+    StartupError,
+    describe_start,
+    prepare,
+)
 from flows.service.runtime.stopping import Stop
 from flows.service.shards.changelog import ForeignChangelogError
 
@@ -43,7 +51,7 @@ def serve(settings: Settings) -> None:
         service_log.start()
         if settings.recovery_dir is not None:  # one writer per directory and process id
             hold_directory(settings.recovery_dir, settings.process_id or 0)
-        service = prepare(settings)
+        service = prepared(settings, service_log)
         service_log.say(describe_start(settings, service_log.path))
         flow = service.flow(
             tail=not settings.stop_at_end,
@@ -83,3 +91,25 @@ def serve(settings: Settings) -> None:
         raise typer.Exit(RESTART)
     if Stop.asked():
         service_log.say(f"tsi run: stopped ({Stop.reason}): the last epoch is committed")
+
+
+#: Seconds between two starts of a restart that waits for the brokers.
+BROKERS_AWAY_PAUSE_S = 5.0
+
+
+def prepared(settings: Settings, service_log: ServiceLog) -> Service:
+    """``prepare``, asked again while the brokers are away when the recovery directory
+    holds state (a restart during a broker outage waits for it rather than ending, which
+    a supervisor would restart again and again); a first start ends in one line."""
+    said = False
+    while True:
+        try:
+            return prepare(settings)
+        except BrokersAwayError as exc:
+            directory = settings.recovery_dir
+            if directory is None or is_empty(directory):
+                raise
+            if not said:
+                service_log.say(f"tsi run: {exc}; the state is kept: waiting for the brokers")
+                said = True
+            time.sleep(BROKERS_AWAY_PAUSE_S)

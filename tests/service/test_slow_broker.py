@@ -186,3 +186,32 @@ def test_every_request_sent_during_and_after_a_killed_broker_is_answered_once(ow
     assert set(counts) == sent and len(sent) > 1000
     assert [rid for rid, n in counts.items() if n != 1] == []  # none answered twice
     assert not any(consume_all(bootstrap, names["dlq"]).values())  # nothing refused
+
+
+def test_a_restart_with_state_during_a_broker_outage_waits_for_the_broker(own_broker, tmp_path):
+    """A service that served, stopped, and restarted while the broker is away outlives
+    many --connect-timeouts (no exit a supervisor would repeat), then serves old and new
+    requests once the broker is back (a first start, on an empty directory, still ends: above)."""
+    data, bootstrap = own_broker
+    names = service_topics(bootstrap)
+    args = run_args(bootstrap, names, tmp_path, 2)
+    produce(bootstrap, names["ev"], requests(["r1", "r2"]))
+    proc = start(*args, log_file=tmp_path / "run.log")
+    try:
+        wait_for(lambda: set(answered(bootstrap, names["sel"])) == {"r1", "r2"}, proc)
+        outlive(proc, 2.0)  # an epoch or more closed: the directory holds state
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    killed(data)
+    proc = start(*args, log_file=tmp_path / "again.log")
+    try:
+        outlive(proc, 10.0)  # five connect timeouts
+        assert restart_broker(data) == bootstrap
+        produce(bootstrap, names["ev"], requests(["r3"]))
+        wait_for(lambda: set(answered(bootstrap, names["sel"])) == {"r1", "r2", "r3"}, proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert "the state is kept: waiting for the brokers" in (tmp_path / "again.log").read_text()
+    assert answered(bootstrap, names["sel"])["r3"] == 1

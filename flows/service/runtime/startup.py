@@ -80,6 +80,10 @@ class StartupError(Exception):
     """Something the service needs is missing or wrong: one line saying what."""
 
 
+class BrokersAwayError(StartupError):
+    """The brokers did not answer the start's questions within ``--connect-timeout``."""
+
+
 def prepare(options: Settings) -> Service:
     """The service, once every check passed (``StartupError`` otherwise)."""
     check_recovery_options(options)
@@ -109,7 +113,10 @@ def prepare(options: Settings) -> Service:
             bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
             guards = dataclasses.replace(guards, dead_letter_raw=bound)
     except (ConfigError, RegistryError, BrokerUnavailableError, TopicError, MembersError) as exc:
-        raise StartupError(str(exc) + _slow_broker_hint(exc)) from None
+        away = isinstance(exc, BrokerUnavailableError) or _deadline_passed(exc)
+        raise (BrokersAwayError if away else StartupError)(
+            str(exc) + _slow_broker_hint(exc)
+        ) from None
     note_broker_contact(True)
     effective = DeliveryCheckedKafkaSink(options.brokers, None, producer).producer_config()
     for line in settings_lines({**SOURCE_DEFAULTS, **consumer}, effective):
@@ -141,9 +148,13 @@ def prepare(options: Settings) -> Service:
 
 def _slow_broker_hint(exc: Exception) -> str:
     """What to do when the brokers kept failing until ``--connect-timeout`` passed."""
-    if isinstance(exc, DeadlineError) or isinstance(exc.__cause__, DeadlineError):
+    if _deadline_passed(exc):
         return "; a slow broker may need a longer --connect-timeout"
     return ""
+
+
+def _deadline_passed(exc: Exception) -> bool:
+    return isinstance(exc, DeadlineError) or isinstance(exc.__cause__, DeadlineError)
 
 
 def ready_changelog(options: Settings, consumer: dict, deadline: Deadline | None = None) -> int:
