@@ -87,7 +87,7 @@ class Campaign:
     faults: tuple[str, ...] = FAULTS
     gap: tuple[float, float] = (2.0, 8.0)  # seconds between two faults
     cover: bool = False  # each fault once first (in the seed's order), then drawn
-    script: tuple[str, ...] = ()  # faults played first, in this order
+    script: tuple[str, ...] = ()  # faults played first, in order ("rescale:1": to 1)
     first_count: int | None = None  # members at the start (None: drawn)
     members: dict[int, Member] = field(default_factory=dict)
     count: int = 1
@@ -167,7 +167,8 @@ class Campaign:
             self._pause(rng.uniform(*self.gap))
             fault = plan.pop(0) if plan else rng.choice(self.faults)
             self.struck.append(f"{time.monotonic() - self.started:.0f}s {fault}")
-            getattr(self, f"_{fault}")(rng)
+            name, _, count = fault.partition(":")  # "rescale:2": to that count
+            getattr(self, f"_{name}")(rng, *map(int, filter(None, [count])))
 
     def _pause(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -196,11 +197,13 @@ class Campaign:
         shutil.rmtree(self._directory(k), ignore_errors=True)
         self._start(k)
 
-    def _rescale(self, rng: random.Random) -> None:
-        """Every member stopped (killed -9 or told to stop), then another count started:
-        the members it keeps on their directories, a new one on an empty one."""
+    def _rescale(self, rng: random.Random, to: int | None = None) -> None:
+        """Every member stopped (killed -9 or told to stop), then another count started
+        (``to``, else drawn): the members it keeps on their directories, a new one on an
+        empty one."""
         self._stop_all(rng.choice([signal.SIGKILL, signal.SIGTERM]))
-        self.count = rng.choice([n for n in range(1, self.max_members + 1) if n != self.count])
+        others = [n for n in range(1, self.max_members + 1) if n != self.count]
+        self.count = to or rng.choice(others)
         self._start_all()
 
     def _broker_pid(self) -> int:
