@@ -201,3 +201,27 @@ def test_a_store_behind_the_group_with_a_changelog_that_holds_its_state_is_moved
     assert "moved aside to" in caplog.text and "rebuilt from changelog c" in caplog.text
     with pytest.raises(StartupError, match="is behind consumer group"):
         check_reset(tmp_path / "no", monkeypatch, stored, committed, layout, TSI_NO_CHANGELOG="1")
+
+
+@pytest.mark.parametrize("note", ["", "2", "two one\n", "\x00\x00"])
+def test_a_damaged_member_note_never_refuses_a_start_on_its_own(
+    tmp_path, monkeypatch, note, caplog
+):
+    """A layout note cut short (a kill -9 while it was written, before writes were atomic)
+    or garbled is taken as a service alone, logged: a store behind the group is then
+    judged as its own (moved aside with a changelog), and the note is written anew."""
+    from flows.service.runtime.recovery import MEMBERS_LAYOUT, last_layout, note_layout
+
+    store = tmp_path / "rec"
+    note_layout(store, Members(3, 2))
+    [path] = store.rglob(MEMBERS_LAYOUT)
+    path.write_text(note)
+    assert last_layout(store) == Members(1, 0)
+    assert "is damaged" in caplog.text
+    committed, stored = {("tsi.requests", 2): 9}, {("tsi.requests", 2): 3}
+    parts = check_reset(
+        tmp_path, monkeypatch, stored, committed, holds=True, TSI_TOPIC_CHANGELOG="c"
+    )
+    assert parts == [] and list(tmp_path.glob("rec.behind-*"))
+    note_layout(store, Members(3, 2))
+    assert last_layout(store) == Members(3, 2) and not list(path.parent.glob("*.tmp"))

@@ -11,6 +11,7 @@ snapshots and logs are pickles.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -43,6 +44,8 @@ REBUILD_HINT = (
     "README, 'A damaged recovery directory': stop the service, mv DIR DIR.damaged, then "
     "tsi run --rebuild rebuilds the state from what the topics still hold"
 )
+
+log = logging.getLogger(__name__)
 
 
 RecoveryDirs = str | Path | Sequence[str | Path]  # one directory, or one per process
@@ -157,28 +160,41 @@ def shard_store(recovery_dir: str | Path) -> Path:
 
 def last_layout(recovery_dir: str | Path) -> Members:
     """The member a recovery directory last served as (``note_layout``); a service alone
-    when it never served as a member. ``ConfigError`` for a damaged layout file.
+    when it never served as a member, or when the note is damaged (logged): a service
+    alone owns every partition, so a store behind the group on any of them is judged as
+    its own (moved aside with a changelog, refused without one), never a start refused
+    at every restart for the note alone.
 
     >>> import tempfile; where = Path(tempfile.mkdtemp())
     >>> note_layout(where, Members(2, 1)); last_layout(where)
     Members(count=2, index=1)
+    >>> _ = (shard_store(where) / MEMBERS_LAYOUT).write_text("")  # a write cut short
+    >>> last_layout(where)
+    Members(count=1, index=0)
     """
     path = shard_store(recovery_dir) / MEMBERS_LAYOUT
     if not path.exists():
         return ALONE
-    text = path.read_text()
+    text = path.read_text(errors="replace")
     try:
         count, index = map(int, text.split())
         return Members(count, index)
     except (ValueError, MembersError):
-        raise ConfigError(f"{path} is damaged ({text[:40]!r}): write 'COUNT INDEX' in it") from None
+        log.warning("%s is damaged (%r): taken as a service alone", path, text[:40])
+        return ALONE
 
 
 def note_layout(recovery_dir: str | Path, members: Members) -> None:
-    """Note in ``recovery_dir`` the member it serves as (``last_layout``)."""
+    """Note in ``recovery_dir`` the member it serves as (``last_layout``), atomically (a
+    process killed while it writes leaves the old note or the new one)."""
     path = shard_store(recovery_dir) / MEMBERS_LAYOUT
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{members.count} {members.index}\n")
+    written = path.with_name(f"{path.name}.tmp")
+    with open(written, "w") as out:
+        out.write(f"{members.count} {members.index}\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(written, path)
 
 
 def read_states(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict[str, dict[str, Any]]:
