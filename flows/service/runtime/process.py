@@ -71,6 +71,25 @@ class Service:
         if not isinstance(self.registry, LiveRegistry):
             object.__setattr__(self, "registry", LiveRegistry(self.registry))
 
+    def _restored(self, recovery: str | Path, cluster: bool) -> KafkaChangelog | None:
+        """The changelog shards mirror to (None without one), every owned shard's records
+        read by one reader first unless in a Bytewax cluster; the final commits deferred
+        with one (the group's commits say where a lost store resumes)."""
+        if self.topics.changelog is None:
+            return None
+        FINAL_COMMITS.defer = True
+        changelog = KafkaChangelog(
+            self.brokers,
+            self.topics.changelog,
+            self.producer_config,
+            self.consumer_config,
+            application=self.group_id or DEFAULT_GROUP,
+        )
+        if not cluster:
+            holds = None if self.members.count == 1 else self._holds
+            restore(changelog, Path(recovery), self.shards, holds)
+        return changelog
+
     def flow(
         self,
         tail: bool = True,
@@ -113,20 +132,8 @@ class Service:
         if self.outputs is not None:
             wiring = replace(wiring, outputs=self.outputs)
         store = None if isinstance(recovery, bool) else shard_store(recovery)
-        changelog = None
         FINAL_COMMITS.defer, FINAL_COMMITS.pending = False, []
-        if store is not None and self.topics.changelog is not None:
-            FINAL_COMMITS.defer = True  # the group's commits say where a lost store resumes
-            changelog = KafkaChangelog(
-                self.brokers,
-                self.topics.changelog,
-                self.producer_config,
-                self.consumer_config,
-                application=self.group_id or DEFAULT_GROUP,
-            )
-            if not cluster:
-                holds = None if self.members.count == 1 else self._holds
-                restore(changelog, Path(recovery), self.shards, holds)
+        changelog = self._restored(recovery, cluster) if store is not None else None
         return build_flow(
             self.registry,
             wiring,
