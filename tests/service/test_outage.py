@@ -136,7 +136,16 @@ def test_a_broker_outage_longer_than_any_timeout_is_waited_out(tmp_path):
                 os.kill(broker, signal.SIGCONT)
             time.sleep(5.0)
             sent = load.stop()
-            wait_for(lambda: answered() == sent, proc, seconds=180)
+            try:
+                wait_for(lambda: answered() == sent, proc, seconds=180)
+            except AssertionError:
+                got = answered()
+                log = (tmp_path / "run.log").read_text()[-4000:]
+                missing = sorted(sent - got)[:10]
+                raise AssertionError(
+                    f"{len(sent - got)} of {len(sent)} requests unanswered (e.g. {missing}),"
+                    f" {len(got - sent)} answers never sent; the service's log ends:\n{log}"
+                ) from None
             wait_for(lambda: ready(port), proc, seconds=60, what="readiness after the outage")
             assert proc.poll() is None
         finally:
