@@ -104,6 +104,8 @@ def test_a_broker_outage_longer_than_any_timeout_is_waited_out(tmp_path):
             port,
             "--ready-timeout",
             "5",
+            "--connect-timeout",  # a fresh broker on a loaded host: its first group answer
+            "60",
         )
         proc = subprocess.Popen(
             [TSI, "run", *map(str, args), "--log-file", tmp_path / "run.log"],
