@@ -26,6 +26,8 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_last_broker_contact_timestamp_seconds`` | gauge | | Unix time a broker was last reached |
 | ``tsi_consumer_lag`` | gauge | topic, partition | high watermark − next offset to read |
 | ``tsi_ready`` | gauge | | 1 while ``/ready`` answers 200, else 0 |
+| ``tsi_shards_held`` | gauge | | shards this process's start restores (0: none named) |
+| ``tsi_shards_restored`` | gauge | | of those, the shards restored so far |
 | ``tsi_arm_selections_total`` | counter | experiment, arm | selections, retries not |
 | ``tsi_arm_feedback_total`` | counter | experiment, arm | losses applied from feedback |
 | ``tsi_arm_defaulted_total`` | counter | experiment, arm | default losses applied |
@@ -664,6 +666,9 @@ class _ProgressCollector:
         yield _gauge("tsi_last_broker_contact_timestamp_seconds",
                      "Unix time a Kafka broker was last reached.",
                      state.last_contact or 0.0)  # fmt: skip
+        restored, held = RESTORING.counts() or (0, 0)
+        yield _gauge("tsi_shards_held", "Shards this process's start restores.", held)
+        yield _gauge("tsi_shards_restored", "Of those, the shards restored so far.", restored)
         metric = GaugeMetricFamily(
             "tsi_consumer_lag", "Messages from the next offset the flow reads to the end.",
             labels=["topic", "partition"],
