@@ -69,7 +69,9 @@ def timed_start(env: dict, recovery: Path, timeout: float) -> tuple[dict, object
     process = start(env, recovery, port)
     try:
         seconds, reasons = wait_ready(process, port, timeout)
-        result = {"ready_s": round(seconds, 3), "reasons_before": reasons}
+        shown = reasons if len(reasons) <= 6 else [*reasons[:3], "...", *reasons[-3:]]
+        result = {"ready_s": round(seconds, 3), "not_ready_answers": len(reasons)}
+        result["reasons_before"] = shown
         result.update(gauges(port, *COUNTS))
     except BaseException:
         process.kill()
