@@ -30,7 +30,6 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from flows.testing.service_run import (  # noqa: E402
     start,
     stop,
     wait_ready,
+    wait_served,
 )
 
 REGISTRY = '[experiments.e]\narms = ["a", "b", "c", "d"]\nper_unit = true\nfeedback_ttl = 3600\n'
@@ -79,24 +79,6 @@ def timed_start(env: dict, recovery: Path, timeout: float) -> tuple[dict, object
     return result, process, port
 
 
-def load(env: dict, bootstrap: str, process, port: int, n: int, timeout: float) -> None:
-    """N instances served, then an epoch closed after them (what a restart resumes)."""
-    produce(bootstrap, env["TSI_TOPIC_REQUESTS"], n)
-    deadline = time.monotonic() + timeout
-    while gauges(port, "tsi_instances")["tsi_instances"] < n:
-        if time.monotonic() > deadline or process.poll() is not None:
-            raise RuntimeError(f"{n} instances not served in {timeout:g} s")
-        time.sleep(0.5)
-    served_at = time.time()
-    while (
-        gauges(port, "tsi_last_epoch_timestamp_seconds")["tsi_last_epoch_timestamp_seconds"]
-        <= served_at
-    ):
-        if time.monotonic() > deadline:
-            raise RuntimeError("no epoch closed after the load")
-        time.sleep(0.5)
-
-
 def run(bootstrap: str, n: int, workdir: Path, timeout: float, extra: dict) -> dict:
     """The three starts (see the module), on topics of their own."""
     registry = workdir / "registry.toml"
@@ -106,7 +88,8 @@ def run(bootstrap: str, n: int, workdir: Path, timeout: float, extra: dict) -> d
     recovery = workdir / "recovery"
     fresh, process, port = timed_start(env, recovery, timeout)
     try:
-        load(env, bootstrap, process, port, n, timeout)
+        produce(bootstrap, env["TSI_TOPIC_REQUESTS"], n)
+        wait_served(process, port, n, timeout)
     finally:
         stop(process)
     results = {"instances": n, "fresh": fresh}

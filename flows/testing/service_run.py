@@ -1,6 +1,7 @@
 """The service as a real ``tsi run`` process on a broker, and its probes, for tests and
 benchmarks: the topics made by ``tsi topics create`` (``create_topics``), a start
-(``start``), the wait for ``/ready`` (``wait_ready``) and the gauges (``gauges``).
+(``start``), the waits for ``/ready`` (``wait_ready``) and for a load (``wait_served``),
+the gauges (``gauges``) and a clean stop (``stop``).
 
 Every name the service uses comes from ``environment``: a unique application id (its
 changelog and internal topic are named from it) and unique input and output topics, so
@@ -97,6 +98,22 @@ def gauges(port: int, *names: str) -> dict[str, float]:
         for value in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", answer[1], re.MULTILINE):
             found[name] += float(value)
     return found
+
+
+def wait_served(process: subprocess.Popen, port: int, instances: int, timeout: float) -> None:
+    """Wait until the service holds ``instances`` instances and an epoch closed after
+    (what a restart resumes); ``RuntimeError`` if it ends or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while gauges(port, "tsi_instances")["tsi_instances"] < instances:
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"{instances} instances not served in {timeout:g} s")
+        time.sleep(0.2)
+    served_at = time.time()
+    epoch = "tsi_last_epoch_timestamp_seconds"
+    while gauges(port, epoch)[epoch] <= served_at:
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError(f"no epoch closed in {timeout:g} s after the instances")
+        time.sleep(0.2)
 
 
 def stop(process: subprocess.Popen, timeout: float = 60.0) -> None:
