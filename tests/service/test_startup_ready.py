@@ -26,6 +26,7 @@ REGISTRY = '[experiments.e]\narms = ["a", "b"]\nper_unit = true\nfeedback_ttl = 
 UNITS = 300
 TIMEOUT = 180.0
 COUNTS = ("tsi_shards_restored", "tsi_shards_held", "tsi_instances")
+ALL = {"tsi_shards_restored": 128, "tsi_shards_held": 128, "tsi_instances": UNITS}
 
 
 def request(topic, bootstrap, units, request_id=None):
@@ -76,11 +77,7 @@ def test_ready_only_once_every_shard_is_restored_after_a_restart_and_a_lost_dire
         stop(process)
     counts, reasons, process, port = ready_counts(env, recovery)  # a restart with its state
     try:
-        assert counts == {
-            "tsi_shards_restored": 128,
-            "tsi_shards_held": 128,
-            "tsi_instances": UNITS,
-        }
+        assert counts == ALL
         assert all(r.startswith("not ready: ") for r in reasons)
         request(env["TSI_TOPIC_REQUESTS"], kafka_bootstrap, ["u7"], "again")
         selections = env["TSI_TOPIC_SELECTIONS"]
@@ -91,4 +88,4 @@ def test_ready_only_once_every_shard_is_restored_after_a_restart_and_a_lost_dire
     shutil.rmtree(recovery)
     counts, _, process, _ = ready_counts(env, recovery)  # the directory lost
     stop(process)
-    assert counts == {"tsi_shards_restored": 128, "tsi_shards_held": 128, "tsi_instances": UNITS}
+    assert counts == ALL
