@@ -52,7 +52,7 @@ from flows.service.wire.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.wire.keys import DEFAULT_SHARDS, shard_of
+from flows.service.wire.keys import DEFAULT_SHARDS, shard_name, shard_of
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
@@ -437,7 +437,9 @@ def build_flow(
     events = [op.merge("routed", *routed)]
     # unbounded inputs: the shards wish their wake-ups into this flow's scheduler, and the
     # wake-up source reads them back as events of the shards
-    scheduler = None if inputs.ending is None else WakeUpScheduler()
+    scheduler = (
+        None if inputs.ending is None else WakeUpScheduler(_restored(changelog, holds, shards))
+    )
     if scheduler is not None:
         now = clock if stream is None else stream.now
         events.append(wake_up_events(flow, scheduler, inputs.ending, now))
@@ -457,6 +459,16 @@ def build_flow(
     outputs.selections("selections_out", served.oks)
     _write_dead_letters(outputs, errs, served.errs, guards.dead_letter_raw)
     return flow
+
+
+def _restored(
+    changelog: Changelog | None, holds: Callable[[int], bool] | None, shards: int
+) -> list[str]:
+    """The shards a start restores (with a changelog: every one this member holds), each
+    woken as the flow starts so that it starts then (``WakeUpScheduler.first``)."""
+    if changelog is None:
+        return []
+    return [shard_name(i, shards) for i in range(shards) if holds is None or holds(i)]
 
 
 def _read_inputs(

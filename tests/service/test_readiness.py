@@ -30,6 +30,7 @@ from flows.service.observe.metrics import (
     observe_kafka_stats,
     serve_metrics,
 )
+from flows.service.observe.restoring import Restoring
 
 TIMEOUT = 30.0
 # Trimmed from real librdkafka statistics (confluent-kafka 2.x, Kafka 4.1): a consumer
@@ -135,6 +136,30 @@ def test_not_ready_before_the_first_epoch_then_ready_after_an_epoch_and_a_contac
     status, body = get(port, "/ready")
     assert status == 200
     assert one_line(body) == "ready: last epoch 3 s ago, Kafka broker reached 0 s ago"
+
+
+def test_not_ready_while_held_shards_restore_naming_the_count_then_ready(state, port, clock):
+    state.restoring = Restoring()
+    state.restoring.expect(["shard-000-of-002", "shard-001-of-002"])
+    note_epoch_completed()
+    note_broker_contact(True)
+    state.restoring.note("shard-001-of-002")
+    status, body = get(port, "/ready")
+    assert status == 503
+    assert one_line(body) == "not ready: restoring: 1 of 2 shards"
+    state.restoring.note("shard-000-of-002")
+    status, body = get(port, "/ready")
+    assert status == 200 and "restoring" not in body
+
+
+def test_the_restore_gauges_count_the_held_and_the_restored_shards(port, monkeypatch):
+    restoring = Restoring()
+    monkeypatch.setattr(metrics, "RESTORING", restoring)
+    restoring.expect(["shard-000-of-002", "shard-001-of-002"])
+    restoring.note("shard-000-of-002")
+    restoring.note("shard-000-of-003")  # not one of this start's: ignored
+    _, body = get(port, "/metrics")
+    assert "tsi_shards_held 2.0" in body and "tsi_shards_restored 1.0" in body
 
 
 def test_not_ready_again_once_the_clock_passes_the_timeout(port, clock):

@@ -26,6 +26,8 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_last_broker_contact_timestamp_seconds`` | gauge | | Unix time a broker was last reached |
 | ``tsi_consumer_lag`` | gauge | topic, partition | high watermark − next offset to read |
 | ``tsi_ready`` | gauge | | 1 while ``/ready`` answers 200, else 0 |
+| ``tsi_shards_held`` | gauge | | shards this process's start restores (0: none named) |
+| ``tsi_shards_restored`` | gauge | | of those, the shards restored so far |
 | ``tsi_arm_selections_total`` | counter | experiment, arm | selections, retries not |
 | ``tsi_arm_feedback_total`` | counter | experiment, arm | losses applied from feedback |
 | ``tsi_arm_defaulted_total`` | counter | experiment, arm | default losses applied |
@@ -94,6 +96,9 @@ otherwise. Progress means both, within ``ready_timeout`` seconds (default 60):
   503: a short outage does not make the service unready, one longer than ``ready_timeout``
   does.
 
+And, once a start named the shards this process holds, every one of them is restored
+(``observe.restoring.RESTORING``): until then the reason says "restoring: 37 of 128 shards".
+
 The ``note_*`` functions are single attribute assignments (atomic under the GIL), cheap
 enough for any thread to call at any rate. The state is ``READINESS``, one per process.
 """
@@ -132,6 +137,7 @@ from flows.service.observe.arm_metrics import (
     Share,
     arm_families,
 )
+from flows.service.observe.restoring import RESTORING, Restoring
 from flows.service.shards.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
 from flows.service.wire.events import DeadLetter
 
@@ -429,7 +435,8 @@ def _ago(now: float, then: float) -> str:
 
 class Readiness:
     """Whether the service makes progress: an epoch and a broker contact, each within
-    ``timeout`` seconds. The ``note_*`` methods are plain assignments; ``status`` reads.
+    ``timeout`` seconds, and (with ``restoring``) every shard it holds restored. The
+    ``note_*`` methods are plain assignments; ``status`` reads.
 
     >>> r = Readiness(timeout=60.0, clock=lambda: 1000.0)
     >>> r.status(1010.0)
@@ -449,10 +456,12 @@ class Readiness:
         timeout: float = 60.0,
         clock: Callable[[], float] = time,
         stream: StreamClock | None = None,
+        restoring: Restoring | None = None,
     ) -> None:
         self.timeout = timeout
         self.clock = clock
         self.stream = stream  # expiry held back longer than the timeout: not ready
+        self.restoring = restoring  # a held shard not restored yet: not ready
         self.started = clock()
         self.last_epoch: float | None = None
         self.last_contact: float | None = None
@@ -505,6 +514,7 @@ class Readiness:
         epoch, contact, error = self.last_epoch, self.last_contact, self.last_error
         hold = None if self.stream is None else self.stream.holding()
         problems = (
+            None if self.restoring is None else self.restoring.problem(),
             self._epoch_problem(now, epoch),
             self._broker_problem(now, contact, error),
             self._expiry_problem(now, hold),
@@ -525,7 +535,7 @@ class Readiness:
 
 
 #: the process's readiness, fed by the note_* functions below
-READINESS = Readiness(stream=STREAM_CLOCK)
+READINESS = Readiness(stream=STREAM_CLOCK, restoring=RESTORING)
 
 
 def note_epoch_completed(now: float | None = None) -> None:
@@ -656,6 +666,9 @@ class _ProgressCollector:
         yield _gauge("tsi_last_broker_contact_timestamp_seconds",
                      "Unix time a Kafka broker was last reached.",
                      state.last_contact or 0.0)  # fmt: skip
+        restored, held = RESTORING.counts() or (0, 0)
+        yield _gauge("tsi_shards_held", "Shards this process's start restores.", held)
+        yield _gauge("tsi_shards_restored", "Of those, the shards restored so far.", restored)
         metric = GaugeMetricFamily(
             "tsi_consumer_lag", "Messages from the next offset the flow reads to the end.",
             labels=["topic", "partition"],

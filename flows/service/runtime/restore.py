@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from flows.service.observe.restoring import RESTORING
 from flows.service.runtime.recovery import STATE_STEP, committed_shard_states
 from flows.service.shards.changelog import (
     ChangelogError,
@@ -74,8 +75,10 @@ def restore(
 ) -> int:
     """Read the changelog of every shard this process owns in one pass and check it is
     this application's (``ForeignChangelogError`` otherwise); the number of records
-    read."""
-    found = changelog.prefetch(restore_plan(recovery_dir, shards, holds))
+    read. Readiness waits until every one of those shards has started (``RESTORING``)."""
+    plan = restore_plan(recovery_dir, shards, holds)
+    RESTORING.expect(plan)
+    found = changelog.prefetch(plan)
     for shard, records in found.items():
         where = f"{changelog.name}[{shard_index(shard)}]"
         try:

@@ -82,7 +82,7 @@ class ChangelogLayer:
         >>> layer = ChangelogLayer(MemoryChangelog())
         >>> _ = layer.begin("shard-000-of-001", {}, None, None)
         >>> layer.admit([], lambda: 0.0, lambda key, experiment: None), layer.unmarked
-        ([], True)
+        ([], False)
         """
         seen, guard = self.mirrored.seen, self.guard
         kept = [] if guard else events
@@ -104,7 +104,7 @@ class ChangelogLayer:
                 kept.append(routed)
             if offset > seen.get(where, -1):
                 seen[where] = offset
-        self.unmarked = True
+                self.unmarked = True  # the next marker says so; a wake-up alone does not
         return kept
 
     def write(self, entries: list[Entry]) -> bytes:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 from bytewax.inputs import DynamicSource, StatelessSourcePartition
@@ -51,10 +51,14 @@ __all__ = ["WAKE_UP", "DeadlineQueue", "WakeUpScheduler", "WakeUps"]
 
 class WakeUpScheduler:
     """One flow's wake-up queues, one per worker: each worker's shards wish into it and
-    the worker's ``WakeUps`` partition pops what is due (see the module)."""
+    the worker's ``WakeUps`` partition pops what is due (see the module). ``first``: the
+    shards woken as the flow starts (by the first worker's partition, once), so that
+    each of them starts then, not at its first event (``build_flow``: those a start
+    restores)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: Iterable[str] = ()) -> None:
         self._workers = threading.local()  # this scheduler's queue of each worker thread
+        self.first = tuple(first)
 
     def queue(self) -> DeadlineQueue:
         """The queue of the worker running on this thread: Bytewax runs all of a worker's
@@ -76,16 +80,20 @@ class _WakeUps(StatelessSourcePartition[tuple[str, str]]):
         now: Callable[[], float],
         ending: Callable[[], bool],
         period: float,
+        first: tuple[str, ...] = (),
     ) -> None:
         self._scheduler = scheduler  # its queue of the worker this runs on
         self._now = now
         self._ending = ending
         self._period = period
+        self._first = first  # woken at the first batch (``WakeUpScheduler.first``)
 
     def next_batch(self) -> list[tuple[str, str]]:
         if self._ending():
             raise StopIteration
-        return [(key, WAKE_UP) for key in self._scheduler.queue().due(self._now())]
+        first, self._first = self._first, ()
+        due = [*first, *self._scheduler.queue().due(self._now())]
+        return [(key, WAKE_UP) for key in due]
 
     def next_awake(self) -> datetime:
         head = self._scheduler.queue().next()
@@ -110,4 +118,5 @@ class WakeUps(DynamicSource[tuple[str, str]]):
         self._period = period
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _WakeUps:
-        return _WakeUps(self._scheduler, self._now, self._ending, self._period)
+        first = self._scheduler.first if worker_index == 0 else ()
+        return _WakeUps(self._scheduler, self._now, self._ending, self._period, first)

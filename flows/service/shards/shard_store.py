@@ -24,6 +24,7 @@ from flows.service.instances.instance import Instance, Output
 from flows.service.instances.registry import Experiment, LiveRegistry
 from flows.service.instances.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.observe.metrics import observe_expired, observe_restored
+from flows.service.observe.restoring import RESTORING
 from flows.service.shards import _event_loop as event_loop
 from flows.service.shards._deadline_queue import TimeHeap
 from flows.service.shards.changelog import Changelog, encode, shard_index
@@ -155,6 +156,7 @@ class ShardStore:
         finally:
             if collecting:
                 gc.enable()
+        RESTORING.note(shard)  # serves without more restore work (``/ready`` waits for it)
 
     def _load(self, shard: str, resume: dict[str, Any] | None) -> None:
         self.shard = shard
@@ -225,7 +227,8 @@ class ShardStore:
         if self.problems:
             out, self.problems = self.problems, []
         if self.shard is None and events and self.context.changelog is not None:
-            first = shard_of(events[0][0], self.context.shards)
+            key, experiment, _ = events[0]  # a wake-up's key is its shard (a start's)
+            first = key if experiment is None else shard_of(key, self.context.shards)
             self._start(first, None)  # rebuilt, if it is, before the guard
             out += self.problems
             self.problems = []
