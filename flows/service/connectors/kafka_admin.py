@@ -678,9 +678,20 @@ def _committed(consumer: Any, parts: list[Any], what: str, timeout: float | Dead
 def _watermarks(
     consumer: Any, parts: list[Any], what: str, timeout: float | Deadline
 ) -> list[tuple[int, int]]:
-    """(oldest offset, high watermark) of each of ``parts``, asked of their leaders."""
+    """(oldest offset, high watermark) of each of ``parts``, asked of their leaders: two
+    batched ListOffsets asks (the oldest, the latest), whatever the number of partitions.
+    ``offsets_for_times`` passes its timestamps to the broker as they are, and ListOffsets
+    reads -2 as the oldest offset and -1 as the latest (the high watermark)."""
+    from confluent_kafka import TopicPartition
 
     def marks(left: float) -> list[tuple[int, int]]:
-        return [consumer.get_watermark_offsets(tp, left, False) for tp in parts]
+        if not parts:
+            return []
+        ask = [[TopicPartition(tp.topic, tp.partition, spec) for tp in parts] for spec in (-2, -1)]
+        oldest, latest = (consumer.offsets_for_times(tps, timeout=left) for tps in ask)
+        for tp in (*oldest, *latest):
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+        return [(low.offset, high.offset) for low, high in zip(oldest, latest, strict=True)]
 
     return retried(marks, what, timeout)
