@@ -190,13 +190,31 @@ class KafkaChangelog:
         )
         try:
             out: dict[int, list[Record]] = {p: [] for p in wanted}
-            consumer.assign(
-                [TopicPartition(self.topic, p, max(a + 1, 0)) for p, a in wanted.items()]
-            )
-            self._take(consumer, wanted, out)
+            unread = self._unread(consumer, wanted)
+            if unread:
+                consumer.assign(
+                    [TopicPartition(self.topic, p, max(a + 1, 0)) for p, a in unread.items()]
+                )
+                self._take(consumer, unread, out)
             return out
         finally:
             consumer.close()
+
+    def _unread(self, consumer: Consumer, wanted: dict[int, int]) -> dict[int, int]:
+        """The partitions of ``wanted`` holding a record above their offset, asked in one
+        batched ListOffsets of their ends (-1: the latest offset): a fresh start's empty
+        changelog is read without a fetch."""
+        ends = consumer.offsets_for_times(
+            [TopicPartition(self.topic, p, -1) for p in wanted], timeout=self._read_timeout
+        )
+        for tp in ends:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+        return {
+            tp.partition: wanted[tp.partition]
+            for tp in ends
+            if tp.offset > wanted[tp.partition] + 1
+        }
 
     def _take(
         self, consumer: Consumer, wanted: dict[int, int], out: dict[int, list[Record]]
