@@ -476,12 +476,23 @@ class ShardStore:
         return live + self.resting.entries() + self.foreign
 
     def flush_epoch(self) -> dict[str, Any] | None:
-        """An epoch's close: the shard's state for recovery, the instances changed since they
-        were last written, appended to the shard's log (``context.store``; the snapshot is the log's
-        marker), else the whole shard. Bytewax asks for it at every epoch close, for every
-        shard touched, recovery or not: without recovery nothing is built, and resting
-        goes on at its own pace (``_settle``). With a log, the instances written here are
-        put to rest by the calls that follow (``saved``): the close holds every answer."""
+        """An epoch's close of this shard alone (``send_epoch``, the changelog's
+        acknowledgement waited for, ``settle_epoch``); a group closes its shards together
+        (``logic.close_shards``)."""
+        state = self.send_epoch()
+        layer = self.changelog
+        offset = layer.mirror.acknowledged() if layer is not None and layer.sent else None
+        return self.settle_epoch(state, offset)
+
+    def send_epoch(self) -> dict[str, Any] | None:
+        """An epoch's close, its first phase: the shard's state for recovery, the instances
+        changed since they were last written, appended to the shard's log
+        (``context.store``; the snapshot is the log's marker), else the whole shard; with a
+        changelog, they and the epoch's marker are sent, not waited for (``settle_epoch``
+        completes the state). Bytewax asks for it at every epoch close, for every key
+        touched, recovery or not: without recovery nothing is built, and resting goes on at
+        its own pace (``_settle``). With a log, the instances written here are put to rest
+        by the calls that follow (``saved``): the close holds every answer."""
         if not self.context.snapshots or self.shard is None:
             self._settle(0)
             return None
@@ -502,11 +513,21 @@ class ShardStore:
         else:
             state = {"shard": self.shard, "store": self.log.marker}
         if self.changelog is not None:
-            state["changelog"] = self.changelog.mark()
+            self.changelog.send_mark()
         if self.log is None:
             self._put_to_rest(changed)
         else:  # at the pace of the calls that follow: the close is the latency's tail
             self.generations.written([instance.key for instance in changed])
+        return state
+
+    def settle_epoch(
+        self, state: dict[str, Any] | None, offset: int | None
+    ) -> dict[str, Any] | None:
+        """An epoch's close, its second phase, once the changelog acknowledged what
+        ``send_epoch`` sent (``offset``: its marker's, None if it sent none): ``state``
+        with where the changelog now stands."""
+        if state is not None and self.changelog is not None and self.dormant is None:
+            state["changelog"] = self.changelog.settled(offset)
         return state
 
 
