@@ -16,7 +16,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,11 @@ class FlowContext:
     # members: whether this member holds a shard index (``Members.holds``); None: all
     holds: Callable[[int], bool] | None = None
     shards: int = DEFAULT_SHARDS  # the flow's shard count (``runtime.shard_count``)
+    # an upgrade from keys of one shard each: their resumed states, by shard, until the
+    # key group holding the shard takes it (``group_logic.Retired``), and the shards a group
+    # has snapshotted since (whose old keys may then go)
+    handover: dict[str, dict[str, Any]] = field(default_factory=dict)
+    adopted: set[str] = field(default_factory=set)
 
 
 class ShardStore:
@@ -475,15 +480,6 @@ class ShardStore:
         live = [entry_of(i) for i in self.instances.values()]
         return live + self.resting.entries() + self.foreign
 
-    def flush_epoch(self) -> dict[str, Any] | None:
-        """An epoch's close of this shard alone (``send_epoch``, the changelog's
-        acknowledgement waited for, ``settle_epoch``); a group closes its shards together
-        (``logic.close_shards``)."""
-        state = self.send_epoch()
-        layer = self.changelog
-        offset = layer.mirror.acknowledged() if layer is not None and layer.sent else None
-        return self.settle_epoch(state, offset)
-
     def send_epoch(self) -> dict[str, Any] | None:
         """An epoch's close, its first phase: the shard's state for recovery, the instances
         changed since they were last written, appended to the shard's log
@@ -529,6 +525,29 @@ class ShardStore:
         if state is not None and self.changelog is not None and self.dormant is None:
             state["changelog"] = self.changelog.settled(offset)
         return state
+
+
+def close_stores(changelog: Changelog | None, stores: list[ShardStore]) -> list[Any]:
+    """An epoch's close of ``stores`` together: each sends its epoch
+    (``ShardStore.send_epoch``), the ``changelog`` is waited for once for all of them
+    (``Changelog.settle``: raises if anything was refused), then each state is completed
+    (``settle_epoch``); their states, in order.
+
+    >>> from flows.service.instances.registry import LiveRegistry, Registry
+    >>> live = LiveRegistry(Registry.from_toml('[experiments.e]\\narms = ["a", "b"]'))
+    >>> close_stores(None, [ShardStore(FlowContext(live, snapshots=False))])
+    [None]
+    """
+    states = [store.send_epoch() for store in stores]
+    sent = [store for store in stores if store.changelog is not None and store.changelog.sent]
+    offsets: dict[int, int | None] = {}
+    if sent and changelog is not None:
+        acknowledged = changelog.settle([store.changelog.mirror for store in sent])
+        offsets = dict(zip(map(id, sent), acknowledged, strict=True))
+    return [
+        store.settle_epoch(state, offsets.get(id(store)))
+        for store, state in zip(stores, states, strict=True)
+    ]
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:
