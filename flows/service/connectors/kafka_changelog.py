@@ -135,6 +135,8 @@ class KafkaChangelog:
                     len(mirrors),
                     next_log - started,
                 )
+        if any(mirror._since for mirror in mirrors):  # records no marker follows yet
+            producer.flush()  # written, but a refusal among them shows at the next marker
         return [mirror.collected() for mirror in mirrors]
 
     def chunk_bytes(self) -> int:
