@@ -20,6 +20,7 @@ from flows.service.dataflow import build_flow
 from flows.service.instances.instance import Instance
 from flows.service.instances.registry import Registry
 from flows.service.runtime.recovery import (
+    _committed_steps,
     read_states,
     seed_from_per_instance_snapshots,
     shard_store,
@@ -27,6 +28,7 @@ from flows.service.runtime.recovery import (
 )
 from flows.service.runtime.settings import ConfigError, Settings
 from flows.service.runtime.startup import StartupError, prepare
+from flows.service.shards.logic import logic_builder
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 from flows.service.wire.keys import (
     DEFAULT_SHARDS,
@@ -175,3 +177,53 @@ def test_shard_names_say_their_layout(shards):
     counts = collections.Counter(shard_of(instance_key("e", f"u{i}"), shards) for i in range(n))
     assert set(counts) == set(names)
     assert max(counts.values()) < 1.1 * n / shards  # within 10% of an even spread
+
+
+def test_a_store_of_one_key_a_shard_resumes_into_key_groups(tmp_path):
+    """A recovery directory written when each shard was its own Bytewax key (the release
+    before key groups): every instance's state goes on, served or not in the first run
+    after the upgrade, and the old keys leave the store once their groups hold them."""
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    init_db_dir(recovery, 1)
+    units = [f"u{i}" for i in range(12)]  # shards of several groups
+    first = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r1"}) for u in units]
+    before = Dataflow("tsi")  # the stateful step ``shards`` as that release keyed it
+    items = [
+        (
+            shard_of(instance_key("e", u)),
+            [(instance_key("e", u), REGISTRY["e"], parse_request(raw, Origin("t", 0, i)))],
+        )
+        for i, (u, raw) in enumerate(zip(units, first, strict=True))
+    ]
+    builder = logic_builder(REGISTRY, store=shard_store(recovery))
+    op.inspect(
+        "out", op.stateful_batch("shards", op.input("in", before, TestingSource(items)), builder)
+    )
+    run_main(before, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
+    rows = committed_rows(recovery)
+    assert rows and all(key.startswith("shard-") for key in rows)  # one key a shard
+
+    served, dead = serve_once(recovery, [message("r2")])  # u1 only
+    assert [(s["unit"], s["round"]) for s in served] == [("u1", 2)] and not dead
+    states = read_states(recovery)
+    assert {key: s["bandit"]["n_rounds"] for key, s in states.items()} == {
+        instance_key("e", u): 2 if u == "u1" else 1 for u in units
+    }
+    held = committed_rows(recovery)
+    assert shard_of(KEY) not in held  # its group took it, the old key went
+
+    again = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r3"}) for u in units]
+    served, dead = serve_once(recovery, [message("r2"), *again])  # the input resumes at 1
+    assert sorted((s["unit"], s["round"]) for s in served) == sorted(
+        (u, 3 if u == "u1" else 2) for u in units
+    )
+    assert not dead
+    assert all(key.startswith("group-") for key in committed_rows(recovery))
+
+
+def committed_rows(recovery):
+    """{Bytewax key: state} of the stateful step's rows at the committed epoch (deleted
+    ones left out)."""
+    files = sorted(recovery.glob("part-*.sqlite3"))
+    return {key: state for _, key, state in _committed_steps(files, "tsi.shards") if state}

@@ -220,19 +220,19 @@ cdef dict _groups_of(Py_ssize_t shards):
 
 cpdef str group_of(str shard, Py_ssize_t shards=DEFAULT_SHARDS):
     """The key group of shard ``shard`` in a flow of ``shards``: its index modulo the
-    group count (a shard of another count, kept as it is, by its own index).
+    group count (a shard of another layout, kept as it is, by its own index).
 
-    >>> group_of("shard-011-of-128", 128), group_of("shard-011-of-032", 4)
-    ('group-003-of-008', 'group-003-of-004')
+    >>> group_of("shard-011-of-128", 128), group_of("shard-011-of-032", 4), group_of("shard-013")
+    ('group-003-of-008', 'group-003-of-004', 'group-005-of-008')
     """
     found = _groups_of(shards).get(shard)
     if found is not None:
         return <str>found
-    layout = shard_layout(shard)
-    if layout is None:
+    index = shard.partition("-of-")[0][6:]
+    if not (shard.startswith("shard-") and index.isdigit()):
         raise ValueError(f"{shard!r} is not a shard name (shard-NNN-of-MMM)")
     groups = group_count(shards)
-    return group_name(layout[0] % groups, groups)
+    return group_name(int(index) % groups, groups)
 
 
 cpdef list in_groups(list parts, Py_ssize_t shards=DEFAULT_SHARDS):
