@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 import zlib
 from datetime import timedelta
+from types import SimpleNamespace
 
 import bytewax.operators as op
 import orjson
@@ -27,7 +28,7 @@ from flows.service.runtime.recovery import (
     stored_shards,
 )
 from flows.service.runtime.settings import ConfigError, Settings
-from flows.service.runtime.startup import StartupError, prepare
+from flows.service.runtime.startup import StartupError, check_cluster_keys, prepare
 from flows.service.shards.logic import logic_builder
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 from flows.service.wire.keys import (
@@ -203,6 +204,9 @@ def test_a_store_of_one_key_a_shard_resumes_into_key_groups(tmp_path):
     run_main(before, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
     rows = committed_rows(recovery)
     assert rows and all(key.startswith("shard-") for key in rows)  # one key a shard
+    with pytest.raises(StartupError, match=f"holds {len(rows)} Bytewax keys of one shard"):
+        check_cluster_keys(SimpleNamespace(processes=2, recovery_dir=recovery))
+    check_cluster_keys(SimpleNamespace(processes=1, recovery_dir=recovery))  # handed over
 
     served, dead = serve_once(recovery, [message("r2")])  # u1 only
     assert [(s["unit"], s["round"]) for s in served] == [("u1", 2)] and not dead

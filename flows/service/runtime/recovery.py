@@ -148,6 +148,21 @@ def _committed_shards(files: list[Path], step: str) -> dict[str, dict[str, Any]]
     return {**alone, **grouped}
 
 
+def keys_of_one_shard(recovery_dir: str | Path, flow_id: str = "tsi") -> list[str]:
+    """The Bytewax keys of ``recovery_dir`` (committed) that hold one shard each: a store
+    from before key groups, whose keys a restart hands to their groups
+    (``group_logic.Retired``). None in a directory without (readable) partitions.
+
+    >>> import tempfile; keys_of_one_shard(tempfile.mkdtemp())
+    []
+    """
+    try:
+        rows = _committed_steps(_committed_here(recovery_dir), f"{flow_id}.{STATE_STEP}")
+        return sorted(key for _, key, state in rows if state and "group" not in state)
+    except (FileNotFoundError, sqlite3.DatabaseError):
+        return []
+
+
 def _committed_here(directory: str | Path) -> list[Path]:
     """The partitions of ``directory`` that hold commits (a cluster's process: those it
     writes)."""
