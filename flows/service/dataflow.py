@@ -436,6 +436,7 @@ def build_flow(
     changelog: Changelog | None = None,
     holds: Callable[[int], bool] | None = None,
     shards: int = DEFAULT_SHARDS,
+    handover: dict[str, dict[str, Any]] | None = None,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
@@ -450,7 +451,10 @@ def build_flow(
     shard's log is mirrored (``flows.service.shards.changelog``). ``holds``: members, whether
     this member holds a shard index (``Members.holds``; the others it resumes lie dormant).
     ``shards``: the flow's shard count (its store's: ``flows.service.runtime.shard_count``);
-    it moves instances between shards, never changes what they serve.
+    it moves instances between shards, never changes what they serve. ``handover``: the
+    resumed states of keys of one shard (a store from before key groups,
+    ``group_logic.Retired``), read from the store before the flow starts, so that a key
+    group finds them whichever worker builds the old key.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     inputs, outputs = wiring.inputs, wiring.outputs
@@ -474,6 +478,7 @@ def build_flow(
         changelog=changelog,
         holds=holds,
         shards=shards,
+        handover=handover,
     )
     builder = _traced_builder(group_builder(context), outputs.trace)
     served = shard_step(op.merge("events", *events), builder)

@@ -22,6 +22,7 @@ from flows.service.instances.instance import Instance
 from flows.service.instances.registry import Registry
 from flows.service.runtime.recovery import (
     _committed_steps,
+    keys_of_one_shard,
     read_states,
     seed_from_per_instance_snapshots,
     shard_store,
@@ -89,10 +90,11 @@ def legacy_shard_of(key, shards=256):
     return f"shard-{zlib.crc32(key.encode()) % shards:03d}"
 
 
-def serve_once(recovery, messages, monkeypatch=None):
+def serve_once(recovery, messages, monkeypatch=None, handover=None):
     """One run of the flow over ``messages`` with ``recovery``; (selections, dead letters)
     as parsed JSON. With ``monkeypatch``, the run routes and names shards as the release
-    before did (the Python parser: the compiled one is fixed at import)."""
+    before did (the Python parser: the compiled one is fixed at import); ``handover``: as
+    ``build_flow``'s."""
     selections, dead = [], []
     origins = [(raw, Origin("t", 0, i)) for i, raw in enumerate(messages)]
     wiring = memory_wiring(origins, [], selections, dead)
@@ -109,7 +111,7 @@ def serve_once(recovery, messages, monkeypatch=None):
         slow = lambda raw, origin, **kw: parse_request(raw, origin, **kw)  # noqa: E731
         inputs = dataclasses.replace(wiring.inputs, parsers={"requests": slow})
         wiring = dataclasses.replace(wiring, inputs=inputs)
-    flow = build_flow(REGISTRY, wiring, store=shard_store(recovery))
+    flow = build_flow(REGISTRY, wiring, store=shard_store(recovery), handover=handover)
     run_main(flow, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
     if monkeypatch is not None:
         monkeypatch.undo()
@@ -180,10 +182,13 @@ def test_shard_names_say_their_layout(shards):
     assert max(counts.values()) < 1.1 * n / shards  # within 10% of an even spread
 
 
-def test_a_store_of_one_key_a_shard_resumes_into_key_groups(tmp_path):
+@pytest.mark.parametrize("prefilled", [False, True])
+def test_a_store_of_one_key_a_shard_resumes_into_key_groups(tmp_path, prefilled):
     """A recovery directory written when each shard was its own Bytewax key (the release
     before key groups): every instance's state goes on, served or not in the first run
-    after the upgrade, and the old keys leave the store once their groups hold them."""
+    after the upgrade, and the old keys leave the store once their groups hold them;
+    whether the old keys hand their states over as Bytewax builds them, or the service
+    read them from the store first (``prefilled``, as ``Service.flow`` does)."""
     recovery = tmp_path / "recovery"
     recovery.mkdir()
     init_db_dir(recovery, 1)
@@ -208,7 +213,9 @@ def test_a_store_of_one_key_a_shard_resumes_into_key_groups(tmp_path):
         check_cluster_keys(SimpleNamespace(processes=2, recovery_dir=recovery))
     check_cluster_keys(SimpleNamespace(processes=1, recovery_dir=recovery))  # handed over
 
-    served, dead = serve_once(recovery, [message("r2")])  # u1 only
+    handover = keys_of_one_shard(recovery) if prefilled else None
+    assert handover is None or sorted(handover) == sorted(rows)
+    served, dead = serve_once(recovery, [message("r2")], handover=handover)  # u1 only
     assert [(s["unit"], s["round"]) for s in served] == [("u1", 2)] and not dead
     states = read_states(recovery)
     assert {key: s["bandit"]["n_rounds"] for key, s in states.items()} == {

@@ -148,19 +148,20 @@ def _committed_shards(files: list[Path], step: str) -> dict[str, dict[str, Any]]
     return {**alone, **grouped}
 
 
-def keys_of_one_shard(recovery_dir: str | Path, flow_id: str = "tsi") -> list[str]:
-    """The Bytewax keys of ``recovery_dir`` (committed) that hold one shard each: a store
-    from before key groups, whose keys a restart hands to their groups
-    (``group_logic.Retired``). None in a directory without (readable) partitions.
+def keys_of_one_shard(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, Any]:
+    """{Bytewax key: its state} of the committed keys of ``recovery_dir`` that hold one
+    shard each (the key is the shard): a store from before key groups, whose keys a
+    restart hands to their groups (``group_logic.Retired``). None in a directory without
+    (readable) partitions.
 
     >>> import tempfile; keys_of_one_shard(tempfile.mkdtemp())
-    []
+    {}
     """
     try:
         rows = _committed_steps(_committed_here(recovery_dir), f"{flow_id}.{STATE_STEP}")
-        return sorted(key for _, key, state in rows if state and "group" not in state)
+        return {key: state for _, key, state in rows if state and "group" not in state}
     except (FileNotFoundError, sqlite3.DatabaseError):
-        return []
+        return {}
 
 
 def _committed_here(directory: str | Path) -> list[Path]:

@@ -247,7 +247,7 @@ def check_cluster_keys(options: Settings) -> None:
     reach the group. A process alone hands them over by itself."""
     if options.processes < 2:
         return
-    old = keys_of_one_shard(options.recovery_dir)
+    old = sorted(keys_of_one_shard(options.recovery_dir))
     if old:
         raise StartupError(
             f"recovery directory {options.recovery_dir} holds {len(old)} Bytewax keys of one "

@@ -12,13 +12,18 @@ for the changelog's acknowledgement of all of them (``shard_store.close_stores``
 snapshot, {shard: its state}, returns only once everything the epoch wrote is in.
 
 A store from before groups holds one Bytewax key per shard (``shard-007-of-128``).
-Bytewax builds the logic of every resumed key when its state is loaded, at the close of
-the epoch before the one it resumes at (``stateful_batch`` in its ``operators.rs``: the
-loads are applied when their epoch closes, before any item of a later epoch reaches
-that worker's logics). Such a key becomes a ``Retired``: its state goes to the
-process's ``FlowContext.handover``, the group holding its shard takes it at its next
-call, and once that group has snapshotted the shard the old key discards itself, so its
-stale state never comes back.
+Bytewax 0.21.1 builds the logic of every resumed key eagerly, when its state is loaded:
+at the close of the epoch before the one it resumes at (``stateful_batch`` in its
+``src/operators.rs``: loads are applied when their epoch closes, before any item of a
+later epoch reaches that worker's logics). Such a key becomes a ``Retired``: its state
+goes to the process's ``FlowContext.handover``, the group holding its shard takes it at
+its next call, and once that group has snapshotted the shard the old key discards
+itself, so its stale state never comes back. Bytewax orders loads before items only
+within a worker, so the service also fills the handover from the store before the flow
+starts (``runtime.recovery.keys_of_one_shard``): a group finds its shards' states
+whichever worker builds their old keys. A shard a group already holds keeps its own
+state (the newer one); a cluster of several processes, where the old key and its group
+may lie apart, refuses such a store at start-up (``startup.check_cluster_keys``).
 """
 
 from __future__ import annotations

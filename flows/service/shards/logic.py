@@ -131,6 +131,7 @@ def flow_context(
     changelog: Changelog | None = None,
     holds: Callable[[int], bool] | None = None,
     shards: int = DEFAULT_SHARDS,
+    handover: dict[str, dict[str, Any]] | None = None,
 ) -> FlowContext:
     """What a flow's shards share (``FlowContext``).
 
@@ -141,7 +142,8 @@ def flow_context(
     ``rest_after`` is how long an unchanged instance stays live (see ``FlowContext``),
     ``changelog`` (with ``store``) mirrors each shard's log (``shards.changelog``),
     ``holds`` says which shards are this member's (``FlowContext``), ``shards`` is the
-    flow's shard count.
+    flow's shard count, ``handover`` the states of keys of one shard the flow resumes
+    (``FlowContext.handover``: a store from before key groups, read before it starts).
 
     >>> from flows.service.instances.registry import Registry
     >>> flow_context(Registry.from_toml("[experiments.e]\\narms = ['a']"), shards=4).shards
@@ -160,6 +162,7 @@ def flow_context(
         changelog,
         holds,
         shards,
+        dict(handover or {}),
     )
 
 
