@@ -106,7 +106,9 @@ class ShardStore:
     event loop, tests and benchmarks): ``handle`` events, ``bind`` (get an instance:
     live, revived, or new), ``changed`` (mark one changed), ``expire_due`` and ``wake``
     (what is due), ``wake_at`` (when next), ``finish`` (the end of the input) and
-    ``flush_epoch`` (an epoch's close: what the log must hold). Settling (putting to
+    ``send_epoch`` then ``settle_epoch`` (an epoch's close, in two phases: what the log
+    must hold, and where the changelog stands once it acknowledged it; ``close_stores``
+    closes many shards with one wait). Settling (putting to
     rest, writing ahead of the close) runs inside those calls, a few keys at a time.
 
     On event time (replays, the demo) ``now`` is the event's own ``ts`` (else the clock),
