@@ -304,7 +304,13 @@ def through_internal_topic(
 def by_group(batch: Batch, shards: int = DEFAULT_SHARDS) -> list[tuple[str, list[Part]]]:
     """Routed events, each (shard of ``shards``, routed), as one item per key group:
     (group, [(shard, its events in order), ...]) (``keys.in_groups``; the compiled lane of
-    ``parse_and_route`` groups them the same way)."""
+    ``parse_and_route`` groups them the same way).
+
+    >>> routed = [("shard-001-of-002", "a"), ("shard-000-of-002", "b"), ("shard-001-of-002", "c")]
+    >>> by_group(routed, 2)  # doctest: +NORMALIZE_WHITESPACE
+    [('group-001-of-002', [('shard-001-of-002', ['a', 'c'])]),
+     ('group-000-of-002', [('shard-000-of-002', ['b'])])]
+    """
     return in_groups(by_shard(batch), shards)
 
 

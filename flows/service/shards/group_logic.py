@@ -173,7 +173,14 @@ def group_builder(
 ) -> Callable[[dict[str, Any] | None], GroupLogic | Retired]:
     """The builder ``op.stateful_batch`` calls for each key (with its resume state): a
     group, or (the state of one shard: a store from before groups) a ``Retired``.
-    ``ValueError`` naming a state that is neither."""
+    ``ValueError`` naming a state that is neither.
+
+    >>> from flows.service.instances.registry import LiveRegistry, Registry
+    >>> live = LiveRegistry(Registry.from_toml('[experiments.e]\\narms = ["a"]'))
+    >>> build = group_builder(FlowContext(live))
+    >>> build(None).shards, build({"group": "group-000-of-008", "shards": {}}).group
+    ({}, 'group-000-of-008')
+    """
 
     def build(resume: dict[str, Any] | None) -> GroupLogic | Retired:
         if resume is None or "group" in resume:

@@ -54,7 +54,12 @@ Split = tuple[list[tuple[str, bytes]], list[DeadLetter]]
 
 
 def split(out: list[Output]) -> tuple[list[Split], bool]:
-    """What a shard's Bytewax call returns: its outputs as one ``Split`` item, if any."""
+    """What a shard's (or key group's) Bytewax call returns: its outputs as one ``Split``
+    item, if any.
+
+    >>> split([])
+    ([], False)
+    """
     return ([split_outputs(out)] if out else []), StatefulBatchLogic.RETAIN
 
 
