@@ -4,14 +4,16 @@ Run from the repository root (under a minute)::
 
     .venv/bin/python bench/bench_close.py
 
-``DEFAULT_SHARDS`` (128) ``ShardLogic`` objects with a shard store
-(``flows.service.shards.shard_log``) are fed as the dataflow feeds them, on
+``DEFAULT_SHARDS`` (128) shards with a shard store (``flows.service.shards.shard_log``),
+held by their key groups (``GroupLogic``, one per Bytewax key), are fed as the dataflow
+feeds them, one item per group, on
 ``bench_engine``'s workload (10 arms, per-unit instances over 10,000 units, each
 request followed by its feedback, batches of 1,000 messages). An epoch serves
 ``PAIRS`` requests and their feedback: the first half before a generation turns
 (a second passes: the calls after the turn do what they do then, until nothing is left
 for them), the second half after it. Then every shard's ``snapshot()``, the close, is
-timed (wall clock, all of them), with the instances it found changed. Median of ``REPEATS``
+timed (wall clock, all of them), with the instances it found changed: every group's
+``snapshot()``, which waits once for its shards' changelog acknowledgements. Median of ``REPEATS``
 epochs on the same shards, after one epoch of warm-up. No Kafka, no Bytewax.
 ``--changelog``: each shard's log mirrored to an in-memory changelog
 (``flows.service.shards.changelog.MemoryChangelog``): what the mirror costs the shards
@@ -42,7 +44,8 @@ from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E40
 from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
 from flows.service.shards.changelog import Changelog, MemoryChangelog  # noqa: E402
 from flows.service.shards.deadlines import WakeUpScheduler  # noqa: E402
-from flows.service.shards.logic import FlowContext, ShardLogic  # noqa: E402
+from flows.service.shards.group_logic import GroupLogic  # noqa: E402
+from flows.service.shards.logic import FlowContext  # noqa: E402
 from flows.service.shards.stream_clock import StreamClock  # noqa: E402
 from flows.service.wire.events import Origin, parse_event  # noqa: E402
 from flows.service.wire.keys import DEFAULT_SHARDS  # noqa: E402
@@ -52,7 +55,8 @@ REPEATS = 5
 
 
 class Shards:
-    """The shards of one flow over a store directory, fed in batches."""
+    """The shards of one flow over a store directory, held by their key groups, fed in
+    batches."""
 
     def __init__(
         self, store: Path, registry: LiveRegistry, changelog: Changelog | None = None
@@ -66,7 +70,7 @@ class Shards:
             store=store,
             changelog=changelog,
         )
-        self.logics: dict[str, ShardLogic] = {}
+        self.groups: dict[str, GroupLogic] = {}
         self.offset = 0
 
     def feed(self, msgs: list[tuple[bytes, str]]) -> None:
@@ -76,32 +80,34 @@ class Shards:
             for raw, _ in msgs[start : start + BATCH]:
                 batch.append((raw, Origin("events", 0, self.offset, now)))
                 self.offset += 1
-            shards, _ = parse_and_route(parse_event, Guards(), self.registry, batch)
-            for shard, events in shards:
-                logic = self.logics.get(shard)
+            groups, _ = parse_and_route(parse_event, Guards(), self.registry, batch)
+            for group, parts in groups:
+                logic = self.groups.get(group)
                 if logic is None:
-                    logic = self.logics[shard] = ShardLogic(self.context)
-                logic.on_batch([events])
+                    logic = self.groups[group] = GroupLogic(self.context)
+                logic.on_batch([parts])
 
     def turn(self) -> None:
         """A generation turns in every shard (as after a second), and the calls that
         follow do their work until none is left (as the service's calls do)."""
-        for logic in self.logics.values():
-            logic.store.generations.turned = float("-inf")
-            logic.handle([])
-            generations = logic.store.generations
-            while generations.unwritten or generations.saved or generations.settling:
+        for group in self.groups.values():
+            for logic in group.shards.values():
+                logic.store.generations.turned = float("-inf")
                 logic.handle([])
+                generations = logic.store.generations
+                while generations.unwritten or generations.saved or generations.settling:
+                    logic.handle([])
 
     def close(self) -> tuple[float, int]:
-        """Seconds of every shard's snapshot, and the instances they found changed."""
+        """Seconds of every group's snapshot, and the instances they found changed."""
+        stores = [s.store for group in self.groups.values() for s in group.shards.values()]
         changed = sum(
-            len(s.store.touched | s.store.generations.cooling | set(s.store.generations.settling))
-            for s in self.logics.values()
+            len(store.touched | store.generations.cooling | set(store.generations.settling))
+            for store in stores
         )
         started = time.perf_counter()
-        for logic in self.logics.values():
-            logic.snapshot()
+        for group in self.groups.values():
+            group.snapshot()
         return time.perf_counter() - started, changed
 
 

@@ -14,9 +14,10 @@ request, so that it finds its open ticket out of the caches, as a service's user
 answer after a while do), in batches of ``BATCH`` messages as one ``consume`` brings
 them, through the same functions the dataflow's steps call:
 
-- ``parse_and_route``: bytes to routed events, one item per shard
+- ``parse_and_route``: bytes to routed events, one item per key group, by shard
   (``flows.service.dataflow``, compiled lane);
-- ``shards``: each shard's ``ShardLogic.on_batch`` (its compiled event loop and
+- ``shards``: each key group's ``GroupLogic.on_batch``, each shard's events to it (their
+  compiled event loop and
   instances, and the answers written as JSON keyed by instance, dead letters apart; the
   row ``shards, every instance revived`` puts every instance to rest after each shard call,
   as a service with one bandit per user sees most events: the user came back later; and
@@ -72,10 +73,11 @@ from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402
 from flows.service.runtime.gc_freezer import YOUNG_COLLECTION_THRESHOLD, freeze_long_lived  # noqa: E402
 from flows.service.shards.deadlines import WAKE_UP, WakeUpScheduler  # noqa: E402
-from flows.service.shards.logic import REST_AFTER, FlowContext, ShardLogic  # noqa: E402
+from flows.service.shards.group_logic import GroupLogic  # noqa: E402
+from flows.service.shards.logic import REST_AFTER, FlowContext  # noqa: E402
 from flows.service.shards.stream_clock import StreamClock  # noqa: E402
 from flows.service.wire.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
-from flows.service.wire.keys import DEFAULT_SHARDS, shard_names  # noqa: E402
+from flows.service.wire.keys import DEFAULT_SHARDS, group_of, shard_names  # noqa: E402
 from tsi_core import Bandit  # noqa: E402
 
 BATCH = 1000  # what one consume brings at most (the Kafka source's batch_size)
@@ -130,7 +132,7 @@ def engine_run(
     parsers = {"events": parse_event, "requests": parse_request, "feedback": parse_feedback}
     clock = [time.time()]
     context = engine_context(clock, rest_after, retry_window)
-    shards: dict[str, ShardLogic] = {}
+    shards: dict[str, GroupLogic] = {}
     guards, now = Guards(), clock[0]
     spent = dict.fromkeys(STAGES, 0.0)
     timed = calls = 0
@@ -173,17 +175,18 @@ def engine_context(
     )
 
 
-def serve(shards: dict[str, ShardLogic], context: FlowContext, items: list, woken: bool) -> None:
-    """Each shard's ``on_batch`` of its events (shards built on first use), then, when
-    ``woken``, a wake-up for every shard whose wake-up is due on the context's clock."""
-    for shard, events in items:
-        logic = shards.get(shard)
+def serve(groups: dict[str, GroupLogic], context: FlowContext, items: list, woken: bool) -> None:
+    """Each key group's ``on_batch`` of its shards' events (groups built on first use),
+    then, when ``woken``, a wake-up for every shard whose wake-up is due on the context's
+    clock, to its group."""
+    for group, parts in items:
+        logic = groups.get(group)
         if logic is None:
-            logic = shards[shard] = ShardLogic(context)
-        logic.on_batch([events])
+            logic = groups[group] = GroupLogic(context)
+        logic.on_batch([parts])
     if woken:
         for shard in context.wake_ups.queue().due(context.clock()):
-            shards[shard].on_batch([[(shard, None, WAKE_UP)]])
+            groups[group_of(shard)].on_batch([[(shard, [(shard, None, WAKE_UP)])]])
 
 
 def json_run(msgs: list[tuple[bytes, str]]) -> float:

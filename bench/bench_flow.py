@@ -454,13 +454,14 @@ def _echo_raw(batch: list[tuple[bytes, Origin]]) -> list[tuple[None, bytes]]:
 
 
 class _EchoShard(StatefulBatchLogic):
-    """A shard that keeps nothing: each request answered with its own bytes, feedback
+    """A key group that keeps nothing: each request answered with its own bytes, feedback
     dropped (one output per request, as the service answers)."""
 
-    def on_batch(self, values: list[list[Routed]]) -> tuple[list[list], bool]:
+    def on_batch(self, values: list[list[tuple[str, list[Routed]]]]) -> tuple[list[list], bool]:
         out = [
             (key, event.raw)
-            for batch in values
+            for item in values
+            for _, batch in item
             for key, _, event in batch
             if isinstance(event, Request)
         ]
@@ -472,7 +473,7 @@ class _EchoShard(StatefulBatchLogic):
 
 def shape_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
     """The second rung: the service's shape with no state. The stack of ``stack_flow``
-    plus the service's own compiled parsing and routing into one item per shard
+    plus the service's own compiled parsing and routing into one item per key group
     (``parse_and_route``) and Bytewax's keyed stateful step, whose shards keep nothing
     (``_EchoShard``). What the service spends beyond it is its shards' state: instances,
     tickets, draws, the kernel, deadlines, metrics."""
@@ -484,7 +485,7 @@ def shape_flow(bk: Broker, inp: Input, out: dict[str, str]) -> Dataflow:
         batches, _errors = source(flow, f"{name}_in")
         parsed = parse_route(f"parse_{name}", batches, PARSERS[name], Guards(), live)
         routed.append(parsed.oks)
-    shards = op.merge("routed", *routed)  # one item per shard
+    shards = op.merge("routed", *routed)  # one item per key group
     answers = op.stateful_batch("shards", shards, lambda _resume: _EchoShard())
     wiring.outputs.selections("out", op.map("answers", answers, lambda kv: kv[1]))
     return flow
@@ -741,7 +742,9 @@ def group_of(key: FuncKey) -> str | None:
     service = "flows/service/"
     if path.endswith(service + "events.py"):
         return EVENTS
-    if path.endswith(tuple(service + f for f in ("instance.py", "logic.py", "deadlines.py"))):
+    if path.endswith(
+        tuple(service + f for f in ("instance.py", "logic.py", "group_logic.py", "deadlines.py"))
+    ):
         return INSTANCE
     glue = ("dataflow.py", "registry.py", "metrics.py", "stream_clock.py")
     if path.endswith(tuple(service + f for f in glue)):

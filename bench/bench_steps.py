@@ -9,7 +9,7 @@ Run from the repository root (about 3 minutes; it starts the project's broker un
 ``shape_flow``); this bench splits the same runs by step. Each Python-level step the
 dataflow calls once per item is wrapped in a timer of the calling thread's CPU time
 (``time.thread_time``) for the run: the sources' ``next_batch``, the compiled parsing and
-routing into one item per shard, the shards' ``on_batch`` (which writes their answers' JSON;
+routing into one item per key group, the key groups' ``on_batch`` (which writes their answers' JSON;
 and the timer calls Bytewax makes of a bounded flow's shards: ``notify_at`` after each
 call, ``on_notify``, ``snapshot``), the dead letters' JSON, the sinks' ``write_batch``.
 What is left of the worker's CPU is Bytewax's own (its operators, the items between them)
@@ -42,22 +42,22 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_flow  # noqa: E402
 from bench_flow import Counter, broker, log, prepare_input, registry_toml, run_once, run_rung  # noqa: E402
 
-from flows.service import dataflow, logic  # noqa: E402
+from flows.service import dataflow  # noqa: E402
 from flows.service.connectors import kafka_partition, kafka_sink  # noqa: E402
 from flows.service.instances.registry import Registry  # noqa: E402
 from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
-from flows.service.shards import deadlines  # noqa: E402
+from flows.service.shards import deadlines, group_logic  # noqa: E402
 
 #: (label, owner, attribute): the steps timed. The dataflow's functions are looked up when
 #: a flow is built, so a wrapper set before ``run_once`` builds it is the one called.
 STEPS = (
     ("Kafka sources: next_batch", kafka_partition.ObservedPartition, "next_batch"),
-    ("parse and route by shard (compiled)", dataflow, "parse_and_route"),
-    ("shards: on_batch", logic.ShardLogic, "on_batch"),
+    ("parse and route by key group and shard (compiled)", dataflow, "parse_and_route"),
+    ("shards: on_batch", group_logic.GroupLogic, "on_batch"),
     ("shards: on_batch", bench_flow._EchoShard, "on_batch"),
-    ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "notify_at"),
-    ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "on_notify"),
-    ("shards: notify_at, on_notify, snapshot", logic.ShardLogic, "snapshot"),
+    ("shards: notify_at, on_notify, snapshot", group_logic.GroupLogic, "notify_at"),
+    ("shards: notify_at, on_notify, snapshot", group_logic.GroupLogic, "on_notify"),
+    ("shards: notify_at, on_notify, snapshot", group_logic.GroupLogic, "snapshot"),
     ("dead letters' JSON", dataflow, "_letters_json"),
     ("wake-up source: next_batch", deadlines._WakeUps, "next_batch"),
     ("Kafka sinks: write_batch, snapshot", kafka_sink._CheckedPartition, "write_batch"),

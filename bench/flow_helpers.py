@@ -7,8 +7,8 @@
     one worker, no recovery, with an epoch interval
     in milliseconds (``bytewax.run -s`` only takes whole seconds). Every full (generation 2)
     garbage collection is logged to stderr as ``GC2 <ms> ms``. Diagnostics only, to find
-    what delays answers: ``--no-snapshot`` replaces ``ShardLogic.snapshot`` (which Bytewax
-    calls for every shard touched in an epoch, at the epoch's close, even without recovery)
+    what delays answers: ``--no-snapshot`` replaces ``GroupLogic.snapshot`` (which Bytewax
+    calls for every key group touched in an epoch, at the epoch's close, even without recovery)
     by one returning None; ``--no-gc`` disables the cyclic garbage collector.
 
 ``python bench/flow_helpers.py passthrough HOPS``
@@ -47,7 +47,7 @@ PROBE = -1
 
 
 def serve(epoch_ms: float, options: list[str]) -> None:
-    import flows.service.shards.logic
+    import flows.service.shards.group_logic
     from flows.service.runtime.process import Service
     from flows.service.runtime.settings import Settings
 
@@ -55,7 +55,7 @@ def serve(epoch_ms: float, options: list[str]) -> None:
     if unknown:
         sys.exit(f"unknown options {sorted(unknown)}")
     if "--no-snapshot" in options:
-        flows.service.shards.logic.ShardLogic.snapshot = lambda self: None  # type: ignore[method-assign]
+        flows.service.shards.group_logic.GroupLogic.snapshot = lambda self: None  # type: ignore[method-assign]
     if "--no-gc" in options:
         gc.disable()
     started: list[float] = []

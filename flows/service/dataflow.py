@@ -14,10 +14,11 @@ merges every ``errs`` into the dead letters. A flow's wiring is two objects: ``I
 ``Outputs`` (the sinks of the selections and the dead letters).
 
 Items are batches: a source emits what one read brought (one ``consume`` of a Kafka
-partition), every step handles a list, and a shard receives its part of a batch in one
-item. Bytewax's cost per item is then paid per batch, not per event. Events are routed by
-instance to a fixed number of shards (``flows.service.shards.logic``); a shard is one Bytewax key
-and holds many instances.
+partition), every step handles a list, and a key group receives its part of a batch in
+one item: (group, [(shard, events), ...]). Bytewax's cost per item is then paid per batch,
+not per event. Events are routed by instance to a fixed number of shards, each holding
+many instances, and shards to a few key groups, the Bytewax keys
+(``flows.service.shards.group_logic``, ``keys.group_of``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import count_dead_letter
 from flows.service.shards.changelog import Changelog
 from flows.service.shards.deadlines import WakeUps, WakeUpScheduler
-from flows.service.shards.logic import Routed, ShardLogic, logic_builder
+from flows.service.shards.group_logic import GroupLogic, Part, group_builder
+from flows.service.shards.logic import Routed, flow_context
 from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire import _parse
 from flows.service.wire.events import (
@@ -52,7 +54,7 @@ from flows.service.wire.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.wire.keys import DEFAULT_SHARDS, shard_name, shard_of
+from flows.service.wire.keys import DEFAULT_SHARDS, group_of, in_groups, shard_name, shard_of
 
 Message = tuple[bytes, Origin]
 KeyedBytes = tuple[str, bytes]
@@ -204,10 +206,10 @@ def parse_and_route(
     grouped: bool = True,
     shards: int = DEFAULT_SHARDS,
 ) -> tuple[list, list[DeadLetter]]:
-    """A batch of messages as routed events grouped by shard of ``shards`` (``by_shard``;
-    not ``grouped``: each (key, experiment, event) in the batch's order) and dead letters
-    (each message one or the other). The standard parsers' batches take the compiled
-    fast lane (``flows.service.wire._parse``), and so do the internal topic's
+    """A batch of messages as routed events grouped by key group and shard of ``shards``
+    (``by_group``; not ``grouped``: each (key, experiment, event) in the batch's order)
+    and dead letters (each message one or the other). The standard parsers' batches take
+    the compiled fast lane (``flows.service.wire._parse``), and so do the internal topic's
     (``ParseBySource``); the lane hands every message it cannot decide exactly to the
     Python parser and ``route``."""
     registry, skip, window = live.current, guards.skip, guards.ts_window
@@ -223,7 +225,7 @@ def parse_and_route(
         (dead if isinstance(event, DeadLetter) else routed).append(event)
     if not grouped:
         return [item for _, item in routed], dead
-    return by_shard(routed), dead
+    return by_group(routed, shards), dead
 
 
 @operator
@@ -238,10 +240,10 @@ def parse_route(
 ) -> OksErrs:
     """Parse and route each batch: ``oks`` the routed events, ``errs`` the refusals (a
     malformed message, an unknown experiment, a skipped offset, ...). The routed events go
-    on as one item per shard (``per_shard``: what the shards take), else as one item per
-    batch, in its order (what the internal topic's copies are written from: its reader
-    drops a copy whose input offset is below one it has read, ``InternalPartition``).
-    ``shards``: the flow's shard count."""
+    on as one item per key group (``per_shard``: what the stateful step takes,
+    ``by_group``), else as one item per batch, in its order (what the internal topic's
+    copies are written from: its reader drops a copy whose input offset is below one it
+    has read, ``InternalPartition``). ``shards``: the flow's shard count."""
     parse_batch = functools.partial(
         parse_and_route, parse, guards, live, grouped=per_shard, shards=shards
     )
@@ -286,7 +288,7 @@ def through_internal_topic(
     """The internal topic's round trip: each routed event is written to the internal topic,
     keyed by instance (``to_internal``), and that one log is read back and routed again
     (``parse_internal``), so every run sees an instance's events in the same order.
-    ``oks``: the events read back, by shard; ``errs``: the reader's refusals.
+    ``oks``: the events read back, by key group; ``errs``: the reader's refusals.
 
     Its two composite steps are ``@operator`` steps; the sink and source between them stay
     steps of the flow itself (``internal_out``, ``internal_in``): recovery keys the
@@ -299,9 +301,22 @@ def through_internal_topic(
     return OksErrs(read.oks, errs)
 
 
+def by_group(batch: Batch, shards: int = DEFAULT_SHARDS) -> list[tuple[str, list[Part]]]:
+    """Routed events, each (shard of ``shards``, routed), as one item per key group:
+    (group, [(shard, its events in order), ...]) (``keys.in_groups``; the compiled lane of
+    ``parse_and_route`` groups them the same way).
+
+    >>> routed = [("shard-001-of-002", "a"), ("shard-000-of-002", "b"), ("shard-001-of-002", "c")]
+    >>> by_group(routed, 2)  # doctest: +NORMALIZE_WHITESPACE
+    [('group-001-of-002', [('shard-001-of-002', ['a', 'c'])]),
+     ('group-000-of-002', [('shard-000-of-002', ['b'])])]
+    """
+    return in_groups(by_shard(batch), shards)
+
+
 def by_shard(batch: Batch) -> list[tuple[str, list[Routed]]]:
     """Routed events, each (shard, routed), as one item per shard, each shard's events
-    in order (the compiled lane of ``parse_and_route`` groups them the same way)."""
+    in order."""
     shards: dict[str, list[Routed]] = {}
     for shard, routed in batch:
         events = shards.get(shard)
@@ -313,28 +328,39 @@ def by_shard(batch: Batch) -> list[tuple[str, list[Routed]]]:
 
 
 def wake_up_events(
-    flow: Dataflow, scheduler: WakeUpScheduler, ending: Callable[[], bool], now: Callable[[], float]
-) -> Stream[tuple[str, list[Routed]]]:
+    flow: Dataflow,
+    scheduler: WakeUpScheduler,
+    ending: Callable[[], bool],
+    now: Callable[[], float],
+    shards: int = DEFAULT_SHARDS,
+) -> Stream[tuple[str, list[Part]]]:
     """Each worker's due wake-ups in ``scheduler``, as events of their shards (no
-    experiment attached); the ``wake_ups`` source, until ``ending()``."""
+    experiment attached), each to its shard's key group of a flow of ``shards``; the
+    ``wake_ups`` source, until ``ending()``."""
     due = op.input("wake_ups", flow, WakeUps(scheduler, ending, now))
-    return op.map("wake_up_events", due, lambda kv: (kv[0], [(kv[0], None, kv[1])]))
+    return op.map("wake_up_events", due, functools.partial(_wake_up_event, shards))
+
+
+def _wake_up_event(shards: int, due: tuple[str, Any]) -> tuple[str, list[Part]]:
+    """A wake-up of a shard as its key group's item."""
+    shard = due[0]
+    return group_of(shard, shards), [(shard, [(shard, None, due[1])])]
 
 
 def shard_step(
-    events: Stream[tuple[str, list[Routed]]],
+    events: Stream[tuple[str, list[Part]]],
     builder: Callable[[Any], StatefulBatchLogic],
 ) -> OksErrs:
-    """The stateful step ``shards`` (one ``builder`` logic per shard) and its outputs
+    """The stateful step ``shards`` (one ``builder`` logic per key group) and its outputs
     split (``served``): ``oks`` the selections' batches of (key, JSON), ``errs`` the dead
     letters the shards wrote. The stateful step stays a step of the flow itself: recovery
-    keys the shards' state by its id, ``flow.shards``."""
+    keys the groups' state by its id, ``flow.shards``."""
     return split_served("served", op.stateful_batch("shards", events, builder))
 
 
 @operator
 def split_served(step_id: str, served: Stream[tuple[str, tuple[list, list]]]) -> OksErrs:
-    """A shard's (shard, (selections, dead letters)) items (``logic.Split``) as two
+    """A key group's (group, (selections, dead letters)) items (``logic.Split``) as two
     streams of non-empty batches."""
     return OksErrs(
         op.flat_map("selections", served, lambda kv: [kv[1][0]] if kv[1][0] else []),
@@ -342,22 +368,24 @@ def split_served(step_id: str, served: Stream[tuple[str, tuple[list, list]]]) ->
     )
 
 
-class Traced(StatefulBatchLogic[Routed, tuple, Any]):
-    """A shard that says which input caused each output: it handles its events one at a
-    time and pairs every output with ``trace(event)``; outputs of a wake-up or of the end
-    of the input are paired with None. Everything else is the shard's own (``ShardLogic``).
+class Traced(StatefulBatchLogic[list[Part], tuple, Any]):
+    """A key group that says which input caused each output: it handles its events one
+    at a time and pairs every output with ``trace(event)``; outputs of a wake-up or of the
+    end of the input are paired with None. Everything else is the group's own
+    (``GroupLogic``).
     """
 
-    def __init__(self, logic: ShardLogic, trace: Callable[[Any], Any]) -> None:
+    def __init__(self, logic: GroupLogic, trace: Callable[[Any], Any]) -> None:
         self.logic, self.trace = logic, trace
 
-    def on_batch(self, values: list[list[Routed]]) -> tuple[list[tuple], bool]:
+    def on_batch(self, values: list[list[Part]]) -> tuple[list[tuple], bool]:
         out: list[tuple[Any, Any]] = []
         handle, trace = self.logic.handle, self.trace
-        for batch in values:
-            for routed in batch:
-                tag = None if routed[1] is None else trace(routed[2])  # a wake-up: no input
-                out += [(tag, output) for output in handle([routed])]
+        for item in values:
+            for shard, events in item:
+                for routed in events:
+                    tag = None if routed[1] is None else trace(routed[2])  # a wake-up: no input
+                    out += [(tag, output) for output in handle([(shard, [routed])])]
         return _split_traced(out)
 
     def on_notify(self) -> tuple[list[tuple], bool]:
@@ -374,7 +402,7 @@ class Traced(StatefulBatchLogic[Routed, tuple, Any]):
 
 
 def _split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[tuple], bool]:
-    """A ``Traced`` shard's outputs as one item, split as a shard's are
+    """A ``Traced`` group's outputs as one item, split as a group's are
     (``flows.service.shards.logic.Split``): selections and dead letters keep their tag."""
     if not outputs:
         return [], StatefulBatchLogic.RETAIN
@@ -388,7 +416,7 @@ def _split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[tuple], bool]
 
 
 def _traced(trace: Callable[[Any], Any], batch: Batch) -> list[tuple[Any, DeadLetter]]:
-    """Refusals paired with their tag, as a ``Traced`` shard pairs its dead letters: a
+    """Refusals paired with their tag, as a ``Traced`` group pairs its dead letters: a
     refusal's own, ``trace(letter)``."""
     return [(trace(letter), letter) for letter in batch]
 
@@ -414,6 +442,7 @@ def build_flow(
     changelog: Changelog | None = None,
     holds: Callable[[int], bool] | None = None,
     shards: int = DEFAULT_SHARDS,
+    handover: dict[str, dict[str, Any]] | None = None,
 ) -> Dataflow:
     """The serving dataflow. Step ids are stable: recovery state is keyed by them.
 
@@ -428,7 +457,10 @@ def build_flow(
     shard's log is mirrored (``flows.service.shards.changelog``). ``holds``: members, whether
     this member holds a shard index (``Members.holds``; the others it resumes lie dormant).
     ``shards``: the flow's shard count (its store's: ``flows.service.runtime.shard_count``);
-    it moves instances between shards, never changes what they serve.
+    it moves instances between shards, never changes what they serve. ``handover``: the
+    resumed states of keys of one shard (a store from before key groups,
+    ``group_logic.Retired``), read from the store before the flow starts, so that a key
+    group finds them whichever worker builds the old key.
     """
     live = registry if isinstance(registry, LiveRegistry) else LiveRegistry(registry)
     inputs, outputs = wiring.inputs, wiring.outputs
@@ -442,8 +474,8 @@ def build_flow(
     )
     if scheduler is not None:
         now = clock if stream is None else stream.now
-        events.append(wake_up_events(flow, scheduler, inputs.ending, now))
-    builder = logic_builder(
+        events.append(wake_up_events(flow, scheduler, inputs.ending, now, shards))
+    context = flow_context(
         live,
         clock,
         snapshots,
@@ -454,8 +486,10 @@ def build_flow(
         changelog=changelog,
         holds=holds,
         shards=shards,
+        handover=handover,
     )
-    served = shard_step(op.merge("events", *events), _traced_builder(builder, outputs.trace))
+    builder = _traced_builder(group_builder(context), outputs.trace)
+    served = shard_step(op.merge("events", *events), builder)
     outputs.selections("selections_out", served.oks)
     _write_dead_letters(outputs, errs, served.errs, guards.dead_letter_raw)
     return flow
@@ -497,10 +531,15 @@ def _read_inputs(
 def _traced_builder(
     builder: Callable[[Any], StatefulBatchLogic], trace: Callable[[Any], Any] | None
 ) -> Callable[[Any], StatefulBatchLogic]:
-    """``builder``, its shards wrapped in ``Traced`` when the outputs are traced."""
+    """``builder``, its key groups wrapped in ``Traced`` when the outputs are traced."""
     if trace is None:
         return builder
-    return lambda resume: Traced(builder(resume), trace)
+
+    def traced(resume: Any) -> StatefulBatchLogic:
+        logic = builder(resume)
+        return Traced(logic, trace) if isinstance(logic, GroupLogic) else logic
+
+    return traced
 
 
 def _write_dead_letters(

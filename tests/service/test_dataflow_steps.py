@@ -22,7 +22,8 @@ from flows.service.dataflow import (
 )
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.shards.deadlines import WAKE_UP
-from flows.service.shards.logic import logic_builder
+from flows.service.shards.group_logic import group_builder
+from flows.service.shards.logic import flow_context
 from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire.events import (
     DeadLetter,
@@ -31,7 +32,7 @@ from flows.service.wire.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.wire.keys import shard_of
+from flows.service.wire.keys import group_of, shard_of
 
 REGISTRY = Registry.from_toml('[experiments.e]\narms = ["a", "b"]\nfeedback_ttl = 5\n')
 LIVE = LiveRegistry(REGISTRY)
@@ -71,9 +72,10 @@ def test_parse_route_passes_routed_events_on_and_its_refusals_out():
         ("unknown_experiment", 2),
         ("skipped", 3),
     ]
-    assert [(shard, [event.request_id for _, _, event in routed]) for shard, routed in oks] == [
-        (shard_of("e"), ["ok"])
-    ]
+    assert [
+        (group, [(shard, [event.request_id for _, _, event in routed]) for shard, routed in parts])
+        for group, parts in oks
+    ] == [(group_of(shard_of("e")), [(shard_of("e"), ["ok"])])]
 
 
 def test_the_internal_round_trip_refuses_what_it_reads_back_and_what_its_source_could_not():
@@ -105,7 +107,7 @@ def test_the_internal_round_trip_refuses_what_it_reads_back_and_what_its_source_
         ("not_a_copy", 7),
         ("unknown_experiment", 6),
     ]
-    assert [[event.request_id for _, _, event in routed] for _, routed in oks] == [["r1"]]
+    assert [[event.request_id for _, _, event in routed] for _, [(_, routed)] in oks] == [["r1"]]
     assert [(key, raw) for key, raw, _ in written] == [("e", read_back[0][0])]
 
 
@@ -113,14 +115,15 @@ def test_the_shard_step_passes_selections_on_and_the_shards_refusals_out():
     request = parse_request(*message(0, experiment="e", request_id="r1"))
     answer = message(1, topic="fb", experiment="e", request_id="r1", loss=1.0)
     e = REGISTRY.experiments["e"]
+    shard = shard_of("e")
     batches = [
-        (shard_of("e"), [("e", e, request)]),
-        (shard_of("e"), [("e", e, parse_feedback(*answer))]),
-        (shard_of("e"), [("e", e, parse_feedback(*answer))]),  # the same feedback again
+        (group_of(shard), [(shard, [("e", e, request)])]),
+        (group_of(shard), [(shard, [("e", e, parse_feedback(*answer))])]),
+        (group_of(shard), [(shard, [("e", e, parse_feedback(*answer))])]),  # the same again
     ]
     flow = Dataflow("steps")
     events = op.input("events", flow, TestingSource(batches))
-    served = shard_step(events, logic_builder(REGISTRY, clock=lambda: 1000.0))
+    served = shard_step(events, group_builder(flow_context(REGISTRY, clock=lambda: 1000.0)))
     oks, errs = collect_batches(served.oks, "oks"), collect_batches(served.errs, "errs")
     run_main(flow)
     assert [orjson.loads(value)["request_id"] for _, value in oks] == ["r1"]
@@ -152,12 +155,12 @@ def test_two_flows_in_one_process_do_not_share_wake_up_queues():
         unbounded = Wiring(Inputs(wiring.inputs.sources, ending=lambda: False), wiring.outputs)
         flows.append(build_flow(REGISTRY, unbounded, clock=lambda: 1000.0, snapshots=False))
     (first_source, first), (second_source, second) = map(wake_up_source_and_shard, flows)
-    assert first.store.context.wake_ups is not second.store.context.wake_ups
+    assert first.context.wake_ups is not second.context.wake_ups
     request = parse_request(*message(0, experiment="e", request_id="r1"))
-    first.handle([("e", first.store.context.registry.current["e"], request)])
+    first.handle([(shard_of("e"), [("e", first.context.registry.current["e"], request)])])
     first_part = first_source.build("wake_ups", 0, 1)
     second_part = second_source.build("wake_ups", 0, 1)
-    first.store.context.wake_ups.queue().want(shard_of("e"), -math.inf)  # due now
+    first.context.wake_ups.queue().want(shard_of("e"), -math.inf)  # due now
     assert second_part.next_batch() == []
     assert first_part.next_batch() == [(shard_of("e"), WAKE_UP)]
 

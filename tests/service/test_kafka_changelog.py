@@ -166,3 +166,33 @@ def shared_requests(start, stop):
 
 
 BIG = Registry.from_toml('[experiments.big]\narms = ["a", "b", "c"]\nfeedback_ttl = 86400\n')
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_record_the_broker_refuses_fails_the_close_that_sent_it(kafka_bootstrap, alone):
+    """Once a shard's first marker has landed its records go without a delivery callback;
+    one the broker refuses (over the topic's max.message.bytes, sent whole because the
+    changelog was told a larger limit) still fails the close, whether it shares the
+    marker's batch or went to the broker alone (``alone``) before the marker."""
+    name = create_with_config(
+        kafka_bootstrap,
+        unique_topic("changelog"),
+        {"cleanup.policy": "compact", "max.message.bytes": "20000"},
+        2,
+    )
+    changelog = KafkaChangelog([kafka_bootstrap], name, max_message_bytes=1_000_000)
+    shard = "shard-001-of-002"
+    mirror = changelog.mirror(shard)
+    mirror.append("e\x1fu1", encode(["one"]))
+    mirror.mark(Marker(1, {}, "x"))
+    assert changelog.settle([mirror]) == [1]  # a mirror's first epoch: each record reported
+    mirror.append("e\x1fu2", encode(["x" * 100_000]))  # over the topic's limit
+    if alone:
+        changelog.producer().flush(30)
+    mirror.append("e\x1fu3", encode(["three"]))
+    mirror.mark(Marker(2, {}, "x"))
+    # in the marker's batch, the marker's own report fails; alone, the records the
+    # marker follows are fewer than those sent (``KafkaMirror``)
+    why = "some were refused" if alone else "MSG_SIZE_TOO_LARGE"
+    with pytest.raises(RuntimeError, match=rf"changelog records of {name}\[1\].*{why}"):
+        changelog.settle([mirror])

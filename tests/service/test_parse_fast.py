@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flows.service import dataflow
-from flows.service.dataflow import Guards, by_shard, parse_and_route, route
+from flows.service.dataflow import Guards, by_group, parse_and_route, route
 from flows.service.instances.registry import Experiment, LiveRegistry, Registry
 from flows.service.wire import _parse
 from flows.service.wire.events import (
@@ -30,7 +30,7 @@ from flows.service.wire.events import (
     parse_feedback,
     parse_request,
 )
-from flows.service.wire.keys import DEFAULT_SHARDS, UNIT_SEPARATOR
+from flows.service.wire.keys import DEFAULT_SHARDS, UNIT_SEPARATOR, group_of
 
 REGISTRY = Registry.from_toml(
     """
@@ -53,14 +53,14 @@ ORIGIN = Origin("tsi.requests", 2, 40)
 
 def reference(parse, window, batch, shards=DEFAULT_SHARDS):
     """The Python path: ``dataflow.parse_and_route`` without the lane (its routed events
-    grouped by shard of ``shards``, in order)."""
+    grouped by key group and shard of ``shards``, in order)."""
     routed, dead = [], []
     for raw, origin in batch:
         event = parse(raw, origin, ts_window=window)
         if not isinstance(event, DeadLetter):
             event = route(REGISTRY, event, shards)
         (dead if isinstance(event, DeadLetter) else routed).append(event)
-    return by_shard(routed), dead
+    return by_group(routed, shards), dead
 
 
 def fast(parse, window, batch, routing=route, shards=DEFAULT_SHARDS):
@@ -331,7 +331,9 @@ def test_the_lanes_events_are_not_walked_by_the_collector(parse, raw):
     """The lane's routed events (the young generation's bulk while a batch is in flight)
     are left out of the collector's walks: they hold no container but the experiment,
     so they close no cycle."""
-    [(_shard, [routed])], _ = fast(parse, DEFAULT_TS_WINDOW, [(raw, ORIGIN)], counting([]))
+    [(_group, [(_shard, [routed])])], _ = fast(
+        parse, DEFAULT_TS_WINDOW, [(raw, ORIGIN)], counting([])
+    )
     _key, experiment, event = routed
     assert not any(gc.is_tracked(x) for x in (routed, event))
     fields = [f.name for f in dataclasses.fields(event) if f.name != "origin"]  # the source's
@@ -446,7 +448,8 @@ def test_ungrouped_events_keep_the_batchs_order_across_shards(lane):
     guards = Guards() if lane else Guards(skip=frozenset({("t", 0, 10_000)}))
     live = LiveRegistry(REGISTRY)
     routed, dead = parse_and_route(parse_request, guards, live, batch, grouped=False)
-    shards, _ = parse_and_route(parse_request, guards, live, batch)
+    groups, _ = parse_and_route(parse_request, guards, live, batch)
+    shards = [part for _, parts in groups for part in parts]
     assert dead == [] and len(shards) > 20
     assert [event.origin.offset for _, _, event in routed] == list(range(300))
     keys = [f"per_user{UNIT_SEPARATOR}u{i % 60}" for i in range(300)]
@@ -469,7 +472,8 @@ def test_a_ts_outside_a_narrow_window_is_refused_inside_it_taken():
 def test_a_mixed_batch_keeps_its_order_and_each_message_in_one_list():
     raws = [raw for _, raw in plain_messages()[:5]] + [raw for _, raw, _ in REFUSALS[:8]]
     batch = [(raw, Origin("t", 0, i)) for i, raw in enumerate(raws * 3)]
-    shards, dead = got = fast(parse_request, DEFAULT_TS_WINDOW, batch)
+    groups, dead = got = fast(parse_request, DEFAULT_TS_WINDOW, batch)
+    shards = [part for _, parts in groups for part in parts]
     offsets = [event.origin.offset for _, events in shards for _, _, event in events]
     offsets += [letter.origin.offset for letter in dead]
     assert sorted(offsets) == list(range(len(batch)))  # each message once
@@ -477,7 +481,9 @@ def test_a_mixed_batch_keeps_its_order_and_each_message_in_one_list():
         assert [e.origin.offset for _, _, e in events] == sorted(
             e.origin.offset for _, _, e in events
         )
-    assert len({shard for shard, _ in shards}) == len(shards)  # one group a shard
+    assert len({shard for shard, _ in shards}) == len(shards)  # one list a shard
+    assert len({group for group, _ in groups}) == len(groups)  # one item a group
+    assert all(group_of(shard) == group for group, parts in groups for shard, _ in parts)
     assert_same(got, reference(parse_request, DEFAULT_TS_WINDOW, batch))
 
 
@@ -512,7 +518,7 @@ def test_parse_and_route_takes_the_lane_for_standard_parsers_without_skips(
         raw = raw if parse is parse_event else raw.replace(b'"type":"feedback",', b"")
     batch = [(raw, Origin("t", 0, i)) for i in range(3)]
     got = parse_and_route(parse, guards, LiveRegistry(REGISTRY), batch)
-    assert len(calls) == (0 if lane else 3) and [len(events) for _, events in got[0]] == [3]
+    assert len(calls) == (0 if lane else 3) and [len(events) for _, [(_, events)] in got[0]] == [3]
     assert_same(got, reference(parse, guards.ts_window, batch))
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 import zlib
 from datetime import timedelta
+from types import SimpleNamespace
 
 import bytewax.operators as op
 import orjson
@@ -20,13 +21,16 @@ from flows.service.dataflow import build_flow
 from flows.service.instances.instance import Instance
 from flows.service.instances.registry import Registry
 from flows.service.runtime.recovery import (
+    _committed_steps,
+    keys_of_one_shard,
     read_states,
     seed_from_per_instance_snapshots,
     shard_store,
     stored_shards,
 )
 from flows.service.runtime.settings import ConfigError, Settings
-from flows.service.runtime.startup import StartupError, prepare
+from flows.service.runtime.startup import StartupError, check_cluster_keys, prepare
+from flows.service.shards.logic import logic_builder
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 from flows.service.wire.keys import (
     DEFAULT_SHARDS,
@@ -86,10 +90,11 @@ def legacy_shard_of(key, shards=256):
     return f"shard-{zlib.crc32(key.encode()) % shards:03d}"
 
 
-def serve_once(recovery, messages, monkeypatch=None):
+def serve_once(recovery, messages, monkeypatch=None, handover=None):
     """One run of the flow over ``messages`` with ``recovery``; (selections, dead letters)
     as parsed JSON. With ``monkeypatch``, the run routes and names shards as the release
-    before did (the Python parser: the compiled one is fixed at import)."""
+    before did (the Python parser: the compiled one is fixed at import); ``handover``: as
+    ``build_flow``'s."""
     selections, dead = [], []
     origins = [(raw, Origin("t", 0, i)) for i, raw in enumerate(messages)]
     wiring = memory_wiring(origins, [], selections, dead)
@@ -106,7 +111,7 @@ def serve_once(recovery, messages, monkeypatch=None):
         slow = lambda raw, origin, **kw: parse_request(raw, origin, **kw)  # noqa: E731
         inputs = dataclasses.replace(wiring.inputs, parsers={"requests": slow})
         wiring = dataclasses.replace(wiring, inputs=inputs)
-    flow = build_flow(REGISTRY, wiring, store=shard_store(recovery))
+    flow = build_flow(REGISTRY, wiring, store=shard_store(recovery), handover=handover)
     run_main(flow, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
     if monkeypatch is not None:
         monkeypatch.undo()
@@ -175,3 +180,61 @@ def test_shard_names_say_their_layout(shards):
     counts = collections.Counter(shard_of(instance_key("e", f"u{i}"), shards) for i in range(n))
     assert set(counts) == set(names)
     assert max(counts.values()) < 1.1 * n / shards  # within 10% of an even spread
+
+
+@pytest.mark.parametrize("prefilled", [False, True])
+def test_a_store_of_one_key_a_shard_resumes_into_key_groups(tmp_path, prefilled):
+    """A recovery directory written when each shard was its own Bytewax key (the release
+    before key groups): every instance's state goes on, served or not in the first run
+    after the upgrade, and the old keys leave the store once their groups hold them;
+    whether the old keys hand their states over as Bytewax builds them, or the service
+    read them from the store first (``prefilled``, as ``Service.flow`` does)."""
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    init_db_dir(recovery, 1)
+    units = [f"u{i}" for i in range(12)]  # shards of several groups
+    first = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r1"}) for u in units]
+    before = Dataflow("tsi")  # the stateful step ``shards`` as that release keyed it
+    items = [
+        (
+            shard_of(instance_key("e", u)),
+            [(instance_key("e", u), REGISTRY["e"], parse_request(raw, Origin("t", 0, i)))],
+        )
+        for i, (u, raw) in enumerate(zip(units, first, strict=True))
+    ]
+    builder = logic_builder(REGISTRY, store=shard_store(recovery))
+    op.inspect(
+        "out", op.stateful_batch("shards", op.input("in", before, TestingSource(items)), builder)
+    )
+    run_main(before, epoch_interval=timedelta(seconds=0), recovery_config=RecoveryConfig(recovery))
+    rows = committed_rows(recovery)
+    assert rows and all(key.startswith("shard-") for key in rows)  # one key a shard
+    with pytest.raises(StartupError, match=f"holds {len(rows)} Bytewax keys of one shard"):
+        check_cluster_keys(SimpleNamespace(processes=2, recovery_dir=recovery))
+    check_cluster_keys(SimpleNamespace(processes=1, recovery_dir=recovery))  # handed over
+
+    handover = keys_of_one_shard(recovery) if prefilled else None
+    assert handover is None or sorted(handover) == sorted(rows)
+    served, dead = serve_once(recovery, [message("r2")], handover=handover)  # u1 only
+    assert [(s["unit"], s["round"]) for s in served] == [("u1", 2)] and not dead
+    states = read_states(recovery)
+    assert {key: s["bandit"]["n_rounds"] for key, s in states.items()} == {
+        instance_key("e", u): 2 if u == "u1" else 1 for u in units
+    }
+    held = committed_rows(recovery)
+    assert shard_of(KEY) not in held  # its group took it, the old key went
+
+    again = [orjson.dumps({"experiment": "e", "unit": u, "request_id": "r3"}) for u in units]
+    served, dead = serve_once(recovery, [message("r2"), *again])  # the input resumes at 1
+    assert sorted((s["unit"], s["round"]) for s in served) == sorted(
+        (u, 3 if u == "u1" else 2) for u in units
+    )
+    assert not dead
+    assert all(key.startswith("group-") for key in committed_rows(recovery))
+
+
+def committed_rows(recovery):
+    """{Bytewax key: state} of the stateful step's rows at the committed epoch (deleted
+    ones left out)."""
+    files = sorted(recovery.glob("part-*.sqlite3"))
+    return {key: state for _, key, state in _committed_steps(files, "tsi.shards") if state}

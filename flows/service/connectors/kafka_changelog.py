@@ -2,8 +2,9 @@
 
 ``KafkaChangelog`` is the ``shards.changelog.Changelog`` the service's shards mirror their
 logs to: one idempotent producer per process (each shard's records go to its own
-partition, explicitly, in order), and a shard's mirror waits, at its epoch's close, for
-the acknowledgement of every record it sent (``acknowledged``: the marker's offset).
+partition, explicitly, in order), and an epoch's close waits once, for all the shards it
+closes (``settle``), for the acknowledgement of what they sent: each one's marker's
+offset, records without a callback each (``KafkaMirror``).
 Reading back assigns one consumer to the partitions of the shards read (all of a
 process's, at its start: ``prefetch``) and reads each to its end; a read the broker does
 not answer is asked again, never taken as an empty shard. Client settings (SASL, TLS,
@@ -18,6 +19,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -110,6 +112,32 @@ class KafkaChangelog:
         with self._lock:
             counts = self._chunked.setdefault(partition, {})
         return ChunkedMirror(KafkaMirror(self, partition), limit, counts)
+
+    def settle(self, mirrors: list[ChunkedMirror]) -> list[int | None]:
+        """Wait once for everything ``mirrors`` (this changelog's) sent: each one's last
+        marker's offset (None: none since the last call); ``RuntimeError`` naming the
+        first refusal if any (``KafkaMirror.collected``)."""
+        return self.settle_mirrors([mirror.mirror for mirror in mirrors])
+
+    def settle_mirrors(self, mirrors: list[KafkaMirror]) -> list[int | None]:
+        """``settle`` of the mirrors themselves: the producer polled until none of them
+        waits for a report, one wait for all (logged while it lasts)."""
+        producer = self.producer()
+        started = next_log = time.monotonic()
+        while (waiting := sum(mirror._pending for mirror in mirrors)) > 0:
+            producer.poll(0.1)
+            if time.monotonic() - next_log > _WAIT_LOG_S:
+                next_log = time.monotonic()
+                log.warning(
+                    "changelog %s: %d records of %d shards not acknowledged after %.0f s",
+                    self.topic,
+                    waiting,
+                    len(mirrors),
+                    next_log - started,
+                )
+        if any(mirror._since for mirror in mirrors):  # records no marker follows yet
+            producer.flush()  # written, but a refusal among them shows at the next marker
+        return [mirror.collected() for mirror in mirrors]
 
     def chunk_bytes(self) -> int:
         """The longest record value sent as one message: the topic's max.message.bytes
@@ -257,59 +285,94 @@ def _transient(exc: KafkaException) -> bool:
 
 
 class KafkaMirror:
-    """One shard's records, sent to its partition; ``acknowledged`` waits for them."""
+    """One shard's records, sent to its partition; ``acknowledged`` waits for them.
+
+    A record is sent without a delivery callback once the mirror knows where its last
+    marker landed: confluent-kafka's ``produce`` without ``on_delivery`` (and no producer
+    default) leaves the message without a Python callable, and its delivery report calls
+    no Python (``dr_msg_cb`` in its ``Producer.c`` returns at once for a message with no
+    ``dr_cb``). Markers keep their callback: one per shard per close. What is relied on
+    to learn a refused record without its report: the producer is idempotent and this
+    mirror is its partition's only writer, so the records a marker follows lie at the
+    offsets just below it, one each, in the order sent (a non-transactional producer's
+    records take consecutive offsets, and compaction never renumbers them). A marker's
+    offset above the previous marker's by anything else than the records sent between
+    them plus one means some never landed: the close raises. A record refused while its
+    producer is still up fails the batches behind it or leaves that gap; a fatal
+    producer error fails the marker itself. Until the first marker's offset is known
+    (a mirror's first epoch) every record is reported, as before.
+    """
 
     def __init__(self, changelog: KafkaChangelog, partition: int) -> None:
         self.changelog = changelog
         self.partition = partition
         self._lock = threading.Lock()
-        self._pending = 0
+        self._pending = 0  # messages sent with a callback and not reported yet
         self._errors: list[str] = []
-        self._marked: int | None = None
+        self._marked: int | None = None  # the newest marker's offset, since collected
+        self._last: int | None = None  # the last marker's offset: the next ones follow it
+        self._since = 0  # records sent since the last marker sent
+        self._between: deque[int] = deque()  # per marker in flight: the records before it
 
     def _report(self, err: ConfluentKafkaError | None, message: Any) -> None:
         with self._lock:
             self._pending -= 1
+            marker = message.key() == _MARKER_BYTES
             if err is not None:
                 self._errors.append(str(err))
-            elif message.key() == _MARKER_BYTES:
-                offset = message.offset()
-                self._marked = offset if self._marked is None else max(self._marked, offset)
+                if marker:  # where the next records land is unknown: they are reported
+                    self._between.popleft()
+                    self._last = None
+            elif marker:
+                self._landed(message.offset())
+
+    def _landed(self, offset: int) -> None:
+        """A marker acknowledged at ``offset``: the records sent before it all landed
+        just below it (see the class's docstring), or the close fails."""
+        records = self._between.popleft()
+        if self._last is not None and offset != self._last + records + 1:
+            self._errors.append(
+                f"the marker at offset {offset} follows {offset - self._last - 1} records "
+                f"since the one at {self._last}, not the {records} sent: some were refused"
+            )
+        self._last = offset
+        self._marked = offset if self._marked is None else max(self._marked, offset)
 
     def append(self, key: str, value: bytes | None) -> None:
-        producer = self.changelog.producer()
+        self._since += 1
+        self._produce(key, value, self._report if self._last is None else None)
+
+    def mark(self, marker: Marker) -> None:
         with self._lock:
-            self._pending += 1
+            self._between.append(self._since)
+        self._since = 0
+        self._produce(MARKER_KEY, encode([marker]), self._report)
+
+    def _produce(self, key: str, value: bytes | None, report: Any) -> None:
+        producer = self.changelog.producer()
+        if report is not None:
+            with self._lock:
+                self._pending += 1
         while True:
             try:
                 producer.produce(
-                    self.changelog.topic, value, key, self.partition, on_delivery=self._report
+                    self.changelog.topic, value, key, self.partition, on_delivery=report
                 )
                 break
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.1)
         producer.poll(0)
 
-    def mark(self, marker: Marker) -> None:
-        self.append(MARKER_KEY, encode([marker]))
-
     def acknowledged(self) -> int | None:
-        """Wait until every record sent has its report; the last marker's offset (None:
-        none sent since the last call). ``RuntimeError`` naming the first error if any
-        record was refused: the epoch is not committed and the flow replays it."""
-        producer = self.changelog.producer()
-        started = next_log = time.monotonic()
-        while self._pending > 0:
-            producer.poll(0.1)
-            if time.monotonic() - next_log > _WAIT_LOG_S:
-                next_log = time.monotonic()
-                log.warning(
-                    "changelog %s[%d]: %d records not acknowledged after %.0f s",
-                    self.changelog.topic,
-                    self.partition,
-                    self._pending,
-                    next_log - started,
-                )
+        """Wait until everything sent is acknowledged (``KafkaChangelog.settle``); the
+        last marker's offset (None: none sent since the last call). ``RuntimeError``
+        naming the first error if any record was refused: the epoch is not committed and
+        the flow replays it."""
+        return self.changelog.settle_mirrors([self])[0]
+
+    def collected(self) -> int | None:
+        """Once nothing is pending: the last marker's offset since the last call, or
+        ``RuntimeError`` naming the first refusal."""
         with self._lock:
             errors, self._errors = self._errors, []
             marked, self._marked = self._marked, None

@@ -32,6 +32,7 @@ from flows.service.runtime.gc_freezer import freeze_long_lived
 from flows.service.runtime.members import ALONE, Members
 from flows.service.runtime.recovery import (
     input_seeds,
+    keys_of_one_shard,
     seeded_inputs,
     shard_store,
     store_offsets,
@@ -144,6 +145,7 @@ class Service:
             changelog=changelog,
             holds=None if self.members.count == 1 else self._holds,
             shards=self.shards,
+            handover=None if store is None else keys_of_one_shard(recovery),
         )
 
     def _seeds(self, recovery: str | Path, rebuild: bool) -> dict[str, Any]:

@@ -133,6 +133,37 @@ def _committed_steps(files: list[Path], step_pattern: str) -> Iterator[tuple[str
             yield step, key, None if blob is None else loads(blob)
 
 
+def _committed_shards(files: list[Path], step: str) -> dict[str, dict[str, Any]]:
+    """{shard: its state} in the rows of the stateful step ``step`` at the partitions'
+    committed epochs: a key group's row holds its shards' states (``{"group", "shards"}``,
+    ``flows.service.shards.group_logic``), a row from before groups one shard's, keyed by
+    the shard; a shard in both (an upgrade under way) is its group's."""
+    alone: dict[str, dict[str, Any]] = {}
+    grouped: dict[str, dict[str, Any]] = {}
+    for _, key, state in _committed_steps(files, step):
+        if state and "group" in state:
+            grouped.update((shard, held) for shard, held in state["shards"].items() if held)
+        elif state:
+            alone[key] = state
+    return {**alone, **grouped}
+
+
+def keys_of_one_shard(recovery_dir: str | Path, flow_id: str = "tsi") -> dict[str, Any]:
+    """{Bytewax key: its state} of the committed keys of ``recovery_dir`` that hold one
+    shard each (the key is the shard): a store from before key groups, whose keys a
+    restart hands to their groups (``group_logic.Retired``). None in a directory without
+    (readable) partitions.
+
+    >>> import tempfile; keys_of_one_shard(tempfile.mkdtemp())
+    {}
+    """
+    try:
+        rows = _committed_steps(_committed_here(recovery_dir), f"{flow_id}.{STATE_STEP}")
+        return {key: state for _, key, state in rows if state and "group" not in state}
+    except (FileNotFoundError, sqlite3.DatabaseError):
+        return {}
+
+
 def _committed_here(directory: str | Path) -> list[Path]:
     """The partitions of ``directory`` that hold commits (a cluster's process: those it
     writes)."""
@@ -147,8 +178,7 @@ def committed_shard_states(recovery_dir: str | Path, step: str) -> dict[str, dic
     {}
     """
     try:
-        steps = _committed_steps(_committed_here(recovery_dir), step)
-        return {key: state for _, key, state in steps if state}
+        return _committed_shards(_committed_here(recovery_dir), step)
     except (FileNotFoundError, sqlite3.DatabaseError):
         return {}
 
@@ -215,10 +245,8 @@ def committed_entries(recovery_dirs: RecoveryDirs, flow_id: str = "tsi") -> dict
     dirs = _directories(recovery_dirs)
     entries: dict[str, Entry] = {}
     marked = set()
-    steps = _committed_steps(resumed_partitions(dirs), f"{flow_id}.{STATE_STEP}")
-    for _, shard_key, shard in steps:
-        if not shard:
-            continue
+    states = _committed_shards(resumed_partitions(dirs), f"{flow_id}.{STATE_STEP}")
+    for shard_key, shard in states.items():
         marked.add(shard_key)
         if "entries" in shard:
             entries.update((entry.key, entry) for entry in shard["entries"])

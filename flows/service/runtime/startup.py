@@ -50,6 +50,7 @@ from flows.service.runtime.recovery import (
     REBUILD_HINT,
     check_recovery_dir,
     input_offsets,
+    keys_of_one_shard,
     last_layout,
     note_layout,
     seed_from_per_instance_snapshots,
@@ -234,8 +235,27 @@ def check_store(options: Settings) -> list[Path]:
         )
     parts = check_recovery_dir(options.recovery_dir, options.processes)
     flow_shards(options.shards, stored_shards(options.recovery_dir), None)  # --shards agrees
+    check_cluster_keys(options)
     seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
     return parts
+
+
+def check_cluster_keys(options: Settings) -> None:
+    """Refuse (``StartupError``) a process of a Bytewax cluster whose directory holds one
+    key a shard (a store from before key groups): a shard's old key and the key group now
+    holding it may be placed in two processes, where the old key's state and log cannot
+    reach the group. A process alone hands them over by itself."""
+    if options.processes < 2:
+        return
+    old = sorted(keys_of_one_shard(options.recovery_dir))
+    if old:
+        raise StartupError(
+            f"recovery directory {options.recovery_dir} holds {len(old)} Bytewax keys of one "
+            f"shard each ({old[0]}, ...), written before key groups, and a cluster places "
+            "key groups anew: move the state with `tsi state export FILE --recovery-dir DIR "
+            "...` (every process's directory) and `tsi state import FILE --processes N "
+            "--recovery-dir NEW ...`, then run from the new directories"
+        )
 
 
 def check_no_silent_reset(

@@ -147,6 +147,11 @@ class Changelog(Protocol):
         """The records of ``shard``'s changelog at offsets above ``after``, in order ([]
         for none); ``ChangelogError`` when it cannot be read."""
 
+    def settle(self, mirrors: list[Any]) -> list[int | None]:
+        """Wait once until everything ``mirrors`` (its own) sent is written for good: each
+        one's last marker's offset (None: none since the last call); raise if any of it
+        was not (an epoch's close of many shards: ``logic.close_shards``)."""
+
 
 def shard_index(shard: str) -> int:
     """The changelog partition of a shard: its index (``keys.shard_name``).
@@ -440,6 +445,7 @@ class MemoryChangelog:
         self.sent: dict[str, list[Record]] = {}
         self.max_bytes = max_bytes
         self.chunked: dict[str, dict[str, int]] = {}  # per shard: ``ChunkedMirror.counts``
+        self.waits = 0  # the waits for acknowledgements (``settle``)
 
     def mirror(self, shard: str) -> Mirror:
         mirror = _MemoryMirror(self, shard)
@@ -449,6 +455,12 @@ class MemoryChangelog:
 
     def read(self, shard: str, after: int = -1) -> list[Record]:
         return [record for record in self.logs.get(shard, []) if record[0] > after]
+
+    def settle(self, mirrors: list[Any]) -> list[int | None]:
+        """What ``mirrors`` sent written, in one wait (counted in ``waits``); each one's
+        last marker's offset."""
+        self.waits += 1
+        return [mirror.acknowledged() for mirror in mirrors]
 
     def prefetch(self, afters: dict[str, int]) -> dict[str, list[Record]]:
         """Each shard's records above its offset (``KafkaChangelog.prefetch``)."""

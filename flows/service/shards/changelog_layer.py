@@ -40,8 +40,9 @@ Held = Callable[[str, Experiment], Instance | None]
 class ChangelogLayer:
     """One shard's changelog: the mirror its writes go to (``mirror``), where the
     changelog stands (``mirrored``), the input a rebuilt shard already holds (``guard``:
-    per input partition, events at or below that offset are dropped) and whether
-    anything was sent since the last marker (``unmarked``)."""
+    per input partition, events at or below that offset are dropped), whether
+    anything was sent since the last marker (``unmarked``) and whether a marker waits to
+    be settled (``sent``)."""
 
     def __init__(self, changelog: Changelog) -> None:
         self.changelog = changelog
@@ -49,6 +50,7 @@ class ChangelogLayer:
         self.mirrored: Mirrored | None = None
         self.guard: dict[tuple[str, int], int] = {}
         self.unmarked = False
+        self.sent = False  # a marker sent, not yet settled
 
     def begin(
         self,
@@ -118,16 +120,31 @@ class ChangelogLayer:
             self.unmarked = True
         return b"".join(records)
 
-    def mark(self) -> dict[str, Any]:
-        """An epoch's close: its marker sent after its entries, and acknowledged with
-        them before the snapshot returns (raises if they were not: the epoch is not
-        committed); where the changelog now stands (``Mirrored``, as a dict)."""
+    def send_mark(self) -> bool:
+        """An epoch's close, its first phase: its marker sent after its entries (if
+        anything was sent since the last one), not waited for; whether one was sent. The
+        close is not over until ``settled`` has the marker's acknowledgement."""
+        if not self.unmarked:
+            return False
+        self.mirror.mark(self.mirrored.marker())
+        self.unmarked, self.sent = False, True
+        return True
+
+    def settled(self, offset: int | None) -> dict[str, Any]:
+        """An epoch's close, its second phase, once the changelog acknowledged everything
+        sent (``Changelog.settle``: it raises if anything was refused, and the epoch is not
+        committed): ``offset`` is the marker's, if ``send_mark`` sent one; where the
+        changelog now stands (``Mirrored``, as a dict)."""
         now = self.mirrored
-        if self.unmarked:
-            self.mirror.mark(now.marker())
-            offset = self.mirror.acknowledged()
-            now.seq, now.offset, self.unmarked = now.seq + 1, offset, False
+        if self.sent:
+            now.seq, now.offset, self.sent = now.seq + 1, offset, False
         return {**vars(now), "seen": dict(now.seen)}
+
+    def mark(self) -> dict[str, Any]:
+        """An epoch's close of this shard alone: ``send_mark``, the acknowledgement waited
+        for, ``settled``."""
+        offset = self.mirror.acknowledged() if self.send_mark() else None
+        return self.settled(offset)
 
 
 def _answers_again(routed: Routed, now: Callable[[], float], held: Held) -> bool:

@@ -16,7 +16,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,11 @@ class FlowContext:
     # members: whether this member holds a shard index (``Members.holds``); None: all
     holds: Callable[[int], bool] | None = None
     shards: int = DEFAULT_SHARDS  # the flow's shard count (``runtime.shard_count``)
+    # an upgrade from keys of one shard each: their resumed states, by shard, until the
+    # key group holding the shard takes it (``group_logic.Retired``), and the shards a group
+    # has snapshotted since (whose old keys may then go)
+    handover: dict[str, dict[str, Any]] = field(default_factory=dict)
+    adopted: set[str] = field(default_factory=set)
 
 
 class ShardStore:
@@ -102,7 +107,9 @@ class ShardStore:
     event loop, tests and benchmarks): ``handle`` events, ``bind`` (get an instance:
     live, revived, or new), ``changed`` (mark one changed), ``expire_due`` and ``wake``
     (what is due), ``wake_at`` (when next), ``finish`` (the end of the input) and
-    ``flush_epoch`` (an epoch's close: what the log must hold). Settling (putting to
+    ``send_epoch`` then ``settle_epoch`` (an epoch's close, in two phases: what the log
+    must hold, and where the changelog stands once it acknowledged it; ``close_stores``
+    closes many shards with one wait). Settling (putting to
     rest, writing ahead of the close) runs inside those calls, a few keys at a time.
 
     On event time (replays, the demo) ``now`` is the event's own ``ts`` (else the clock),
@@ -478,13 +485,15 @@ class ShardStore:
         live = [entry_of(i) for i in self.instances.values()]
         return live + self.resting.entries() + self.foreign
 
-    def flush_epoch(self) -> dict[str, Any] | None:
-        """An epoch's close: the shard's state for recovery, the instances changed since they
-        were last written, appended to the shard's log (``context.store``; the snapshot is the log's
-        marker), else the whole shard. Bytewax asks for it at every epoch close, for every
-        shard touched, recovery or not: without recovery nothing is built, and resting
-        goes on at its own pace (``_settle``). With a log, the instances written here are
-        put to rest by the calls that follow (``saved``): the close holds every answer."""
+    def send_epoch(self) -> dict[str, Any] | None:
+        """An epoch's close, its first phase: the shard's state for recovery, the instances
+        changed since they were last written, appended to the shard's log
+        (``context.store``; the snapshot is the log's marker), else the whole shard; with a
+        changelog, they and the epoch's marker are sent, not waited for (``settle_epoch``
+        completes the state). Bytewax asks for it at every epoch close, for every key
+        touched, recovery or not: without recovery nothing is built, and resting goes on at
+        its own pace (``_settle``). With a log, the instances written here are put to rest
+        by the calls that follow (``saved``): the close holds every answer."""
         if not self.context.snapshots or self.shard is None:
             self._settle(0)
             return None
@@ -505,12 +514,45 @@ class ShardStore:
         else:
             state = {"shard": self.shard, "store": self.log.marker}
         if self.changelog is not None:
-            state["changelog"] = self.changelog.mark()
+            self.changelog.send_mark()
         if self.log is None:
             self._put_to_rest(changed)
         else:  # at the pace of the calls that follow: the close is the latency's tail
             self.generations.written([instance.key for instance in changed])
         return state
+
+    def settle_epoch(
+        self, state: dict[str, Any] | None, offset: int | None
+    ) -> dict[str, Any] | None:
+        """An epoch's close, its second phase, once the changelog acknowledged what
+        ``send_epoch`` sent (``offset``: its marker's, None if it sent none): ``state``
+        with where the changelog now stands."""
+        if state is not None and self.changelog is not None and self.dormant is None:
+            state["changelog"] = self.changelog.settled(offset)
+        return state
+
+
+def close_stores(changelog: Changelog | None, stores: list[ShardStore]) -> list[Any]:
+    """An epoch's close of ``stores`` together: each sends its epoch
+    (``ShardStore.send_epoch``), the ``changelog`` is waited for once for all of them
+    (``Changelog.settle``: raises if anything was refused), then each state is completed
+    (``settle_epoch``); their states, in order.
+
+    >>> from flows.service.instances.registry import LiveRegistry, Registry
+    >>> live = LiveRegistry(Registry.from_toml('[experiments.e]\\narms = ["a", "b"]'))
+    >>> close_stores(None, [ShardStore(FlowContext(live, snapshots=False))])
+    [None]
+    """
+    states = [store.send_epoch() for store in stores]
+    sent = [store for store in stores if store.changelog is not None and store.changelog.sent]
+    offsets: dict[int, int | None] = {}
+    if sent and changelog is not None:
+        acknowledged = changelog.settle([store.changelog.mirror for store in sent])
+        offsets = dict(zip(map(id, sent), acknowledged, strict=True))
+    return [
+        store.settle_epoch(state, offsets.get(id(store)))
+        for store, state in zip(stores, states, strict=True)
+    ]
 
 
 def _changes_before(instance: Instance, soon: float) -> bool:

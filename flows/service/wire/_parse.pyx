@@ -27,8 +27,9 @@ in C").
 >>> registry = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
 >>> batch = [(b'{"experiment":"home","request_id":"r1"}', Origin("t")), (b'[]', Origin("t"))]
 >>> shards, dead = parse_and_route(parse_request, route, 3600.0, registry, batch, shards=32)
->>> [(shard, [(key, e.request_id) for key, _, e in events]) for shard, events in shards]
-[('shard-016-of-032', [('home', 'r1')])]
+>>> [(group, [(shard, [(key, e.request_id) for key, _, e in events]) for shard, events in parts])
+...  for group, parts in shards]
+[('group-000-of-008', [('shard-016-of-032', [('home', 'r1')])])]
 >>> dead[0].reason
 'not_an_object'
 """
@@ -57,7 +58,7 @@ from flows.service.wire._records cimport Layout, kept
 from flows.service.wire import _records as records
 from flows.service.wire.fields cimport arm as _arm, identifier as _identifier, index as _index
 from flows.service.wire.fields cimport loss_in_range, number as _number, size_accepted, time_in_window
-from flows.service.wire.keys cimport shard_index, shard_names
+from flows.service.wire.keys cimport in_groups, shard_index, shard_names
 from flows.service.wire.keys import DEFAULT_SHARDS, UNIT_SEPARATOR
 from flows.service.instances.registry import Experiment, Registry
 
@@ -521,4 +522,4 @@ def parse_and_route(
             grouping[shard] = [item]
         else:
             (<list>events).append(item)
-    return (list(grouping.items()) if grouped else routed), dead
+    return (in_groups(list(grouping.items()), shards) if grouped else routed), dead

@@ -9,6 +9,16 @@ stable across processes and machines, never the salted built-in ``hash``), and e
 is named with the count, so a store written with another count is recognised by its names
 (``shard_layout``).
 
+Shards are grouped into Bytewax keys (Flink's key groups): the stateful step's key is a
+*group* of shards, and one call of a group's logic handles the events of all its shards
+in a batch. Shard ``i`` of a flow belongs to group ``i % groups``, ``groups`` being
+``KEY_GROUPS`` (or the shard count, if fewer). The count is a constant, not the number
+of workers or processes: Bytewax keeps a key's state under its name and places keys by
+hashing them, so a key must mean the same shards at every restart, whatever the
+cluster's shape. ``KEY_GROUPS`` keys still spread over the workers of a process (they
+bound its useful worker count), while each call gets the events of many shards, so
+Bytewax's cost per key and per call is paid per group, not per shard.
+
 >>> split_key(instance_key("home", "u7")), shown_key(instance_key("home", "u7"))
 (('home', 'u7'), 'home/u7')
 >>> shard_of("home:u1", 32) == shard_of("home:u1", 32), shard_of("home:u1", shards=1)
@@ -26,6 +36,9 @@ UNIT_SEPARATOR = "\x1f"  # cannot appear in a valid experiment name
 #: up to 128 members; fewer bring each shard call more events (bench/RESULTS.md, "32
 #: shards instead of 256").
 DEFAULT_SHARDS = 128
+#: The Bytewax keys a flow's shards are grouped into (fewer if it has fewer shards); a
+#: constant, so that a key holds the same shards whatever the cluster (see above).
+KEY_GROUPS = 8
 
 
 cdef extern from "Python.h":
@@ -168,3 +181,79 @@ cpdef str shard_of(str key, Py_ssize_t shards=DEFAULT_SHARDS):
     """The shard (Bytewax key) of an instance key, of ``shards`` (``shard_index``)."""
     cdef Py_ssize_t index = shard_index(key, shards)
     return <str>shard_names(shards)[index]
+
+
+cpdef Py_ssize_t group_count(Py_ssize_t shards) except -1:
+    """The number of key groups of a flow of ``shards``: ``KEY_GROUPS``, or fewer.
+
+    >>> group_count(128), group_count(3)
+    (8, 3)
+    """
+    if shards < 1:
+        raise ValueError(f"shards must be 1 or more, got {shards}")
+    return min(KEY_GROUPS, shards)
+
+
+def group_name(index: int, groups: int) -> str:
+    """The name (Bytewax key) of key group ``index`` of ``groups``.
+
+    >>> group_name(3, 8)
+    'group-003-of-008'
+    """
+    return f"group-{index:03d}-of-{groups:03d}"
+
+
+cdef dict _GROUP_OF = {}  # shard count: {shard name: its group's name}, built once
+
+
+cdef dict _groups_of(Py_ssize_t shards):
+    """{shard name: its group's name} of a flow of ``shards`` (built once per count)."""
+    found = _GROUP_OF.get(shards)
+    if found is None:
+        groups = group_count(shards)
+        names = [group_name(index, groups) for index in range(groups)]
+        found = _GROUP_OF[shards] = {
+            name: names[index % groups] for index, name in enumerate(shard_names(shards))
+        }
+    return <dict>found
+
+
+cpdef str group_of(str shard, Py_ssize_t shards=DEFAULT_SHARDS):
+    """The key group of shard ``shard`` in a flow of ``shards``: its index modulo the
+    group count (a shard of another layout, kept as it is, by its own index).
+
+    >>> group_of("shard-011-of-128", 128), group_of("shard-011-of-032", 4), group_of("shard-013")
+    ('group-003-of-008', 'group-003-of-004', 'group-005-of-008')
+    """
+    found = _groups_of(shards).get(shard)
+    if found is not None:
+        return <str>found
+    index = shard.partition("-of-")[0][6:]
+    if not (shard.startswith("shard-") and index.isdigit()):
+        raise ValueError(f"{shard!r} is not a shard name (shard-NNN-of-MMM)")
+    groups = group_count(shards)
+    return group_name(int(index) % groups, groups)
+
+
+cpdef list in_groups(list parts, Py_ssize_t shards=DEFAULT_SHARDS):
+    """(shard, events) items of a flow of ``shards`` as one item per key group: (group,
+    [(shard, events), ...]), the groups and each group's shards in their first order.
+
+    >>> in_groups([("shard-001-of-004", [1]), ("shard-002-of-004", [2])], 4)
+    [('group-001-of-004', [('shard-001-of-004', [1])]), ('group-002-of-004', [('shard-002-of-004', [2])])]
+    >>> in_groups([("shard-008-of-009", [8]), ("shard-000-of-009", [0])], 9)
+    [('group-000-of-008', [('shard-008-of-009', [8]), ('shard-000-of-009', [0])])]
+    """
+    cdef dict groups = {}
+    cdef dict names = _groups_of(shards)
+    for part in parts:
+        shard = part[0]
+        group = names.get(shard)
+        if group is None:
+            group = group_of(shard, shards)
+        held = groups.get(group)
+        if held is None:
+            groups[group] = [part]
+        else:
+            (<list>held).append(part)
+    return list(groups.items())
