@@ -19,11 +19,14 @@ Throughput, on both topologies (two topics through the internal topic; one event
   input consumed, one answer per request written, pipelined, the service's producer
   settings);
 * ``defaults``: ``tsi run --recovery-dir DIR``;
-* ``no_changelog``: the same with ``--no-changelog`` (its topics made with it too).
+* ``no_changelog``: the same with ``--no-changelog`` (its topics made with it too);
+* ``shards_32``: the same with ``--shards 32`` (its changelog made with 32 partitions): what
+  the default 128 shards cost per event against 32.
 
 Each gives its steady events/s (input events / the time from its first answer to its last,
 their Kafka timestamps), and each service run its fixed cost (seconds from the process's
-start to its first answer) and CPU-seconds. Ratios are taken within a round; the report
+start to its first answer) and CPU-seconds (all of them, and those spent from its first
+answer on: serving, without the start's). Ratios are taken within a round; the report
 gives the median of every round (none dropped) with min - max.
 
 Latency, open loop (``open_loop``): 2,000 requests/s, each with its feedback 0.5 s later,
@@ -65,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TSI = [sys.executable, "-m", "flows.cli"]
 TARGETS = {"reference": 0.8, "no_changelog": 0.9, "fixed_s": 2.0, "p99_ms": 20.0}
 MODES = {"two topics": ("requests", "feedback"), "events topic": ("events",)}
-SETUPS = {"defaults": (), "no_changelog": ("--no-changelog",)}
+SETUPS = {"defaults": (), "no_changelog": ("--no-changelog",), "shards_32": ("--shards", "32")}
 
 
 def new_names(kinds: tuple[str, ...]) -> dict[str, str]:
@@ -132,11 +135,13 @@ def service_run(
         logfile,
         started,
     ):
-        deadline = time.monotonic() + 600
-        while counter.count(out["sel"]) < requests:
+        deadline, serving_from = time.monotonic() + 600, None
+        while (answered := counter.count(out["sel"])) < requests:
             bf.check_alive(proc, logfile)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"answered {counter.count(out['sel'])} of {requests}")
+                raise TimeoutError(f"answered {answered} of {requests}")
+            if answered and serving_from is None:
+                serving_from = cpu_seconds(proc.pid)
             time.sleep(0.2)
         cpu = cpu_seconds(proc.pid)
     first, last = answer_times(bk.bootstrap, out["sel"], requests)
@@ -145,6 +150,7 @@ def service_run(
         "events_per_s": inp.events / (last - first),
         "fixed_s": first - started,
         "cpu_s": cpu,
+        "serving_cpu_s": cpu - (serving_from or 0.0),
         "dead_letters": dead,
     }
 
@@ -181,6 +187,8 @@ def throughput(bk: Broker, args: argparse.Namespace, counter: Counter, workdir: 
                 "reference": run["defaults"]["events_per_s"] / run["reference"]["events_per_s"],
                 "no_changelog": run["defaults"]["events_per_s"]
                 / run["no_changelog"]["events_per_s"],
+                "cpu_per_event_vs_32": run["defaults"]["serving_cpu_s"]
+                / run["shards_32"]["serving_cpu_s"],
             }
             log(f"{mode}, round {k + 1}: " + json.dumps(run))
             rounds.append(run)
@@ -245,8 +253,8 @@ def report(results: dict[str, Any]) -> str:
         lines += [
             "| topology | defaults / reference | defaults / --no-changelog | defaults events/s "
             "| reference events/s | fixed cost: defaults; --no-changelog (s) "
-            "| CPU-s: defaults; --no-changelog |",
-            "|---|---|---|---|---|---|---|",
+            "| CPU-s: defaults; --no-changelog; --shards 32 | serving CPU defaults / --shards 32 |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for mode, rounds in tp.items():
 
@@ -259,7 +267,9 @@ def report(results: dict[str, Any]) -> str:
                 f"| {spread(col('defaults', 'events_per_s'))} "
                 f"| {spread(col('reference', 'events_per_s'))} "
                 f"| {spread(col('defaults', 'fixed_s'))}; {spread(col('no_changelog', 'fixed_s'))} "
-                f"| {spread(col('defaults', 'cpu_s'))}; {spread(col('no_changelog', 'cpu_s'))} |"
+                f"| {spread(col('defaults', 'cpu_s'))}; {spread(col('no_changelog', 'cpu_s'))}; "
+                f"{spread(col('shards_32', 'cpu_s'))} "
+                f"| {spread([r['ratios']['cpu_per_event_vs_32'] for r in rounds])} |"
             )
     if lat := results.get("latency"):
         lines += ["", "| latency, 2,000 requests/s | users | p50 ms | p99 ms | answered |",
