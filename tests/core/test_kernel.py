@@ -116,9 +116,9 @@ GOLDEN = {
 # The same for the bobw variant (½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
-    "contextual": "2e910a4a740ee20b6eacc3be638ec93ab3d462a3e20044760d4a4f5e31665bd6",
+    "contextual": "fefcbd4bbc097b263014149087c5705f0a2556d1a326aeef3583c49b8608cf7b",
     "decaying": "39dbfa10053167c0379b44100f025b20a2ab296a7b35345bb1f7eabc2cb0fa84",
-    "fixed": "ed396385174aee9e5ef5d9707acbaa878298025332f63b6507211918f6f2b4ca",
+    "fixed": "080f88872a8c1fa003936e4199a2864aa32b65af4258bb616837511753a60473",
     "markov": "4e6ca7fc9368f21e00c3934f8a7d60fdfeac56b76cd3c9b10a762755ab57456e",
     "switching": "23c343cf42e8ef4e6ec94c9097dc07ef77a7bc5e0ceace075904dea79c7d0b60",
 }
@@ -244,9 +244,9 @@ GOLDEN_MIGRATION = {
 
 # The same for bobw, the default (the Tsallis learner's migrations keep p, not Φ).
 GOLDEN_MIGRATION_BOBW = {
-    "contextual": "6d2065f987f817f88a27f19912f43748db98bcaa272ac217bc5dfad711912989",
+    "contextual": "0ea901c1b3466e793e6345389d6ba9e66bae7f49239c1348a6fceb114ba6bbd6",
     "decaying": "744119c21b81cf37cb8881107162804611cad65c2f20400387c77b329006dbd2",
-    "fixed": "483a1ac231051dd58677386a36afc1b641237ee4c6a17386ac33a58eff90691d",
+    "fixed": "a383307366c4308cee58d0c78a17a805b143d6516e06e408f6495a58db357d47",
     "markov": "c173f5a66ec8901d3effc527838d8cc879ecb115c98c5e7cec0567c220b75b42",
     "switching": "4839ac0a83a9bf12d6971a2b454f67f1d035c279b14e662ce5b511a5c9915525",
 }
