@@ -159,12 +159,13 @@ def log_sum_exp(values) -> np.ndarray:
 
 
 cdef inline void observe(const double* row, double loss, double q, double p, bint mean,
-                         int growth, Step* s) noexcept nogil:
+                         int growth, bint grid, Step* s) noexcept nogil:
     """Fold one loss (drawn with probability q, weight share p) into the baseline, V/D², D.
 
     The baseline (the ψ column) is the running minimum of the losses, or (``mean``) the
     running mean of the losses before this one. ``growth`` >= 0 bounds |φ| to 2^growth·D
-    (D grows at most that much); the mean then takes the loss as cut."""
+    (D grows at most that much); the mean then takes the loss as cut. ``grid``: φ/D is
+    read on the grid of ``TSALLIS_GRID`` first (``observe_on_grid``)."""
     cdef double psi = row[C_PSI]
     cdef double vn = row[C_VN]
     cdef double d_mant = row[C_D_MANT]
@@ -188,6 +189,10 @@ cdef inline void observe(const double* row, double loss, double q, double p, bin
     phi_mant = frexp(g_mant / q, &phi_exp)
     phi_exp += g_exp
     a_mant = fabs(phi_mant)
+    if grid and d_mant != 0.0:
+        observe_on_grid(ldexp(phi_mant / d_mant, phi_exp - d_exp), vn, d_mant, d_exp, q, p,
+                        n, mean, growth, psi, s)
+        return
     if growth >= 0 and d_mant != 0.0 and (
             phi_exp > d_exp + growth or (phi_exp == d_exp + growth and a_mant > d_mant)):
         phi_mant, a_mant, phi_exp = copysign(d_mant, phi_mant), d_mant, d_exp + growth
@@ -206,6 +211,36 @@ cdef inline void observe(const double* row, double loss, double q, double p, bin
     s.active = True
     if mean:  # mean' = mean + (l - mean)/(n + 1), l as cut (l - mean = φ·q)
         s.psi = psi + ldexp(phi_mant * q / (n + 1.0), phi_exp)
+
+
+cdef inline void observe_on_grid(double x, double vn, double d_mant, int d_exp, double q,
+                                 double p, double n, bint mean, int growth, double psi,
+                                 Step* s) noexcept nogil:
+    """``observe`` once D is set, with x = φ/D rounded to a multiple of 2^-TSALLIS_GRID:
+    every quantity the weights read (x, V/D², D'/D) is then a function of that number, so
+    a map of the losses that rounds changes no bit of them unless φ/D falls within its
+    rounding of a grid point."""
+    cdef int e
+    cdef double a
+    x = floor(x * GRID + 0.5) / GRID
+    a = fabs(x)
+    if growth >= 0 and a > ldexp(1.0, growth):
+        a = ldexp(1.0, growth)
+        x = copysign(a, x)
+    if mean:  # mean' = mean + (l - mean)/(n + 1), l as cut (l - mean = x·D·q)
+        s.psi = psi + ldexp(x * d_mant * q / (n + 1.0), d_exp)
+    if a > 1.0:
+        s.ratio = 1.0 / a
+        s.vn = vn * s.ratio * s.ratio + p
+        s.x = copysign(1.0, x)
+        s.d_mant = frexp(d_mant * a, &e)
+        s.d_exp = d_exp + e
+    else:
+        s.ratio, s.x = 1.0, x
+        s.vn = vn + p * x * x
+        s.d_mant, s.d_exp = d_mant, d_exp
+    s.r = s.ratio * sqrt((vn + 1.0) / (s.vn + 1.0))
+    s.active = True
 
 
 cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
@@ -322,6 +357,7 @@ cdef class Kernel:
         self.kind_name = kind
         self.kind = KINDS[kind]
         self.tsallis = learner == "tsallis" and self.kind == CUMULATIVE
+        self.grid = learner == "tsallis" and baseline == "mean"
         self.mean_baseline, self.adaptive = baseline == "mean", adaptive
         self.step_cap = INFINITY if step_cap is None else step_cap
         self.growth = -1 if growth is None else growth
@@ -628,7 +664,7 @@ cdef class Kernel:
         if self.tsallis:
             self.tsallis_update(row, ctx, arm, q, loss)
             return
-        observe(row, loss, q, p, self.mean_baseline, self.growth, &s)
+        observe(row, loss, q, p, self.mean_baseline, self.growth, self.grid, &s)
         if self.n_arms > 1 and not self.tsallis:
             c = self.eta_d(s.vn)
             if self.adaptive and s.ratio != 0.0:  # η_t/η_{t-1} with γ moving too
