@@ -22,7 +22,7 @@ def regret(env, variant: str | None) -> float:
 
 def test_one_arm_spikes_cost_at_most_1_5_thompson_and_less_than_robust():
     """Arm 0 loses 30 one round in ten (mean 3), arm 1 always 1: the table on which the
-    earlier rule (gaps cut to 3·D before D saw them) had the worst possible regret."""
+    worst possible regret is a loss of 2 per round."""
     env = one_arm_spikes(ROUNDS, 2, 17, 0.1, 30.0)
     bobw = regret(env, "bobw")
     assert bobw <= 1.5 * regret(env, None)
