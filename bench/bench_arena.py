@@ -97,6 +97,8 @@ PER_TABLE, GEO_MEAN, PAPER_MARGIN = 1.5, 1.25, 0.10
 #: the tuning table the FTL-breaker is played on (it has no held-out draw)
 FTL_TABLE = Table("ftl_breaker", 1)
 FRONTIER = ROOT / "bench" / "bobw" / "frontier.json"
+SPIKES = ROOT / "bench" / "bobw" / "spikes.md"
+SCALE_RULES = ROOT / "bench" / "bobw" / "scale_rules.md"
 
 
 def environments(n_rounds: int, n_tables: int) -> dict[str, list[LossTable]]:
@@ -359,6 +361,28 @@ def frontier_lines(plots_dir: Path, quote_targets: bool) -> tuple[list[str], Pat
     return lines, plot
 
 
+def spikes_lines() -> list[str]:
+    """The "Spikes and regimes" section: the default's scale rules on one-arm spikes, scale
+    jumps and close contextual arms (held out), quoted from ``bench/bobw/spikes.md``
+    (bench_bobw's ``spikes`` part), and the frontier of those rules
+    (``bench/bobw/scale_rules.md``)."""
+    found = SPIKES.read_text()
+    rules = SCALE_RULES.read_text()
+    return [
+        "### Spikes and regimes (quoted from bench/bobw/spikes.md, scale_rules.md)",
+        "",
+        found.splitlines()[0],
+        "",
+        "Held-out tables:",
+        "",
+        section_of(found, "### Spikes and regimes: held-out tables"),
+        "",
+        section_of(rules, "### Frontier: the estimate's cut K and D's growth bound G "
+                   "(tuning tables, before the grid)"),
+        "",
+    ]  # fmt: skip
+
+
 def report(
     results: dict[str, Any], outcomes: list, speeds: list, plots: list[Path], frontier: list[str]
 ) -> str:
@@ -374,6 +398,7 @@ def report(
         lines += [f"### Losses {label} ({scope})", "", regret_table(outcomes, label), ""]
     lines += variant_section(outcomes, plan["variants"])
     lines += frontier
+    lines += spikes_lines()
     found = findings(outcomes)
     lines += ["### Findings (failures and degradation)", ""]
     lines += found or ["- none recorded"]

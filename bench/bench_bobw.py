@@ -6,7 +6,8 @@
     .venv/bin/python bench/bench_bobw.py --quick          # smoke run
 
 Parts: ``tuning`` (the tables that chose ``TSALLIS_SCALE``, with the scales to compare),
-``held-out`` (stationary and adversarial tables the constants never saw), ``frontier``
+``held-out`` (stationary and adversarial tables the constants never saw), ``spikes``
+(one-arm spikes, scale jumps, close contextual arms: tuning and held-out), ``frontier``
 (the rate constant's trade-off: held-out stationary ratio against FTL-breaker regret), ``growth``
 (regret at T = 10^5 against 10^4), ``users`` (many short per-user bandits), ``speed``.
 Regret is in the losses' own units, mean over seeds (± standard error), against the
@@ -33,13 +34,16 @@ from arena.lab.baselines import EpsilonGreedy, ThompsonNIG
 from arena.lab.datasets import breast_cancer, diabetes, diabetes_forecasts, digits, iris, wine
 from arena.lab.environments import (
     bernoulli,
+    close_contextual,
     contextual,
     delayed_switch,
     ftl_breaker,
     gaussian,
     heavy_tailed,
+    one_arm_spikes,
     outlier,
     piecewise_stationary,
+    scale_jump,
     spiky,
 )
 from arena.runner import Contender, _tsi_fixed, _tsi_matched, play, single_instance_speed
@@ -75,6 +79,37 @@ def held_out_stationary(t: int) -> list[LossTable]:
         diabetes(t, 7),
         iris(t, 7),
         breast_cancer(t, 7),
+    ]
+
+
+def spike_tuning_tables(t: int) -> list[LossTable]:
+    """The tables that chose the Tsallis learner's scale rules (D at most doubles per
+    update, estimates cut at ``TSALLIS_CUT``·D, no upper bound on a rare arm's estimate)."""
+    return [
+        one_arm_spikes(t, 2, 3, 0.1, 30.0),
+        one_arm_spikes(t, 2, 4, 0.01, 300.0),
+        one_arm_spikes(t, 2, 5, 0.02, 25.0),
+        one_arm_spikes(t, 5, 6, 0.05, 40.0),
+        scale_jump(t, 8, 3),
+        outlier(t, 10, 1),
+    ]
+
+
+def spike_held_out(t: int) -> list[LossTable]:
+    """Spikes (several rates and sizes, the spiking arm worse or better), ×100 and ×0.01
+    scale jumps between regimes, contextual tables with close arms: seeds and parameters
+    the constants never saw."""
+    return [
+        one_arm_spikes(t, 2, 17, 0.1, 30.0),
+        one_arm_spikes(t, 2, 18, 0.05, 60.0),
+        one_arm_spikes(t, 2, 19, 0.005, 600.0),
+        one_arm_spikes(t, 4, 20, 0.2, 4.0),
+        one_arm_spikes(t, 8, 21, 0.03, 20.0, other=0.9),
+        scale_jump(t, 8, 17),
+        scale_jump(t, 8, 18, factor=0.01),
+        scale_jump(t, 4, 19, at=0.3),
+        close_contextual(t, 10, 4, 17),
+        close_contextual(t, 5, 8, 18, gap=0.03),
     ]
 
 
@@ -286,6 +321,31 @@ def frontier_part(t: int, seeds: int, scales: list[float]) -> tuple[dict[str, An
     return {"frontier": rows}, text
 
 
+def spikes_part(t: int, seeds: int, names: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """One-arm spikes, scale jumps and close contextual arms: the tuning tables of the
+    scale rules, then held-out ones, with bobw's ratio to Thompson sampling and robust."""
+    players = contenders()
+    found: dict[str, Any] = {}
+    text: list[str] = []
+    for key, title, tables in (
+        ("spike_tuning", "the tables that chose the scale rules", spike_tuning_tables(t)),
+        ("spike_held_out", "held-out tables", spike_held_out(t)),
+    ):
+        rows = run_tables(tables, players, seeds)
+        for row in rows:
+            row["bobw / Thompson"] = row["bobw"][0] / max(row[BASELINES[0]][0], 1e-9)
+            row["bobw / robust"] = row["bobw"][0] / max(row["robust"][0], 1e-9)
+        found[key] = rows
+        text += [f"### Spikes and regimes: {title}", "", table_markdown(rows, names), ""]
+        text += [
+            f"- {r['table']}: bobw / Thompson {r['bobw / Thompson']:.2f}, "
+            f"bobw / robust {r['bobw / robust']:.2f}"
+            for r in rows
+        ]
+        text.append("")
+    return found, text
+
+
 def growth_part(t: int, seeds: int) -> tuple[dict[str, Any], list[str]]:
     """Regret at 10·T against T on a stationary table."""
     g = growth(seeds, t, 10 * t)
@@ -332,7 +392,7 @@ def main() -> None:
     parser.add_argument(
         "--part",
         nargs="*",
-        default=["tuning", "held-out", "frontier", "growth", "users", "speed"],
+        default=["tuning", "held-out", "spikes", "frontier", "growth", "users", "speed"],
     )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10_000)
@@ -352,6 +412,7 @@ def main() -> None:
     parts = {
         "tuning": lambda: tuning_part(t, seeds, args.scales),
         "held-out": lambda: held_out_part(t, seeds, names),
+        "spikes": lambda: spikes_part(t, seeds, names),
         "frontier": lambda: frontier_part(t, seeds, args.frontier),
         "growth": lambda: growth_part(t, seeds),
         "users": lambda: users_part(100 if args.quick else 1000),

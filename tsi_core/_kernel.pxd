@@ -73,6 +73,7 @@ cdef class Kernel:
     cdef readonly double step_cap     # |η·φ| <= step_cap per update (+inf: no cap)
     cdef readonly int growth          # D grows by at most 2^growth per update (-1: no bound)
     cdef readonly bint tsallis        # cumulative kinds: ½-Tsallis-INF on gaps in units of D
+    cdef readonly bint grid           # the mean baseline's φ/D read on a grid (bobw's classes)
     cdef int kind
     cdef double rate
     cdef int n_classes

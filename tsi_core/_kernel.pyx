@@ -27,7 +27,9 @@ needed, and a selection needs no exp), normalised log-weights per class (Markov)
 
 import numpy as np
 
-from libc.math cimport INFINITY, copysign, fabs, frexp, isfinite, isinf, isnan, ldexp, sqrt
+from libc.math cimport (
+    INFINITY, copysign, fabs, floor, frexp, isfinite, isinf, isnan, ldexp, sqrt,
+)
 from libc.stdint cimport int8_t, int64_t
 
 from tsi_core._kernel cimport (
@@ -41,9 +43,15 @@ cdef extern from "_kernel_src/detmath.h":
 
 PSI, VN, D_MANT, D_EXP, N_UPDATES, N_ROUNDS, HEAD = range(7)
 
-#: the Tsallis learner's cut: a gap l - m counts as at most TSALLIS_CUT·D, D their RMS
-TSALLIS_CUT = 3.0
+#: the Tsallis learner's cut: an estimate counts a gap l - m as at most TSALLIS_CUT·D (D
+#: the growth-bounded RMS of the gaps); D itself and the mean see every gap
+TSALLIS_CUT = 100.0
 cdef double CUT = TSALLIS_CUT
+#: the Tsallis learner reads each gap in units of D rounded to a multiple of 2^-TSALLIS_GRID:
+#: every later quantity is a function of that number, so a map of the losses that rounds
+#: (1000·l + 10^6) changes nothing unless a gap falls within its rounding of a grid point
+TSALLIS_GRID = 10
+cdef double GRID = 2.0 ** TSALLIS_GRID
 
 KINDS = {"cumulative": CUMULATIVE, "switching": SWITCHING, "markov": MARKOV}
 
@@ -151,12 +159,13 @@ def log_sum_exp(values) -> np.ndarray:
 
 
 cdef inline void observe(const double* row, double loss, double q, double p, bint mean,
-                         int growth, Step* s) noexcept nogil:
+                         int growth, bint grid, Step* s) noexcept nogil:
     """Fold one loss (drawn with probability q, weight share p) into the baseline, V/D², D.
 
     The baseline (the ψ column) is the running minimum of the losses, or (``mean``) the
     running mean of the losses before this one. ``growth`` >= 0 bounds |φ| to 2^growth·D
-    (D grows at most that much); the mean then takes the loss as cut."""
+    (D grows at most that much); the mean then takes the loss as cut. ``grid``: φ/D is
+    read on the grid of ``TSALLIS_GRID`` first (``observe_on_grid``)."""
     cdef double psi = row[C_PSI]
     cdef double vn = row[C_VN]
     cdef double d_mant = row[C_D_MANT]
@@ -180,6 +189,10 @@ cdef inline void observe(const double* row, double loss, double q, double p, bin
     phi_mant = frexp(g_mant / q, &phi_exp)
     phi_exp += g_exp
     a_mant = fabs(phi_mant)
+    if grid and d_mant != 0.0:
+        observe_on_grid(ldexp(phi_mant / d_mant, phi_exp - d_exp), vn, d_mant, d_exp, q, p,
+                        n, mean, growth, psi, s)
+        return
     if growth >= 0 and d_mant != 0.0 and (
             phi_exp > d_exp + growth or (phi_exp == d_exp + growth and a_mant > d_mant)):
         phi_mant, a_mant, phi_exp = copysign(d_mant, phi_mant), d_mant, d_exp + growth
@@ -198,6 +211,36 @@ cdef inline void observe(const double* row, double loss, double q, double p, bin
     s.active = True
     if mean:  # mean' = mean + (l - mean)/(n + 1), l as cut (l - mean = φ·q)
         s.psi = psi + ldexp(phi_mant * q / (n + 1.0), phi_exp)
+
+
+cdef inline void observe_on_grid(double x, double vn, double d_mant, int d_exp, double q,
+                                 double p, double n, bint mean, int growth, double psi,
+                                 Step* s) noexcept nogil:
+    """``observe`` once D is set, with x = φ/D rounded to a multiple of 2^-TSALLIS_GRID:
+    every quantity the weights read (x, V/D², D'/D) is then a function of that number, so
+    a map of the losses that rounds changes no bit of them unless φ/D falls within its
+    rounding of a grid point."""
+    cdef int e
+    cdef double a
+    x = floor(x * GRID + 0.5) / GRID
+    a = fabs(x)
+    if growth >= 0 and a > ldexp(1.0, growth):
+        a = ldexp(1.0, growth)
+        x = copysign(a, x)
+    if mean:  # mean' = mean + (l - mean)/(n + 1), l as cut (l - mean = x·D·q)
+        s.psi = psi + ldexp(x * d_mant * q / (n + 1.0), d_exp)
+    if a > 1.0:
+        s.ratio = 1.0 / a
+        s.vn = vn * s.ratio * s.ratio + p
+        s.x = copysign(1.0, x)
+        s.d_mant = frexp(d_mant * a, &e)
+        s.d_exp = d_exp + e
+    else:
+        s.ratio, s.x = 1.0, x
+        s.vn = vn + p * x * x
+        s.d_mant, s.d_exp = d_mant, d_exp
+    s.r = s.ratio * sqrt((vn + 1.0) / (s.vn + 1.0))
+    s.active = True
 
 
 cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
@@ -314,6 +357,7 @@ cdef class Kernel:
         self.kind_name = kind
         self.kind = KINDS[kind]
         self.tsallis = learner == "tsallis" and self.kind == CUMULATIVE
+        self.grid = learner == "tsallis" and baseline == "mean"
         self.mean_baseline, self.adaptive = baseline == "mean", adaptive
         self.step_cap = INFINITY if step_cap is None else step_cap
         self.growth = -1 if growth is None else growth
@@ -620,7 +664,7 @@ cdef class Kernel:
         if self.tsallis:
             self.tsallis_update(row, ctx, arm, q, loss)
             return
-        observe(row, loss, q, p, self.mean_baseline, self.growth, &s)
+        observe(row, loss, q, p, self.mean_baseline, self.growth, self.grid, &s)
         if self.n_arms > 1 and not self.tsallis:
             c = self.eta_d(s.vn)
             if self.adaptive and s.ratio != 0.0:  # η_t/η_{t-1} with γ moving too
@@ -640,11 +684,12 @@ cdef class Kernel:
                              double loss) noexcept nogil:
         """The Tsallis learner's update (``Variant.learner``; VARIANTS.md, "bobw").
 
-        Statistics: m (the ψ column) the mean of the losses as cut; D the root mean square
-        of the gaps l - m, each cut to [-K·D, K·D] (K = ``TSALLIS_CUT``; the first non-zero
-        gap sets D), so one outlier moves D by a bounded factor; S (the VN column) += 1 - q.
-        The estimate of the played arm, in units of D, is (l - m)/(q·D), kept within
-        ±1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is rescaled
+        Statistics: m (the ψ column) the mean of the losses; D the root mean square of
+        the gaps l - m, every gap counted, each only as far as D at most doubles in one
+        update (the first non-zero gap sets D); m takes the gap as D does; S (the VN column)
+        += 1 - q. The estimate of the played arm, in units of the new D, is (l - m)/(q·D)
+        with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below by
+        -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is rescaled
         to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
@@ -652,7 +697,7 @@ cdef class Kernel:
         cdef double d_mant = row[C_D_MANT]
         cdef int d_exp = <int>row[C_D_EXP]
         cdef double eta = self.gamma / sqrt(row[C_VN] + 1.0)
-        cdef double g_mant, u, f, ratio
+        cdef double g_mant, u, f, ratio, lim, full
         cdef int g_exp, e
         row[C_N_UPDATES] = n + 1.0
         row[C_VN] = row[C_VN] + (1.0 - q)
@@ -673,12 +718,14 @@ cdef class Kernel:
                 self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta,
                                       copysign(1.0, g_mant) / q)
             return
-        u = ldexp(g_mant / d_mant, g_exp - d_exp)  # the gap in units of D, then cut
-        if u > CUT:
-            u = CUT
-        elif u < -CUT:
-            u = -CUT
-        f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D, from D'² = D² + (gap² - D²)/n
+        full = floor(ldexp(g_mant / d_mant, g_exp - d_exp) * GRID + 0.5) / GRID  # gap / D
+        u = full
+        lim = sqrt(1.0 + 3.0 * n)  # D'² = D² + (u² - D²)/n <= 4·D²: D at most doubles
+        if u > lim:
+            u = lim
+        elif u < -lim:
+            u = -lim
+        f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D
         ratio = 1.0 / f
         row[C_PSI] = psi + ldexp(u * d_mant / (n + 1.0), d_exp)
         row[C_D_MANT] = frexp(d_mant * f, &e)
@@ -687,16 +734,20 @@ cdef class Kernel:
             return
         for i in range(self.n_state):
             row[C_HEAD + i] = row[C_HEAD + i] * ratio
-        self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u * ratio / q)
+        u = full * ratio  # in units of D'; only the estimate is cut
+        if u > CUT:
+            u = CUT
+        elif u < -CUT:
+            u = -CUT
+        self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
 
     cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
                                       double est) noexcept nogil:
-        """Φ_arm += est, kept within ±1/(η̃·sqrt(q)): one step moves the arm's q by a
-        bounded factor (for a negative est, the stability condition of Tsallis-INF's
-        analysis), and a rounding difference in q changes the next step by at most as much
-        as itself, so maps that round do not grow into other selections."""
-        cdef double cap = 1.0 / (eta * sqrt(q))
-        state[arm] += est if fabs(est) <= cap else copysign(cap, est)
+        """Φ_arm += est, kept above -1/(η̃·sqrt(q)): the stability condition of
+        Tsallis-INF's analysis for negative estimates. Above there is no bound: a rarely
+        played arm's large loss counts in full."""
+        cdef double low = -1.0 / (eta * sqrt(q))
+        state[arm] += est if est > low else low
 
     cdef void cumulative_update(self, double* state, int ctx, int64_t arm,
                                        const Step* s) noexcept nogil:

@@ -30,13 +30,16 @@ from tsi_core.validate import check_int, check_int_vector, check_real
 
 __all__ = [
     "bernoulli",
+    "close_contextual",
     "contextual",
     "delayed_switch",
     "ftl_breaker",
     "gaussian",
     "heavy_tailed",
+    "one_arm_spikes",
     "outlier",
     "piecewise_stationary",
+    "scale_jump",
     "spiky",
     "suite",
     "suite_seeds",
@@ -255,6 +258,82 @@ def spiky(
     rng = np.random.default_rng([seed, 1])
     losses += height * (rng.random(losses.shape) < rate)
     return LossTable("spiky", losses)
+
+
+def one_arm_spikes(
+    n_rounds: int,
+    n_arms: int = 2,
+    seed: int = 0,
+    rate: float = 0.1,
+    height: float = 30.0,
+    other: float = 1.0,
+) -> LossTable:
+    """One arm (drawn by the seed) loses ``height`` with probability ``rate``, else 0; every
+    other arm always loses ``other``. The spiking arm's mean is rate·height: a learner that
+    treats its rare large losses as outliers takes it for the best arm whatever its mean.
+    Competitor: best fixed arm.
+
+    >>> env = one_arm_spikes(1000, seed=0)
+    >>> sorted(np.unique(env.losses).tolist()), env.kind
+    ([0.0, 1.0, 30.0], 'fixed')
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    rate = check_real("rate", rate, 0.0, 1.0)
+    height = check_real("height", height, 0.0, 1e300)
+    other = check_real("other", other, -1e300, 1e300)
+    rng = np.random.default_rng(seed)
+    spiking = int(rng.integers(n_arms))
+    losses = np.full((n_rounds, n_arms), other)
+    losses[:, spiking] = height * (rng.random(n_rounds) < rate)
+    return LossTable("one_arm_spikes", losses)
+
+
+def scale_jump(
+    n_rounds: int, n_arms: int = 8, seed: int = 0, factor: float = 100.0, at: float = 0.5
+) -> LossTable:
+    """Two regimes of Gaussian losses (means uniform in [0, 1], σ = 0.3, drawn per regime,
+    so the best arm usually changes); from round ``at``·T on every loss is ``factor``
+    times larger. A scale learned in the first regime is wrong by ``factor`` in the
+    second. Competitor: best fixed arm (in practice the second regime's best).
+
+    >>> env = scale_jump(1000, 4, seed=0)
+    >>> bool(abs(env.losses[500:]).mean() > 20 * abs(env.losses[:500]).mean()), env.kind
+    (True, 'fixed')
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    factor = check_real("factor", factor, 0.0, 1e300)
+    if factor <= 0.0:
+        raise ValueError(f"factor must be a number > 0, got {factor!r}")
+    at = check_real("at", at, 0.0, 1.0)
+    rng = np.random.default_rng(seed)
+    cut = int(at * n_rounds)
+    means = np.empty((n_rounds, n_arms))
+    means[:cut], means[cut:] = rng.random(n_arms), rng.random(n_arms)
+    losses = means + 0.3 * rng.standard_normal((n_rounds, n_arms))
+    losses[cut:] *= factor
+    return LossTable("scale_jump", losses)
+
+
+def close_contextual(
+    n_rounds: int, n_arms: int = 10, n_contexts: int = 4, seed: int = 0, gap: float = 0.05
+) -> LossTable:
+    """``contextual`` with close arms: each context's best arm has mean 0.5, the others
+    means uniform in [0.5 + ``gap``, 0.5 + 3·``gap``]. Competitor: best map context → arm.
+
+    >>> env = close_contextual(1000, 4, 2, seed=0)
+    >>> env.kind, env.n_contexts
+    ('contextual', 2)
+    """
+    n_rounds, n_arms, seed = _common(n_rounds, n_arms, seed)
+    n_contexts = check_int("n_contexts", n_contexts, 1)
+    gap = check_real("gap", gap, 0.0, 1.0 / 6.0)
+    rng = np.random.default_rng(seed)
+    means = rng.uniform(0.5 + gap, 0.5 + 3.0 * gap, size=(n_contexts, n_arms))
+    order = rng.permutation(n_arms)
+    means[np.arange(n_contexts), order[np.arange(n_contexts) % n_arms]] = 0.5
+    ctx = rng.integers(n_contexts, size=n_rounds)
+    losses = (rng.random((n_rounds, n_arms)) < means[ctx]).astype(float)
+    return LossTable("close_contextual", losses, ctx, n_contexts)
 
 
 def follow_the_leader_loss(losses: np.ndarray) -> float:

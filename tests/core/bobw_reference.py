@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 
-CUT = 3.0
+CUT = 100.0
+GRID = 2.0**10
 
 
 class BobwReference:
-    """½-Tsallis-INF on mean-centred importance-weighted gaps in units of their RMS."""
+    """½-Tsallis-INF on mean-centred importance-weighted gaps in units of their
+    growth-bounded RMS."""
 
     def __init__(self, n_arms: int, n_contexts: int = 1, scale: float = 2.0) -> None:
         self.m, self.c = n_arms, n_contexts
@@ -51,14 +53,15 @@ class BobwReference:
             self.mean += gap / (n + 1)
             self._add(ctx, arm, math.copysign(1.0, gap) / q, eta, q)
             return
-        u = max(-CUT, min(CUT, gap / self.d))
+        full = math.floor(gap / self.d * GRID + 0.5) / GRID  # on the kernel's grid
+        lim = math.sqrt(1.0 + 3.0 * n)  # D at most doubles
+        u = max(-lim, min(lim, full))
         new_d = self.d * math.sqrt(1.0 + (u * u - 1.0) / n)
         ratio = self.d / new_d
         self.mean += u * self.d / (n + 1)
         self.d = new_d
         self.phi = [[v * ratio for v in row] for row in self.phi]
-        self._add(ctx, arm, u * ratio / q, eta, q)
+        self._add(ctx, arm, max(-CUT, min(CUT, full * ratio)) / q, eta, q)
 
     def _add(self, ctx: int, arm: int, est: float, eta: float, q: float) -> None:
-        cap = 1.0 / (eta * math.sqrt(q))
-        self.phi[ctx][arm] += max(-cap, min(cap, est))
+        self.phi[ctx][arm] += max(-1.0 / (eta * math.sqrt(q)), est)

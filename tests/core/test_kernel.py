@@ -116,11 +116,11 @@ GOLDEN = {
 # The same for the bobw variant (½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
-    "contextual": "2e910a4a740ee20b6eacc3be638ec93ab3d462a3e20044760d4a4f5e31665bd6",
-    "decaying": "39dbfa10053167c0379b44100f025b20a2ab296a7b35345bb1f7eabc2cb0fa84",
-    "fixed": "ed396385174aee9e5ef5d9707acbaa878298025332f63b6507211918f6f2b4ca",
-    "markov": "4e6ca7fc9368f21e00c3934f8a7d60fdfeac56b76cd3c9b10a762755ab57456e",
-    "switching": "23c343cf42e8ef4e6ec94c9097dc07ef77a7bc5e0ceace075904dea79c7d0b60",
+    "contextual": "fefcbd4bbc097b263014149087c5705f0a2556d1a326aeef3583c49b8608cf7b",
+    "decaying": "f786773ba4662e47df6a9c714bd319f4e881753a992cfd44e2bb1e6c18a07ddf",
+    "fixed": "080f88872a8c1fa003936e4199a2864aa32b65af4258bb616837511753a60473",
+    "markov": "2f5aa03511d337db409d1c8ed74fffc6f4797470cfda14cecfc6d4cb0d2ee2c7",
+    "switching": "3ee1d7992e8022b04891c654212a26a01134e4f21fca2af6ae283f3ad970a96f",
 }
 
 
@@ -244,11 +244,11 @@ GOLDEN_MIGRATION = {
 
 # The same for bobw, the default (the Tsallis learner's migrations keep p, not Φ).
 GOLDEN_MIGRATION_BOBW = {
-    "contextual": "6d2065f987f817f88a27f19912f43748db98bcaa272ac217bc5dfad711912989",
-    "decaying": "744119c21b81cf37cb8881107162804611cad65c2f20400387c77b329006dbd2",
-    "fixed": "483a1ac231051dd58677386a36afc1b641237ee4c6a17386ac33a58eff90691d",
-    "markov": "c173f5a66ec8901d3effc527838d8cc879ecb115c98c5e7cec0567c220b75b42",
-    "switching": "4839ac0a83a9bf12d6971a2b454f67f1d035c279b14e662ce5b511a5c9915525",
+    "contextual": "0ea901c1b3466e793e6345389d6ba9e66bae7f49239c1348a6fceb114ba6bbd6",
+    "decaying": "7bf7aff4a69d15d144aac515822f4427249953a0a5048aa32f9c0d70316cb627",
+    "fixed": "a383307366c4308cee58d0c78a17a805b143d6516e06e408f6495a58db357d47",
+    "markov": "de24fd11b1f8afa33cdbb98c9ae6848588445bf995d6eb097c740dbf360c6424",
+    "switching": "606b71454130924539466bce66c718c0710ef9c0afc055bf0042761e081aa632",
 }
 
 
