@@ -12,9 +12,10 @@ nothing.
 
 glibc maps a block of ``M_MMAP_THRESHOLD`` bytes or more on its own (its pages go back
 the moment it is freed, and ``realloc`` moves it without a copy), but it raises that
-threshold each time such a block is freed, up to ``MMAP_THRESHOLD_MAX``: a process that once freed a
-large buffer then grows its resting tables (``instances._packed_table``) inside the heap,
-each growth a copy that leaves the old block's pages resident until the next trim.
+threshold each time such a block is freed, up to ``MMAP_THRESHOLD_MAX``: a process that
+once freed a large buffer then grows its resting tables (``instances._packed_table``)
+inside the heap, each growth a copy that leaves the old block's pages resident until the
+next trim.
 ``map_large_blocks`` fixes the threshold at glibc's starting value: during a flood of new
 users the shards' tables grow without those copies (bench/RESULTS.md, "the live
 instances of a flood, bounded per flow").
