@@ -51,10 +51,12 @@ What each figure means
   and are not counted. A request not answered within the drain time counts as infinitely
   slow. The configurations of the plan's rounds run several times, one of each a round;
   the figures are medians over the runs.
-* Memory: the service runs in a background process (``python -m bytewax.run
-  flows.service.main:flow``, epoch 10 s). After 100 warm-up instances its RSS is the baseline;
-  then new units arrive in cumulative stages and, once the selections topic holds every
-  answer, the RSS is read again at rest, 12 s later (psutil), and the peak (VmHWM). Bytes
+* Memory: the service runs in a background process (``tsi run --recovery-dir DIR``, the
+  configuration users run: recovery and its changelog on, epoch 10 s; with
+  ``--memory-no-recovery`` ``python -m bytewax.run flows.service.main:flow``). After
+  100 warm-up instances its RSS is the baseline; then new units arrive in cumulative
+  stages and, once the selections topic holds every answer, the RSS is read again at
+  rest, 12 s later (psutil), and the peak (VmHWM). Bytes
   per instance = (RSS - baseline) / instances at rest and (VmHWM - baseline) / instances
   at the peak, per stage, and the least-squares slope of the resting RSS over the stages.
   Two states: "open ticket" (one request per unit, no feedback: the selection waits for
@@ -180,6 +182,9 @@ class Plan:
     latency_once: tuple[LatencyConfig, ...]  # run once each, after the rounds
     memory_stages: tuple[int, ...]  # cumulative numbers of instances, open tickets
     idle_stages: tuple[int, ...]  # the same, idle instances
+    # the memory runs' service: ``tsi run --recovery-dir DIR`` (what users run: recovery
+    # and its changelog on), else ``python -m bytewax.run`` without recovery
+    memory_recovery: bool = True
 
 
 RUN_DEFAULT = LatencyConfig(
@@ -1137,17 +1142,28 @@ def memory_messages(
 
 
 def memory_run(
-    bk: Broker, variant: MemoryVariant, stages: tuple[int, ...], counter: Counter, workdir: Path
+    bk: Broker,
+    variant: MemoryVariant,
+    stages: tuple[int, ...],
+    counter: Counter,
+    workdir: Path,
+    recovery: bool = True,
 ) -> dict[str, Any]:
-    """RSS of the service process after cumulative stages of new instances."""
+    """RSS of the service process after cumulative stages of new instances; with
+    ``recovery`` the service is ``tsi run --recovery-dir`` (a fresh directory), else
+    ``python -m bytewax.run`` without one."""
     kinds = ("events", "sel", "dlq") if variant.events else ("requests", "feedback", "sel", "dlq")
     topics = new_topics(bk.bootstrap, kinds)
     registry_path = workdir / f"registry-ttl-{variant.feedback_ttl:g}.toml"
     registry_path.write_text(registry_toml(variant.feedback_ttl))
     logfile = workdir / f"memory-ttl-{variant.feedback_ttl:g}.log"
+    directory = str(logfile.with_suffix(".recovery"))
+    server = tuple(a.replace("{recovery}", directory) for a in TSI_RUN_RECOVERY)
     producer = bulk_producer(bk.bootstrap)
     results: list[dict[str, Any]] = []
-    with service_process(bk, RUN_DEFAULT.server, topics, registry_path, logfile) as proc:
+    with service_process(
+        bk, server if recovery else RUN_DEFAULT.server, topics, registry_path, logfile
+    ) as proc:
         log(f"memory, {variant.name}: {WARM_UNITS} warm-up instances")
         produce_all(producer, memory_messages(topics, (f"w{i}" for i in range(WARM_UNITS)), "w"))
         wait_for(counter, topics["sel"], WARM_UNITS, proc, logfile)
@@ -1206,8 +1222,11 @@ def memory(bk: Broker, plan: Plan, counter: Counter, workdir: Path) -> dict[str,
         timeout=300,
     )
     return {
-        "open_tickets": memory_run(bk, OPEN_TICKETS, plan.memory_stages, counter, workdir),
-        "idle": memory_run(bk, IDLE, plan.idle_stages, counter, workdir),
+        "recovery": plan.memory_recovery,
+        "open_tickets": memory_run(
+            bk, OPEN_TICKETS, plan.memory_stages, counter, workdir, plan.memory_recovery
+        ),
+        "idle": memory_run(bk, IDLE, plan.idle_stages, counter, workdir, plan.memory_recovery),
         "python_breakdown": python_breakdown(),
         "bytewax_floor": json.loads(floor.stdout.strip().splitlines()[-1]),
     }
@@ -1537,8 +1556,13 @@ def report_memory(mem: dict[str, Any]) -> list[str]:
     lines = [
         "## Memory per instance (RSS of the service process)",
         "",
-        "`python -m bytewax.run flows.service.main:flow` (epoch 10 s); new units in cumulative "
-        f"stages; baseline = RSS after {WARM_UNITS} warm-up instances. Open ticket: one "
+        (
+            "`tsi run --recovery-dir DIR` (recovery and its changelog on"
+            if mem.get("recovery", False)
+            else "`python -m bytewax.run flows.service.main:flow` (no recovery"
+        )
+        + ", epoch 10 s); new units in cumulative stages; "
+        f"baseline = RSS after {WARM_UNITS} warm-up instances. Open ticket: one "
         "request per unit, the selection waits for its feedback (TTL 3600 s). Idle: request "
         "then feedback on the events topic with feedback_ttl = 1 s, RSS read once the "
         "settled answers have expired, so only the instance (bandit state) remains. At rest: "
@@ -1736,6 +1760,8 @@ def chosen_plan(
     if args.memory_stages:
         stages = tuple(int(x) for x in args.memory_stages.split(","))
         plan = replace(plan, memory_stages=stages, idle_stages=stages)
+    if args.memory_no_recovery:
+        plan = replace(plan, memory_recovery=False)
     command = "python bench/bench_flow.py" + (" --quick" if args.quick else "")
     if only != set(SECTIONS):
         command += f" --only {','.join(p for p in SECTIONS if p in only)}"
@@ -1744,6 +1770,8 @@ def chosen_plan(
     for name, value in (*overrides.items(), ("memory_stages", args.memory_stages)):
         if value is not None:
             command += f" --{name.replace('_', '-')} {value}"
+    if args.memory_no_recovery:
+        command += " --memory-no-recovery"
     return plan, only, command
 
 
@@ -1762,6 +1790,11 @@ def main() -> None:
         "--latency-configs",
         metavar="TEXT",
         help="run only the latency configurations whose name contains TEXT",
+    )
+    parser.add_argument(
+        "--memory-no-recovery",
+        action="store_true",
+        help="memory runs without recovery (python -m bytewax.run), not tsi run --recovery-dir",
     )
     for name, kind, text in (
         ("--requests", int, "N requests (and N feedback) per throughput run"),

@@ -109,12 +109,15 @@ def requests_of(logic, keys):
 def test_a_flood_of_new_instances_keeps_a_few_generations_live(monkeypatch):
     """New keys turn the generation before its time is up, so a flood of new users does
     not keep ``REST_AFTER`` seconds' worth of them live; on time alone all would be."""
-    monkeypatch.setattr(store_module, "NEW_PER_GENERATION", 50)
+    monkeypatch.setattr(store_module, "NEW_LIVE", 50)
     peaks = {}
     for turning in (True, False):
         if not turning:
-            monkeypatch.setattr(store_module, "NEW_PER_GENERATION", 10**9)
-        logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9)(None)
+            monkeypatch.setattr(store_module, "NEW_LIVE", 10**9)
+        build = logic_builder(
+            REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9, shards=1
+        )
+        logic = build(None)
         peak = 0
         for call in range(100):
             out = logic.handle(requests_of(logic, [f"u{call}-{i}" for i in range(20)]))
@@ -128,8 +131,9 @@ def test_a_flood_of_new_instances_keeps_a_few_generations_live(monkeypatch):
 def test_users_coming_back_do_not_turn_generations(monkeypatch):
     """Only new keys count: 400 users coming back in turn (more than a generation's new
     keys) are put to rest once, while they are new, and then stay live."""
-    monkeypatch.setattr(store_module, "NEW_PER_GENERATION", 50)
-    logic = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9)(None)
+    monkeypatch.setattr(store_module, "NEW_LIVE", 50)  # a flow of one shard: all of it
+    build = logic_builder(REGISTRY, clock=lambda: 0.0, snapshots=False, rest_after=1e9, shards=1)
+    logic = build(None)
     users = [f"u{i}" for i in range(400)]
     logic.handle(requests_of(logic, users[:200]))
     logic.handle(requests_of(logic, users[200:]))

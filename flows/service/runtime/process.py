@@ -26,7 +26,7 @@ from flows.service.connectors.kafka_partition import FINAL_COMMITS
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
-from flows.service.runtime.allocator import TRIM_EVERY, start_trimming
+from flows.service.runtime.allocator import TRIM_EVERY, map_large_blocks, start_trimming
 from flows.service.runtime.dir_lock import hold_directory, is_empty
 from flows.service.runtime.gc_freezer import freeze_long_lived
 from flows.service.runtime.members import ALONE, Members
@@ -294,8 +294,9 @@ def start_process(
     """What every service process does before its flow runs, whichever way it was started:
     serve metrics and probes, reload the registry on SIGHUP, end cleanly on SIGINT and
     SIGTERM (``flows.service.runtime.stopping``; ``say`` prints a forced exit's line), settle the
-    start-up heap, and hand freed memory back every ``trim_every`` seconds
-    (``flows.service.runtime.allocator``)."""
+    start-up heap, map large blocks on their own and hand freed memory back every
+    ``trim_every`` seconds (``flows.service.runtime.allocator``)."""
+    map_large_blocks()
     if on_reload is not None:
         signal.signal(signal.SIGHUP, lambda *_: on_reload())
     on_signals(say=say)

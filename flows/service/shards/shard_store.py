@@ -46,16 +46,22 @@ log = logging.getLogger(__name__)
 #: generations, and without recovery it does nothing at all.
 REST_AFTER = 1.0
 SETTLE_BASE = 64
-#: New instances (keys the shard holds no state for) after which its generation turns before
-#: ``REST_AFTER`` has passed. A flood of new users (an experiment's launch, a bench's
-#: load) then keeps about three generations of them live as Python objects, instead of
-#: ``REST_AFTER`` seconds' worth at the input's rate. The peak matters after it has
-#: passed: CPython keeps the pools a peak filled (an arena goes back to the system only
-#: when emptied entirely), and they stay in the RSS beside the resting instances
-#: (bench/RESULTS.md, "a flood of new users no longer leaves its peak in the RSS").
-#: Instances built from their resting bytes do not count: users coming back often would
-#: otherwise turn generations that put them to rest again, every event a revival.
-NEW_PER_GENERATION = 256
+#: New instances (keys a shard holds no state for) that a flow's shards create, all
+#: together, in a generation: each shard's generation turns before ``REST_AFTER`` has
+#: passed once it has created its share (``new_per_generation``). A flood of new users
+#: (an experiment's launch, a bench's load) then keeps about three generations of them
+#: live as Python objects, whatever the shard count, instead of ``REST_AFTER`` seconds'
+#: worth at the input's rate. The peak matters during the flood (the process's high-water
+#: mark) and after it: CPython keeps the pools a peak filled (an arena goes back to the
+#: system only when emptied entirely), and they stay in the RSS beside the resting
+#: instances (bench/RESULTS.md, "a flood of new users no longer leaves its peak in the
+#: RSS", and "the live instances of a flood, bounded per flow"). Instances built from
+#: their resting bytes do not count: users coming back often would otherwise turn
+#: generations that put them to rest again, every event a revival.
+NEW_LIVE = 4096
+#: The fewest new instances that turn a shard's generation, however many shards share
+#: ``NEW_LIVE``: a generation's turn costs set operations over its keys.
+NEW_MIN = 16
 #: Seconds an instance holding several answers kept for retries stays live after its
 #: newest answer: a user who comes back within it is served live; one gone longer rests
 #: with its answers as compact tuples (a fraction of its live bytes), and its next return
@@ -64,6 +70,18 @@ LINGER = 60.0
 #: Seconds ahead within which a deadline counts as an instance's next change: the calls
 #: do not write such an instance ahead of the epoch's close (see ``ShardLogic._settle``).
 CHANGE_NEAR = 5.0
+
+
+def new_per_generation(shards: int) -> int:
+    """New instances after which a shard of a flow of ``shards`` shards turns its
+    generation early: its share of ``NEW_LIVE``, at least ``NEW_MIN``.
+
+    >>> new_per_generation(128), new_per_generation(1), new_per_generation(10**6)
+    (32, 4096, 16)
+    """
+    if shards < 1:
+        raise ValueError(f"a flow has at least one shard, got {shards!r}")
+    return max(NEW_MIN, NEW_LIVE // shards)
 
 
 @dataclass(frozen=True)
@@ -139,6 +157,7 @@ class ShardStore:
         self.resting = Resting()  # saved, not built: idle, or of an experiment not in force
         self.deadlines = DeadlineQueue()  # instance keys, by their next deadline
         self.generations = Generations()  # which live instances changed when (``_settle``)
+        self.new_per_generation = new_per_generation(context.shards)  # turns it early
         self.touched = self.generations.touched  # the same set, for the compiled loop
         self.lingering = TimeHeap()  # (when to look again, key) of those kept live (LINGER)
         self.log: ShardLog | None = None
@@ -385,7 +404,7 @@ class ShardStore:
 
     def _settle(self, handled: int) -> None:
         """Put to rest the instances no event changed for a generation (``REST_AFTER``
-        seconds, or fewer if ``NEW_PER_GENERATION`` new instances came first): at most
+        seconds, or fewer if ``new_per_generation`` new instances came first): at most
         ``SETTLE_BASE`` and two per event just handled, so the cost is spread over the
         calls and keeps up with the keys they touch. With a log, what is put to rest is
         written first unless it is ``clean`` (``generations.Generations``: a touched key
@@ -397,7 +416,7 @@ class ShardStore:
         writing = self.log is not None and self.context.snapshots
         generations, clock = self.generations, time.monotonic()
         rest_after, created = self.context.rest_after, generations.created
-        if clock - generations.turned >= rest_after or created >= NEW_PER_GENERATION:
+        if clock - generations.turned >= rest_after or created >= self.new_per_generation:
             generations.turn(clock, writing)
         budget = SETTLE_BASE + 2 * handled
         if generations.settling:
