@@ -17,7 +17,7 @@ from flows.service.shards.changelog import (
     encode,
     replay,
 )
-from flows.service.shards.changelog_chunks import Assembler, base_key, join, split
+from flows.service.shards.changelog_chunks import Assembler, ChunkedMirror, base_key, join, split
 from tests.service.test_changelog import SHARD, build, events_of, held, run
 
 LIMIT = 256  # bytes a value may hold in these tests' changelogs
@@ -159,3 +159,35 @@ def test_a_missing_or_corrupt_chunk_is_an_error_naming_the_key():
     corrupt = [(o, k, v[:-1] + b"?" if k == f"{KEY}\x001" else v) for o, k, v in records]
     with pytest.raises(ChangelogError, match=r"'e\\x1fu1': its .* chunks join to"):
         replay(corrupt)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.binary(min_size=0, max_size=120)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_extend_sends_what_append_sends_record_by_record(records):
+    """Many records at once (``extend``: the whole ones in one call of the mirror) leave
+    the changelog exactly as appending them one by one does, chunks and the tombstones
+    of chunk keys a key no longer uses included."""
+
+    class Log:
+        def __init__(self):
+            self.sent = []
+
+        def append(self, key, value):
+            self.sent.append((key, value))
+
+        def extend(self, many):
+            self.sent.extend(many)
+
+    one, many = Log(), Log()
+    one_counts, many_counts = {}, {}
+    single = ChunkedMirror(one, 40, one_counts)
+    batched = ChunkedMirror(many, 40, many_counts)
+    for key, value in records:
+        single.append(key, value)
+    batched.extend(records)
+    assert many.sent == one.sent and many_counts == one_counts

@@ -342,6 +342,25 @@ class KafkaMirror:
         self._since += 1
         self._produce(key, value, self._report if self._last is None else None)
 
+    def extend(self, records: list[tuple[str, bytes]]) -> None:
+        """Many records in one loop of produce calls and one poll; each reported, as
+        ``append`` does, until the first marker's offset accounts for them."""
+        if self._last is None:
+            for key, value in records:
+                self.append(key, value)
+            return
+        producer = self.changelog.producer()
+        produce, topic, partition = producer.produce, self.changelog.topic, self.partition
+        for key, value in records:
+            while True:
+                try:
+                    produce(topic, value, key, partition)
+                    break
+                except BufferError:  # the local queue is full: let it drain
+                    producer.poll(0.1)
+        self._since += len(records)
+        producer.poll(0)
+
     def mark(self, marker: Marker) -> None:
         with self._lock:
             self._between.append(self._since)

@@ -124,6 +124,9 @@ class Mirror(Protocol):
     def append(self, key: str, value: bytes | None) -> None:
         """Send one instance's record (None: a tombstone); need not wait."""
 
+    def extend(self, records: list[tuple[str, bytes]]) -> None:
+        """Send many instances' records (none a tombstone), in order: ``append`` each."""
+
     def mark(self, marker: Marker) -> None:
         """Send the marker that ends an epoch, after its records."""
 
@@ -504,6 +507,10 @@ class _MemoryMirror:
         if value is not None and limit is not None and len(value) > limit:
             raise RuntimeError(f"record {key!r} of {len(value)} bytes: over {limit}")
         self.changelog.sent.setdefault(self.shard, []).append((key, value))
+
+    def extend(self, records: list[tuple[str, bytes]]) -> None:
+        for key, value in records:
+            self.append(key, value)
 
     def mark(self, marker: Marker) -> None:
         self.append(MARKER_KEY, encode([marker]))

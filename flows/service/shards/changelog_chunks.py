@@ -140,6 +140,8 @@ class Mirror(Protocol):
 
     def append(self, key: str, value: bytes | None) -> None: ...
 
+    def extend(self, records: list[tuple[str, bytes]]) -> None: ...
+
     def mark(self, marker: object) -> None: ...
 
     def acknowledged(self) -> int | None: ...
@@ -168,6 +170,23 @@ class ChunkedMirror:
             self.mirror.append(each, record)
         if used:
             self.counts[key] = used
+
+    def extend(self, records: list[tuple[str, bytes]]) -> None:
+        """Send many keys' records (none a tombstone), in order: those that go whole, and
+        replace no chunks, through the mirror's ``extend`` at once; the others as
+        ``append`` sends them."""
+        whole: list[tuple[str, bytes]] = []
+        limit, counts = self.limit, self.counts
+        for key, value in records:
+            if len(value) <= limit and key not in counts and not value.startswith(MAGIC):
+                whole.append((key, value))
+                continue
+            if whole:
+                self.mirror.extend(whole)
+                whole = []
+            self.append(key, value)
+        if whole:
+            self.mirror.extend(whole)
 
     def mark(self, marker: object) -> None:
         self.mirror.mark(marker)

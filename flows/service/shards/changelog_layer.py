@@ -112,13 +112,11 @@ class ChangelogLayer:
     def write(self, entries: list[Entry]) -> bytes:
         """The log's records of ``entries``, one each, each also sent to the changelog
         keyed by its instance (each entry pickled once, the same bytes in both)."""
-        records = [encode([entry]) for entry in entries]
+        records = [(entry.key, encode([entry])) for entry in entries]
         if records:
-            append = self.mirror.append
-            for entry, record in zip(entries, records, strict=True):
-                append(entry.key, record)
+            self.mirror.extend(records)
             self.unmarked = True
-        return b"".join(records)
+        return b"".join([record for _, record in records])
 
     def send_mark(self) -> bool:
         """An epoch's close, its first phase: its marker sent after its entries (if
