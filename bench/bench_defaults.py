@@ -180,7 +180,8 @@ def throughput(bk: Broker, args: argparse.Namespace, counter: Counter, workdir: 
         inp = bf.Input("events" if mode == "events topic" else "separate", inputs, events)
         rounds = []
         for k in range(args.repeats):
-            run = {"reference": {"events_per_s": reference_run(bk, inp, counter, 3 - len(kinds))}}
+            hops = 2 if mode == "two topics" else 1  # through the internal topic: two
+            run = {"reference": {"events_per_s": reference_run(bk, inp, counter, hops)}}
             for name, extra in SETUPS.items():
                 run[name] = service_run(bk, inp, extra, counter, workdir)
             run["ratios"] = {
@@ -196,25 +197,30 @@ def throughput(bk: Broker, args: argparse.Namespace, counter: Counter, workdir: 
     return results
 
 
-def latency_run(bk: Broker, plan: bf.Plan, workdir: Path, registry: Path) -> dict[str, Any]:
-    """One open-loop run of the defaults (two topics), as ``bench_flow.latency_run`` runs
-    its configurations: ready first (a probe answered), then the plan's schedule."""
+def latency_run(
+    bk: Broker, plan: bf.Plan, workdir: Path, registry: Path, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """One open-loop run of the defaults (two topics; plus ``extra`` options), as
+    ``bench_flow.latency_run`` runs its configurations: ready first (a probe answered),
+    then the plan's schedule."""
     topics = new_names(("requests", "feedback", "sel", "dlq"))
     reader = bf.SelectionReader(bk.bootstrap, topics["sel"])
     sender = bf.RequestSender(bk.bootstrap, topics)
     cfg = replace(bf.RUN_RECOVERY_FEEDBACK, name="tsi run --recovery-dir DIR (defaults)")
     try:
-        with service(bk, topics, (), workdir, registry) as (proc, logfile, _):
-            _, ready_s = bf.await_ready(proc, logfile, reader, sender)
+        with service(bk, topics, extra, workdir, registry) as (proc, logfile, _):
+            t0, ready_s = bf.await_ready(proc, logfile, reader, sender)
             bf.send_load(plan, cfg, sender)
             sender.producer.flush(10)
             measured = [rid for rid in sender.sent if rid.startswith("m")]
             bf.await_answers(reader, measured, proc, logfile)
     finally:
         reader.close()
+    received = dict(reader.received)
     return {
         "ready_s": ready_s,
-        **open_loop.figures(measured, sender.intended, sender.sent, dict(reader.received), 50.0),
+        **open_loop.figures(measured, sender.intended, sender.sent, received, 50.0),
+        "timeline": open_loop.timeline(measured, sender.intended, received, t0),
     }
 
 
@@ -237,7 +243,7 @@ def latency(bk: Broker, args: argparse.Namespace, workdir: Path) -> list[dict[st
 
 
 def _figures(run: dict[str, Any]) -> dict[str, Any]:
-    keys = ("p50_ms", "p99_ms", "p999_ms", "max_ms", "sent", "answered")
+    keys = ("p50_ms", "p99_ms", "p999_ms", "max_ms", "sent", "answered", "timeline")
     return {key: run[key] for key in keys if key in run}
 
 
