@@ -467,14 +467,8 @@ def build_flow(
     flow = Dataflow(flow_id)
     routed, errs = _read_inputs(flow, inputs, guards, live, shards)
     events = [op.merge("routed", *routed)]
-    # unbounded inputs: the shards wish their wake-ups into this flow's scheduler, and the
-    # wake-up source reads them back as events of the shards
-    scheduler = (
-        None if inputs.ending is None else WakeUpScheduler(_restored(changelog, holds, shards))
-    )
-    if scheduler is not None:
-        now = clock if stream is None else stream.now
-        events.append(wake_up_events(flow, scheduler, inputs.ending, now, shards))
+    now, first = (clock if stream is None else stream.now), _restored(changelog, holds, shards)
+    scheduler = _wake_ups(flow, inputs, events, now, first, shards)
     context = flow_context(
         live,
         clock,
@@ -493,6 +487,24 @@ def build_flow(
     outputs.selections("selections_out", served.oks)
     _write_dead_letters(outputs, errs, served.errs, guards.dead_letter_raw)
     return flow
+
+
+def _wake_ups(
+    flow: Dataflow,
+    inputs: Inputs,
+    events: list[Stream],
+    now: Callable[[], float],
+    first: list[str],
+    shards: int,
+) -> WakeUpScheduler | None:
+    """With unbounded inputs, the flow's wake-up scheduler (its first wake-ups: ``first``)
+    and its source, added to ``events``: the shards wish their wake-ups into it and the
+    source reads them back as events of the shards. None for bounded inputs."""
+    if inputs.ending is None:
+        return None
+    scheduler = WakeUpScheduler(first)
+    events.append(wake_up_events(flow, scheduler, inputs.ending, now, shards))
+    return scheduler
 
 
 def _restored(
