@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 from flows.cli.base import app, fail
@@ -27,6 +28,14 @@ METRICS_URL = Option(
     "http://127.0.0.1:9108/metrics",  # tsi run --metrics-port 9108, the port of deploy/
     kind="list",
 )
+READ_TIMEOUT = Option(
+    "TSI_SERVE_READ_TIMEOUT",
+    "--read-timeout",
+    "Seconds a client has to send a whole request, from its connection or its last answer: "
+    "an idle or slow connection is closed then.",
+    seconds(0.1),
+    "10",
+)
 LIVE_EVERY = Option(
     "TSI_SERVE_LIVE_EVERY",
     "--live-every",
@@ -37,7 +46,7 @@ LIVE_EVERY = Option(
 
 
 @app.command("serve")
-@with_options(*OPTIONS, HOST, PORT, METRICS_URL, LIVE_EVERY)
+@with_options(*OPTIONS, HOST, PORT, READ_TIMEOUT, METRICS_URL, LIVE_EVERY)
 def serve_gateway(env: Mapping[str, str]) -> None:
     """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json,
     and the live page GET /experiments (its numbers: GET /experiments.json).
@@ -48,14 +57,38 @@ def serve_gateway(env: Mapping[str, str]) -> None:
     import uvicorn
 
     from flows.gateway.app import gateway
+    from flows.gateway.deadlines import with_timeout
     from flows.gateway.live import Live
 
     try:
         settings = ClientSettings.from_env(env)
         host, port = HOST.read(env), PORT.read(env)
+        protocol = with_timeout(READ_TIMEOUT.read(env))
         live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env))
     except ConfigError as exc:
         fail("serve", str(exc))
+    print(describe_serve(settings, host, port), file=sys.stderr, flush=True)
     uvicorn.run(
-        gateway(settings, live), host=host, port=port, log_level="warning", access_log=False
+        gateway(settings, live),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        http=protocol,  # idle and slow clients closed (``gateway.deadlines``)
+    )
+
+
+def describe_serve(settings: ClientSettings, host: str, port: int) -> str:
+    """The line ``tsi serve`` prints when it starts: where it listens, what it reads.
+
+    >>> from flows.client.settings import ClientSettings
+    >>> describe_serve(ClientSettings(brokers="k:9092"), "127.0.0.1", 8080)  # doctest: +ELLIPSIS
+    'tsi serve: http://127.0.0.1:8080 (POST /v1/decide, /v1/feedback; GET /experiments) ...'
+    """
+    topics = settings.topics
+    inputs = topics.events or f"{topics.requests}, {topics.feedback}"
+    return (
+        f"tsi serve: http://{host}:{port} (POST /v1/decide, /v1/feedback; GET /experiments) "
+        f"for brokers {settings.brokers}: requests to {inputs}, answers from "
+        f"{topics.selections}"
     )

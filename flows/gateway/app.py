@@ -4,7 +4,8 @@
 
 Starlette on uvicorn: an ASGI stack (uvicorn's event loop and HTTP parser are the fast ones
 of Python's servers, Starlette a thin router), both well kept. A bad body is a 400 naming
-the field, no answer in time a 504, Kafka away a 503; each error body is
+the field, a body over ``MAX_BODY`` bytes a 413 (refused as it is read: never held whole),
+no answer in time a 504, Kafka away a 503; each error body is
 ``{"error": ..., "detail": ...}`` (and ``request_id`` when there is one). The client
 connects at start and again on a later call when the brokers were away: one attempt at a
 time, at most one each ``RECONNECT_COOLDOWN`` (the calls in between are 503s at once, not
@@ -46,6 +47,14 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 #: Seconds after a failed connection attempt during which calls are answered 503 at once.
 RECONNECT_COOLDOWN = 2.0
+#: The longest request body read, in bytes: a decision's or feedback's JSON is far shorter.
+MAX_BODY = 64 * 1024
+#: The longest ``timeout`` a call may ask for, in seconds: a caller waits no longer.
+MAX_TIMEOUT = 60.0
+
+
+class BodyTooLargeError(Exception):
+    """A request body over ``MAX_BODY`` bytes (a 413)."""
 
 
 def reply(status: int, body: dict[str, Any]) -> Response:
@@ -118,7 +127,7 @@ async def _body(
     """The JSON object of a request, its fields among ``known``, the ``required`` ones
     there (else ``BadRequestError`` naming one: a 400)."""
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(await _read(request))
     except orjson.JSONDecodeError as exc:
         raise BadRequestError("malformed_json", f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -133,10 +142,30 @@ async def _body(
         raise BadRequestError("missing_field", f"field {missing[0]!r} is required")
     timeout = body.get("timeout")
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_TIMEOUT
     ):
-        raise BadRequestError("bad_value", f"timeout must be a number above 0, got {timeout!r}")
+        raise BadRequestError(
+            "bad_value",
+            f"timeout must be a number above 0 and at most {MAX_TIMEOUT:g} s, got {timeout!r}",
+        )
     return body
+
+
+async def _read(request: Request, limit: int = MAX_BODY) -> bytes:
+    """The body of ``request``, refused (``BodyTooLargeError``) once it is known to exceed
+    ``limit`` bytes: by its Content-Length before anything is read, else as it streams in."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLargeError(f"the body is {int(declared)} bytes, over the {limit} allowed")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(f"the body is over the {limit} bytes allowed")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _answering(handler: Handler) -> Handler:
@@ -147,6 +176,8 @@ def _answering(handler: Handler) -> Handler:
             return await handler(request)
         except BadRequestError as exc:
             return reply(400, {"error": exc.reason, "detail": exc.detail})
+        except BodyTooLargeError as exc:
+            return reply(413, {"error": "body_too_large", "detail": str(exc)})
         except DeadLetterError as exc:
             body = {"error": exc.reason, "detail": exc.detail, "request_id": exc.request_id}
             return reply(422, body)

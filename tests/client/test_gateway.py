@@ -1,9 +1,12 @@
 """``tsi serve`` as an application meets it: HTTP in front of a running service on the
 real broker."""
 
+import http.client
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+import orjson
+import psutil
 import pytest
 
 from flows.testing.kafka_broker import free_port
@@ -76,6 +79,7 @@ def test_two_gateways_at_once_each_get_their_own_answers(gateways):
         ({"experiment": "shop", "context": "x"}, "context"),
         ({"experiment": "shop", "eligible": "a"}, "eligible"),
         ({"experiment": "shop", "timeout": 0}, "timeout must be a number above 0"),
+        ({"experiment": "shop", "timeout": 1e9}, "at most 60 s, got 1000000000.0"),
     ],
 )
 def test_a_bad_body_is_a_400_naming_the_field(gateways, body, named):
@@ -123,3 +127,90 @@ def test_the_openapi_description_names_both_calls(gateways):
     schema = feedback["application/json"]["schema"]
     assert schema["required"] == ["experiment", "request_id"]
     assert {"loss", "reward", "arm"} <= set(schema["properties"])
+
+
+def _answer(connection: http.client.HTTPConnection) -> tuple[int, dict]:
+    response = connection.getresponse()
+    return response.status, orjson.loads(response.read())
+
+
+def test_a_body_over_the_limit_is_a_413_refused_as_it_is_read(gateways):
+    """Declared too long: refused from its headers, before a byte of it; streamed (chunked,
+    no length): refused once past the limit; the gateway never holds it (its memory stays
+    flat while 200 MiB are offered)."""
+    port = gateways[0]
+    gateway = next(
+        p for p in psutil.process_iter(["cmdline"]) if str(port) in (p.info["cmdline"] or [])
+    )
+    before = gateway.memory_info().rss
+    declared = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    declared.putrequest("POST", "/v1/decide")
+    declared.putheader("content-type", "application/json")
+    declared.putheader("content-length", str(200 * 2**20))
+    declared.endheaders()
+    status, answer = _answer(declared)
+    assert (status, answer["error"]) == (413, "body_too_large")
+    assert str(200 * 2**20) in answer["detail"]
+    streamed = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    streamed.putrequest("POST", "/v1/feedback")
+    streamed.putheader("transfer-encoding", "chunked")
+    streamed.endheaders()
+    piece = b"x" * 2**16
+    try:
+        for _ in range(32):  # 2 MiB, unless the gateway has answered and closed before
+            streamed.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    status, answer = _answer(streamed)
+    assert (status, answer["error"]) == (413, "body_too_large")
+    assert gateway.memory_info().rss - before < 16 * 2**20
+    assert post(port, "/v1/decide", {"experiment": "shop"})[0] == 200  # and it serves on
+
+
+def test_tsi_serve_says_where_it_listens_and_what_it_reads(service):
+    proc, port = serve(*service.options)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith(f"tsi serve: http://127.0.0.1:{port} "), line
+        assert service.options[service.options.index("--brokers") + 1] in line
+        assert service.options[service.options.index("--events-topic") + 1] in line
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_idle_and_slow_connections_are_closed_at_the_read_deadline():
+    """A connection that sends nothing, and one that sends its request a byte at a time,
+    are closed once the read time-out passes; the gateway answers others meanwhile."""
+    import socket
+    import time
+
+    proc, port = serve("--brokers", f"127.0.0.1:{free_port()}", "--read-timeout", "1")
+    try:
+        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+        started = time.monotonic()
+        request = b"POST /v1/decide HTTP/1.1\r\nhost: x\r\ncontent-length: 20\r\n\r\n{}"
+        closed_after = None
+        for byte in request:
+            try:
+                slow.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed_after = time.monotonic() - started
+                break
+            time.sleep(0.1)
+        assert _closed(idle)  # by the gateway, nothing answered
+        assert time.monotonic() - started < 5
+        assert closed_after is not None or _closed(slow)
+        assert get(port, "/healthz")[0] == 200
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _closed(sock) -> bool:
+    """Whether the other end closed ``sock`` (it reads the end, or a reset)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
