@@ -1,6 +1,8 @@
 """The HTTP gateway: ``POST /v1/decide`` and ``POST /v1/feedback`` over an
-``AsyncDecider``, ``GET /openapi.json``, ``GET /healthz``; with a ``Live``, the live page
-``GET /experiments`` (and ``/experiments.json``, ``flows.gateway.live``).
+``AsyncDecider``, ``GET /openapi.json``, ``GET /healthz`` (the gateway is up), ``GET /ready`` (it is
+connected and, with a ``Live``, the service's own ``/ready`` at each metrics address answers
+200); with a ``Live``, the live page ``GET /experiments`` (and ``/experiments.json``,
+``flows.gateway.live``).
 
 Starlette on uvicorn: an ASGI stack (uvicorn's event loop and HTTP parser are the fast ones
 of Python's servers, Starlette a thin router), both well kept. A bad body is a 400 naming
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -34,7 +38,7 @@ from flows.client import (
     DecisionTimeoutError,
     KafkaUnavailableError,
 )
-from flows.gateway.live import Live
+from flows.gateway.live import Live, fetch
 from flows.gateway.openapi import (
     DECIDE_FIELDS,
     DECIDE_REQUIRED,
@@ -51,6 +55,8 @@ RECONNECT_COOLDOWN = 2.0
 MAX_BODY = 64 * 1024
 #: The longest ``timeout`` a call may ask for, in seconds: a caller waits no longer.
 MAX_TIMEOUT = 60.0
+#: Seconds ``/ready`` waits for the service's own ``/ready``.
+READY_TIMEOUT = 2.0
 
 
 class BodyTooLargeError(Exception):
@@ -116,6 +122,23 @@ class Gateway:
 
     async def healthz(self, _request: Request) -> Response:
         return reply(200, {"status": "ok", "connected": self._decider is not None})
+
+    async def ready(self, service: list[str], _request: Request) -> Response:
+        """200 when the brokers answered and every address of ``service`` (the service's
+        ``/ready`` URLs) answers 200; else 503 naming each problem."""
+        problems = [] if self._decider is not None else ["not connected to the brokers"]
+        loop = asyncio.get_running_loop()
+        answers = await asyncio.gather(
+            *(loop.run_in_executor(None, fetch, url, READY_TIMEOUT) for url in service)
+        )
+        problems += [
+            f"the service at {url} is not ready: {answer}"
+            for url, answer in zip(service, answers, strict=True)
+            if isinstance(answer, Exception)
+        ]
+        if problems:
+            return reply(503, {"status": "not ready", "detail": "; ".join(problems)})
+        return reply(200, {"status": "ready"})
 
     async def spec(self, _request: Request) -> Response:
         return reply(200, openapi())
@@ -193,6 +216,7 @@ def _answering(handler: Handler) -> Handler:
 def gateway(settings: ClientSettings, live: Live | None = None) -> Starlette:
     """The ASGI application of ``tsi serve`` (with ``live``: its live page too)."""
     routes = Gateway(settings)
+    service = [] if live is None else [ready_url(url) for url in live.urls]
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -209,8 +233,19 @@ def gateway(settings: ClientSettings, live: Live | None = None) -> Starlette:
             Route("/v1/decide", _answering(routes.decide), methods=["POST"]),
             Route("/v1/feedback", _answering(routes.feedback), methods=["POST"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
+            Route("/ready", functools.partial(routes.ready, service), methods=["GET"]),
             Route("/openapi.json", routes.spec, methods=["GET"]),
             *([] if live is None else live.routes()),
         ],
         lifespan=lifespan,
     )
+
+
+def ready_url(metrics: str) -> str:
+    """The service's ``/ready`` beside its metrics address.
+
+    >>> ready_url("http://10.0.0.7:9108/metrics")
+    'http://10.0.0.7:9108/ready'
+    """
+    parts = urllib.parse.urlsplit(metrics)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/ready", "", ""))

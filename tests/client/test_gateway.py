@@ -214,3 +214,31 @@ def _closed(sock) -> bool:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+
+
+def test_ready_says_whether_the_brokers_and_the_service_answer(service):
+    """/healthz only says the gateway is up; /ready is 200 when it is connected and the
+    service's own /ready answers, else 503 naming what is not."""
+    metrics = f"http://127.0.0.1:{service.metrics_port}/metrics"
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    up, up_port = serve(*service.options, "--metrics-url", metrics)
+    down, down_port = serve(*service.options, "--metrics-url", dead)
+    away, away_port = serve("--brokers", f"127.0.0.1:{free_port()}", "--metrics-url", metrics)
+    try:
+        wait_for(lambda: get(up_port, "/ready")[0] == 200, up, 30, "the gateway's /ready")
+        status, answer = _status(down_port, "/ready")
+        assert status == 503 and dead.replace("/metrics", "/ready") in answer["detail"]
+        assert get(down_port, "/healthz")[0] == 200  # up, but not ready
+        status, answer = _status(away_port, "/ready")
+        assert status == 503 and "not connected to the brokers" in answer["detail"]
+    finally:
+        for proc in (up, down, away):
+            proc.kill()
+            proc.wait()
+
+
+def _status(port: int, path: str) -> tuple[int, dict]:
+    """(status, JSON body) of a GET, error statuses included."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", path)
+    return _answer(connection)
