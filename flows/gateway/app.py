@@ -9,9 +9,9 @@ of Python's servers, Starlette a thin router), both well kept. A bad body is a 4
 the field, a body over ``MAX_BODY`` bytes a 413 (refused as it is read: never held whole),
 no answer in time a 504, Kafka away a 503; each error body is
 ``{"error": ..., "detail": ...}`` (and ``request_id`` when there is one). The client
-connects at start and again on a later call when the brokers were away: one attempt at a
-time, at most one each ``RECONNECT_COOLDOWN`` (the calls in between are 503s at once, not
-queued behind attempts that each wait for the brokers).
+connects at start; while it is not connected (the brokers were away) every call is a 503
+at once and an attempt to connect runs in the background, one at a time, at most one each
+``RECONNECT_COOLDOWN``: no call waits for an attempt.
 """
 
 from __future__ import annotations
@@ -73,36 +73,50 @@ class Gateway:
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
         self._decider: AsyncDecider | None = None
-        self._connecting = asyncio.Lock()
+        self._attempt: asyncio.Task | None = None
         self._failed: tuple[float, KafkaUnavailableError] | None = None  # (when, why)
 
+    async def connect(self) -> None:
+        """Try to connect now, and wait for that attempt (the gateway's start)."""
+        self._begin()
+        if self._attempt is not None:
+            await self._attempt
+
     async def decider(self) -> AsyncDecider:
-        """The connected client (``KafkaUnavailableError`` while the brokers are away)."""
+        """The connected client; while there is none, ``KafkaUnavailableError`` at once,
+        and an attempt to connect begun in the background (``_begin``)."""
         if self._decider is not None:
             return self._decider
-        async with self._connecting:  # the calls during an attempt share its outcome
-            if self._decider is None:
-                self._cooling_down()
-                loop = asyncio.get_running_loop()
-                try:
-                    self._decider = await loop.run_in_executor(None, AsyncDecider, self.settings)
-                except KafkaUnavailableError as exc:
-                    self._failed = (time.monotonic(), exc)
-                    raise
-            return self._decider
+        self._begin()
+        raise self._not_connected()
 
-    def _cooling_down(self) -> None:
-        """``KafkaUnavailableError`` when the last attempt failed under
+    def _begin(self) -> None:
+        """An attempt in the background, unless one runs or the last failed under
         ``RECONNECT_COOLDOWN`` seconds ago."""
-        if self._failed is None:
+        if self._attempt is not None and not self._attempt.done():
             return
+        if self._failed is not None and time.monotonic() - self._failed[0] < RECONNECT_COOLDOWN:
+            return
+        self._attempt = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self._decider = await loop.run_in_executor(None, AsyncDecider, self.settings)
+            self._failed = None
+        except KafkaUnavailableError as exc:
+            self._failed = (time.monotonic(), exc)
+
+    def _not_connected(self) -> KafkaUnavailableError:
+        """Why a call finds no client: the last attempt's error, or one under way."""
+        if self._failed is None:
+            return KafkaUnavailableError(f"connecting to Kafka at {self.settings.brokers}")
         when, why = self._failed
         ago = time.monotonic() - when
-        if ago < RECONNECT_COOLDOWN:
-            raise KafkaUnavailableError(
-                f"{why} (the last attempt, {ago:.1f} s ago; the next one after "
-                f"{RECONNECT_COOLDOWN:g} s)"
-            )
+        return KafkaUnavailableError(
+            f"{why} (the last attempt, {ago:.1f} s ago; the next one after "
+            f"{RECONNECT_COOLDOWN:g} s)"
+        )
 
     async def close(self) -> None:
         if self._decider is not None:
@@ -221,8 +235,7 @@ def gateway(settings: ClientSettings, live: Live | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         sampling = None if live is None else asyncio.create_task(live.run())
-        with contextlib.suppress(KafkaUnavailableError):  # 503s until the brokers answer
-            await routes.decider()
+        await routes.connect()  # 503s until the brokers answer
         yield
         if sampling is not None:
             sampling.cancel()
