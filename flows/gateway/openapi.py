@@ -3,7 +3,7 @@ of each body are declared once, in ``DECIDE_FIELDS`` and ``FEEDBACK_FIELDS``, wh
 gateway also checks bodies against (with ``DECIDE_REQUIRED`` and ``FEEDBACK_REQUIRED``).
 
 >>> sorted(openapi()["paths"])
-['/healthz', '/v1/decide', '/v1/feedback']
+['/healthz', '/ready', '/v1/decide', '/v1/feedback']
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def openapi() -> dict[str, Any]:
     """The description served at ``/openapi.json``."""
     common = {
         "400": _error("a bad body; the detail names the field"),
+        "413": _error("a body over 64 KiB, refused as it is read"),
         "503": _error("Kafka is unreachable or did not take the message"),
     }
     return {
@@ -108,5 +109,13 @@ def openapi() -> dict[str, Any]:
                 }
             },
             "/healthz": {"get": {"responses": {"200": {"description": "the gateway runs"}}}},
+            "/ready": {
+                "get": {
+                    "responses": {
+                        "200": {"description": "connected, and the service answers"},
+                        "503": {"description": "not: the detail names what is not"},
+                    }
+                }
+            },
         },
     }

@@ -1,0 +1,16 @@
+"""The gateway's OpenAPI document against the routes it serves."""
+
+from starlette.routing import Route
+
+from flows.client import ClientSettings
+from flows.gateway import app
+from flows.gateway.openapi import openapi
+from flows.testing.kafka_broker import free_port
+
+
+def test_the_openapi_document_names_every_route_of_the_gateway():
+    """Each route the gateway serves is in its OpenAPI document, and nothing else (the
+    document itself and the live page aside)."""
+    routes = app.gateway(ClientSettings(brokers=f"127.0.0.1:{free_port()}")).routes
+    served = {route.path for route in routes if isinstance(route, Route)}
+    assert served - {"/openapi.json"} == set(openapi()["paths"])
