@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
@@ -13,9 +14,12 @@ from flows.service.runtime.options import (
     Option,
     comma_list,
     name,
+    optional,
+    path,
     port_number,
     seconds,
 )
+from flows.service.runtime.settings import option
 
 HOST = Option("TSI_SERVE_HOST", "--host", "Address the gateway listens on.", name, "127.0.0.1")
 PORT = Option("TSI_SERVE_PORT", "--port", "Port the gateway listens on.", port_number, "8080")
@@ -45,8 +49,17 @@ LIVE_EVERY = Option(
 )
 
 
+REGISTRY = replace(
+    option("registry"),  # tsi run's variable and flag, optional here
+    help="The service's registry (TOML): a call naming an experiment or an arm it lacks is "
+    "refused at once (422); read again when the file changes. None: the service refuses them.",
+    parse=optional(path),
+    default="",
+)
+
+
 @app.command("serve")
-@with_options(*OPTIONS, HOST, PORT, READ_TIMEOUT, METRICS_URL, LIVE_EVERY)
+@with_options(*OPTIONS, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY)
 def serve_gateway(env: Mapping[str, str]) -> None:
     """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json,
     and the live page GET /experiments (its numbers: GET /experiments.json).
@@ -58,18 +71,22 @@ def serve_gateway(env: Mapping[str, str]) -> None:
 
     from flows.gateway.app import gateway
     from flows.gateway.deadlines import with_timeout
+    from flows.gateway.known import Known
     from flows.gateway.live import Live
+    from flows.service.instances.registry import RegistryError
 
     try:
         settings = ClientSettings.from_env(env)
         host, port = HOST.read(env), PORT.read(env)
         protocol = with_timeout(READ_TIMEOUT.read(env))
         live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env))
-    except ConfigError as exc:
+        registry = REGISTRY.read(env)
+        known = None if registry is None else Known(registry)
+    except (ConfigError, RegistryError) as exc:
         fail("serve", str(exc))
     print(describe_serve(settings, host, port), file=sys.stderr, flush=True)
     uvicorn.run(
-        gateway(settings, live),
+        gateway(settings, live, known),
         host=host,
         port=port,
         log_level="warning",

@@ -38,6 +38,7 @@ from flows.client import (
     DecisionTimeoutError,
     KafkaUnavailableError,
 )
+from flows.gateway.known import Known
 from flows.gateway.live import Live, fetch
 from flows.gateway.openapi import (
     DECIDE_FIELDS,
@@ -70,8 +71,9 @@ def reply(status: int, body: dict[str, Any]) -> Response:
 class Gateway:
     """The routes over one ``AsyncDecider``, built when the brokers answer."""
 
-    def __init__(self, settings: ClientSettings) -> None:
+    def __init__(self, settings: ClientSettings, known: Known | None = None) -> None:
         self.settings = settings
+        self.known = known  # the registry: calls naming what it lacks refused at once
         self._decider: AsyncDecider | None = None
         self._attempt: asyncio.Task | None = None
         self._failed: tuple[float, KafkaUnavailableError] | None = None  # (when, why)
@@ -123,16 +125,24 @@ class Gateway:
             await asyncio.get_running_loop().run_in_executor(None, self._decider.close)
 
     async def decide(self, request: Request) -> Response:
-        body = await _body(request, DECIDE_FIELDS, DECIDE_REQUIRED)
+        body = self._checked(await _body(request, DECIDE_FIELDS, DECIDE_REQUIRED))
         decider = await self.decider()
         decision = await decider.decide(**body)
         return reply(200, decision.__dict__)
 
     async def feedback(self, request: Request) -> Response:
-        body = await _body(request, FEEDBACK_FIELDS, FEEDBACK_REQUIRED)
+        body = self._checked(await _body(request, FEEDBACK_FIELDS, FEEDBACK_REQUIRED))
         decider = await self.decider()
         await decider.feedback(**body)
         return reply(202, {"accepted": True, "request_id": body["request_id"]})
+
+    def _checked(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body``, or ``DeadLetterError`` (a 422) when it names an experiment or an arm
+        the registry lacks (``known``)."""
+        refusal = None if self.known is None else self.known.refusal(body)
+        if refusal is not None:
+            raise DeadLetterError(str(body.get("request_id", "")), *refusal)
+        return body
 
     async def healthz(self, _request: Request) -> Response:
         return reply(200, {"status": "ok", "connected": self._decider is not None})
@@ -227,9 +237,12 @@ def _answering(handler: Handler) -> Handler:
     return answer
 
 
-def gateway(settings: ClientSettings, live: Live | None = None) -> Starlette:
-    """The ASGI application of ``tsi serve`` (with ``live``: its live page too)."""
-    routes = Gateway(settings)
+def gateway(
+    settings: ClientSettings, live: Live | None = None, known: Known | None = None
+) -> Starlette:
+    """The ASGI application of ``tsi serve`` (with ``live``: its live page too; with
+    ``known``: calls naming what the registry lacks refused at once)."""
+    routes = Gateway(settings, known)
     service = [] if live is None else [ready_url(url) for url in live.urls]
 
     @contextlib.asynccontextmanager

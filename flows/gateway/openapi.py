@@ -105,7 +105,11 @@ def openapi() -> dict[str, Any]:
                 "post": {
                     "summary": "The loss or reward of a decision",
                     "requestBody": _body(FEEDBACK_FIELDS, FEEDBACK_REQUIRED),
-                    "responses": {"202": {"description": "the broker has it"}, **common},
+                    "responses": {
+                        "202": {"description": "the broker has it"},
+                        **common,
+                        "422": _error("the registry lacks its experiment or arm (--registry)"),
+                    },
                 }
             },
             "/healthz": {"get": {"responses": {"200": {"description": "the gateway runs"}}}},

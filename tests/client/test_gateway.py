@@ -122,7 +122,9 @@ def test_the_openapi_description_names_both_calls(gateways):
     status, spec = get(gateways[0], "/openapi.json")
     assert status == 200 and spec["openapi"].startswith("3.")
     decide = spec["paths"]["/v1/decide"]["post"]
-    assert set(decide["responses"]) == {"200", "400", "422", "503", "504"}
+    assert set(decide["responses"]) == {"200", "400", "413", "422", "503", "504"}
+    refused = spec["paths"]["/v1/feedback"]["post"]["responses"]
+    assert set(refused) == {"202", "400", "413", "422", "503"}
     feedback = spec["paths"]["/v1/feedback"]["post"]["requestBody"]["content"]
     schema = feedback["application/json"]["schema"]
     assert schema["required"] == ["experiment", "request_id"]
@@ -242,3 +244,37 @@ def _status(port: int, path: str) -> tuple[int, dict]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     connection.request("GET", path)
     return _answer(connection)
+
+
+def test_with_the_registry_what_it_lacks_is_refused_at_once(service, tmp_path):
+    """Given the service's registry, a call naming an experiment or an arm it lacks is a
+    422 at once (feedback no longer 202 then a dead letter); the file read again when it
+    changes; a request id the service has not answered stays asynchronous (202)."""
+    from tests.client.service import REGISTRY
+
+    registry = tmp_path / "registry.toml"
+    registry.write_text(REGISTRY)
+    proc, port = serve(*service.options, "--registry", registry)
+    try:
+        for body, reason in [
+            ({"experiment": "blog", "request_id": "k1", "loss": 1}, "unknown_experiment"),
+            ({"experiment": "shop", "request_id": "k2", "loss": 1, "arm": "z"}, "unknown_arm"),
+            ({"experiment": "shop", "request_id": "k3", "loss": 1, "arm": 9}, "unknown_arm"),
+        ]:
+            status, answer = post(port, "/v1/feedback", body)
+            assert (status, answer["error"], answer["request_id"]) == (
+                422,
+                reason,
+                body["request_id"],
+            )
+        status, answer = post(port, "/v1/decide", {"experiment": "blog", "request_id": "k4"})
+        assert (status, answer["error"]) == (422, "unknown_experiment")
+        unanswered = {"experiment": "shop", "request_id": "never-asked", "loss": 1, "arm": "a"}
+        assert post(port, "/v1/feedback", unanswered)[0] == 202
+        registry.write_text(REGISTRY + '\n[experiments.blog]\narms = ["p", "q"]\n')
+        blog = {"experiment": "blog", "request_id": "k5", "loss": 1}
+        # the file is looked at once a second: the gateway knows it then (the service not)
+        wait_for(lambda: post(port, "/v1/feedback", blog)[0] == 202, proc, 10, "a reread")
+    finally:
+        proc.kill()
+        proc.wait()
