@@ -10,7 +10,7 @@ import typer
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
-from flows.service.connectors.kafka import Topics
+from flows.service.connectors.topics import Topics
 from flows.service.runtime.settings import (
     CLIENT_OPTIONS,
     GROUP_OPTION,

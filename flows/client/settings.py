@@ -14,15 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows.service.connectors.kafka import Topics
-from flows.service.runtime.options import Option, seconds
-from flows.service.runtime.settings import (
+from flows.service.connectors.topics import Topics
+from flows.service.runtime.kafka_options import (
     CLIENT_OPTIONS,
+    CONNECT_TIMEOUT,
     TOPIC_OPTIONS,
     client_config,
-    option,
     topics_from_env,
 )
+from flows.service.runtime.options import Option, seconds
 
 DECIDE_TIMEOUT = Option(
     "TSI_DECIDE_TIMEOUT",
@@ -33,7 +33,6 @@ DECIDE_TIMEOUT = Option(
     seconds(0.0, above=True),
     "1",
 )
-CONNECT_TIMEOUT = option("connect_timeout")
 
 #: Every option of a client: ``tsi serve`` takes them, ``ClientSettings.from_env`` reads them.
 OPTIONS: tuple[Option, ...] = (

@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 
 from flows.service.connectors.files import read_lines as read_jsonl
-from flows.service.connectors.kafka import FEEDBACK_TAG, REQUEST_TAG, Topics
+from flows.service.connectors.kafka import FEEDBACK_TAG, REQUEST_TAG
+from flows.service.connectors.topics import Topics
 from flows.service.dataflow import Message
 from flows.service.wire._records import internal_message
 from flows.service.wire.events import DeadLetter, Origin

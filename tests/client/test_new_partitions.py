@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from flows.client import ClientSettings, DeadLetterError, Decider, connection
-from flows.service.connectors.kafka import Topics
+from flows.service.connectors.topics import Topics
 from flows.testing.kafka_broker import create_topic, unique_topic
 
 

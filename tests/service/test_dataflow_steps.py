@@ -8,8 +8,9 @@ import orjson
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.connectors.kafka import kafka_wiring
 from flows.service.connectors.memory import memory_wiring
+from flows.service.connectors.topics import Topics
 from flows.service.dataflow import (
     Guards,
     Inputs,

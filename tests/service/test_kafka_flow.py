@@ -4,8 +4,8 @@ import orjson
 from bytewax.testing import run_main
 from confluent_kafka import Producer
 
-from flows.service.connectors.kafka import Topics
 from flows.service.connectors.memory import memory_wiring
+from flows.service.connectors.topics import Topics
 from flows.service.dataflow import build_flow
 from flows.service.instances.registry import Registry
 from flows.service.runtime.process import Service

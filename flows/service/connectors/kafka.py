@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import bytewax.operators as op
@@ -15,6 +14,7 @@ from flows.service.connectors.kafka_source import (
     internal_messages,
     kafka_messages,
 )
+from flows.service.connectors.topics import Topics
 from flows.service.dataflow import (
     Inputs,
     Message,
@@ -30,26 +30,6 @@ from flows.service.runtime.stopping import Stop
 from flows.service.wire._records import internal_copy, messages_only
 from flows.service.wire.events import DeadLetter, ParseBySource, minimal_dead_letter
 from flows.service.wire.keys import DEFAULT_SHARDS
-
-
-@dataclass(frozen=True)
-class Topics:
-    """Kafka topic names; with ``events`` set, requests and feedback share that one topic.
-    Otherwise the service copies both into ``internal`` (keyed by instance) and serves from
-    that one ordered log; ``internal=None`` serves straight from the two topics."""
-
-    requests: str = "tsi.requests"
-    feedback: str = "tsi.feedback"
-    selections: str = "tsi.selections"
-    dead_letters: str = "tsi.dlq"
-    events: str | None = None
-    internal: str | None = "tsi.events.internal"
-    changelog: str | None = None  # each shard's log mirrored (``kafka_changelog``)
-
-    @property
-    def repartitioned(self) -> bool:
-        """Whether requests and feedback meet in the internal topic."""
-        return self.events is None and self.internal is not None
 
 
 def kafka_wiring(

@@ -9,7 +9,6 @@ topics`` commands are built on it.
 from __future__ import annotations
 
 import concurrent.futures
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,11 +18,12 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from flows.service.connectors.kafka_config import connection_settings, with_reconnect_defaults
+from flows.service.connectors.topics import TOPIC_NAME
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import ClusterMetadata
 
-    from flows.service.connectors.kafka import Topics
+    from flows.service.connectors.topics import Topics
 
 DEFAULT_PARTITIONS = 3
 DEFAULT_REPLICATION = 1
@@ -37,8 +37,6 @@ BROKER_DEFAULT = -1
 CHANGELOG_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(24 * 3600 * 1000)}
 #: The broker's default ``message.max.bytes``, hence a topic's default max.message.bytes.
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1048588
-#: Kafka's rule for topic names.
-TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 #: The principal may not read topic configs: max.message.bytes is assumed to be the default.
 _DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 T = TypeVar("T")

@@ -19,10 +19,11 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED
 
-from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.connectors.kafka import kafka_wiring
 from flows.service.connectors.kafka_admin import group_offsets, holds_records
 from flows.service.connectors.kafka_changelog import KafkaChangelog
 from flows.service.connectors.kafka_partition import FINAL_COMMITS
+from flows.service.connectors.topics import Topics
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
