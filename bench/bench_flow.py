@@ -109,7 +109,8 @@ from bytewax.operators import StatefulBatchLogic
 from bytewax.testing import run_main
 from confluent_kafka import Producer
 
-from flows.service.connectors.kafka import Topics, kafka_wiring
+from flows.service.connectors.kafka import kafka_wiring
+from flows.service.connectors.topics import Topics
 from flows.service.dataflow import PARSERS, Guards, parse_route
 from flows.service.instances.instance import Instance
 from flows.service.instances.registry import LiveRegistry, Registry

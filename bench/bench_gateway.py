@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import open_loop
 
 from flows.client import AsyncDecider, ClientSettings
-from flows.service.connectors.kafka import Topics
+from flows.service.connectors.topics import Topics
 from flows.testing.kafka_broker import (
     broker_session,
     create_topic,

@@ -10,12 +10,10 @@ re-emitted selection is identical, and the state equals an uninterrupted run's.
 
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 import uuid
-from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from flows.service.instances.registry import Registry
 from flows.service.runtime.recovery import (
     NotOneClusterError,
     check_recovery_dir,
+    committed_shard_states,
     input_offsets,
     read_states,
     seeded_inputs,
@@ -154,14 +153,9 @@ def tsi_run(args, recovery_dirs, timeout=240):
 
 
 def markers(directory):
-    """The shards whose committed marker lies in ``directory``'s partitions."""
-    found = set()
-    for part in directory.glob("part-*.sqlite3"):
-        with closing(sqlite3.connect(f"file:{part}?mode=ro", uri=True)) as db:
-            rows = db.execute("SELECT state_key FROM snaps WHERE step_id = 'tsi.shards'")
-            if db.execute("SELECT MAX(commit_epoch) FROM commits").fetchone()[0] is not None:
-                found.update(key for (key,) in rows)
-    return found
+    """The shards whose committed marker lies in ``directory``'s partitions (a key group's
+    row holds several shards' markers)."""
+    return set(committed_shard_states(directory, "tsi.shards"))
 
 
 def tsi_state(*args):
