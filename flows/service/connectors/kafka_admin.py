@@ -673,23 +673,36 @@ def _committed(consumer: Any, parts: list[Any], what: str, timeout: float | Dead
     return retried(lambda left: consumer.committed(parts, timeout=left), what, timeout)
 
 
+#: ListOffsets' special timestamps: the oldest offset, and the latest (the high watermark).
+OLDEST, LATEST = -2, -1
+
+
+def offsets_at(consumer: Any, parts: list[tuple[str, int]], spec: int, timeout: float) -> list[int]:
+    """The offset at ``spec`` (``OLDEST`` or ``LATEST``) of each of ``parts`` (topic,
+    partition), in one batched ListOffsets ask of their leaders: ``offsets_for_times``
+    passes its timestamps to the broker as they are, and ListOffsets reads -2 and -1 so.
+    ``KafkaException`` for a partition the broker answers with an error."""
+    from confluent_kafka import TopicPartition
+
+    if not parts:
+        return []
+    asked = [TopicPartition(topic, partition, spec) for topic, partition in parts]
+    found = consumer.offsets_for_times(asked, timeout=timeout)
+    for tp in found:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    return [tp.offset for tp in found]
+
+
 def _watermarks(
     consumer: Any, parts: list[Any], what: str, timeout: float | Deadline
 ) -> list[tuple[int, int]]:
     """(oldest offset, high watermark) of each of ``parts``, asked of their leaders: two
-    batched ListOffsets asks (the oldest, the latest), whatever the number of partitions.
-    ``offsets_for_times`` passes its timestamps to the broker as they are, and ListOffsets
-    reads -2 as the oldest offset and -1 as the latest (the high watermark)."""
-    from confluent_kafka import TopicPartition
+    batched asks (``offsets_at``), whatever the number of partitions."""
+    named = [(tp.topic, tp.partition) for tp in parts]
 
     def marks(left: float) -> list[tuple[int, int]]:
-        if not parts:
-            return []
-        ask = [[TopicPartition(tp.topic, tp.partition, spec) for tp in parts] for spec in (-2, -1)]
-        oldest, latest = (consumer.offsets_for_times(tps, timeout=left) for tps in ask)
-        for tp in (*oldest, *latest):
-            if tp.error is not None:
-                raise KafkaException(tp.error)
-        return [(low.offset, high.offset) for low, high in zip(oldest, latest, strict=True)]
+        oldest, latest = (offsets_at(consumer, named, spec, left) for spec in (OLDEST, LATEST))
+        return list(zip(oldest, latest, strict=True))
 
     return retried(marks, what, timeout)

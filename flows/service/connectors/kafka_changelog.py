@@ -28,9 +28,11 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 
 from flows.service.connectors.kafka_admin import (
     BROKER_DEFAULT_MAX_MESSAGE_BYTES,
+    LATEST,
     TopicError,
     admin_client,
     max_message_bytes,
+    offsets_at,
 )
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.shards.changelog import (
@@ -229,20 +231,13 @@ class KafkaChangelog:
             consumer.close()
 
     def _unread(self, consumer: Consumer, wanted: dict[int, int]) -> dict[int, int]:
-        """The partitions of ``wanted`` holding a record above their offset, asked in one
-        batched ListOffsets of their ends (-1: the latest offset): a fresh start's empty
-        changelog is read without a fetch."""
-        ends = consumer.offsets_for_times(
-            [TopicPartition(self.topic, p, -1) for p in wanted], timeout=self._read_timeout
-        )
-        for tp in ends:
-            if tp.error is not None:
-                raise KafkaException(tp.error)
-        return {
-            tp.partition: wanted[tp.partition]
-            for tp in ends
-            if tp.offset > wanted[tp.partition] + 1
-        }
+        """The partitions of ``wanted`` holding a record above their offset, their ends
+        asked in one batch (``offsets_at``): a fresh start's empty changelog is read
+        without a fetch."""
+        parts = list(wanted)
+        named = [(self.topic, p) for p in parts]
+        ends = offsets_at(consumer, named, LATEST, self._read_timeout)
+        return {p: wanted[p] for p, end in zip(parts, ends, strict=True) if end > wanted[p] + 1}
 
     def _take(
         self, consumer: Consumer, wanted: dict[int, int], out: dict[int, list[Record]]
