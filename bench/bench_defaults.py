@@ -116,12 +116,7 @@ def service(
     try:
         yield proc, logfile, started
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
+        bf.stop_process(proc, 30)
 
 
 def service_run(

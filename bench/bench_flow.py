@@ -887,12 +887,17 @@ def service_process(
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
+        stop_process(proc, 15)
+
+
+def stop_process(proc: subprocess.Popen, seconds: float) -> None:
+    """SIGTERM, and SIGKILL if ``proc`` has not ended ``seconds`` later."""
+    proc.terminate()
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(15)
 
 
 def check_alive(proc: subprocess.Popen, logfile: Path) -> None:
@@ -1178,24 +1183,7 @@ def memory_run(
             wait_for(counter, topics["sel"], WARM_UNITS + n, proc, logfile)
             seconds = time.perf_counter() - t0
             time.sleep(variant.idle_wait)
-            now = rss_of(proc.pid)
-            results.append(
-                {
-                    "instances": n,
-                    "rss": now["rss"],
-                    "hwm": now["hwm"],
-                    "bytes_per_instance": (now["rss"] - base["rss"]) / n,
-                    # the peak (VmHWM: the most the process ever held) over the same baseline
-                    "peak_bytes_per_instance": (now["hwm"] - base["rss"]) / n,
-                    "new_instances_per_s": (n - done) / seconds,
-                }
-            )
-            per = results[-1]["bytes_per_instance"]
-            peak = results[-1]["peak_bytes_per_instance"]
-            log(
-                f"  RSS {now['rss'] / 2**20:,.0f} MiB, {per:,.0f} B per instance; "
-                f"peak {now['hwm'] / 2**20:,.0f} MiB, {peak:,.0f} B"
-            )
+            results.append(memory_stage(n, (n - done) / seconds, base, rss_of(proc.pid)))
             done = n
         check_alive(proc, logfile)
         dead = counter.count(topics["dlq"], 1)
@@ -1209,6 +1197,27 @@ def memory_run(
         "slope_bytes_per_instance": float(np.polyfit(xs, ys, 1)[0]),
         "dead_letters": dead,
     }
+
+
+def memory_stage(
+    n: int, arrivals: float, base: dict[str, int], now: dict[str, int]
+) -> dict[str, Any]:
+    """A stage's figures (logged): ``n`` instances held, arriving at ``arrivals`` a second,
+    the RSS ``now`` over the ``base`` at rest and at the peak."""
+    stage = {
+        "instances": n,
+        "rss": now["rss"],
+        "hwm": now["hwm"],
+        "bytes_per_instance": (now["rss"] - base["rss"]) / n,
+        # the peak (VmHWM: the most the process ever held) over the same baseline
+        "peak_bytes_per_instance": (now["hwm"] - base["rss"]) / n,
+        "new_instances_per_s": arrivals,
+    }
+    log(
+        f"  RSS {now['rss'] / 2**20:,.0f} MiB, {stage['bytes_per_instance']:,.0f} B per "
+        f"instance; peak {now['hwm'] / 2**20:,.0f} MiB, {stage['peak_bytes_per_instance']:,.0f} B"
+    )
+    return stage
 
 
 def memory(bk: Broker, plan: Plan, counter: Counter, workdir: Path) -> dict[str, Any]:
