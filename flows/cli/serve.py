@@ -58,8 +58,12 @@ REGISTRY = replace(
 )
 
 
+#: Every option of ``tsi serve`` (its flags and the variables it reads).
+SERVE_OPTIONS = (*OPTIONS, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY)
+
+
 @app.command("serve")
-@with_options(*OPTIONS, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY)
+@with_options(*SERVE_OPTIONS)
 def serve_gateway(env: Mapping[str, str]) -> None:
     """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json,
     and the live page GET /experiments (its numbers: GET /experiments.json).

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from flows.cli.serve import SERVE_OPTIONS
 from flows.service.instances.registry import Registry
 from flows.service.observe.metrics import Readiness, serve_metrics
 from flows.service.runtime.settings import client_config
@@ -215,7 +216,7 @@ def dockerfile() -> list[tuple[str, str]]:
 
 def test_the_dockerfile_builds_a_non_root_tsi_image(dockerfile):
     assert dockerfile_problems(dockerfile) == []
-    assert exposed_ports(dockerfile) == {2101, 9108}
+    assert exposed_ports(dockerfile) == {2101, 8080, 9108}
 
 
 @pytest.mark.parametrize(
@@ -373,6 +374,95 @@ def _probe_problems(where: str, container: dict[str, Any]) -> Problems:
     return problems
 
 
+SERVE_ENV = {option.var for option in SERVE_OPTIONS}
+#: What the gateway and the members must agree on.
+SHARED_ENV = (
+    "KAFKA_BOOTSTRAP_SERVERS",
+    "TSI_KAFKA_CONFIG",
+    "TSI_REGISTRY",
+    "TSI_TOPIC_REQUESTS",
+    "TSI_TOPIC_FEEDBACK",
+    "TSI_TOPIC_SELECTIONS",
+    "TSI_TOPIC_EVENTS",
+)
+GATEWAY_PROBES = {
+    "startupProbe": "/healthz",
+    "livenessProbe": "/healthz",
+    "readinessProbe": "/ready",
+}
+
+
+def member_metrics_urls(sts: dict[str, Any]) -> list[str]:
+    """The metrics url of each pod of the members' StatefulSet, by its stable name."""
+    spec = sts["spec"]
+    container = spec["template"]["spec"]["containers"][0]
+    port = env_values(container).get("TSI_METRICS_PORT")
+    host = f"{spec.get('serviceName')}.{sts['metadata'].get('namespace')}.svc.{CLUSTER_DOMAIN}"
+    name = sts["metadata"]["name"]
+    return [f"http://{name}-{i}.{host}:{port}/metrics" for i in range(spec.get("replicas", 1))]
+
+
+def gateway_problems(
+    deployment: dict[str, Any],
+    statefulsets: list[dict[str, Any]],
+    index: dict[tuple[str, str], dict[str, Any]],
+) -> Problems:
+    """A Deployment running `tsi serve`: it reads only serve's variables, agrees with the
+    members on brokers, Kafka settings, registry and topics, asks each member's metrics,
+    listens beyond localhost, probes its own port, and a Service routes to it."""
+    where = f"Deployment/{deployment['metadata']['name']}"
+    pod = deployment["spec"]["template"]["spec"]
+    labels = deployment["spec"]["template"]["metadata"].get("labels", {})
+    containers = pod.get("containers", [])
+    if [c.get("args", c.get("command")) for c in containers] != [["serve"]]:
+        return [f"{where}: does not run one `tsi serve` container"]
+    if not statefulsets:
+        return [f"{where}: no members to serve"]
+    container, member = containers[0], statefulsets[0]
+    values = env_values(container)
+    members = env_values(member["spec"]["template"]["spec"]["containers"][0])
+    problems = [f"{where}: tsi serve does not read {v}" for v in sorted(set(values) - SERVE_ENV)]
+    for variable in SHARED_ENV:
+        if values.get(variable) != members.get(variable):
+            problems.append(
+                f"{where}: {variable} {values.get(variable)!r} is not the members' "
+                f"{members.get(variable)!r}"
+            )
+    urls = values.get("TSI_SERVE_METRICS_URL", "").split(",")
+    if urls != member_metrics_urls(member):
+        problems.append(
+            f"{where}: TSI_SERVE_METRICS_URL {urls}, expected {member_metrics_urls(member)}"
+        )
+    if values.get("TSI_SERVE_HOST", "127.0.0.1") in ("127.0.0.1", "localhost"):
+        problems.append(f"{where}: listens on localhost, unreachable from its Service")
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    if str(ports.get("http")) != values.get("TSI_SERVE_PORT"):
+        problems.append(f"{where}: container port http is not TSI_SERVE_PORT")
+    for kind, path in GATEWAY_PROBES.items():
+        get = (container.get(kind) or {}).get("httpGet", {})
+        if (get.get("path"), get.get("port")) != (path, "http"):
+            problems.append(f"{where}: {kind} is not GET {path} on port http")
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = container.get("volumeMounts", [])
+    for variable in ("TSI_REGISTRY", "TSI_KAFKA_CONFIG"):
+        if variable in values:
+            problems += _mounted_file_problems(
+                where, variable, values[variable], mounts, volumes, index
+            )
+    routed = [
+        s
+        for s in index.values()
+        if s["kind"] == "Service" and subset(s["spec"].get("selector"), labels)
+    ]
+    if not any(p.get("targetPort") == "http" for s in routed for p in s["spec"]["ports"]):
+        problems.append(f"{where}: no Service routes to its port http")
+    if pod.get("securityContext", {}).get("runAsNonRoot") is not True:
+        problems.append(f"{where}: pods may run as root")
+    if container.get("securityContext", {}).get("allowPrivilegeEscalation") is not False:
+        problems.append(f"{where}: allowPrivilegeEscalation is not false")
+    return problems
+
+
 def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
     problems: Problems = []
     index = {(o["kind"], o["metadata"]["name"]): o for o in objects}
@@ -382,8 +472,15 @@ def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
             problems.append(f"{kind}/{name}: namespace {obj['metadata'].get('namespace')!r}")
     services = [o for o in objects if o["kind"] == "Service"]
     statefulsets = [o for o in objects if o["kind"] == "StatefulSet"]
+    deployments = [
+        o["spec"]["template"]["metadata"].get("labels", {})
+        for o in objects
+        if o["kind"] == "Deployment"
+    ]
     if not statefulsets:
         problems.append("no StatefulSet")
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        problems += gateway_problems(deployment, statefulsets, index)
     for sts in statefulsets:
         name = sts["metadata"]["name"]
         namespace = sts["metadata"].get("namespace")
@@ -426,7 +523,8 @@ def k8s_problems(objects: list[dict[str, Any]]) -> Problems:
                 continue
             svc_name = svc["metadata"]["name"]
             if not subset(svc["spec"].get("selector"), labels):
-                problems.append(f"{where}: Service {svc_name} selects no pod of it")
+                if not any(subset(svc["spec"].get("selector"), d) for d in deployments):
+                    problems.append(f"{where}: Service {svc_name} selects no pod of it")
                 continue
             serves_metrics = any(p.get("name") == "metrics" for p in svc["spec"].get("ports", []))
             if serves_metrics and svc["spec"].get("publishNotReadyAddresses") is not True:
@@ -738,7 +836,40 @@ def _pdb_selects_nothing(objects):
     find(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] = {"app": "x"}
 
 
+def _gateway(objects):
+    return find(objects, "Deployment", "tsi-gateway")["spec"]["template"]["spec"]["containers"][0]
+
+
+def _gateway_with_three_members_two_urls(objects):
+    url = env_values(_gateway(objects))["TSI_SERVE_METRICS_URL"]
+    _set_env(_gateway(objects), "TSI_SERVE_METRICS_URL", url.rsplit(",", 1)[0])
+
+
+def _gateway_other_topic(objects):
+    _set_env(_gateway(objects), "TSI_TOPIC_SELECTIONS", "tsi.answers")
+
+
+def _gateway_reading_a_run_variable(objects):
+    _set_env(_gateway(objects), "TSI_RECOVERY_DIR", "/var/lib/tsi")
+
+
+def _gateway_without_service(objects):
+    objects[:] = [
+        o for o in objects if o["metadata"]["name"] != "tsi-gateway" or o["kind"] != "Service"
+    ]
+
+
+def _gateway_ready_probe_on_healthz(objects):
+    _gateway(objects)["readinessProbe"]["httpGet"]["path"] = "/healthz"
+
+
 K8S_MUTATIONS: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
+    "gateway missing a member's metrics": (_gateway_with_three_members_two_urls, "METRICS_URL"),
+    "members scaled, gateway not": (_more_replicas, "TSI_SERVE_METRICS_URL"),
+    "gateway on another topic": (_gateway_other_topic, "TSI_TOPIC_SELECTIONS 'tsi.answers'"),
+    "gateway reading a run variable": (_gateway_reading_a_run_variable, "does not read TSI_RE"),
+    "gateway without a Service": (_gateway_without_service, "no Service routes to its port"),
+    "gateway ready on /healthz": (_gateway_ready_probe_on_healthz, "readinessProbe is not GET"),
     "fewer members than replicas": (_fewer_members, "TSI_MEMBERS is '2', expected 3"),
     "replicas without new members": (_more_replicas, "expected 4 (replicas)"),
     "a Bytewax cluster's port not on the headless Service": (
@@ -852,7 +983,8 @@ def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
     """A tsi service's command parsed by the real ``tsi`` command line, with its
     environment and nothing else (no run: the command's action is replaced by one keeping
     what it was given): ("run", Settings) for ``tsi run``, ("topics", {topic names,
-    partitions, changelog}) for ``tsi topics create``, ("refused", the error) otherwise."""
+    partitions, changelog}) for ``tsi topics create``, ("serve", {settings, metrics urls,
+    registry, host, port}) for ``tsi serve``, ("refused", the error) otherwise."""
     from unittest import mock
 
     from typer.testing import CliRunner
@@ -865,9 +997,18 @@ def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
         got["topics"] = {"names": names, **given}
         return []
 
+    def gateway(settings, live, known):
+        return {"settings": settings, "metrics_urls": list(live.urls), "registry": known}
+
+    def serve(app, host, port, **_):
+        got["serve"] = {**app, "host": host, "port": port}
+
     unset = {k: None for k in os.environ if k.startswith(("TSI_", "KAFKA_"))}
     with (
         mock.patch("flows.cli.run.serve", lambda settings: got.update(run=settings)),
+        mock.patch("flows.gateway.app.gateway", gateway),
+        mock.patch("flows.gateway.known.Known", lambda path: str(path)),  # not read here
+        mock.patch("uvicorn.run", serve),
         mock.patch("flows.service.connectors.kafka_admin.create_topics", create),
         mock.patch(  # no topic exists yet (tsi topics create reads an existing changelog)
             "flows.service.connectors.kafka_admin.topic_infos",
@@ -977,6 +1118,10 @@ def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
             if isinstance(topic, str) and topic and topic not in created:
                 problems.append(f"{name}: its {field} topic {topic} is never created")
 
+    gateways = {name: said for name, (kind, said) in parsed.items() if kind == "serve"}
+    for name, said in gateways.items():
+        problems += _gateway_problems(name, said, services, processes, parsed, ports)
+
     n = len(processes)
     if counts != {n} or sorted(by_index) != list(range(n)):
         problems.append(
@@ -989,10 +1134,52 @@ def compose_problems(doc: dict[str, Any], ports: set[int]) -> Problems:
     return problems
 
 
+def _gateway_problems(
+    name: str,
+    said: dict[str, Any],
+    services: dict[str, Any],
+    processes: dict[str, Any],
+    parsed: dict[str, tuple[str, Any]],
+    ports: set[int],
+) -> Problems:
+    """A `tsi serve` service: the members' brokers and topics, a metrics url for each
+    member's metrics port, its registry a mounted file that loads, its port exposed."""
+    problems: Problems = []
+    service = services[name]
+    settings = said["settings"]
+    members = {parsed[m][1].topics for m in processes} | {settings.topics}
+    if len(members) != 1:
+        problems.append(f"{name}: its topics are not the members' topics")
+    brokers = {compose_env(processes[m]).get("KAFKA_BOOTSTRAP_SERVERS") for m in processes}
+    if brokers != {settings.brokers}:
+        problems.append(f"{name}: brokers {settings.brokers} are not the members' {brokers}")
+    expected = {
+        f"http://{m}:{compose_env(processes[m]).get('TSI_METRICS_PORT')}/metrics" for m in processes
+    }
+    if set(said["metrics_urls"]) != expected:
+        problems.append(
+            f"{name}: --metrics-url {said['metrics_urls']}, expected {sorted(expected)}"
+        )
+    registry = said["registry"]
+    sources = [s for s, t in compose_mounts(service) if t == registry and not is_named_volume(s)]
+    if registry is None or not sources:
+        problems.append(f"{name}: its registry {registry} is not a mounted file")
+    if said["port"] not in ports:
+        problems.append(f"{name}: port {said['port']} is not exposed by the image")
+    if said["host"] in ("127.0.0.1", "localhost"):
+        problems.append(f"{name}: listens on {said['host']}, unreachable from outside")
+    published = [str(p).rsplit(":", 1)[-1] for p in service.get("ports", [])]
+    if str(said["port"]) not in published:
+        problems.append(f"{name}: port {said['port']} is not published")
+    return problems
+
+
 def test_the_compose_file_is_consistent(compose, dockerfile):
     assert compose_problems(compose, exposed_ports(dockerfile)) == []
     services = compose["services"]
-    assert {"kafka", "topics", "tsi-0", "tsi-1"} <= set(services)
+    assert {"kafka", "topics", "tsi-0", "tsi-1", "gateway"} <= set(services)
+    kind, gateway = parsed_command(services["gateway"])
+    assert kind == "serve" and gateway["port"] == 8080 and len(gateway["metrics_urls"]) == 2
     assert services["kafka"]["image"] == "apache/kafka:4.1.1"
     assert "healthcheck" in services["kafka"]
     assert depends_on(services["topics"]) == {"kafka": "service_healthy"}
@@ -1112,7 +1299,32 @@ def _compose_healthcheck_in_a_shell(doc):
     doc["services"]["tsi-0"]["healthcheck"] = {"test": "curl -f http://127.0.0.1:9108/ready"}
 
 
+def _gateway_command(doc, flag, value):
+    command = doc["services"]["gateway"]["command"]
+    command[command.index(flag) + 1] = value
+
+
+def _compose_gateway_missing_a_member(doc):
+    _gateway_command(doc, "--metrics-url", "http://tsi-0:9108/metrics")
+
+
+def _compose_gateway_on_localhost(doc):
+    _gateway_command(doc, "--host", "127.0.0.1")
+
+
+def _compose_gateway_other_topic(doc):
+    doc["services"]["gateway"]["environment"]["TSI_TOPIC_SELECTIONS"] = "tsi.answers"
+
+
+def _compose_gateway_port_not_exposed(doc):
+    _gateway_command(doc, "--port", "8081")
+
+
 COMPOSE_MUTATIONS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "gateway reading one member's metrics": (_compose_gateway_missing_a_member, "--metrics-url"),
+    "gateway on localhost": (_compose_gateway_on_localhost, "unreachable from outside"),
+    "gateway on another topic": (_compose_gateway_other_topic, "not the members' topics"),
+    "gateway port not exposed": (_compose_gateway_port_not_exposed, "8081 is not exposed"),
     "two members with index 0": (_compose_duplicate_member, "--member 0 is also tsi-0's"),
     "members disagreeing on their count": (_compose_other_member_count, "of [2, 3]"),
     "a member missing": (_compose_third_member_missing, "--members 2 and --member 0..1"),
