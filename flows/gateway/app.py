@@ -1,5 +1,6 @@
 """The HTTP gateway: ``POST /v1/decide`` and ``POST /v1/feedback`` over an
-``AsyncDecider``, ``GET /openapi.json``, ``GET /healthz`` (the gateway is up), ``GET /ready`` (it is
+``AsyncDecider``, OpenFeature's remote evaluation (``/ofrep/v1/...``, ``flows.gateway.ofrep``),
+``GET /openapi.json``, ``GET /healthz`` (the gateway is up), ``GET /ready`` (it is
 connected and, with a ``Live``, the service's own ``/ready`` at each metrics address answers
 200); with a ``Live``, the live page ``GET /experiments`` (and ``/experiments.json``,
 ``flows.gateway.live``).
@@ -41,6 +42,7 @@ from flows.client import (
 from flows.gateway.body import BodyTooLargeError, read_body
 from flows.gateway.known import Known
 from flows.gateway.live import Live, fetch
+from flows.gateway.ofrep import Ofrep
 from flows.gateway.openapi import (
     DECIDE_FIELDS,
     DECIDE_REQUIRED,
@@ -241,6 +243,7 @@ def gateway(
             Route("/healthz", routes.healthz, methods=["GET"]),
             Route("/ready", functools.partial(routes.ready, service), methods=["GET"]),
             Route("/openapi.json", routes.spec, methods=["GET"]),
+            *Ofrep(routes.decider, known).routes(),
             *([] if live is None else live.routes()),
         ],
         lifespan=lifespan,
