@@ -77,7 +77,11 @@ class FlagError(Exception):
         self.status, self.code, self.detail = status, code, detail
 
     def body(self, key: str | None) -> dict[str, str]:
-        """The error's JSON object (a bulk call's own failure has no ``key``)."""
+        """The error's JSON object (a bulk call's own failure has no ``key``).
+
+        >>> FlagError(404, "FLAG_NOT_FOUND", "no experiment 'x'").body("x")["errorCode"]
+        'FLAG_NOT_FOUND'
+        """
         head = {} if key is None else {"key": key}
         return {**head, "errorCode": self.code, "errorDetails": self.detail}
 
@@ -103,6 +107,7 @@ class Ofrep:
         ]
 
     async def evaluate(self, request: Request) -> Response:
+        """``POST /ofrep/v1/evaluate/flags/{key}``: one flag."""
         key = request.path_params["key"]
         try:
             context = await evaluation_context(request)
@@ -112,6 +117,7 @@ class Ofrep:
             return _json(exc.status, exc.body(key))
 
     async def bulk(self, request: Request) -> Response:
+        """``POST /ofrep/v1/evaluate/flags``: every experiment of the registry."""
         try:
             if self.known is None:
                 raise FlagError(500, "GENERAL", NO_REGISTRY)
@@ -237,7 +243,11 @@ def decide_context(experiment: Experiment | None, context: dict[str, Any]) -> An
 
 
 def refusal(key: str, exc: DeadLetterError) -> FlagError:
-    """The OFREP error of the service's refusal of an evaluation of ``key``."""
+    """The OFREP error of the service's refusal of an evaluation of ``key``.
+
+    >>> refusal("x", DeadLetterError("r1", "unknown_experiment", "no experiment 'x'")).status
+    404
+    """
     if exc.reason == "unknown_experiment":
         return FlagError(404, "FLAG_NOT_FOUND", exc.detail)
     if exc.reason == "missing_field" and "'unit'" in exc.detail:  # without --registry
@@ -248,7 +258,12 @@ def refusal(key: str, exc: DeadLetterError) -> FlagError:
 
 
 def success(key: str, decision: Decision) -> dict[str, Any]:
-    """The OFREP answer of a decision: the arm's name as value and variant."""
+    """The OFREP answer of a decision: the arm's name as value and variant.
+
+    >>> answer = success("shop", Decision("shop", None, "r1", 1, "b", 0.25, 7, "bandit"))
+    >>> answer["value"], answer["reason"], answer["metadata"]["request_id"]
+    ('b', 'SPLIT', 'r1')
+    """
     return {
         "key": key,
         "value": decision.arm_name,
