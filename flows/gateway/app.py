@@ -1,5 +1,6 @@
 """The HTTP gateway: ``POST /v1/decide`` and ``POST /v1/feedback`` over an
-``AsyncDecider``, ``GET /openapi.json``, ``GET /healthz`` (the gateway is up), ``GET /ready`` (it is
+``AsyncDecider``, OpenFeature's remote evaluation (``/ofrep/v1/...``, ``flows.gateway.ofrep``),
+``GET /openapi.json``, ``GET /healthz`` (the gateway is up), ``GET /ready`` (it is
 connected and, with a ``Live``, the service's own ``/ready`` at each metrics address answers
 200); with a ``Live``, the live page ``GET /experiments`` (and ``/experiments.json``,
 ``flows.gateway.live``).
@@ -38,8 +39,10 @@ from flows.client import (
     DecisionTimeoutError,
     KafkaUnavailableError,
 )
+from flows.gateway.body import BodyTooLargeError, read_body
 from flows.gateway.known import Known
 from flows.gateway.live import Live, fetch
+from flows.gateway.ofrep import Ofrep
 from flows.gateway.openapi import (
     DECIDE_FIELDS,
     DECIDE_REQUIRED,
@@ -52,16 +55,10 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 #: Seconds after a failed connection attempt during which calls are answered 503 at once.
 RECONNECT_COOLDOWN = 2.0
-#: The longest request body read, in bytes: a decision's or feedback's JSON is far shorter.
-MAX_BODY = 64 * 1024
 #: The longest ``timeout`` a call may ask for, in seconds: a caller waits no longer.
 MAX_TIMEOUT = 60.0
 #: Seconds ``/ready`` waits for the service's own ``/ready``.
 READY_TIMEOUT = 2.0
-
-
-class BodyTooLargeError(Exception):
-    """A request body over ``MAX_BODY`` bytes (a 413)."""
 
 
 def reply(status: int, body: dict[str, Any]) -> Response:
@@ -174,7 +171,7 @@ async def _body(
     """The JSON object of a request, its fields among ``known``, the ``required`` ones
     there (else ``BadRequestError`` naming one: a 400)."""
     try:
-        body = orjson.loads(await _read(request))
+        body = orjson.loads(await read_body(request))
     except orjson.JSONDecodeError as exc:
         raise BadRequestError("malformed_json", f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -198,21 +195,6 @@ async def _body(
             f"timeout must be a number above 0 and at most {MAX_TIMEOUT:g} s, got {timeout!r}",
         )
     return body
-
-
-async def _read(request: Request, limit: int = MAX_BODY) -> bytes:
-    """The body of ``request``, refused (``BodyTooLargeError``) once it is known to exceed
-    ``limit`` bytes: by its Content-Length before anything is read, else as it streams in."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLargeError(f"the body is {int(declared)} bytes, over the {limit} allowed")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLargeError(f"the body is over the {limit} bytes allowed")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _answering(handler: Handler) -> Handler:
@@ -261,6 +243,7 @@ def gateway(
             Route("/healthz", routes.healthz, methods=["GET"]),
             Route("/ready", functools.partial(routes.ready, service), methods=["GET"]),
             Route("/openapi.json", routes.spec, methods=["GET"]),
+            *Ofrep(routes.decider, known).routes(),
             *([] if live is None else live.routes()),
         ],
         lifespan=lifespan,

@@ -1,9 +1,10 @@
-"""The gateway's OpenAPI 3.1 description, written here (``GET /openapi.json``); the fields
+"""The gateway's OpenAPI 3.1 description, written here (``GET /openapi.json``), its
+OpenFeature routes (OFREP) as the protocol's own description declares them; the fields
 of each body are declared once, in ``DECIDE_FIELDS`` and ``FEEDBACK_FIELDS``, which the
 gateway also checks bodies against (with ``DECIDE_REQUIRED`` and ``FEEDBACK_REQUIRED``).
 
->>> sorted(openapi()["paths"])
-['/healthz', '/ready', '/v1/decide', '/v1/feedback']
+>>> sorted(openapi()["paths"])[:3]
+['/healthz', '/ofrep/v1/evaluate/flags', '/ofrep/v1/evaluate/flags/{key}']
 """
 
 from __future__ import annotations
@@ -65,6 +66,59 @@ _ERROR = {
 }
 
 
+_OFREP_CONTEXT = {
+    "type": "object",
+    "description": "targetingKey: the unit; the attributes the experiment's contexts name "
+    "(or an integer context); others are ignored",
+}
+_OFREP_REQUEST = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {"context": _OFREP_CONTEXT},
+                "additionalProperties": False,
+            }
+        }
+    }
+}
+_OFREP_SUCCESS = {
+    "type": "object",
+    "required": ["key", "value", "variant", "reason"],
+    "properties": {
+        "key": {"type": "string", "description": "the experiment"},
+        "value": {"type": "string", "description": "the arm to serve"},
+        "variant": {"type": "string", "description": "the arm to serve"},
+        "reason": {"enum": ["SPLIT", "DEFAULT", "STATIC"]},
+        "metadata": {
+            "type": "object",
+            "description": "prob, why, round, and the request_id its feedback names",
+        },
+    },
+}
+_OFREP_FAILURE = {
+    "type": "object",
+    "required": ["errorCode"],
+    "properties": {
+        "key": {"type": "string"},
+        "errorCode": {
+            "enum": [
+                "PARSE_ERROR",
+                "TARGETING_KEY_MISSING",
+                "INVALID_CONTEXT",
+                "FLAG_NOT_FOUND",
+                "GENERAL",
+            ]
+        },
+        "errorDetails": {"type": "string"},
+    },
+}
+
+
+def _ofrep(schema: dict[str, Any], text: str) -> dict[str, Any]:
+    return {"description": text, "content": {"application/json": {"schema": schema}}}
+
+
 def _error(text: str) -> dict[str, Any]:
     return {"description": text, "content": {"application/json": {"schema": _ERROR}}}
 
@@ -73,6 +127,47 @@ def _body(fields: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
     schema = {"type": "object", "properties": fields, "required": list(required)}
     schema["additionalProperties"] = False
     return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _ofrep_paths() -> dict[str, Any]:
+    """The OpenFeature routes (``flows.gateway.ofrep``)."""
+    return {
+        "/ofrep/v1/evaluate/flags/{key}": {
+            "post": {
+                "summary": "OpenFeature (OFREP): the arm of experiment {key}",
+                "parameters": [{"name": "key", "in": "path", "required": True, "schema": _ID}],
+                "requestBody": _OFREP_REQUEST,
+                "responses": {
+                    "200": _ofrep(_OFREP_SUCCESS, "the decision"),
+                    "400": _ofrep(_OFREP_FAILURE, "a bad body or context"),
+                    "404": _ofrep(_OFREP_FAILURE, "FLAG_NOT_FOUND: no such experiment"),
+                    "500": _ofrep(_OFREP_FAILURE, "Kafka away or no answer in time"),
+                },
+            }
+        },
+        "/ofrep/v1/evaluate/flags": {
+            "post": {
+                "summary": "OpenFeature (OFREP): every experiment of --registry",
+                "requestBody": _OFREP_REQUEST,
+                "responses": {
+                    "200": _ofrep(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "flags": {
+                                    "type": "array",
+                                    "items": {"oneOf": [_OFREP_SUCCESS, _OFREP_FAILURE]},
+                                }
+                            },
+                        },
+                        "each experiment's decision or failure",
+                    ),
+                    "400": _ofrep(_OFREP_FAILURE, "a bad body (PARSE_ERROR)"),
+                    "500": _ofrep(_OFREP_FAILURE, "no --registry, or Kafka away"),
+                },
+            }
+        },
+    }
 
 
 def openapi() -> dict[str, Any]:
@@ -112,6 +207,7 @@ def openapi() -> dict[str, Any]:
                     },
                 }
             },
+            **_ofrep_paths(),
             "/healthz": {"get": {"responses": {"200": {"description": "the gateway runs"}}}},
             "/ready": {
                 "get": {

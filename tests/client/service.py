@@ -23,6 +23,15 @@ arms = ["x", "y"]
 per_unit = true
 aggregate = "sum"
 feedback_ttl = 600
+
+[experiments.banner]
+arms = ["wide", "narrow"]
+contexts = { device = ["ios", "web"] }
+feedback_ttl = 600
+
+[experiments.promo]
+arms = ["off", "on"]
+force_arm = "on"
 """
 
 
@@ -34,6 +43,7 @@ class Service:
         self.names = service_topics(bootstrap, partitions=3)
         registry = tmp_path / "registry.toml"
         registry.write_text(REGISTRY)
+        self.registry = registry
         self.metrics_port = free_port()
         self.options = [
             *("--brokers", bootstrap, "--events-topic", self.names["ev"]),
