@@ -12,7 +12,7 @@ of its own repeat. Each revision is checked out in a worktree of its own and its
 extensions are built there (``setup.py build_ext --inplace``, with this environment's
 Python); every round runs ``bench_flow.py --only throughput`` of revision A, then of B,
 each from its worktree (``PYTHONPATH``) against the broker this script starts
-(``bench_flow.broker``: ``$KAFKA_BOOTSTRAP_SERVERS`` when set). Reported: the median of
+(``flow_kafka.broker``: ``$KAFKA_BOOTSTRAP_SERVERS`` when set). Reported: the median of
 every repeat of each measure, and B over A.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_flow import broker  # noqa: E402
+from flow_kafka import broker  # noqa: E402
 
 #: (label, mode in bench_flow's throughput results, field of each repeat)
 MEASURES = (

@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--changelog", action="store_true", help="mirror to a changelog")
     parser.add_argument("--kafka", action="store_true", help="the changelog on a broker")
     args = parser.parse_args()
-    from bench_flow import registry_toml
+    from flow_plan import registry_toml
 
     msgs = messages("events", args.pairs)
     freeze_long_lived()

@@ -9,7 +9,7 @@ Run from the repository root (it starts the project's broker unless
 
 Each round produces the workload (requests, then their feedback, on the two input
 topics, ``--partitions`` each) and runs on it the Python reference
-(``bench_flow.run_reference``: every input consumed, one answer per request, through an
+(``flow_throughput.run_reference``: every input consumed, one answer per request, through an
 internal topic: the service's two hops) and the service as each size of members, each
 member one process with one worker, run as users run it (``tsi run --recovery-dir DIR``:
 a fresh recovery directory per member and run, the default snapshot interval, the
@@ -48,18 +48,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_flow import (  # noqa: E402
-    Input,
-    bench_session,
-    check_alive,
-    log,
-    machine_info,
-    run_reference,
-    service_process,
-    workload,
-)
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
-from flow_kafka import bulk_producer, produce_all  # noqa: E402
+from flow_kafka import (  # noqa: E402
+    bulk_producer,
+    log,
+    produce_all,
+)
+from flow_report import machine_info  # noqa: E402
+from flow_service import bench_session, check_alive, service_process  # noqa: E402
+from flow_throughput import Input, run_reference  # noqa: E402
+from flow_workload import workload  # noqa: E402
 
 from flows.service.runtime.members import Members  # noqa: E402
 from flows.service.runtime.shard_count import internal_partitions  # noqa: E402

@@ -60,9 +60,14 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_flow as bf
 import open_loop
-from flow_kafka import Broker, Counter, answer_times, log, produce_all
+from flow_kafka import Broker, Counter, answer_times, broker, bulk_producer, log, produce_all
+from flow_latency import latency_run as flow_latency_run
+from flow_load import RequestSender, SelectionReader, await_answers, await_ready, send_load
+from flow_plan import PASSTHROUGH_TWO_HOPS, QUICK, RUN_RECOVERY_FEEDBACK, Plan, registry_toml
+from flow_service import check_alive, stop_process
+from flow_throughput import Input, run_reference
+from flow_workload import workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TSI = [sys.executable, "-m", "flows.cli"]
@@ -116,11 +121,11 @@ def service(
     try:
         yield proc, logfile, started
     finally:
-        bf.stop_process(proc, 30)
+        stop_process(proc, 30)
 
 
 def service_run(
-    bk: Broker, inp: bf.Input, extra: tuple[str, ...], counter: Counter, workdir: Path
+    bk: Broker, inp: Input, extra: tuple[str, ...], counter: Counter, workdir: Path
 ) -> dict[str, float]:
     """One service run over ``inp`` to its last answer: steady events/s, fixed cost, CPU."""
     out = new_names(("sel", "dlq"))
@@ -132,7 +137,7 @@ def service_run(
     ):
         deadline, serving_from = time.monotonic() + 600, None
         while (answered := counter.count(out["sel"])) < requests:
-            bf.check_alive(proc, logfile)
+            check_alive(proc, logfile)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"answered {answered} of {requests}")
             if answered and serving_from is None:
@@ -156,9 +161,9 @@ def cpu_seconds(pid: int) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
 
 
-def reference_run(bk: Broker, inp: bf.Input, counter: Counter, hops: int) -> float:
+def reference_run(bk: Broker, inp: Input, counter: Counter, hops: int) -> float:
     """The Python passthrough's steady events/s over ``inp`` (``hops`` Kafka hops)."""
-    return bf.run_reference(bk, inp, counter, "python", hops)
+    return run_reference(bk, inp, counter, "python", hops)
 
 
 def throughput(bk: Broker, args: argparse.Namespace, counter: Counter, workdir: Path) -> dict:
@@ -169,10 +174,10 @@ def throughput(bk: Broker, args: argparse.Namespace, counter: Counter, workdir: 
         create_topics(bk, inputs, f"bench-inputs-{uuid.uuid4().hex[:6]}", ("--no-changelog",))
         t0 = time.perf_counter()
         events = produce_all(
-            bf.bulk_producer(bk.bootstrap), bf.workload(inputs, args.requests, args.units)
+            bulk_producer(bk.bootstrap), workload(inputs, args.requests, args.units)
         )
         log(f"{mode}: {events:,} events produced in {time.perf_counter() - t0:.1f} s")
-        inp = bf.Input("events" if mode == "events topic" else "separate", inputs, events)
+        inp = Input("events" if mode == "events topic" else "separate", inputs, events)
         rounds = []
         for k in range(args.repeats):
             hops = 2 if mode == "two topics" else 1  # through the internal topic: two
@@ -193,22 +198,22 @@ def throughput(bk: Broker, args: argparse.Namespace, counter: Counter, workdir: 
 
 
 def latency_run(
-    bk: Broker, plan: bf.Plan, workdir: Path, registry: Path, extra: tuple[str, ...] = ()
+    bk: Broker, plan: Plan, workdir: Path, registry: Path, extra: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """One open-loop run of the defaults (two topics; plus ``extra`` options), as
-    ``bench_flow.latency_run`` runs its configurations: ready first (a probe answered),
+    ``flow_latency.latency_run`` runs its configurations: ready first (a probe answered),
     then the plan's schedule."""
     topics = new_names(("requests", "feedback", "sel", "dlq"))
-    reader = bf.SelectionReader(bk.bootstrap, topics["sel"])
-    sender = bf.RequestSender(bk.bootstrap, topics)
-    cfg = replace(bf.RUN_RECOVERY_FEEDBACK, name="tsi run --recovery-dir DIR (defaults)")
+    reader = SelectionReader(bk.bootstrap, topics["sel"])
+    sender = RequestSender(bk.bootstrap, topics)
+    cfg = replace(RUN_RECOVERY_FEEDBACK, name="tsi run --recovery-dir DIR (defaults)")
     try:
         with service(bk, topics, extra, workdir, registry) as (proc, logfile, _):
-            t0, ready_s = bf.await_ready(proc, logfile, reader, sender)
-            bf.send_load(plan, cfg, sender)
+            t0, ready_s = await_ready(proc, logfile, reader, sender)
+            send_load(plan, cfg, sender)
             sender.producer.flush(10)
             measured = [rid for rid in sender.sent if rid.startswith("m")]
-            bf.await_answers(reader, measured, proc, logfile)
+            await_answers(reader, measured, proc, logfile)
     finally:
         reader.close()
     received = dict(reader.received)
@@ -222,12 +227,12 @@ def latency_run(
 def latency(bk: Broker, args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
     """Rounds of: the two-hop passthrough, then the defaults with 10^3 and 10^5 users."""
     registry = workdir / "registry.toml"
-    base = replace(bf.QUICK, latency_seconds=args.latency_seconds, latency_warmup_seconds=2.0)
+    base = replace(QUICK, latency_seconds=args.latency_seconds, latency_warmup_seconds=2.0)
     log("latency: a warm-up run of the broker (not reported)")
-    bf.latency_run(bk, base, bf.PASSTHROUGH_TWO_HOPS, registry, workdir)
+    flow_latency_run(bk, base, PASSTHROUGH_TWO_HOPS, registry, workdir)
     out = []
     for k in range(args.latency_rounds):
-        ref = bf.latency_run(bk, base, bf.PASSTHROUGH_TWO_HOPS, registry, workdir)
+        ref = flow_latency_run(bk, base, PASSTHROUGH_TWO_HOPS, registry, workdir)
         out.append({"round": k + 1, "what": "reference", "users": base.units, **_figures(ref)})
         for users in (1_000, 100_000):
             r = latency_run(bk, replace(base, units=users), workdir, registry)
@@ -316,9 +321,9 @@ def main() -> None:
         "command": command,
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    with tempfile.TemporaryDirectory(prefix="tsi-defaults-") as tmp, bf.broker() as bk:
+    with tempfile.TemporaryDirectory(prefix="tsi-defaults-") as tmp, broker() as bk:
         workdir = Path(tmp)
-        (workdir / "registry.toml").write_text(bf.registry_toml())
+        (workdir / "registry.toml").write_text(registry_toml())
         cpu = platform.processor() or platform.machine()
         load = os.getloadavg()[0]
         results["machine"] = f"{cpu}, {os.cpu_count()} cores, load at start {load:.2f}"

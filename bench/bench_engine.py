@@ -61,13 +61,8 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_flow import (  # noqa: E402
-    feedback_value,
-    loss_of,
-    registry_toml,
-    request_value,
-    workload,
-)
+from flow_plan import registry_toml  # noqa: E402
+from flow_workload import feedback_value, loss_of, request_value, workload  # noqa: E402
 
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402

@@ -39,8 +39,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_flow  # noqa: E402
-from bench_flow import Counter, broker, log, prepare_input, registry_toml, run_once, run_rung  # noqa: E402
+from flow_kafka import Broker, Counter, broker, log  # noqa: E402
+from flow_plan import registry_toml  # noqa: E402
+from flow_report import machine_info  # noqa: E402
+from flow_throughput import _EchoShard, prepare_input, run_once, run_rung  # noqa: E402
 
 from flows.service import dataflow  # noqa: E402
 from flows.service.connectors import kafka_partition, kafka_sink  # noqa: E402
@@ -54,7 +56,7 @@ STEPS = (
     ("Kafka sources: next_batch", kafka_partition.ObservedPartition, "next_batch"),
     ("parse and route by key group and shard (compiled)", dataflow, "parse_and_route"),
     ("shards: on_batch", group_logic.GroupLogic, "on_batch"),
-    ("shards: on_batch", bench_flow._EchoShard, "on_batch"),
+    ("shards: on_batch", _EchoShard, "on_batch"),
     ("shards: notify_at, on_notify, snapshot", group_logic.GroupLogic, "notify_at"),
     ("shards: notify_at, on_notify, snapshot", group_logic.GroupLogic, "on_notify"),
     ("shards: notify_at, on_notify, snapshot", group_logic.GroupLogic, "snapshot"),
@@ -127,7 +129,7 @@ def measure(requests: int, units: int, repeats: int) -> tuple[dict[str, Any], di
     registry = Registry.from_toml(registry_toml())
     out: dict[str, Any] = {}
     with broker() as bk:
-        machine = bench_flow.machine_info(bk)
+        machine = machine_info(bk)
         counter = Counter(bk.bootstrap)
         try:
             for mode in MODES:
@@ -139,7 +141,7 @@ def measure(requests: int, units: int, repeats: int) -> tuple[dict[str, Any], di
 
 
 def mode_figures(
-    bk: bench_flow.Broker,
+    bk: Broker,
     registry: Registry,
     counter: Counter,
     mode: str,

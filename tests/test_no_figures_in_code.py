@@ -48,7 +48,7 @@ ALLOWED = {
     # the test broker's fetch.wait.max.ms setting, against librdkafka's default
     ("flows/testing/kafka_broker.py", "10 ms, not 500"),
     # the bench's definition of a slow second, and the engine bench's clock step
-    ("bench/bench_flow.py", "over 100 ms"),
+    ("bench/flow_report.py", "over 100 ms"),
     ("bench/bench_engine.py", "50 ms a batch"),
     # the producer's message size bound (a setting's limit)
     ("flows/service/runtime/settings.py", "64 KiB at most"),

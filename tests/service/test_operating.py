@@ -16,6 +16,7 @@ import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from flows.service.connectors.kafka_admin import group_offsets
 from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
 
 TSI = str(Path(sys.executable).parent / "tsi")
@@ -78,6 +79,11 @@ def wait_for(condition, proc, seconds=90, what="the service"):
             raise AssertionError(f"{what} stopped: {proc.stderr.read()[-3000:]}")
         time.sleep(0.5)
     raise AssertionError(f"{what}: timed out")
+
+
+def committed(bootstrap, group, topic):
+    """The offset ``group`` committed on partition 0 of ``topic`` (None: nothing yet)."""
+    return group_offsets([bootstrap], {}, group, [topic]).get((topic, 0))
 
 
 def service_topics(bootstrap, partitions=2):
@@ -260,26 +266,36 @@ def test_without_recovery_the_input_resumes_from_the_groups_offsets(kafka_bootst
     produce(kafka_bootstrap, names["ev"], requests(["old"]))  # before the group existed
     group = unique_topic("group")
     args = run_args(kafka_bootstrap, names, registry, "--no-recovery", "--group-id", group)
+    probes: list[str] = []
+
+    def a_probe_is_answered():
+        probes.append(f"probe{len(probes)}")
+        produce(kafka_bootstrap, names["ev"], requests(probes[-1:]))
+        return any(s["request_id"] in probes for s in messages(kafka_bootstrap, names["sel"]))
+
     proc = start(*args)
     try:
-        time.sleep(4.0)  # assigned at the end of the topic (a new group has no offsets)
+        # assigned at the end of the topic (a new group has no offsets): a probe answered
+        wait_for(a_probe_is_answered, proc)
         produce(kafka_bootstrap, names["ev"], requests([f"r{i}" for i in range(20)]))
-        wait_for(lambda: len(messages(kafka_bootstrap, names["sel"])) >= 20, proc)
-        time.sleep(2.0)  # a few more epochs: their offsets are committed
+        # an epoch's offsets are committed once its answers are written: all served
+        end = 1 + len(probes) + 20
+        wait_for(lambda: committed(kafka_bootstrap, group, names["ev"]) == end, proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     produce(kafka_bootstrap, names["ev"], requests([f"s{i}" for i in range(20)]))
     proc = start(*args)
     try:
-        wait_for(lambda: len(messages(kafka_bootstrap, names["sel"])) >= 40, proc)
-        time.sleep(2.0)
+        wait_for(lambda: committed(kafka_bootstrap, group, names["ev"]) == end + 20, proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     served = [s["request_id"] for s in messages(kafka_bootstrap, names["sel"])]
-    expected = [f"r{i}" for i in range(20)] + [f"s{i}" for i in range(20)]
-    assert sorted(served) == sorted(expected)  # nothing before, nothing twice, nothing lost
+    answered_probes = [rid for rid in served if rid in probes]  # those sent once it read
+    expected = [f"r{i}" for i in range(20)] + [f"s{i}" for i in range(20)] + answered_probes
+    assert sorted(served) == sorted(expected)  # nothing before, nothing lost
+    assert len(set(served)) == len(served)  # nothing twice
 
 
 def test_a_crash_prints_one_line_and_where_the_log_is(kafka_bootstrap, tmp_path):
