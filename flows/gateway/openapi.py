@@ -2,8 +2,13 @@
 of each body are declared once, in ``DECIDE_FIELDS`` and ``FEEDBACK_FIELDS``, which the
 gateway also checks bodies against (with ``DECIDE_REQUIRED`` and ``FEEDBACK_REQUIRED``).
 
+The calls but ``/healthz`` and ``/ready`` take an API key (with ``tsi serve --keys``):
+a bearer token, or the same in ``X-API-Key``; a 401 without one, a 403 without its scope.
+
 >>> sorted(openapi()["paths"])
 ['/healthz', '/ready', '/v1/decide', '/v1/feedback']
+>>> sorted(openapi()["components"]["securitySchemes"])
+['apiKey', 'bearer']
 """
 
 from __future__ import annotations
@@ -75,20 +80,33 @@ def _body(fields: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+#: How a call presents its API key (``flows.gateway.access``).
+SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer", "description": "a token of tsi keys create"},
+    "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+}
+#: A call with the ``decide`` scope, by either scheme (the others are open).
+_DECIDE = [{"bearer": ["decide"]}, {"apiKey": ["decide"]}]
+
+
 def openapi() -> dict[str, Any]:
     """The description served at ``/openapi.json``."""
     common = {
         "400": _error("a bad body; the detail names the field"),
+        "401": _error("no API key, or one no key has (with --keys)"),
+        "403": _error("the key lacks the scope decide (with --keys)"),
         "413": _error("a body over 64 KiB, refused as it is read"),
         "503": _error("Kafka is unreachable or did not take the message"),
     }
     return {
         "openapi": "3.1.0",
         "info": {"title": "tsi gateway", "version": "1"},
+        "components": {"securitySchemes": SECURITY_SCHEMES},
         "paths": {
             "/v1/decide": {
                 "post": {
                     "summary": "The arm to serve",
+                    "security": _DECIDE,
                     "requestBody": _body(DECIDE_FIELDS, DECIDE_REQUIRED),
                     "responses": {
                         "200": {
@@ -104,6 +122,7 @@ def openapi() -> dict[str, Any]:
             "/v1/feedback": {
                 "post": {
                     "summary": "The loss or reward of a decision",
+                    "security": _DECIDE,
                     "requestBody": _body(FEEDBACK_FIELDS, FEEDBACK_REQUIRED),
                     "responses": {
                         "202": {"description": "the broker has it"},
@@ -118,7 +137,7 @@ def openapi() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "connected, and the service answers"},
                         "503": {"description": "not: the detail names what is not"},
-                    }
+                    },
                 }
             },
         },
