@@ -42,8 +42,8 @@ class Https:
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
                 [TSI, "serve", *map(str, options), "--port", str(self.port),
-                 "--connect-timeout", "5", "--keys", self.keys, "--tls-cert", cert,
-                 "--tls-key", key],
+                 "--connect-timeout", "5", "--decide-timeout", "20", "--keys", self.keys,
+                 "--tls-cert", cert, "--tls-key", key],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.wait(self.up, "tsi serve over TLS")
