@@ -257,3 +257,13 @@ def test_a_changed_file_is_read_again_and_a_missing_one_keeps_the_keys(keyring):
     os.remove(path)
     assert keys.principal(token.encode()).name == "late"
     assert len(keys) == 4 and set(SCOPES) == {"decide", "read", "admin"}
+
+
+def test_reload_reads_the_file_at_once_between_looks(keyring):
+    """``reload`` (SIGHUP) reads the file even before the next look at its time."""
+    path, tokens = keyring
+    keys = Keys(path, look_every=3600)
+    revoke(path, "viewer")
+    assert keys.principal(tokens["read"].encode()).name == "viewer"  # not looked at yet
+    keys.reload()
+    assert keys.principal(tokens["read"].encode()) is None
