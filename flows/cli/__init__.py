@@ -16,6 +16,7 @@ from flows.cli import (  # noqa: F401
     demo,
     evaluate,
     inspect,
+    keys,
     replay,
     run,
     serve,
@@ -36,7 +37,7 @@ def main() -> None:
         if os.environ.get("TSI_TRACEBACK") == "1":
             raise
         words = sys.argv[1:3]
-        command = " ".join(words if words[:1] in (["state"], ["topics"]) else words[:1])
+        command = " ".join(words if words[:1] in (["state"], ["topics"], ["keys"]) else words[:1])
         text = " ".join(str(exc).split()) or type(exc).__name__
         print(
             f"tsi {command}: {text} ({type(exc).__name__}; TSI_TRACEBACK=1 shows where)",

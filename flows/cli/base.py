@@ -2,7 +2,8 @@
 writing JSON lines (the service commands' options: ``flows.cli.options``).
 
 Each command is a module of this package (``run``, ``topics``, ``demo``, ``replay``,
-``evaluate``, ``inspect``, ``simulate``), registered on ``app`` when the package loads.
+``evaluate``, ``inspect``, ``simulate``, ``serve``, ``keys``), registered on ``app`` when
+the package loads.
 """
 
 from __future__ import annotations

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import ssl
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
@@ -20,6 +24,9 @@ from flows.service.runtime.options import (
     seconds,
 )
 from flows.service.runtime.settings import option
+
+if TYPE_CHECKING:
+    from flows.gateway.keys import Keys
 
 HOST = Option("TSI_SERVE_HOST", "--host", "Address the gateway listens on.", name, "127.0.0.1")
 PORT = Option("TSI_SERVE_PORT", "--port", "Port the gateway listens on.", port_number, "8080")
@@ -48,6 +55,23 @@ LIVE_EVERY = Option(
     "10",
 )
 
+KEYS = Option(
+    "TSI_SERVE_KEYS",
+    "--keys",
+    "The API keys file (tsi keys create): every call but /healthz, /ready and /openapi.json "
+    "then needs a key with its scope; read again when the file changes or on SIGHUP. None: "
+    "open to anyone who reaches the port.",
+    optional(path),
+)
+TLS_CERT = Option(
+    "TSI_SERVE_TLS_CERT",
+    "--tls-cert",
+    "The TLS certificate (PEM, its chain after it): serve HTTPS. Give --tls-key with it.",
+    optional(path),
+)
+TLS_KEY = Option(
+    "TSI_SERVE_TLS_KEY", "--tls-key", "The TLS certificate's private key (PEM).", optional(path)
+)
 
 REGISTRY = replace(
     option("registry"),  # tsi run's variable and flag, optional here
@@ -59,14 +83,26 @@ REGISTRY = replace(
 
 
 #: Every option of ``tsi serve`` (its flags and the variables it reads).
-SERVE_OPTIONS = (*OPTIONS, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY)
+SERVE_OPTIONS = (
+    *OPTIONS,
+    HOST,
+    PORT,
+    READ_TIMEOUT,
+    REGISTRY,
+    KEYS,
+    TLS_CERT,
+    TLS_KEY,
+    METRICS_URL,
+    LIVE_EVERY,
+)
 
 
 @app.command("serve")
 @with_options(*SERVE_OPTIONS)
 def serve_gateway(env: Mapping[str, str]) -> None:
     """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json,
-    and the live page GET /experiments (its numbers: GET /experiments.json).
+    and the live page GET /experiments (its numbers: GET /experiments.json); behind API
+    keys with --keys, over HTTPS with --tls-cert and --tls-key.
 
     Takes the brokers, Kafka settings and topics of tsi run (the same options and
     variables); each replica reads every answer and keeps its own.
@@ -75,6 +111,7 @@ def serve_gateway(env: Mapping[str, str]) -> None:
 
     from flows.gateway.app import gateway
     from flows.gateway.deadlines import with_timeout
+    from flows.gateway.keys import Keys, KeysError
     from flows.gateway.known import Known
     from flows.gateway.live import Live
     from flows.service.instances.registry import RegistryError
@@ -86,30 +123,79 @@ def serve_gateway(env: Mapping[str, str]) -> None:
         live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env))
         registry = REGISTRY.read(env)
         known = None if registry is None else Known(registry)
-    except (ConfigError, RegistryError) as exc:
+        keys_file = KEYS.read(env)
+        keys = None if keys_file is None else Keys(keys_file)
+        tls = tls_files(TLS_CERT.read(env), TLS_KEY.read(env))
+    except (ConfigError, RegistryError, KeysError) as exc:
         fail("serve", str(exc))
-    print(describe_serve(settings, host, port), file=sys.stderr, flush=True)
+    if keys is not None:
+        signal.signal(signal.SIGHUP, lambda *_: keys.reload())
+    print(describe_serve(settings, host, port, keys, tls is not None), file=sys.stderr, flush=True)
     uvicorn.run(
-        gateway(settings, live, known),
+        gateway(settings, live, known, keys),
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
         http=protocol,  # idle and slow clients closed (``gateway.deadlines``)
+        ssl_certfile=None if tls is None else tls[0],
+        ssl_keyfile=None if tls is None else tls[1],
     )
 
 
-def describe_serve(settings: ClientSettings, host: str, port: int) -> str:
-    """The line ``tsi serve`` prints when it starts: where it listens, what it reads.
+def tls_files(cert: Path | None, key: Path | None) -> tuple[Path, Path] | None:
+    """(certificate, key) for HTTPS, None for HTTP; ``ConfigError`` when only one is
+    given, or they do not load as a pair.
+
+    >>> tls_files(None, None) is None
+    True
+    >>> try:
+    ...     tls_files(Path("cert.pem"), None)
+    ... except ConfigError as exc:
+    ...     print(exc)
+    give --tls-cert and --tls-key together, got only --tls-cert
+    """
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        given = "--tls-cert" if key is None else "--tls-key"
+        raise ConfigError(f"give --tls-cert and --tls-key together, got only {given}")
+    for flag, file in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            file.open("rb").close()
+        except OSError as exc:
+            raise ConfigError(f"{flag} {file} cannot be read: {exc.strerror}") from None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"--tls-cert {cert} / --tls-key {key} do not load: {' '.join(str(exc).split())}"
+        ) from None
+    return cert, key
+
+
+def describe_serve(
+    settings: ClientSettings, host: str, port: int, keys: Keys | None = None, tls: bool = False
+) -> str:
+    """The line ``tsi serve`` prints when it starts: where it listens, what it reads, who
+    may call.
 
     >>> from flows.client.settings import ClientSettings
     >>> describe_serve(ClientSettings(brokers="k:9092"), "127.0.0.1", 8080)  # doctest: +ELLIPSIS
     'tsi serve: http://127.0.0.1:8080 (POST /v1/decide, /v1/feedback; GET /experiments) ...'
+    >>> describe_serve(ClientSettings(brokers="k:9092"), "h", 1).split("; ")[-1]
+    'open: no --keys, anyone who reaches the port may call'
     """
     topics = settings.topics
     inputs = topics.events or f"{topics.requests}, {topics.feedback}"
+    scheme = "https" if tls else "http"
+    access = (
+        "open: no --keys, anyone who reaches the port may call"
+        if keys is None
+        else f"API keys from {keys.path} ({len(keys)} now)"
+    )
     return (
-        f"tsi serve: http://{host}:{port} (POST /v1/decide, /v1/feedback; GET /experiments) "
-        f"for brokers {settings.brokers}: requests to {inputs}, answers from "
-        f"{topics.selections}"
+        f"tsi serve: {scheme}://{host}:{port} (POST /v1/decide, /v1/feedback; GET "
+        f"/experiments) for brokers {settings.brokers}: requests to {inputs}, answers from "
+        f"{topics.selections}; {access}"
     )

@@ -8,7 +8,8 @@ connected and, with a ``Live``, the service's own ``/ready`` at each metrics add
 Starlette on uvicorn: an ASGI stack (uvicorn's event loop and HTTP parser are the fast ones
 of Python's servers, Starlette a thin router), both well kept. A bad body is a 400 naming
 the field, a body over ``MAX_BODY`` bytes a 413 (refused as it is read: never held whole),
-no answer in time a 504, Kafka away a 503; each error body is
+no answer in time a 504, Kafka away a 503, no API key a 401 and one without the scope a
+403 (with ``--keys``: ``flows.gateway.access``); each error body is
 ``{"error": ..., "detail": ...}`` (and ``request_id`` when there is one). The client
 connects at start; while it is not connected (the brokers were away) every call is a 503
 at once and an attempt to connect runs in the background, one at a time, at most one each
@@ -27,6 +28,7 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -39,7 +41,9 @@ from flows.client import (
     DecisionTimeoutError,
     KafkaUnavailableError,
 )
+from flows.gateway.access import Access
 from flows.gateway.body import BodyTooLargeError, read_body
+from flows.gateway.keys import Keys
 from flows.gateway.known import Known
 from flows.gateway.live import Live, fetch
 from flows.gateway.ofrep import Ofrep
@@ -220,10 +224,14 @@ def _answering(handler: Handler) -> Handler:
 
 
 def gateway(
-    settings: ClientSettings, live: Live | None = None, known: Known | None = None
+    settings: ClientSettings,
+    live: Live | None = None,
+    known: Known | None = None,
+    keys: Keys | None = None,
 ) -> Starlette:
     """The ASGI application of ``tsi serve`` (with ``live``: its live page too; with
-    ``known``: calls naming what the registry lacks refused at once)."""
+    ``known``: calls naming what the registry lacks refused at once; with ``keys``: every
+    route but the open ones behind its API keys, ``flows.gateway.access``)."""
     routes = Gateway(settings, known)
     service = [] if live is None else [ready_url(url) for url in live.urls]
 
@@ -246,6 +254,7 @@ def gateway(
             *Ofrep(routes.decider, known).routes(),
             *([] if live is None else live.routes()),
         ],
+        middleware=[Middleware(Access, keys=keys)],
         lifespan=lifespan,
     )
 

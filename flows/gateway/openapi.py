@@ -3,8 +3,14 @@ OpenFeature routes (OFREP) as the protocol's own description declares them; the 
 of each body are declared once, in ``DECIDE_FIELDS`` and ``FEEDBACK_FIELDS``, which the
 gateway also checks bodies against (with ``DECIDE_REQUIRED`` and ``FEEDBACK_REQUIRED``).
 
+The calls but ``/healthz``, ``/ready`` and ``/openapi.json`` take an API key (with
+``tsi serve --keys``): a bearer token, or the same in ``X-API-Key``; a 401 without one, a
+403 without its scope.
+
 >>> sorted(openapi()["paths"])[:3]
 ['/healthz', '/ofrep/v1/evaluate/flags', '/ofrep/v1/evaluate/flags/{key}']
+>>> sorted(openapi()["components"]["securitySchemes"])
+['apiKey', 'bearer']
 """
 
 from __future__ import annotations
@@ -129,17 +135,33 @@ def _body(fields: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+#: How a call presents its API key (``flows.gateway.access``).
+SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer", "description": "a token of tsi keys create"},
+    "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+}
+#: A call with the ``decide`` scope, by either scheme (the others are open).
+_DECIDE = [{"bearer": ["decide"]}, {"apiKey": ["decide"]}]
+#: The access rules' refusals, in the gateway's error shape (``flows.gateway.access``).
+_REFUSED = {
+    "401": _error("no API key, or one no key has (with --keys)"),
+    "403": _error("the key lacks the scope decide (with --keys)"),
+}
+
+
 def _ofrep_paths() -> dict[str, Any]:
     """The OpenFeature routes (``flows.gateway.ofrep``)."""
     return {
         "/ofrep/v1/evaluate/flags/{key}": {
             "post": {
                 "summary": "OpenFeature (OFREP): the arm of experiment {key}",
+                "security": _DECIDE,
                 "parameters": [{"name": "key", "in": "path", "required": True, "schema": _ID}],
                 "requestBody": _OFREP_REQUEST,
                 "responses": {
                     "200": _ofrep(_OFREP_SUCCESS, "the decision"),
                     "400": _ofrep(_OFREP_FAILURE, "a bad body or context"),
+                    **_REFUSED,
                     "404": _ofrep(_OFREP_FAILURE, "FLAG_NOT_FOUND: no such experiment"),
                     "500": _ofrep(_OFREP_FAILURE, "Kafka away or no answer in time"),
                 },
@@ -148,6 +170,7 @@ def _ofrep_paths() -> dict[str, Any]:
         "/ofrep/v1/evaluate/flags": {
             "post": {
                 "summary": "OpenFeature (OFREP): every experiment of --registry",
+                "security": _DECIDE,
                 "requestBody": _OFREP_REQUEST,
                 "responses": {
                     "200": _ofrep(
@@ -163,6 +186,7 @@ def _ofrep_paths() -> dict[str, Any]:
                         "each experiment's decision or failure",
                     ),
                     "400": _ofrep(_OFREP_FAILURE, "a bad body (PARSE_ERROR)"),
+                    **_REFUSED,
                     "500": _ofrep(_OFREP_FAILURE, "no --registry, or Kafka away"),
                 },
             }
@@ -174,16 +198,19 @@ def openapi() -> dict[str, Any]:
     """The description served at ``/openapi.json``."""
     common = {
         "400": _error("a bad body; the detail names the field"),
+        **_REFUSED,
         "413": _error("a body over 64 KiB, refused as it is read"),
         "503": _error("Kafka is unreachable or did not take the message"),
     }
     return {
         "openapi": "3.1.0",
         "info": {"title": "tsi gateway", "version": "1"},
+        "components": {"securitySchemes": SECURITY_SCHEMES},
         "paths": {
             "/v1/decide": {
                 "post": {
                     "summary": "The arm to serve",
+                    "security": _DECIDE,
                     "requestBody": _body(DECIDE_FIELDS, DECIDE_REQUIRED),
                     "responses": {
                         "200": {
@@ -199,6 +226,7 @@ def openapi() -> dict[str, Any]:
             "/v1/feedback": {
                 "post": {
                     "summary": "The loss or reward of a decision",
+                    "security": _DECIDE,
                     "requestBody": _body(FEEDBACK_FIELDS, FEEDBACK_REQUIRED),
                     "responses": {
                         "202": {"description": "the broker has it"},
@@ -214,7 +242,7 @@ def openapi() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "connected, and the service answers"},
                         "503": {"description": "not: the detail names what is not"},
-                    }
+                    },
                 }
             },
         },

@@ -122,9 +122,10 @@ def test_the_openapi_description_names_both_calls(gateways):
     status, spec = get(gateways[0], "/openapi.json")
     assert status == 200 and spec["openapi"].startswith("3.")
     decide = spec["paths"]["/v1/decide"]["post"]
-    assert set(decide["responses"]) == {"200", "400", "413", "422", "503", "504"}
+    assert set(decide["responses"]) == {"200", "400", "401", "403", "413", "422", "503", "504"}
+    assert decide["security"] == [{"bearer": ["decide"]}, {"apiKey": ["decide"]}]
     refused = spec["paths"]["/v1/feedback"]["post"]["responses"]
-    assert set(refused) == {"202", "400", "413", "422", "503"}
+    assert set(refused) == {"202", "400", "401", "403", "413", "422", "503"}
     feedback = spec["paths"]["/v1/feedback"]["post"]["requestBody"]["content"]
     schema = feedback["application/json"]["schema"]
     assert schema["required"] == ["experiment", "request_id"]

@@ -997,8 +997,13 @@ def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
         got["topics"] = {"names": names, **given}
         return []
 
-    def gateway(settings, live, known):
-        return {"settings": settings, "metrics_urls": list(live.urls), "registry": known}
+    def gateway(settings, live, known, keys=None):
+        return {
+            "settings": settings,
+            "metrics_urls": list(live.urls),
+            "registry": known,
+            "keys": keys,
+        }
 
     def serve(app, host, port, **_):
         got["serve"] = {**app, "host": host, "port": port}
