@@ -7,19 +7,24 @@ pending, as a SIGHUP reload does). A bad record is a log line and a count
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from prometheus_client import Counter
 
-from flows.experiments.model import ExperimentError, Resource, registry_of
-from flows.experiments.store import decode
+from flows.experiments.model import ExperimentError, Resource, apply, registry_of
+from flows.experiments.store import ExperimentStore, client_settings, decode, topic_names
 from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
 
 log = logging.getLogger("tsi")
+#: The ``who`` of experiments created from ``tsi run --registry`` with the topic.
+SEEDER = "tsi run --registry"
 
 REFUSED = Counter(
     "tsi_experiment_records_refused", "Records of the experiments topic that were refused."
@@ -101,3 +106,31 @@ def follow(live: LiveRegistry, settings: Mapping[str, Any], topic: str) -> Follo
             log.warning(said)
 
     return Follower(settings, topic, offered).start()
+
+
+def topic_registry(
+    brokers: Sequence[str],
+    app: str,
+    config: Mapping[str, Any],
+    timeout: float,
+    seed: Path | None = None,
+) -> LiveRegistry:
+    """The registry application ``app``'s experiments topic serves now (the topics
+    created when missing; ``StoreError`` when Kafka does not answer); the experiments of
+    registry file ``seed`` that the topic lacks are created in it first."""
+    store = ExperimentStore(brokers, app, config, timeout)
+    store.ensure_topics()
+    if seed is not None:
+        Registry.load(seed)  # checked whole first: a bad file writes nothing
+        tables = tomllib.loads(seed.read_text(encoding="utf-8"))["experiments"]
+        have = store.current()
+        for name in sorted(tables.keys() - have.keys()):
+            store.change(name, functools.partial(apply, name=name, spec=tables[name], who=SEEDER))
+    return LiveRegistry(registry_of(store.current().values()))
+
+
+def follow_topic(
+    live: LiveRegistry, brokers: Sequence[str], app: str, config: Mapping[str, Any]
+) -> Follower:
+    """``follow`` application ``app``'s experiments topic."""
+    return follow(live, client_settings(brokers, config), topic_names(app)[0])

@@ -22,6 +22,7 @@ from typing import IO
 
 from bytewax.recovery import init_db_dir
 
+from flows.experiments.store import StoreError
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
     Deadline,
@@ -41,11 +42,11 @@ from flows.service.connectors.kafka_config import (
 )
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
-from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
+from flows.service.instances.registry import RegistryError
 from flows.service.observe.metrics import note_broker_contact
 from flows.service.runtime.dir_lock import is_empty
 from flows.service.runtime.members import MembersError
-from flows.service.runtime.process import Service
+from flows.service.runtime.process import Service, live_registry
 from flows.service.runtime.recovery import (
     REBUILD_HINT,
     check_recovery_dir,
@@ -91,7 +92,7 @@ def prepare(options: Settings) -> Service:
     try:  # the checks that need no broker first
         guards = options.guards()
         consumer, producer = map(with_reconnect_defaults, client_config(options.kafka_config))
-        registry = LiveRegistry(Registry.load(options.registry), options.registry)
+        registry = live_registry(options, consumer)
         parts = None if options.recovery_dir is None else check_store(options)
         inputs, outputs = service_topics(options.topics)
         if options.outputs is not None:  # written elsewhere: the two output topics unused
@@ -113,7 +114,14 @@ def prepare(options: Settings) -> Service:
         if options.outputs is None:  # the dead-letter topic bounds what a letter carries
             bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
             guards = dataclasses.replace(guards, dead_letter_raw=bound)
-    except (ConfigError, RegistryError, BrokerUnavailableError, TopicError, MembersError) as exc:
+    except (
+        ConfigError,
+        RegistryError,
+        BrokerUnavailableError,
+        TopicError,
+        MembersError,
+        StoreError,
+    ) as exc:
         away = isinstance(exc, BrokerUnavailableError) or _deadline_passed(exc)
         raise (BrokersAwayError if away else StartupError)(
             str(exc) + _slow_broker_hint(exc)
@@ -496,4 +504,5 @@ def describe_start(options: Settings, log_path: Path | None) -> str:
     """The line ``tsi run`` prints when it starts serving."""
     store = options.recovery_dir or "no recovery store"
     where = f"; logs in {log_path}" if log_path else ""
-    return f"tsi run: serving {options.registry} from {','.join(options.brokers)} ({store}){where}"
+    served = options.registry or f"the experiments topic of {options.application}"
+    return f"tsi run: serving {served} from {','.join(options.brokers)} ({store}){where}"
