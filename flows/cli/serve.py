@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
@@ -19,7 +20,14 @@ from flows.service.runtime.options import (
     port_number,
     seconds,
 )
+from flows.service.runtime.kafka_options import GROUP_OPTION, application_id
 from flows.service.runtime.settings import option
+
+if TYPE_CHECKING:
+    from flows.experiments.store import ExperimentStore
+
+#: Seconds the experiments store waits for the brokers at each call.
+CONNECT_WAIT = 10.0
 
 HOST = Option("TSI_SERVE_HOST", "--host", "Address the gateway listens on.", name, "127.0.0.1")
 PORT = Option("TSI_SERVE_PORT", "--port", "Port the gateway listens on.", port_number, "8080")
@@ -58,8 +66,18 @@ REGISTRY = replace(
 )
 
 
+EXPERIMENTS = replace(
+    option("experiments_topic"),  # tsi run's variable and flag
+    help="Serve the experiments API (/v1/experiments: list, create or change, pause, resume, "
+    "stop, archive, history) on the application's experiments topic `{app}.experiments` "
+    "(created when missing).",
+)
+
+
 @app.command("serve")
-@with_options(*OPTIONS, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY)
+@with_options(
+    *OPTIONS, GROUP_OPTION, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY, EXPERIMENTS
+)
 def serve_gateway(env: Mapping[str, str]) -> None:
     """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json,
     and the live page GET /experiments (its numbers: GET /experiments.json).
@@ -73,6 +91,7 @@ def serve_gateway(env: Mapping[str, str]) -> None:
     from flows.gateway.deadlines import with_timeout
     from flows.gateway.known import Known
     from flows.gateway.live import Live
+    from flows.experiments.store import StoreError
     from flows.service.instances.registry import RegistryError
 
     try:
@@ -82,17 +101,28 @@ def serve_gateway(env: Mapping[str, str]) -> None:
         live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env))
         registry = REGISTRY.read(env)
         known = None if registry is None else Known(registry)
-    except (ConfigError, RegistryError) as exc:
+        store = experiment_store(env, settings) if EXPERIMENTS.read(env) else None
+    except (ConfigError, RegistryError, StoreError) as exc:
         fail("serve", str(exc))
     print(describe_serve(settings, host, port), file=sys.stderr, flush=True)
     uvicorn.run(
-        gateway(settings, live, known),
+        gateway(settings, live, known, store),
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
         http=protocol,  # idle and slow clients closed (``gateway.deadlines``)
     )
+
+
+def experiment_store(env: Mapping[str, str], settings: ClientSettings) -> ExperimentStore:
+    """The store of the application ``env`` names, its topics created when missing."""
+    from flows.experiments.store import ExperimentStore
+
+    brokers = settings.brokers.split(",")
+    store = ExperimentStore(brokers, application_id(env), settings.consumer, CONNECT_WAIT)
+    store.ensure_topics()
+    return store
 
 
 def describe_serve(settings: ClientSettings, host: str, port: int) -> str:

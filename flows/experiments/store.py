@@ -171,7 +171,10 @@ class ExperimentStore:
     def change(self, name: str, operation: Operation) -> tuple[Resource, Audit | None]:
         """``operation`` applied to ``name``'s current resource (None: none yet); the new
         resource and its audit record written when it changed something."""
-        resource, audit = operation(self.current().get(name))
+        try:
+            resource, audit = operation(self.current().get(name))
+        except NotFoundError:
+            raise NotFoundError(f"no experiment {name!r}") from None
         if audit is not None:
             self._write(resource, audit)
         return resource, audit

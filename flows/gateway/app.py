@@ -38,6 +38,8 @@ from flows.client import (
     DecisionTimeoutError,
     KafkaUnavailableError,
 )
+from flows.experiments.store import ExperimentStore
+from flows.gateway.experiments import routes as experiment_routes
 from flows.gateway.known import Known
 from flows.gateway.live import Live, fetch
 from flows.gateway.openapi import (
@@ -71,8 +73,11 @@ def reply(status: int, body: dict[str, Any]) -> Response:
 class Gateway:
     """The routes over one ``AsyncDecider``, built when the brokers answer."""
 
-    def __init__(self, settings: ClientSettings, known: Known | None = None) -> None:
+    def __init__(
+        self, settings: ClientSettings, known: Known | None = None, experiments: bool = False
+    ) -> None:
         self.settings = settings
+        self.experiments = experiments  # the experiments API is served (its OpenAPI paths)
         self.known = known  # the registry: calls naming what it lacks refused at once
         self._decider: AsyncDecider | None = None
         self._attempt: asyncio.Task | None = None
@@ -165,7 +170,7 @@ class Gateway:
         return reply(200, {"status": "ready"})
 
     async def spec(self, _request: Request) -> Response:
-        return reply(200, openapi())
+        return reply(200, openapi(self.experiments))
 
 
 async def _body(
@@ -238,11 +243,15 @@ def _answering(handler: Handler) -> Handler:
 
 
 def gateway(
-    settings: ClientSettings, live: Live | None = None, known: Known | None = None
+    settings: ClientSettings,
+    live: Live | None = None,
+    known: Known | None = None,
+    store: ExperimentStore | None = None,
 ) -> Starlette:
     """The ASGI application of ``tsi serve`` (with ``live``: its live page too; with
-    ``known``: calls naming what the registry lacks refused at once)."""
-    routes = Gateway(settings, known)
+    ``known``: calls naming what the registry lacks refused at once; with ``store``: the
+    experiments API, ``flows.gateway.experiments``)."""
+    routes = Gateway(settings, known, store is not None)
     service = [] if live is None else [ready_url(url) for url in live.urls]
 
     @contextlib.asynccontextmanager
@@ -262,6 +271,7 @@ def gateway(
             Route("/ready", functools.partial(routes.ready, service), methods=["GET"]),
             Route("/openapi.json", routes.spec, methods=["GET"]),
             *([] if live is None else live.routes()),
+            *([] if store is None else experiment_routes(store)),
         ],
         lifespan=lifespan,
     )
