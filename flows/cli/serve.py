@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
 from flows.client.settings import OPTIONS, ClientSettings
+from flows.service.runtime.kafka_options import GROUP_OPTION, application_id
 from flows.service.runtime.options import (
     ConfigError,
     Option,
@@ -20,7 +21,6 @@ from flows.service.runtime.options import (
     port_number,
     seconds,
 )
-from flows.service.runtime.kafka_options import GROUP_OPTION, application_id
 from flows.service.runtime.settings import option
 
 if TYPE_CHECKING:
@@ -87,11 +87,11 @@ def serve_gateway(env: Mapping[str, str]) -> None:
     """
     import uvicorn
 
+    from flows.experiments.store import StoreError
     from flows.gateway.app import gateway
     from flows.gateway.deadlines import with_timeout
     from flows.gateway.known import Known
     from flows.gateway.live import Live
-    from flows.experiments.store import StoreError
     from flows.service.instances.registry import RegistryError
 
     try:
