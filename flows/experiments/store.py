@@ -41,8 +41,9 @@ COMPACTED = {"cleanup.policy": "compact"}
 KEPT = {"cleanup.policy": "delete", "retention.ms": "-1"}
 
 
-class StoreError(Exception):
-    """Kafka did not answer or refused: one line saying what."""
+class StoreError(TopicError):
+    """Kafka did not answer or refused: one line saying what (a ``TopicError``, which
+    the service's start-up checks report)."""
 
 
 def topic_names(app: str) -> tuple[str, str]:

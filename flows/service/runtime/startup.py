@@ -22,7 +22,6 @@ from typing import IO
 
 from bytewax.recovery import init_db_dir
 
-from flows.experiments.store import StoreError
 from flows.service.connectors.kafka_admin import (
     BrokerUnavailableError,
     Deadline,
@@ -114,14 +113,7 @@ def prepare(options: Settings) -> Service:
         if options.outputs is None:  # the dead-letter topic bounds what a letter carries
             bound = dead_letter_bound(limits[options.topics.dead_letters], producer)
             guards = dataclasses.replace(guards, dead_letter_raw=bound)
-    except (
-        ConfigError,
-        RegistryError,
-        BrokerUnavailableError,
-        TopicError,
-        MembersError,
-        StoreError,
-    ) as exc:
+    except (ConfigError, RegistryError, BrokerUnavailableError, TopicError, MembersError) as exc:
         away = isinstance(exc, BrokerUnavailableError) or _deadline_passed(exc)
         raise (BrokersAwayError if away else StartupError)(
             str(exc) + _slow_broker_hint(exc)
