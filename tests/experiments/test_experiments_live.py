@@ -6,10 +6,11 @@ import subprocess
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 
 from flows.testing.kafka_broker import free_port, unique_topic
 from tests.client.service import get, post
-from tests.service.test_first_hour import scrape
+from tests.service.test_first_hour import metric, scrape
 from tests.service.test_operating import TSI, service_topics, start, wait_for
 
 SPEC = """
@@ -74,7 +75,7 @@ def stack(kafka_bootstrap, tmp_path):
     try:
         wait_for(lambda: scrape(metrics, "/ready")[0] == 200, service, what="tsi run")
         wait_for(lambda: get(port, "/healthz")[0] == 200, gateway, 60, "tsi serve")
-        yield common, port
+        yield common, port, metrics
     finally:
         for proc in (service, gateway):
             proc.kill()
@@ -86,7 +87,7 @@ def decide(port, unit):
 
 
 def test_pause_serves_the_control_arm_and_archive_refuses_with_a_history(stack):
-    common, port = stack
+    common, port, metrics = stack
     status, decision = decide(port, "u0")
     assert status == 200 and decision["why"] == "bandit", decision
 
@@ -101,6 +102,12 @@ def test_pause_serves_the_control_arm_and_archive_refuses_with_a_history(stack):
         return status == 200 and answer["why"] == "forced" and answer["arm_name"] == "control"
 
     wait_for(serves_control, None, 60, "the pause")
+
+    producer = Producer({"bootstrap.servers": common[1]})
+    producer.produce(f"{common[3]}.experiments", b"{not json", b"shop")
+    assert producer.flush(30) == 0
+    refused_records = "tsi_experiment_records_refused_total"
+    wait_for(lambda: metric(scrape(metrics)[1], refused_records) == 1, None, 60, "a bad record")
 
     status, out, err = tsi("experiments", "archive", "shop", *common, "--who", "bob")
     assert status == 0 and "shop: archive, version 3" in out, err
@@ -140,7 +147,7 @@ HOSTILE = [
 
 
 def test_hostile_changes_are_refused_naming_the_problem_and_change_nothing(stack):
-    _, port = stack
+    _, port, _ = stack
     for path, body, expected, named in HOSTILE:
         status, answer = put(port, path, body)
         assert status == expected and named in answer["detail"], (path, body, answer)
