@@ -15,6 +15,7 @@ import sys
 from flows.cli import (  # noqa: F401
     demo,
     evaluate,
+    experiments,
     inspect,
     keys,
     replay,

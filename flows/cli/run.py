@@ -64,6 +64,11 @@ def serve(settings: Settings) -> None:
     except (ConfigError, StartupError, ForeignChangelogError) as exc:
         service_log.say(f"tsi run: {exc}")
         raise typer.Exit(2) from None
+    if settings.experiments_topic:  # changes arrive while it serves
+        from flows.experiments.follow import follow_topic
+
+        app = settings.application
+        follow_topic(service.registry, settings.brokers, app, service.consumer_config)
     try:
         run_flow(
             flow,

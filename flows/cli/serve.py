@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
 from flows.client.settings import OPTIONS, ClientSettings
+from flows.service.runtime.kafka_options import GROUP_OPTION, application_id
 from flows.service.runtime.options import (
     ConfigError,
     Option,
@@ -26,7 +27,11 @@ from flows.service.runtime.options import (
 from flows.service.runtime.settings import option
 
 if TYPE_CHECKING:
+    from flows.experiments.store import ExperimentStore
     from flows.gateway.keys import Keys
+
+#: Seconds the experiments store waits for the brokers at each call.
+CONNECT_WAIT = 10.0
 
 HOST = Option("TSI_SERVE_HOST", "--host", "Address the gateway listens on.", name, "127.0.0.1")
 PORT = Option("TSI_SERVE_PORT", "--port", "Port the gateway listens on.", port_number, "8080")
@@ -82,6 +87,13 @@ REGISTRY = replace(
 )
 
 
+EXPERIMENTS = replace(
+    option("experiments_topic"),  # tsi run's variable and flag
+    help="Serve the experiments API (/v1/experiments: list, create or change, pause, resume, "
+    "stop, archive, history) on the application's experiments topic `{app}.experiments` "
+    "(created when missing).",
+)
+
 #: Every option of ``tsi serve`` (its flags and the variables it reads).
 SERVE_OPTIONS = (
     *OPTIONS,
@@ -94,6 +106,8 @@ SERVE_OPTIONS = (
     TLS_KEY,
     METRICS_URL,
     LIVE_EVERY,
+    GROUP_OPTION,
+    EXPERIMENTS,
 )
 
 
@@ -109,6 +123,7 @@ def serve_gateway(env: Mapping[str, str]) -> None:
     """
     import uvicorn
 
+    from flows.experiments.store import StoreError
     from flows.gateway.app import gateway
     from flows.gateway.deadlines import with_timeout
     from flows.gateway.keys import Keys, KeysError
@@ -126,13 +141,14 @@ def serve_gateway(env: Mapping[str, str]) -> None:
         keys_file = KEYS.read(env)
         keys = None if keys_file is None else Keys(keys_file)
         tls = tls_files(TLS_CERT.read(env), TLS_KEY.read(env))
-    except (ConfigError, RegistryError, KeysError) as exc:
+        store = experiment_store(env, settings) if EXPERIMENTS.read(env) else None
+    except (ConfigError, RegistryError, StoreError, KeysError) as exc:
         fail("serve", str(exc))
     if keys is not None:
         signal.signal(signal.SIGHUP, lambda *_: keys.reload())
     print(describe_serve(settings, host, port, keys, tls is not None), file=sys.stderr, flush=True)
     uvicorn.run(
-        gateway(settings, live, known, keys),
+        gateway(settings, live, known, keys, store),
         host=host,
         port=port,
         log_level="warning",
@@ -141,6 +157,16 @@ def serve_gateway(env: Mapping[str, str]) -> None:
         ssl_certfile=None if tls is None else tls[0],
         ssl_keyfile=None if tls is None else tls[1],
     )
+
+
+def experiment_store(env: Mapping[str, str], settings: ClientSettings) -> ExperimentStore:
+    """The store of the application ``env`` names, its topics created when missing."""
+    from flows.experiments.store import ExperimentStore
+
+    brokers = settings.brokers.split(",")
+    store = ExperimentStore(brokers, application_id(env), settings.consumer, CONNECT_WAIT)
+    store.ensure_topics()
+    return store
 
 
 def tls_files(cert: Path | None, key: Path | None) -> tuple[Path, Path] | None:

@@ -41,8 +41,10 @@ from flows.client import (
     DecisionTimeoutError,
     KafkaUnavailableError,
 )
+from flows.experiments.store import ExperimentStore
 from flows.gateway.access import Access
 from flows.gateway.body import BodyTooLargeError, read_body
+from flows.gateway.experiments import routes as experiment_routes
 from flows.gateway.keys import Keys
 from flows.gateway.known import Known
 from flows.gateway.live import Live, fetch
@@ -72,8 +74,11 @@ def reply(status: int, body: dict[str, Any]) -> Response:
 class Gateway:
     """The routes over one ``AsyncDecider``, built when the brokers answer."""
 
-    def __init__(self, settings: ClientSettings, known: Known | None = None) -> None:
+    def __init__(
+        self, settings: ClientSettings, known: Known | None = None, experiments: bool = False
+    ) -> None:
         self.settings = settings
+        self.experiments = experiments  # the experiments API is served (its OpenAPI paths)
         self.known = known  # the registry: calls naming what it lacks refused at once
         self._decider: AsyncDecider | None = None
         self._attempt: asyncio.Task | None = None
@@ -166,7 +171,7 @@ class Gateway:
         return reply(200, {"status": "ready"})
 
     async def spec(self, _request: Request) -> Response:
-        return reply(200, openapi())
+        return reply(200, openapi(self.experiments))
 
 
 async def _body(
@@ -228,11 +233,13 @@ def gateway(
     live: Live | None = None,
     known: Known | None = None,
     keys: Keys | None = None,
+    store: ExperimentStore | None = None,
 ) -> Starlette:
     """The ASGI application of ``tsi serve`` (with ``live``: its live page too; with
     ``known``: calls naming what the registry lacks refused at once; with ``keys``: every
-    route but the open ones behind its API keys, ``flows.gateway.access``)."""
-    routes = Gateway(settings, known)
+    route but the open ones behind its API keys, ``flows.gateway.access``; with ``store``:
+    the experiments API, ``flows.gateway.experiments``)."""
+    routes = Gateway(settings, known, store is not None)
     service = [] if live is None else [ready_url(url) for url in live.urls]
 
     @contextlib.asynccontextmanager
@@ -253,6 +260,7 @@ def gateway(
             Route("/openapi.json", routes.spec, methods=["GET"]),
             *Ofrep(routes.decider, known).routes(),
             *([] if live is None else live.routes()),
+            *([] if store is None else experiment_routes(store)),
         ],
         middleware=[Middleware(Access, keys=keys)],
         lifespan=lifespan,

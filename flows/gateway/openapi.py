@@ -149,6 +149,18 @@ _REFUSED = {
 }
 
 
+def _scoped(scope: str) -> dict[str, Any]:
+    """An operation's ``security`` (``scope`` by either scheme) and its refusals, which
+    the caller merges into its responses."""
+    return {
+        "security": [{"bearer": [scope]}, {"apiKey": [scope]}],
+        "responses": {
+            "401": _error("no API key, or one no key has (with --keys)"),
+            "403": _error(f"the key lacks the scope {scope} (with --keys)"),
+        },
+    }
+
+
 def _ofrep_paths() -> dict[str, Any]:
     """The OpenFeature routes (``flows.gateway.ofrep``)."""
     return {
@@ -194,8 +206,80 @@ def _ofrep_paths() -> dict[str, Any]:
     }
 
 
-def openapi() -> dict[str, Any]:
-    """The description served at ``/openapi.json``."""
+def _experiment_paths() -> dict[str, Any]:
+    """The experiments API's paths (``flows.gateway.experiments``)."""
+    ok = {"200": {"description": "the experiment after the change, changed or not, its diff"}}
+    errors = {
+        "400": _error("a bad body; the detail names the field"),
+        "404": _error("no such experiment"),
+        "422": _error("refused: the detail names the bad key, value or transition"),
+        "503": _error("Kafka is unreachable"),
+    }
+    spec = {"type": "object", "description": "the keys of one [experiments.NAME] table"}
+    put_body = {
+        "type": "object",
+        "properties": {"spec": spec, "expected_version": {"type": "integer", "minimum": 0}},
+        "required": ["spec"],
+        "additionalProperties": False,
+    }
+    arm = {"type": "object", "properties": {"arm": {"type": "string"}}}
+
+    read, admin = _scoped("read"), _scoped("admin")
+
+    def action(summary: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        content = {} if body is None else {"requestBody": {"content": _json(body)}}
+        responses = {**ok, **errors, **admin["responses"]}
+        return {"post": {"summary": summary, **content, **admin, "responses": responses}}
+
+    base = "/v1/experiments"
+    return {
+        base: {
+            "get": {
+                "summary": "Every experiment",
+                **read,
+                "responses": {"200": ok["200"], **read["responses"]},
+            }
+        },
+        f"{base}/{{name}}": {
+            "get": {
+                "summary": "One experiment",
+                **read,
+                "responses": {"200": ok["200"], **errors, **read["responses"]},
+            },
+            "put": {
+                "summary": "Create or change (expected_version: 409 when another)",
+                **admin,
+                "requestBody": {"required": True, "content": _json(put_body)},
+                "responses": {
+                    **admin["responses"],
+                    **ok,
+                    "201": {"description": "created"},
+                    **errors,
+                    "409": _error("another version than the expected one"),
+                },
+            },
+        },
+        f"{base}/{{name}}/pause": action("Serve the control arm (arm, or the first)", arm),
+        f"{base}/{{name}}/resume": action("Serve and learn again"),
+        f"{base}/{{name}}/stop": action("Serve arm to everyone from now on", arm),
+        f"{base}/{{name}}/archive": action("Serve it no more; its history stays"),
+        f"{base}/{{name}}/history": {
+            "get": {
+                "summary": "Every change: who, when, diff",
+                **read,
+                "responses": {**ok, **errors, **read["responses"]},
+            }
+        },
+    }
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def openapi(experiments: bool = False) -> dict[str, Any]:
+    """The description served at ``/openapi.json`` (``experiments``: with the experiments
+    API's paths)."""
     common = {
         "400": _error("a bad body; the detail names the field"),
         **_REFUSED,
@@ -236,6 +320,7 @@ def openapi() -> dict[str, Any]:
                 }
             },
             **_ofrep_paths(),
+            **(_experiment_paths() if experiments else {}),
             "/healthz": {"get": {"responses": {"200": {"description": "the gateway runs"}}}},
             "/ready": {
                 "get": {

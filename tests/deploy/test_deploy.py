@@ -997,7 +997,7 @@ def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
         got["topics"] = {"names": names, **given}
         return []
 
-    def gateway(settings, live, known, keys=None):
+    def gateway(settings, live, known, keys=None, store=None):
         return {
             "settings": settings,
             "metrics_urls": list(live.urls),

@@ -144,3 +144,12 @@ def test_tsi_run_help_names_the_kafka_settings_tables():
     shown = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "250"}).output
     for table in ("[kafka]", "[kafka.consumer]", "[kafka.producer]"):
         assert table in shown
+
+
+def test_the_experiments_topic_stands_for_the_registry_file(tmp_path):
+    settings = Settings.from_env({"TSI_EXPERIMENTS_TOPIC": "1", "TSI_GROUP_ID": "shop"})
+    assert settings.registry is None and settings.experiments_topic
+    with pytest.raises(ConfigError, match=r"--registry FILE .* or --experiments-topic"):
+        Settings.from_env({"TSI_EXPERIMENTS_TOPIC": "0"})
+    both = {"TSI_EXPERIMENTS_TOPIC": "1", "TSI_REGISTRY": str(tmp_path / "r.toml")}
+    assert Settings.from_env(both).registry == tmp_path / "r.toml"

@@ -46,6 +46,7 @@ import json
 import math
 import pickle
 import re
+import threading
 import tomllib
 import weakref
 from collections.abc import Collection
@@ -538,8 +539,14 @@ def renumbered_contexts(old: Registry, new: Registry) -> str | None:
     return None
 
 
+#: Guards a ``LiveRegistry``'s pending registry, which another thread may offer
+#: (``LiveRegistry.offer``) while the flow applies it (module level: a registry pickles).
+_PENDING = threading.Lock()
+
+
 class LiveRegistry:
-    """The registry a running flow reads: ``current``, replaced whole by ``reload``.
+    """The registry a running flow reads: ``current``, replaced whole by ``reload`` or
+    ``offer``.
 
     ``reload`` reads the file again and keeps the new registry pending; ``apply`` makes it
     current (the service calls it when an epoch closes, so every event of an epoch sees one
@@ -568,15 +575,37 @@ class LiveRegistry:
         problem = renumbered_contexts(self.current, pending)
         if problem is not None:
             return f"registry reload refused, the running registry stays: {problem}"
-        self._pending = pending
+        with _PENDING:
+            self._pending = pending
         return (
             f"registry {self.path} reloaded, applied when the current epoch closes: "
             f"{changes(self.current, pending)}"
         )
 
+    def offer(self, registry: Registry, source: str) -> str | None:
+        """Make ``registry`` (read from ``source``) pending, as ``reload`` does with the
+        file; the line saying what happened, or None when it changes nothing.
+
+        >>> live = LiveRegistry(Registry.from_toml('[experiments.a]\\narms = ["x"]'))
+        >>> live.offer(Registry({}), "topic t")
+        "topic t: applied when the current epoch closes: removed 'a'"
+        >>> live.apply(), live.offer(Registry({}), "topic t")
+        (True, None)
+        """
+        with _PENDING:
+            said = changes(self._pending or self.current, registry)
+            if said == "no change":
+                return None
+            problem = renumbered_contexts(self.current, registry)
+            if problem is not None:
+                return f"{source}: refused, the running registry stays: {problem}"
+            self._pending = registry
+        return f"{source}: applied when the current epoch closes: {said}"
+
     def apply(self) -> bool:
         """Make a reloaded registry current; True if there was one."""
-        pending, self._pending = self._pending, None
+        with _PENDING:
+            pending, self._pending = self._pending, None
         if pending is None:
             return False
         self.current = pending

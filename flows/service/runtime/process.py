@@ -226,7 +226,7 @@ class Service:
         ``shards``: the count already resolved (``startup.ready_changelog``), if it is."""
         consumer, producer = client_config(settings.kafka_config)
         return cls(
-            LiveRegistry(Registry.load(settings.registry), settings.registry),
+            live_registry(settings, consumer),
             settings.brokers,
             settings.topics,
             consumer,
@@ -237,6 +237,17 @@ class Service:
             settings.membership,
             shards=flow_shards(settings.shards, stored, None) if shards is None else shards,
         )
+
+
+def live_registry(settings: Settings, consumer: dict[str, Any]) -> LiveRegistry:
+    """The registry ``settings`` name: the file's, or the experiments topic's (the
+    file's experiments it lacks created in it first)."""
+    if not settings.experiments_topic:
+        return LiveRegistry(Registry.load(settings.registry), settings.registry)
+    from flows.experiments.follow import topic_registry
+
+    app, timeout = settings.application, settings.connect_timeout
+    return topic_registry(settings.brokers, app, consumer, timeout, settings.registry)
 
 
 def run(

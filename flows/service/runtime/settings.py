@@ -105,8 +105,22 @@ def skip_list(text: str) -> frozenset[tuple[str, int, int]]:
 class Settings:
     """What the service is told to do (``tsi run``'s options, or the environment)."""
 
-    registry: Path = setting(
-        "TSI_REGISTRY", "--registry", "Experiments registry (TOML); SIGHUP reloads it.", path, None
+    registry: Path | None = setting(
+        "TSI_REGISTRY",
+        "--registry",
+        "Experiments registry (TOML); SIGHUP reloads it. Required unless --experiments-topic.",
+        optional(path),
+    )
+    experiments_topic: bool = setting(
+        "TSI_EXPERIMENTS_TOPIC",
+        "--experiments-topic",
+        "Serve the experiments of the compacted topic `{app}.experiments` (managed by `tsi "
+        "experiments` and the gateway's /v1/experiments; created when missing): each change "
+        "applies when the next epoch closes. With --registry, the file's experiments the "
+        "topic lacks are created in it at start.",
+        switch,
+        "0",
+        kind="switch",
     )
     brokers: list[str] = declared(BROKERS)
     kafka_config: Path | None = declared(KAFKA_CONFIG)
@@ -284,6 +298,11 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        if self.registry is None and not self.experiments_topic:
+            raise ConfigError(
+                "give --registry FILE (TSI_REGISTRY), or --experiments-topic "
+                "(TSI_EXPERIMENTS_TOPIC) to serve the experiments topic"
+            )
         """Refuse settings that contradict each other (``ConfigError``)."""
         if self.no_changelog or self.no_recovery:  # it mirrors the recovery directory
             object.__setattr__(self, "topics", replace(self.topics, changelog=None))

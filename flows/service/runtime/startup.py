@@ -41,11 +41,11 @@ from flows.service.connectors.kafka_config import (
 )
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
-from flows.service.instances.registry import LiveRegistry, Registry, RegistryError
+from flows.service.instances.registry import RegistryError
 from flows.service.observe.metrics import note_broker_contact
 from flows.service.runtime.dir_lock import is_empty
 from flows.service.runtime.members import MembersError
-from flows.service.runtime.process import Service
+from flows.service.runtime.process import Service, live_registry
 from flows.service.runtime.recovery import (
     REBUILD_HINT,
     check_recovery_dir,
@@ -91,7 +91,7 @@ def prepare(options: Settings) -> Service:
     try:  # the checks that need no broker first
         guards = options.guards()
         consumer, producer = map(with_reconnect_defaults, client_config(options.kafka_config))
-        registry = LiveRegistry(Registry.load(options.registry), options.registry)
+        registry = live_registry(options, consumer)
         parts = None if options.recovery_dir is None else check_store(options)
         inputs, outputs = service_topics(options.topics)
         if options.outputs is not None:  # written elsewhere: the two output topics unused
@@ -496,4 +496,5 @@ def describe_start(options: Settings, log_path: Path | None) -> str:
     """The line ``tsi run`` prints when it starts serving."""
     store = options.recovery_dir or "no recovery store"
     where = f"; logs in {log_path}" if log_path else ""
-    return f"tsi run: serving {options.registry} from {','.join(options.brokers)} ({store}){where}"
+    served = options.registry or f"the experiments topic of {options.application}"
+    return f"tsi run: serving {served} from {','.join(options.brokers)} ({store}){where}"
