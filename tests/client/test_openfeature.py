@@ -157,5 +157,6 @@ def test_an_empty_body_is_an_empty_context(gateway):
 def test_the_openapi_document_describes_both_ofrep_routes(gateway):
     spec = get(gateway, "/openapi.json")[1]["paths"]
     one = spec["/ofrep/v1/evaluate/flags/{key}"]["post"]["responses"]
-    assert set(one) == {"200", "400", "404", "500"}
-    assert set(spec["/ofrep/v1/evaluate/flags"]["post"]["responses"]) == {"200", "400", "500"}
+    assert set(one) == {"200", "400", "401", "403", "404", "500"}
+    bulk = spec["/ofrep/v1/evaluate/flags"]["post"]["responses"]
+    assert set(bulk) == {"200", "400", "401", "403", "500"}
