@@ -61,7 +61,7 @@ from bench_flow import (  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
 from flow_kafka import bulk_producer, produce_all  # noqa: E402
 
-from flows.service.runtime.members import Members  # noqa: E402
+from flows.service.connectors.members import Members  # noqa: E402
 from flows.service.runtime.shard_count import internal_partitions  # noqa: E402
 from flows.service.wire.keys import DEFAULT_SHARDS, shard_index  # noqa: E402
 from flows.testing import kafka_broker  # noqa: E402

@@ -55,6 +55,7 @@ from typing import Any
 
 from flows.service.instances import serving
 from flows.service.instances.serving import NamedContexts
+from flows.service.wire._parse import lane_reads
 from flows.service.wire.keys import UNIT_SEPARATOR, instance_key
 from tsi_core import Allocation, Bandit, Ticket
 from tsi_core.bandit import configure
@@ -536,6 +537,9 @@ def renumbered_contexts(old: Registry, new: Registry) -> str | None:
                 "attribute keep them (start a new experiment for this change)"
             )
     return None
+
+
+lane_reads(Registry, Experiment)  # the parser's compiled lane reads these, and no subclass
 
 
 class LiveRegistry:
