@@ -10,6 +10,7 @@ lines.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,7 +90,7 @@ def cycle(edges: dict[str, dict[str, str]]) -> list[str] | None:
     def visit(node: str, path: list[str]) -> list[str] | None:
         if node in path:
             circle = [*path[path.index(node) :], node]
-            return [edges[a][b] for a, b in zip(circle, circle[1:], strict=False)]
+            return [edges[a][b] for a, b in itertools.pairwise(circle)]
         if node in done:
             return None
         for nxt in edges.get(node, {}):
