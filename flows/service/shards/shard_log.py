@@ -72,6 +72,8 @@ MOVED = {
     "flows.service.recovery": "flows.service.runtime.recovery",
     "flows.service.dir_lock": "flows.service.runtime.dir_lock",
     "flows.service.stopping": "flows.service.connectors.stopping",
+    "flows.service.runtime.stopping": "flows.service.connectors.stopping",
+    "flows.service.runtime.members": "flows.service.connectors.members",
     "flows.service.allocator": "flows.service.runtime.allocator",
     "flows.service.gc_freezer": "flows.service.runtime.gc_freezer",
 }
