@@ -26,6 +26,7 @@ MAX_TYPE_SWITCHES = 20  # fewer than this many ``type(...) is`` in .py and .pyx 
 
 _COMPILED_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\b|c?import\s+([\w.]+))")
 _TYPE_IS = re.compile(r"\btype\((?:[^()]|\([^()]*\))*\)\s+is\b")
+_COMPILED_DEF = re.compile(r"^( *)(?:c?p?def)\s+(?!class\b)(?:[\w\[\], *.]+\s+)?\**(\w+)\s*\(")
 
 
 def module_name(path: Path) -> str:
@@ -113,6 +114,14 @@ def test_cycle_finds_a_circle_and_names_its_imports():
     assert cycle({"a": {"b": "x"}, "b": {}}) is None
 
 
+def test_a_compiled_function_ends_where_its_indentation_does(tmp_path):
+    module = tmp_path / "m.pyx"
+    module.write_text(
+        "cdef int f(int a,\n          int b):\n    return a\n\n    # c\ncdef int x = 1\n"
+    )
+    assert list(compiled_functions(module)) == [(1, "f", 3)]
+
+
 def test_imports_are_read_inside_functions_and_from_compiled_modules():
     parse = SERVICE / "wire" / "_parse.pyx"
     assert any(name.startswith("flows.service.wire._records") for _, name in imports(parse))
@@ -160,6 +169,25 @@ def product_files(*suffixes: str) -> list[Path]:
     return sorted(p for top in PRODUCT for p in (ROOT / top).rglob("*") if p.suffix in suffixes)
 
 
+def compiled_functions(path: Path) -> Iterator[tuple[int, str, int]]:
+    """(line, name, lines) of each function of a compiled module: from its ``def`` to its
+    last line indented deeper (a ``cdef`` variable is no function: it has no brackets)."""
+    lines = path.read_text().splitlines()
+    for start, line in enumerate(lines):
+        found = _COMPILED_DEF.match(line)
+        if not found or not line.rstrip().endswith((":", "(", ",")):
+            continue
+        indent, end = len(found.group(1)), start
+        for number in range(start + 1, len(lines)):
+            text = lines[number]
+            if not text.strip() or text.lstrip().startswith("#"):
+                continue
+            if len(text) - len(text.lstrip()) <= indent and not text.lstrip().startswith(")"):
+                break
+            end = number
+        yield start + 1, found.group(2), end - start + 1
+
+
 def test_no_product_function_is_longer_than_the_limit():
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}"
@@ -167,6 +195,12 @@ def test_no_product_function_is_longer_than_the_limit():
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and node.end_lineno - node.lineno + 1 > MAX_LINES
+    ]
+    long += [
+        f"{path.relative_to(ROOT)}:{line} {name}: {size}"
+        for path in product_files(".pyx")
+        for line, name, size in compiled_functions(path)
+        if size > MAX_LINES
     ]
     assert not long, f"functions over {MAX_LINES} lines:\n" + "\n".join(long)
 
