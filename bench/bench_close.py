@@ -41,12 +41,12 @@ from bench_engine import BATCH, messages  # noqa: E402
 
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402
+from flows.service.observe.stream_clock import StreamClock  # noqa: E402
 from flows.service.runtime.gc_freezer import freeze_long_lived  # noqa: E402
 from flows.service.shards.changelog import Changelog, MemoryChangelog  # noqa: E402
 from flows.service.shards.deadlines import WakeUpScheduler  # noqa: E402
 from flows.service.shards.group_logic import GroupLogic  # noqa: E402
 from flows.service.shards.logic import FlowContext  # noqa: E402
-from flows.service.shards.stream_clock import StreamClock  # noqa: E402
 from flows.service.wire.events import Origin, parse_event  # noqa: E402
 from flows.service.wire.keys import DEFAULT_SHARDS  # noqa: E402
 

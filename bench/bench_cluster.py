@@ -59,7 +59,7 @@ from flow_service import bench_session, check_alive, service_process  # noqa: E4
 from flow_throughput import Input, run_reference  # noqa: E402
 from flow_workload import workload  # noqa: E402
 
-from flows.service.runtime.members import Members  # noqa: E402
+from flows.service.connectors.members import Members  # noqa: E402
 from flows.service.runtime.shard_count import internal_partitions  # noqa: E402
 from flows.service.wire.keys import DEFAULT_SHARDS, shard_index  # noqa: E402
 from flows.testing import kafka_broker  # noqa: E402

@@ -66,11 +66,11 @@ from flow_workload import feedback_value, loss_of, request_value, workload  # no
 
 from flows.service.dataflow import Guards, parse_and_route  # noqa: E402
 from flows.service.instances.registry import LiveRegistry, Registry  # noqa: E402
+from flows.service.observe.stream_clock import StreamClock  # noqa: E402
 from flows.service.runtime.gc_freezer import YOUNG_COLLECTION_THRESHOLD, freeze_long_lived  # noqa: E402
 from flows.service.shards.deadlines import WAKE_UP, WakeUpScheduler  # noqa: E402
 from flows.service.shards.group_logic import GroupLogic  # noqa: E402
 from flows.service.shards.logic import REST_AFTER, FlowContext  # noqa: E402
-from flows.service.shards.stream_clock import StreamClock  # noqa: E402
 from flows.service.wire.events import Origin, parse_event, parse_feedback, parse_request  # noqa: E402
 from flows.service.wire.keys import DEFAULT_SHARDS, group_of, shard_names  # noqa: E402
 from tsi_core import Bandit  # noqa: E402

@@ -35,11 +35,10 @@ from tests.service.members_live import REGISTRY, Clients, member_env  # noqa: E4
 PARTITIONS = 4
 
 
-def run_mode(bootstrap: str, workdir: Path, mode: str, watch_s: float) -> dict[str, Any]:
-    """Two processes of ``mode`` (cluster or members) under steady load; process 1 killed."""
-    topics = {n: unique_topic(n) for n in ("requests", "feedback", "sel", "dlq", "internal")}
-    for name, topic in topics.items():
-        create_topic(bootstrap, topic, 1 if name == "dlq" else PARTITIONS)
+def start_processes(
+    bootstrap: str, workdir: Path, mode: str, topics: dict[str, str]
+) -> tuple[list[subprocess.Popen], list[Path]]:
+    """Two ``tsi run`` processes of ``mode`` (cluster or members) and their log files."""
     registry = workdir / "registry.toml"
     registry.write_text(REGISTRY)
     addresses = ";".join(f"127.0.0.1:{free_port()}" for _ in range(2))
@@ -59,6 +58,15 @@ def run_mode(bootstrap: str, workdir: Path, mode: str, watch_s: float) -> dict[s
                 stderr=subprocess.DEVNULL,
             )
         )
+    return procs, logs
+
+
+def run_mode(bootstrap: str, workdir: Path, mode: str, watch_s: float) -> dict[str, Any]:
+    """Two processes of ``mode`` (cluster or members) under steady load; process 1 killed."""
+    topics = {n: unique_topic(n) for n in ("requests", "feedback", "sel", "dlq", "internal")}
+    for name, topic in topics.items():
+        create_topic(bootstrap, topic, 1 if name == "dlq" else PARTITIONS)
+    procs, logs = start_processes(bootstrap, workdir, mode, topics)
     clients = Clients(bootstrap, topics, 100_000, 0.01)
     threads = clients.start()
     result: dict[str, Any] = {"mode": mode}

@@ -75,19 +75,28 @@ cdef inline object new_ticket(object instance, int64_t round_, int64_t arm, doub
     return ticket
 
 
+#: the type of each field of a ticket whose table the cyclic GC need not walk (``_atomic``)
+cdef tuple _ATOMIC = (str, int, int, float, float, int, str)
+
+
 cdef inline bint _atomic(object ticket):
-    """Whether a ticket holds only strs, ints, floats and None: then a table of such
-    tickets cannot be part of a reference cycle, and is kept out of the cyclic GC's
+    """Whether a ticket holds only strs, ints, floats and None (its context): then a table
+    of such tickets cannot be part of a reference cycle, and is kept out of the cyclic GC's
     walks (CPython tracks a dict from the first tuple subclass put in it, tracked or
     not; an instance with many pending tickets kept one such dict walked at every
     collection)."""
-    context = field(ticket, 5)
-    return (
-        type(field(ticket, 0)) is str and type(field(ticket, 1)) is int
-        and type(field(ticket, 2)) is int and type(field(ticket, 3)) is float
-        and type(field(ticket, 4)) is float and (context is None or type(context) is int)
-        and type(field(ticket, 6)) is str
-    )
+    cdef Py_ssize_t i
+    for i in range(7):
+        item = field(ticket, i)
+        if type(item) is not <object>PyTuple_GET_ITEM(_ATOMIC, i) and not (i == 5 and item is None):
+            return False
+    return True
+
+
+cdef inline bint _table(object held) noexcept:
+    """Whether an instance's pending tickets are held in a table (a dict by round), not
+    as one ticket or none."""
+    return type(held) is dict
 
 
 cdef inline object field(object ticket, Py_ssize_t i):
@@ -326,7 +335,7 @@ cdef class BanditCore:
         held = self._pending
         if held is None:
             return ()
-        if type(held) is dict:
+        if _table(held):
             return tuple(held.values())
         return (held,)
 
@@ -343,7 +352,7 @@ cdef class BanditCore:
         held = self._pending
         if held is None:
             self._pending = ticket  # the common case of one pending ticket needs no table
-        elif type(held) is dict:
+        elif _table(held):
             tracked = PyObject_GC_IsTracked(held)
             (<dict>held)[field(ticket, 1)] = ticket
             if not tracked and _atomic(ticket):
@@ -359,7 +368,7 @@ cdef class BanditCore:
         """Forget a pending ticket (``check_pending`` passed): back to no table when one
         is left."""
         held = self._pending
-        if type(held) is not dict:
+        if not _table(held):
             self._pending = None  # an idle instance keeps no ticket table
             return 0
         del (<dict>held)[field(ticket, 1)]
@@ -372,12 +381,12 @@ cdef class BanditCore:
         held = self._pending
         if held is None:
             return None
-        if type(held) is dict:
+        if _table(held):
             return held.get(round_)
         return held if held[1] == round_ else None
 
     cdef int check_pending(self, ticket) except -1:
-        if type(ticket) is not Ticket and not isinstance(ticket, Ticket):
+        if not isinstance(ticket, Ticket):
             raise TicketError(f"expected a Ticket, got {ticket!r}")
         if field(ticket, 0) != self.instance_id:
             raise TicketError(
@@ -385,7 +394,7 @@ cdef class BanditCore:
             )
         held = self._pending
         if held is ticket or (
-            type(held) is dict and (<dict>held).get(field(ticket, 1)) is ticket
+            _table(held) and (<dict>held).get(field(ticket, 1)) is ticket
         ):
             return 0  # the ticket it handed out (the common case: no comparison)
         if self.pending_at(field(ticket, 1)) != ticket:

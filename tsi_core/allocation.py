@@ -128,7 +128,7 @@ def eligible_mask(eligible: Any, n_arms: int) -> bytearray | None:
     """
     if eligible is None:
         return None
-    if (type(eligible) is list or type(eligible) is tuple) and eligible:  # without numpy
+    if type(eligible) in (list, tuple) and eligible:  # without numpy
         mask = bytearray(n_arms)
         for arm in eligible:
             if type(arm) is not int:

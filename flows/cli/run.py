@@ -9,6 +9,7 @@ import typer
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
+from flows.service.connectors.stopping import Stop
 from flows.service.observe.metrics import MetricsPortError
 from flows.service.runtime.dir_lock import hold_directory, is_empty
 from flows.service.runtime.process import Service
@@ -21,7 +22,6 @@ from flows.service.runtime.startup import (
     describe_start,
     prepare,
 )
-from flows.service.runtime.stopping import Stop
 from flows.service.shards.changelog import ForeignChangelogError
 
 RESTART = 3  # the exit status asking a supervisor to start the service again

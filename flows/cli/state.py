@@ -76,7 +76,7 @@ def import_command(
     per member: `tsi state import state.tsi --recovery-dir vol-0/recovery --member 0
     --members 2`, then the same for member 1.
     """
-    from flows.service.runtime.members import Members
+    from flows.service.connectors.members import Members
     from flows.tools.state import import_state
 
     if (member is None) != (members is None):

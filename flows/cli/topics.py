@@ -50,31 +50,38 @@ def _read_topics(topics: Topics) -> list[str]:
     return inputs + ([topics.internal] if topics.repartitioned else [])
 
 
+_PARTITIONS = typer.Option(
+    None, min=1, help="Partitions of new topics (default 3); if given, existing must match."
+)
+_REPLICATION_FACTOR = typer.Option(
+    None, min=1, help="Replicas of new topics (default 1); if given, existing must match."
+)
+_SHARDS = typer.Option(
+    None,
+    help="Shards of the service (1 to 1024): partitions of a new changelog topic, one "
+    f"a shard; tsi run then serves with as many. Default: the existing changelog's, "
+    f"else {DEFAULT_SHARDS}; if given, an existing changelog must match.",
+)
+_INTERNAL_PARTITIONS = typer.Option(
+    None,
+    help="Partitions of a new internal topic: the most members the service can have "
+    "(each a Kafka consumer where it is read); must divide --shards. Default: the greatest "
+    "common divisor of 32 and --shards (32 for 128 shards).",
+)
+_DLQ_MAX_MESSAGE_BYTES = typer.Option(
+    None, min=1, help="max.message.bytes of a new dead-letter topic; if given, existing too."
+)
+
+
 @topics_app.command("create")
 @with_options(*SERVICE_OPTIONS, option("no_changelog"))
 def topics_create(
     env: Mapping[str, str],
-    partitions: int | None = typer.Option(
-        None, min=1, help="Partitions of new topics (default 3); if given, existing must match."
-    ),
-    replication_factor: int | None = typer.Option(
-        None, min=1, help="Replicas of new topics (default 1); if given, existing must match."
-    ),
-    shards: str | None = typer.Option(
-        None,
-        help="Shards of the service (1 to 1024): partitions of a new changelog topic, one "
-        f"a shard; tsi run then serves with as many. Default: the existing changelog's, "
-        f"else {DEFAULT_SHARDS}; if given, an existing changelog must match.",
-    ),
-    internal_partitions: str | None = typer.Option(
-        None,
-        help="Partitions of a new internal topic: the most members the service can have "
-        "(each a Kafka consumer where it is read); must divide --shards. Default: the greatest "
-        "common divisor of 32 and --shards (32 for 128 shards).",
-    ),
-    dlq_max_message_bytes: int | None = typer.Option(
-        None, min=1, help="max.message.bytes of a new dead-letter topic; if given, existing too."
-    ),
+    partitions: int | None = _PARTITIONS,
+    replication_factor: int | None = _REPLICATION_FACTOR,
+    shards: str | None = _SHARDS,
+    internal_partitions: str | None = _INTERNAL_PARTITIONS,
+    dlq_max_message_bytes: int | None = _DLQ_MAX_MESSAGE_BYTES,
     timeout: float = _TIMEOUT,
 ) -> None:
     """Create the service's topics: requests, feedback (or --events-topic), selections, DLQ,

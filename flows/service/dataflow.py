@@ -37,12 +37,13 @@ from bytewax.operators import StatefulBatchLogic
 from flows.service.instances.instance import Output
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import count_dead_letter
+from flows.service.observe.stream_clock import StreamClock
 from flows.service.shards.changelog import Changelog
 from flows.service.shards.deadlines import WakeUps, WakeUpScheduler
 from flows.service.shards.group_logic import GroupLogic, Part, group_builder
 from flows.service.shards.logic import Routed, flow_context
-from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire import _parse
+from flows.service.wire._records import selection_json
 from flows.service.wire.events import (
     DEFAULT_DEAD_LETTER_RAW,
     DEFAULT_TS_WINDOW,
@@ -411,7 +412,7 @@ def _split_traced(outputs: list[tuple[Any, Output]]) -> tuple[list[tuple], bool]
         if out.dead_letter:
             dead.append((tag, out))
         else:
-            selections.append((tag, out.to_json()))
+            selections.append((tag, selection_json(out)))
     return [(selections, dead)], StatefulBatchLogic.RETAIN
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.service.connectors.members import Members
 from flows.service.instances.resting import Entry
-from flows.service.runtime.members import Members
 from flows.service.runtime.recovery import (
     NotOneClusterError,
     _committed_steps,

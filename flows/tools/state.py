@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.service.connectors.members import Members
 from flows.service.instances.resting import Entry
 from flows.service.runtime.dir_lock import (
     LOCK_PREFIX,
@@ -37,7 +38,6 @@ from flows.service.runtime.dir_lock import (
     is_lock_file,
     release_directory,
 )
-from flows.service.runtime.members import Members
 from flows.service.runtime.recovery import (
     INPUTS_SEED,
     PARTITION_FILE,

@@ -35,8 +35,8 @@ import orjson
 
 from flows.service.instances import _draw
 from flows.service.instances._answer_book import AnswerBook
+from flows.service.instances._deadline_queue import TimeHeap
 from flows.service.instances.registry import Experiment
-from flows.service.shards._deadline_queue import TimeHeap
 from flows.service.wire.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.service.wire.keys import split_key
 from tsi_core import Bandit, Ticket

@@ -34,7 +34,7 @@ from flows.service.observe.metrics import (
     observe_expired,
     thread_tally,
 )
-from flows.service.shards.stream_clock import StreamClock
+from flows.service.observe.stream_clock import StreamClock
 from flows.service.wire.events import Request, Selection
 from tests.service.reference_instance import Instance
 

@@ -22,10 +22,10 @@ from flows.service.dataflow import (
     through_internal_topic,
 )
 from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.observe.stream_clock import StreamClock
 from flows.service.shards.deadlines import WAKE_UP
 from flows.service.shards.group_logic import group_builder
 from flows.service.shards.logic import flow_context
-from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire.events import (
     DeadLetter,
     Origin,

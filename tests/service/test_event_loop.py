@@ -21,10 +21,10 @@ from flows.service.instances import instance as compiled_instance
 from flows.service.instances.instance import Instance, Open
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import thread_tally
+from flows.service.observe.stream_clock import StreamClock
 from flows.service.shards import _event_loop
 from flows.service.shards.logic import FlowContext, ShardLogic
 from flows.service.shards.shard_store import LINGER
-from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 from tests.service.reference_shard import ReferenceShard
 from tsi_core import Bandit

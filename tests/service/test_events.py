@@ -5,6 +5,7 @@ import base64
 import orjson
 import pytest
 
+from flows.service.wire._records import selection_json
 from flows.service.wire.events import (
     MAX_MESSAGE_BYTES,
     DeadLetter,
@@ -95,7 +96,7 @@ def test_non_bytes_message_is_a_dead_letter_not_a_crash():
 
 def test_outgoing_messages_are_json_with_everything_a_consumer_needs():
     sel = Selection("e", "u", "r", "e\x1fu", 2, "blue", 0.25, 7, "holdout")
-    assert orjson.loads(sel.to_json()) == {
+    assert orjson.loads(selection_json(sel)) == {
         "experiment": "e",
         "unit": "u",
         "request_id": "r",

@@ -11,6 +11,7 @@ from flows.service.shards.changelog import MARKER_KEY, MemoryChangelog
 from flows.service.shards.deadlines import WakeUpScheduler
 from flows.service.shards.group_logic import GroupLogic, Retired, group_builder
 from flows.service.shards.logic import flow_context, logic_builder
+from flows.service.wire._records import selection_json
 from flows.service.wire.events import Origin, parse_request
 from flows.service.wire.keys import group_of, instance_key, shard_of
 
@@ -61,7 +62,7 @@ def test_a_group_resumes_every_shard_from_its_snapshot():
     assert sorted(state["shards"]) == sorted(shard_of(key, SHARDS) for key in KEYS)
     again = group_builder(context())(state)
     out = again.handle(parts(*UNITS, rid="r2"))
-    assert [orjson.loads(o.to_json())["round"] for o in out] == [2, 2]  # each went on
+    assert [orjson.loads(selection_json(o))["round"] for o in out] == [2, 2]  # each went on
 
 
 def test_a_group_close_waits_once_for_all_its_shards(tmp_path):
@@ -118,7 +119,7 @@ def test_a_key_of_one_shard_hands_its_state_to_its_group_and_then_goes():
     assert sorted(state["shards"]) == sorted([old, other])
     assert retired.on_notify() == ([], StatefulBatchLogic.DISCARD)
     [answer] = group.handle(parts(UNITS[0], rid="r2"))
-    assert orjson.loads(answer.to_json())["round"] == 2  # the old shard's instance went on
+    assert orjson.loads(selection_json(answer))["round"] == 2  # the old shard's instance went on
 
 
 def test_a_group_holding_the_shard_keeps_its_own_state_over_a_stale_handover():
@@ -137,7 +138,7 @@ def test_a_group_holding_the_shard_keeps_its_own_state_over_a_stale_handover():
     build = group_builder(shared)
     resumed, retired = build(newer), build(stale)
     [answer] = resumed.handle(parts(UNITS[0], rid="r3"))
-    assert orjson.loads(answer.to_json())["round"] == 3 and shared.handover == {}
+    assert orjson.loads(selection_json(answer))["round"] == 3 and shared.handover == {}
     resumed.snapshot()
     assert retired.on_eof() == ([], StatefulBatchLogic.DISCARD)
     assert old in shared.adopted

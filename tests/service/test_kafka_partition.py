@@ -12,7 +12,7 @@ from flows.service.connectors.kafka_partition import (
     Reading,
     check_partition_count,
 )
-from flows.service.runtime.stopping import Stop
+from flows.service.connectors.stopping import Stop
 
 
 @pytest.fixture(autouse=True)

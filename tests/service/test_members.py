@@ -1,4 +1,4 @@
-"""Members (``flows.service.runtime.members``): one home for every partition, each shard's
+"""Members (``flows.service.connectors.members``): one home for every partition, each shard's
 copies in one internal partition, and the settings members refuse."""
 
 import re
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.service.runtime.members import Members, MembersError
+from flows.service.connectors.members import Members, MembersError
 from flows.service.runtime.options import ConfigError
 from flows.service.runtime.settings import Settings
 from flows.service.wire._records import internal_copy
@@ -32,7 +32,7 @@ def test_the_members_split_a_topics_partitions_the_others_lying_dormant(count, p
     one reading nothing and keeping its state as it was."""
     from flows.service.connectors.kafka_partition import DormantPartition
     from flows.service.connectors.kafka_source import ObservedKafkaSource
-    from flows.service.runtime.stopping import Stop
+    from flows.service.connectors.stopping import Stop
 
     parts = [f"{p}-tsi.requests" for p in range(partitions)]
     read = []

@@ -6,7 +6,7 @@ applied: ``test_state_members_live``); without one it is refused as before."""
 
 import pytest
 
-from flows.service.runtime.members import Members
+from flows.service.connectors.members import Members
 from flows.service.runtime.startup import StartupError
 from tests.service.test_members import check_reset
 

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.service.connectors.members import Members
 from flows.service.instances.instance import Instance
 from flows.service.instances.registry import Registry
 from flows.service.instances.resting import entry_of
-from flows.service.runtime.members import Members
 from flows.service.runtime.recovery import (
     NotOneClusterError,
     committed_entries,

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from flows.service.runtime.members import Members
+from flows.service.connectors.members import Members
 from flows.service.shards.changelog import MemoryChangelog
 from flows.service.shards.logic import ShardLogic, logic_builder
 from flows.service.wire.events import DeadLetter, Origin, parse_feedback, parse_request

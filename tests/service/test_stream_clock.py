@@ -4,7 +4,7 @@ idle time, and readiness says what holds it back and fails when it stays still."
 import math
 
 from flows.service.observe.metrics import Readiness
-from flows.service.shards.stream_clock import StreamClock
+from flows.service.observe.stream_clock import StreamClock
 
 
 def clock_at(t0=1000.0, idle_after=30.0):

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from flows.service.connectors.memory import memory_wiring
 from flows.service.dataflow import Wiring, build_flow
+from flows.service.instances import _deadline_queue
 from flows.service.instances.registry import Registry
-from flows.service.shards import _deadline_queue
 from flows.service.shards.deadlines import WAKE_UP, DeadlineQueue, WakeUpScheduler
 from flows.service.shards.logic import logic_builder
 from flows.service.wire.events import Origin, parse_request

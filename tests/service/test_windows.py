@@ -28,6 +28,7 @@ from flows.service.observe.metrics import (
 )
 from flows.service.shards import _event_loop
 from flows.service.shards.shard_store import FlowContext, ShardStore
+from flows.service.wire._records import selection_json
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 
 ARMS = '["control", "green", "blue"]'
@@ -183,7 +184,7 @@ def test_selections_carry_prob_and_why_and_a_retry_gets_the_same():
         assert sel.prob >= 0.1 * 0.5  # the floor, on the bandit's half
         whys.add(sel.why)
         assert inst.on_request(request(f"r{i}"), 1.0) == [sel]
-        wire = orjson.loads(sel.to_json())
+        wire = orjson.loads(selection_json(sel))
         assert (wire["prob"], wire["why"]) == (sel.prob, sel.why)
     assert whys == {"holdout", "bandit"}
 

@@ -14,6 +14,8 @@ from flows.service.connectors.kafka_source import (
     internal_messages,
     kafka_messages,
 )
+from flows.service.connectors.members import ALONE, Members
+from flows.service.connectors.stopping import Stop
 from flows.service.connectors.topics import Topics
 from flows.service.dataflow import (
     Inputs,
@@ -25,8 +27,6 @@ from flows.service.dataflow import (
     Wiring,
     unzip_batches,
 )
-from flows.service.runtime.members import ALONE, Members
-from flows.service.runtime.stopping import Stop
 from flows.service.wire._records import internal_copy, messages_only
 from flows.service.wire.events import DeadLetter, ParseBySource, minimal_dead_letter
 from flows.service.wire.keys import DEFAULT_SHARDS
@@ -58,7 +58,7 @@ def kafka_wiring(
     state start (an imported store, ``flows.service.runtime.recovery.seeded_inputs``). ``process``:
     this process's index in its cluster (its sinks write through their partition of it).
     ``members``: read only this member's partitions of every input (members mode,
-    ``flows.service.runtime.members``). ``internal_partitions``: the internal topic's
+    ``flows.service.connectors.members``). ``internal_partitions``: the internal topic's
     partition count, to copy each event to its shard's partition (0: the partitioner
     chooses by key), its shard of the flow's ``shards``.
     """
@@ -80,11 +80,7 @@ def kafka_wiring(
         )
         return checked.output
 
-    inputs = (
-        {"events": source(topics.events)}
-        if topics.events is not None
-        else {"requests": source(topics.requests), "feedback": source(topics.feedback)}
-    )
+    inputs = _inputs(topics, source)
     repartition = None
     if topics.repartitioned and tail:  # a bounded run (tail=False) reads the inputs directly
         repartition = _repartition(
@@ -95,6 +91,13 @@ def kafka_wiring(
         Inputs(inputs, repartition=repartition, ending=Stop.asked if tail else None),
         Outputs(sink(topics.selections), sink(topics.dead_letters, replace=minimal_dead_letter)),
     )
+
+
+def _inputs(topics: Topics, source: Callable[[str], OpenSource]) -> dict[str, OpenSource]:
+    """The input sources by name: the one combined stream, or requests and feedback."""
+    if topics.events is not None:
+        return {"events": source(topics.events)}
+    return {"requests": source(topics.requests), "feedback": source(topics.feedback)}
 
 
 def _topic_source(

@@ -317,50 +317,73 @@ def create_topics(
     limits = dict(max_bytes or {})
     admin, timeout = admin_client(brokers, config), Deadline.of(timeout)
     before = describe_topics(admin, cluster_metadata(admin, brokers, timeout), wanted, timeout)
-    counts, configs = {}, {}
-    if internal is not None:
-        counts[internal[0]] = internal[1]
-    problems = [
-        problem
-        for name, info in before.items()
-        if info is not None
-        for problem in differences(
-            info, None if name in counts else partitions, replication_factor, limits.get(name)
-        )
-    ]
-    if changelog is not None:
-        name, shards = changelog
-        counts[name], configs[name] = shards, dict(CHANGELOG_CONFIG)
-        if before.get(name) is not None:
-            problems += changelog_problems(admin, before[name], shards, timeout)
-    if problems:
-        raise TopicError(
-            f"{'; '.join(problems)}: existing topics are never changed; give other names, "
-            "or leave out the options they contradict"
-        )
+    asked = (partitions, replication_factor)
+    _refuse_differences(admin, before, asked, limits, internal, changelog, timeout)
+    counts = dict(special for special in (internal, changelog) if special is not None)
+    configs = {changelog[0]: dict(CHANGELOG_CONFIG)} if changelog is not None else {}
     missing = [name for name, info in before.items() if info is None]
-    created = _create(
-        admin,
-        [
-            NewTopic(
-                name,
-                counts.get(name) or partitions or DEFAULT_PARTITIONS,
-                replication_factor or DEFAULT_REPLICATION,
-                config={
-                    **({"max.message.bytes": str(limits[name])} if name in limits else {}),
-                    **configs.get(name, {}),
-                },
-            )
-            for name in missing
-        ],
-        timeout,
-    )
+    new = [
+        _new_topic(name, counts.get(name) or partitions, replication_factor, limits, configs)
+        for name in missing
+    ]
+    created = _create(admin, new, timeout)
     wait_for_leaders(admin, missing, timeout)  # created here or meanwhile by another
     after = describe_topics(admin, cluster_metadata(admin, brokers, timeout), wanted, timeout)
     return [
         f"{name}: {'created' if name in created else 'exists'}, {_summary(after[name])}"
         for name in wanted
     ]
+
+
+def _refuse_differences(
+    admin: AdminClient,
+    before: Mapping[str, TopicInfo | None],
+    asked: tuple[int | None, int | None],
+    limits: Mapping[str, int],
+    internal: tuple[str, int] | None,
+    changelog: tuple[str, int] | None,
+    timeout: Deadline,
+) -> None:
+    """`TopicError` naming every way an existing topic differs from what was ``asked``
+    explicitly (partitions, replication factor) or its limit; the internal topic's
+    partitions are not compared (members check them at start), the changelog is
+    ``changelog_problems``."""
+    partitions, replication_factor = asked
+    loose = {internal[0]} if internal is not None else set()
+    problems = [
+        problem
+        for name, info in before.items()
+        if info is not None
+        for problem in differences(
+            info, None if name in loose else partitions, replication_factor, limits.get(name)
+        )
+    ]
+    if changelog is not None and before.get(changelog[0]) is not None:
+        problems += changelog_problems(admin, before[changelog[0]], changelog[1], timeout)
+    if problems:
+        raise TopicError(
+            f"{'; '.join(problems)}: existing topics are never changed; give other names, "
+            "or leave out the options they contradict"
+        )
+
+
+def _new_topic(
+    name: str,
+    partitions: int | None,
+    replication_factor: int | None,
+    limits: Mapping[str, int],
+    configs: Mapping[str, dict[str, str]],
+) -> NewTopic:
+    """The topic ``name`` to create, the defaults standing in for what was not asked."""
+    return NewTopic(
+        name,
+        partitions or DEFAULT_PARTITIONS,
+        replication_factor or DEFAULT_REPLICATION,
+        config={
+            **({"max.message.bytes": str(limits[name])} if name in limits else {}),
+            **configs.get(name, {}),
+        },
+    )
 
 
 def changelog_problems(

@@ -22,9 +22,9 @@ from bytewax.inputs import StatefulSourcePartition
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
+from flows.service.connectors.stopping import Stop
 from flows.service.observe.metrics import observe_kafka_stats
-from flows.service.runtime.stopping import Stop
-from flows.service.shards.stream_clock import STREAM_CLOCK
+from flows.service.observe.stream_clock import STREAM_CLOCK
 from flows.service.wire._records import internal_message, kafka_batch
 from flows.service.wire.events import DeadLetter, Origin
 
@@ -169,7 +169,7 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
 
     def _note_read(self, out: list[Any]) -> None:
         """Stream time: the batch's newest message is read, not yet served (its partition
-        holds expiry until it is, ``flows.service.shards.stream_clock``)."""
+        holds expiry until it is, ``flows.service.observe.stream_clock``)."""
         item = out[-1] if out else None
         if isinstance(item, tuple) and item[1].time is not None:
             STREAM_CLOCK.note_read(self._topic, self._part_idx, item[1].time)
@@ -190,7 +190,7 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
 
     def _caught_up(self, stats: dict[str, Any]) -> bool | None:
         """Whether this partition has read all there is (stream time,
-        ``flows.service.shards.stream_clock``), or None while its end is not known: librdkafka
+        ``flows.service.observe.stream_clock``), or None while its end is not known: librdkafka
         reports an empty partition's end (``hi_offset``) only after its first fetch."""
         try:
             partitions = stats["topics"][self._topic]["partitions"]

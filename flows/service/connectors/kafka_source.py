@@ -27,8 +27,8 @@ from flows.service.connectors.kafka_partition import (
     Reading,
 )
 from flows.service.connectors.kafka_sink import names_of
+from flows.service.connectors.members import ALONE, Members
 from flows.service.observe.metrics import note_broker_contact
-from flows.service.runtime.members import ALONE, Members
 
 #: Consumer defaults of `kafka_messages` (before `add_config`). Bytewax sets none of these.
 SOURCE_DEFAULTS: dict[str, Any] = {
@@ -242,7 +242,7 @@ def kafka_messages(
     lists: what one ``consume`` read, in its order: messages as (bytes, Origin) and, for
     Kafka's errors, their ``kafka_error`` dead letters. ``seeded``:
     where partitions without resume state start (``"step id/partition": offset``).
-    ``members``: read only this member's partitions (``flows.service.runtime.members``).
+    ``members``: read only this member's partitions (``flows.service.connectors.members``).
 
     Defaults added over those of Bytewax's own Kafka source (which the partitions' consumer
     settings repeat): `SOURCE_DEFAULTS`, each with its reason. Left at its

@@ -1,7 +1,7 @@
 # One bandit instance's state and event handling, compiled: see instance.pyx.
 
 from flows.service.instances._answer_book cimport AnswerBook
-from flows.service.shards._deadline_queue cimport TimeHeap
+from flows.service.instances._deadline_queue cimport TimeHeap
 
 
 cdef enum EntryKind:

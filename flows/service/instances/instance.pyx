@@ -29,7 +29,7 @@ from libc.math cimport INFINITY
 import orjson
 
 from flows.service.instances._answer_book cimport AnswerBook
-from flows.service.shards._deadline_queue cimport TimeHeap
+from flows.service.instances._deadline_queue cimport TimeHeap
 from flows.service.instances._draw cimport uniform_draw as _draw
 from flows.service.wire._records cimport (
     ARM,

@@ -56,6 +56,7 @@ from typing import Any
 
 from flows.service.instances import serving
 from flows.service.instances.serving import NamedContexts
+from flows.service.wire._parse import lane_reads
 from flows.service.wire.keys import UNIT_SEPARATOR, instance_key
 from tsi_core import Allocation, Bandit, Ticket
 from tsi_core.bandit import configure
@@ -542,6 +543,8 @@ def renumbered_contexts(old: Registry, new: Registry) -> str | None:
 #: Guards a ``LiveRegistry``'s pending registry, which another thread may offer
 #: (``LiveRegistry.offer``) while the flow applies it (module level: a registry pickles).
 _PENDING = threading.Lock()
+
+lane_reads(Registry, Experiment)  # the parser's compiled lane reads these, and no subclass
 
 
 class LiveRegistry:

@@ -138,7 +138,7 @@ from flows.service.observe.arm_metrics import (
     arm_families,
 )
 from flows.service.observe.restoring import RESTORING, Restoring
-from flows.service.shards.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
+from flows.service.observe.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
 from flows.service.wire.events import DeadLetter
 
 __all__ = [

@@ -23,14 +23,16 @@ from flows.service.connectors.kafka import kafka_wiring
 from flows.service.connectors.kafka_admin import group_offsets, holds_records
 from flows.service.connectors.kafka_changelog import KafkaChangelog
 from flows.service.connectors.kafka_partition import FINAL_COMMITS
+from flows.service.connectors.members import ALONE, Members
+from flows.service.connectors.stopping import Stop, on_signals
 from flows.service.connectors.topics import Topics
 from flows.service.dataflow import Guards, Outputs, build_flow
 from flows.service.instances.registry import LiveRegistry, Registry
 from flows.service.observe.metrics import DEFAULT_HOST, note_epoch_completed, serve_metrics
+from flows.service.observe.stream_clock import STREAM_CLOCK
 from flows.service.runtime.allocator import TRIM_EVERY, map_large_blocks, start_trimming
 from flows.service.runtime.dir_lock import hold_directory, is_empty
 from flows.service.runtime.gc_freezer import freeze_long_lived
-from flows.service.runtime.members import ALONE, Members
 from flows.service.runtime.recovery import (
     input_seeds,
     keys_of_one_shard,
@@ -41,8 +43,6 @@ from flows.service.runtime.recovery import (
 from flows.service.runtime.restore import restore
 from flows.service.runtime.settings import DEFAULT_GROUP, Settings, client_config, outputs_of
 from flows.service.runtime.shard_count import flow_shards
-from flows.service.runtime.stopping import Stop, on_signals
-from flows.service.shards.stream_clock import STREAM_CLOCK
 from flows.service.wire.keys import DEFAULT_SHARDS
 
 log = logging.getLogger("tsi")
@@ -272,8 +272,8 @@ def run(
     With ``metrics_port``, Prometheus metrics are served on it at ``metrics_host`` (``/metrics``,
     ``/ready`` after ``ready_timeout`` s without progress, ``/healthz``). ``on_reload`` is called on
     SIGHUP (``Service.reload_registry``); freed memory goes back every ``trim_every`` s;
-    SIGINT and SIGTERM end it cleanly (``flows.service.runtime.stopping``; ``say`` prints the line
-    of a forced exit). The flow returns once it has ended; ``Stop`` says why.
+    SIGINT and SIGTERM end it cleanly (``flows.service.connectors.stopping``; ``say``
+    prints the line of a forced exit). The flow returns once it has ended; ``Stop`` says why.
     """
     recovery = None
     if recovery_dir is not None:
@@ -305,7 +305,7 @@ def start_process(
 ) -> None:
     """What every service process does before its flow runs, whichever way it was started:
     serve metrics and probes, reload the registry on SIGHUP, end cleanly on SIGINT and
-    SIGTERM (``flows.service.runtime.stopping``; ``say`` prints a forced exit's line), settle the
+    SIGTERM (``flows.service.connectors.stopping``; ``say`` prints a forced exit's line), settle the
     start-up heap, map large blocks on their own and hand freed memory back every
     ``trim_every`` seconds (``flows.service.runtime.allocator``)."""
     map_large_blocks()

@@ -20,9 +20,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from flows.service.connectors.members import ALONE, Members, MembersError
 from flows.service.instances.resting import Entry, state_of
 from flows.service.runtime.dir_lock import is_empty, is_lock_file
-from flows.service.runtime.members import ALONE, Members, MembersError
 from flows.service.runtime.settings import ConfigError
 from flows.service.shards.shard_log import (
     ShardLog,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.service.connectors.files import outputs_to
+from flows.service.connectors.members import Members, MembersError
 from flows.service.connectors.topics import Topics
 from flows.service.dataflow import Guards, Outputs, parse_skips
 from flows.service.observe.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
@@ -31,7 +32,6 @@ from flows.service.runtime.kafka_options import (
     client_config,
     topics_from_env,
 )
-from flows.service.runtime.members import Members, MembersError
 from flows.service.runtime.options import (
     ConfigError,
     Option,
@@ -347,7 +347,7 @@ class Settings:
 
     @property
     def membership(self) -> Members:
-        """This process's place among the members (``flows.service.runtime.members``)."""
+        """This process's place among the members (``flows.service.connectors.members``)."""
         return Members(self.members, self.member)
 
     @classmethod

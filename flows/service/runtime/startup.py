@@ -41,10 +41,10 @@ from flows.service.connectors.kafka_config import (
 )
 from flows.service.connectors.kafka_sink import DeliveryCheckedKafkaSink
 from flows.service.connectors.kafka_source import SOURCE_DEFAULTS
+from flows.service.connectors.members import MembersError
 from flows.service.instances.registry import RegistryError
 from flows.service.observe.metrics import note_broker_contact
 from flows.service.runtime.dir_lock import is_empty
-from flows.service.runtime.members import MembersError
 from flows.service.runtime.process import Service, live_registry
 from flows.service.runtime.recovery import (
     REBUILD_HINT,

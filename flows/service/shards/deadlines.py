@@ -24,7 +24,7 @@ arriving at an epoch's close that long: the tail of the decision latency
 every 10 ms costs little of a core when idle (the same section). Only unbounded flows
 use it;
 it ends when their inputs end (``ending`` says so), so that the flow can end. The queue
-itself is compiled (``flows.service.shards._deadline_queue``): shards keep one too, told of every
+itself is compiled (``flows.service.instances._deadline_queue``): shards keep one too, told of every
 event's new deadline.
 
 >>> scheduler = WakeUpScheduler()
@@ -44,7 +44,7 @@ from datetime import UTC, datetime, timedelta
 
 from bytewax.inputs import DynamicSource, StatelessSourcePartition
 
-from flows.service.shards._deadline_queue import DeadlineQueue
+from flows.service.instances._deadline_queue import DeadlineQueue
 
 __all__ = ["WAKE_UP", "DeadlineQueue", "WakeUpScheduler", "WakeUps"]
 

@@ -23,6 +23,7 @@ from bytewax.operators import StatefulBatchLogic
 
 from flows.service.instances.instance import Output
 from flows.service.instances.registry import LiveRegistry, Registry
+from flows.service.observe.stream_clock import StreamClock
 from flows.service.shards.changelog import Changelog
 from flows.service.shards.deadlines import WakeUpScheduler
 from flows.service.shards.shard_store import (
@@ -32,7 +33,6 @@ from flows.service.shards.shard_store import (
     ShardStore,
     close_stores,
 )
-from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire._records import split_outputs
 from flows.service.wire.events import DeadLetter
 from flows.service.wire.keys import DEFAULT_SHARDS

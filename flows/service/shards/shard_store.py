@@ -20,19 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.service.instances._deadline_queue import TimeHeap
 from flows.service.instances.instance import Instance, Output
 from flows.service.instances.registry import Experiment, LiveRegistry
 from flows.service.instances.resting import Entry, Resting, entry_of, open_tickets, revive
 from flows.service.observe.metrics import observe_expired, observe_restored
 from flows.service.observe.restoring import RESTORING
+from flows.service.observe.stream_clock import StreamClock
 from flows.service.shards import _event_loop as event_loop
-from flows.service.shards._deadline_queue import TimeHeap
 from flows.service.shards.changelog import Changelog, encode, shard_index
 from flows.service.shards.changelog_layer import ChangelogLayer, Routed
 from flows.service.shards.deadlines import DeadlineQueue, WakeUpScheduler
 from flows.service.shards.generations import Generations
 from flows.service.shards.shard_log import ShardLog
-from flows.service.shards.stream_clock import StreamClock
 from flows.service.wire.events import DeadLetter, Origin
 from flows.service.wire.keys import DEFAULT_SHARDS, of_layout, shard_of, split_key
 
@@ -89,7 +89,7 @@ class FlowContext:
     """What every shard of one dataflow shares: the registry, the clock, whether
     snapshots are built (recovery on), whether the flow runs on event time, and the stream
     clock (the Kafka service: an event's time is its Kafka timestamp and tickets expire on
-    stream time, see ``flows.service.shards.stream_clock``)."""
+    stream time, see ``flows.service.observe.stream_clock``)."""
 
     registry: LiveRegistry
     clock: Callable[[], float] = time.time

@@ -60,7 +60,11 @@ from flows.service.wire.fields cimport arm as _arm, identifier as _identifier, i
 from flows.service.wire.fields cimport loss_in_range, number as _number, size_accepted, time_in_window
 from flows.service.wire.keys cimport in_groups, shard_index, shard_names
 from flows.service.wire.keys import DEFAULT_SHARDS, UNIT_SEPARATOR
-from flows.service.instances.registry import Experiment, Registry
+
+#: the registry and experiment classes whose objects the lane reads directly: named by
+#: ``flows.service.instances.registry`` as it loads (``lane_reads``), as wire sits below it
+cdef object _REGISTRY = None
+cdef object _EXPERIMENT = None
 
 
 cdef extern from "Python.h":
@@ -341,7 +345,7 @@ cdef class _Lane:
         self.message = _Message()
         self.plain_window = PyFloat_CheckExact(window)
         self.window = window if self.plain_window else 0.0
-        if type(registry) is Registry and PyDict_CheckExact(registry.experiments):
+        if type(registry) is _REGISTRY and PyDict_CheckExact(registry.experiments):
             self.experiments = registry.experiments
 
     cdef object taken(self, object raw, object origin):
@@ -429,7 +433,7 @@ cdef class _Lane:
             return None
         if <object>found is not self.experiment:
             experiment = <object>found
-            if type(experiment) is not Experiment or not PyUnicode_CheckExact(experiment.name):
+            if type(experiment) is not _EXPERIMENT or not PyUnicode_CheckExact(experiment.name):
                 return None
             self.experiment, self.name = experiment, experiment.name
             self.per_unit = experiment.per_unit
@@ -438,6 +442,17 @@ cdef class _Lane:
         if self.unit is None:
             return None
         return f"{self.name}{_SEPARATOR}{self.unit}"
+
+
+def lane_reads(type registry, type experiment) -> None:
+    """Name the registry and experiment classes the lane reads directly (a subclass of
+    either, or any other class, takes the Python path); the registry's module does, once.
+
+    >>> from flows.service.instances.registry import Experiment, Registry
+    >>> lane_reads(Registry, Experiment)
+    """
+    global _REGISTRY, _EXPERIMENT
+    _REGISTRY, _EXPERIMENT = registry, experiment
 
 
 cdef Kind _event_kind(object kind):

@@ -22,7 +22,7 @@ bulk of the young generation, which the collector walks every few thousand alloc
 
 At the edges: ``kafka_batch`` reads a batch of Kafka messages as (bytes, Origin),
 ``internal_copy`` and ``internal_message`` write and read the internal topic's copies,
-and ``split_outputs`` writes a shard's answers as JSON (what ``Selection.to_json``
+and ``split_outputs`` writes a shard's answers as JSON (what ``selection_json``
 writes, in C when its texts are plain), setting its dead letters apart.
 
 >>> made = Layout(Origin, ("source", "partition", "offset", "time")).new(("t", 0, 5, 1.5))
@@ -264,7 +264,7 @@ def internal_copy(
     original in two headers. With the internal topic's ``partitions`` (> 0), the copy names
     its partition too, (key, value, headers, partition): its shard's, of the flow's
     ``shards`` (``keys.internal_partition``), so all the events of a shard meet in one
-    partition, whichever process copied them (``flows.service.runtime.members``).
+    partition, whichever process copied them (``flows.service.connectors.members``).
 
     >>> internal_copy(("e:u1", b"{}", Origin("tsi.requests", 2, 17, 1.5)), {"tsi.requests": b"r"})
     (b'e:u1', b'{}', [('o', b'r:2:17'), ('t', b'1500')])
@@ -384,7 +384,7 @@ def producible(list items) -> bool:
 
 def split_outputs(list outputs) -> tuple:
     """A shard's outputs (``instance.Output``) as its answers, serialised
-    (``Selection.to_json``) and keyed by instance, and its dead letters (each output says
+    (``selection_json``) and keyed by instance, and its dead letters (each output says
     which it is: ``dead_letter``)."""
     cdef list selections = [], dead = []
     for out in outputs:
@@ -398,7 +398,7 @@ def split_outputs(list outputs) -> tuple:
 
 
 def selection_json(selection) -> bytes:
-    """The JSON of an answer on the selections topic (``Selection.to_json``): its keys
+    """The JSON of an answer on the selections topic (what ``split_outputs`` writes): its keys
     experiment, unit, request_id, arm, arm_name, prob, round and why.
 
     >>> from flows.service.wire.events import Selection
@@ -409,7 +409,7 @@ def selection_json(selection) -> bytes:
 
 
 cdef object _selection_json(object selection):
-    """``Selection.to_json``, its fields read here (no Python call between): written in C
+    """``selection_json``, its fields read here (no Python call between): written in C
     when every text is plain (``_plain``), the numbers are exact ints within int64 and a
     float, and it fits ``JSON_CAP``; else by orjson from the same dict (the reference; the
     tests compare the two on generated answers). The float is orjson's own writing of it.

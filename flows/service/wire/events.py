@@ -86,7 +86,8 @@ class Feedback:
 class Selection:
     """The answer to a request; ``prob`` is the probability the arm was served with (all
     of the allocation applied: floor, holdout, burn-in, eligibility) and ``why`` what
-    served it: ``bandit``, ``holdout``, ``burn_in`` or ``forced``."""
+    served it: ``bandit``, ``holdout``, ``burn_in`` or ``forced``. Its JSON on the
+    selections topic has one home: ``flows.service.wire._records.selection_json``."""
 
     experiment: str
     unit: str | None
@@ -99,13 +100,6 @@ class Selection:
     why: str = "bandit"
     #: which of a shard's two outputs this is (``DeadLetter`` says True): an answer
     dead_letter: ClassVar[bool] = False
-
-    def to_json(self) -> bytes:
-        """The answer as written to the selections topic: its wire format has one home,
-        ``flows.service.wire._records.selection_json`` (compiled; it imports this module)."""
-        from flows.service.wire._records import selection_json
-
-        return selection_json(self)
 
 
 def raw_limit_for(max_message_bytes: int) -> int:

@@ -167,7 +167,7 @@ cpdef Py_ssize_t shard_index(str key, Py_ssize_t shards=DEFAULT_SHARDS) except -
 cpdef Py_ssize_t internal_partition(Py_ssize_t shard, Py_ssize_t partitions) except -1:
     """The internal topic's partition that carries shard index ``shard``'s events, of its
     ``partitions``: the shard modulo them (so with as many partitions as shards, shard s is
-    partition s). Members own shards by it (``flows.service.runtime.members``).
+    partition s). Members own shards by it (``flows.service.connectors.members``).
 
     >>> internal_partition(7, 4), internal_partition(7, 32)
     (3, 7)
