@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.runtime-installed
 LAB := $(VENV)/.lab-installed
 
-.PHONY: demo test chromium kcat bench bench-flow bench-arena
+.PHONY: demo test docs chromium kcat bench bench-flow bench-arena
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -44,6 +44,9 @@ kcat:
 test: $(LAB) chromium  ## the whole test suite, lint included
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+docs: $(LAB)  ## the documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000
+	$(VENV)/bin/mkdocs serve
 
 bench: $(LAB)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py

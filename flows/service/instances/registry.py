@@ -5,7 +5,7 @@
 arms = ["control", "green", "blue"]
 competition = { kind = "switching", rate = 0.001 }   # fixed | switching | contextual | markov
 gamma = 1.5              # optional, default sqrt(W) of the class
-variant = "paper"        # optional: the algorithm, a preset of tsi_core.variant (default "paper")
+variant = "paper"        # optional: the algorithm, a preset of tsi_core.variant (default "bobw")
 feedback_ttl = 3600      # seconds a selection waits for its feedback
 retry_window = 3600      # seconds an answer is kept for retries after its feedback or expiry
 per_unit = true          # one bandit per unit (user), or one shared by the experiment
