@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,10 +38,10 @@ def _cell(text: Any) -> str:
     return flat.replace("|", "\\|")
 
 
-def _option_rows(command: click.Command) -> list[str]:
+def _option_rows(command: Any) -> list[str]:
     rows = ["| option | variable | meaning |", "|---|---|---|"]
     for param in command.params:
-        if not isinstance(param, click.Option) or param.hidden:
+        if param.param_type_name != "option" or param.hidden:
             continue
         flags = " / ".join(f"`{each}`" for each in [*param.opts, *param.secondary_opts])
         var = param.envvar if isinstance(param.envvar, str) else ""
@@ -50,10 +49,12 @@ def _option_rows(command: click.Command) -> list[str]:
     return rows
 
 
-def _commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]:
+def _commands(group: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(``tsi topics create``, its command) of every command under ``group``: Typer's
+    own click, so groups are told by their ``commands``."""
     found = []
     for name, command in sorted(group.commands.items()):
-        if isinstance(command, click.Group):
+        if hasattr(command, "commands"):
             found += _commands(command, f"{prefix} {name}")
         else:
             found.append((f"{prefix} {name}", command))
@@ -158,8 +159,9 @@ def metric_names() -> list[tuple[str, str, str]]:
     >>> ("tsi_ready", "gauge") in [(name, kind) for name, kind, _ in metric_names()]
     True
     """
-    import flows.service.observe.metrics  # noqa: F401  (registers the collectors)
     from prometheus_client import REGISTRY
+
+    import flows.service.observe.metrics  # noqa: F401  (registers the collectors)
 
     found = {}
     for family in REGISTRY.collect():

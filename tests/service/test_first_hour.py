@@ -1,4 +1,4 @@
-"""An operator's first hour with ``tsi run`` on the real broker, as the README tells it:
+"""An operator's first hour with ``tsi run`` on the real broker, as the docs tell it:
 fresh topics from ``tsi topics create``, requests whose feedback never comes, a second
 process started on the same recovery directory, Ctrl-C and SIGTERM."""
 
