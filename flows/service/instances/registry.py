@@ -28,8 +28,8 @@ live edit applies them at once. Arms, competition (``contexts`` makes one), gamm
 variant define its state: an edit migrates it.
 
 Arms are matched by name when the registry changes under learned state (see
-``Experiment.arm_map`` and the README's "Changing an experiment"). Anything else, at the
-top level or in an experiment's table, is refused, naming it (a misspelt
+``Experiment.arm_map`` and docs/guides/operating.md, "Changing an experiment"). Anything
+else, at the top level or in an experiment's table, is refused, naming it (a misspelt
 ``[experiment.NAME]`` would otherwise drop that experiment).
 
 >>> r = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')
