@@ -31,7 +31,7 @@ feedback_ttl = 3
 
 
 def default_topics(bootstrap, partitions=3):
-    """The default two-topic setup, created as the README says (``tsi topics create``)."""
+    """The default two-topic setup, created as the docs say (``tsi topics create``)."""
     names = {n: unique_topic(n) for n in ("req", "fb", "sel", "dlq", "int")}
     options = [
         *("--brokers", bootstrap, "--requests-topic", names["req"]),
