@@ -14,7 +14,7 @@ LAB := $(VENV)/.lab-installed
 SUPPORTED_PYTHONS := 3.11 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help python-version demo test chromium kcat bench bench-flow bench-arena
+.PHONY: help python-version demo test docs chromium kcat bench bench-flow bench-arena
 
 help:  ## this list (chromium and kcat are installed with apt-get: root or sudo, and the network)
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -68,6 +68,9 @@ kcat:  ## kcat, librdkafka's own client: bench/bench_flow.py's reference (apt-ge
 test: $(LAB) chromium  ## the whole test suite, lint included; installs Chromium (apt-get: root or sudo, network)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+docs: $(LAB)  ## the documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000
+	$(VENV)/bin/mkdocs serve
 
 bench: $(LAB)  ## speed and memory of tsi_core (figures go to bench/RESULTS.md)
 	$(PY) bench/bench_core.py

@@ -36,6 +36,7 @@ def demo(
     from flows.tools.demo import generate, injected, run_demo, served_log
     from flows.tools.report import write_report
     from flows.tools.report_context import CONTEXT_FILE, ReportContext, save_context
+    from flows.tools.report_data import summarise
     from flows.tools.traffic import SCENARIOS, registry_toml
 
     toml = registry_toml(SCENARIOS, seed)
@@ -51,7 +52,8 @@ def demo(
         loop = run_demo(traffic, registry, progress=lambda n: bar.advance(task, n))
     stream = served_log(loop)
     _write_logs(out, loop, stream)
-    notes = _notes(requests, traffic.span, seed)
+    total = sum(summarise(stream, name).requests for name in stream.experiments())
+    notes = _notes(total, requests, traffic.span, seed)
     title, faults = "tsi demo report", injected(loop)
     context = ReportContext(title, notes, faults, stream.truth)
     try:
@@ -73,10 +75,13 @@ def _write_logs(out: Path, loop: Loop, stream: ServedLog) -> None:
     write_jsonl(out / "feedback.jsonl", stream.feedback)
 
 
-def _notes(requests: int, span: float, seed: int) -> list[str]:
-    """The report's notes: what ran, where its files are, what the traffic is."""
+def _notes(total: int, requests: int, span: float, seed: int) -> list[str]:
+    """The report's notes: what ran (``total`` requests in all, ``requests`` of them for
+    the three experiments ``--requests`` counts), where its files are, what the traffic is."""
     return [
-        f"{requests:,} requests over {span / 3600:g} h of simulated time, seed {seed}; "
+        f"{total:,} requests over {span / 3600:g} h of simulated time ({requests:,} for "
+        f"`checkout`, `homepage` and `push`, `--requests`; the rest for `promo` and "
+        f"`signup`), seed {seed}; "
         "registry in `registry.toml`; the stream as served in `events.jsonl` (`tsi replay "
         "--events` reproduces the selections from it); outputs in `selections.jsonl`, "
         "`feedback.jsonl`, `dead_letters.jsonl`. The same page with its plots inline: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,9 +27,17 @@ if TYPE_CHECKING:
 
 
 _TOPICS = ("selections", "events", "feedback", "requests")
+#: ``--selections-topic`` is what turns reading from Kafka on: unset, the files are read,
+#: so its help names no default topic (``tsi run``'s flag and variable, its own help).
+SELECTIONS = replace(
+    TOPIC_OPTIONS["selections"],
+    help="Read the service's selections from this Kafka topic, and its requests and "
+    "feedback from their topics, instead of files.",
+    shown="none: the files given are read",
+)
 #: The service's settings an evaluation from Kafka reads, declared once with ``tsi run``'s:
 #: the brokers, the client settings, and the topics the service wrote and read.
-EVALUATE_OPTIONS = (*CLIENT_OPTIONS, *(TOPIC_OPTIONS[k] for k in _TOPICS))
+EVALUATE_OPTIONS = (*CLIENT_OPTIONS, SELECTIONS, *(TOPIC_OPTIONS[k] for k in _TOPICS[1:]))
 
 
 @app.command()
@@ -100,11 +109,12 @@ def _inputs(env: Mapping[str, str], *files: Path | None) -> Inputs:
     client settings; a one-line error for a bad setting."""
     from flows.tools.evaluation.inputs import Inputs
 
-    if not TOPIC_OPTIONS["selections"].given(env):
+    if not SELECTIONS.given(env):
         return Inputs(*files)
     try:
         brokers, consumer = consumer_from_env(env)
-        selections, events, feedback, requests = (TOPIC_OPTIONS[k].read(env) for k in _TOPICS)
+        selections = SELECTIONS.read(env)
+        events, feedback, requests = (TOPIC_OPTIONS[k].read(env) for k in _TOPICS[1:])
     except ConfigError as exc:
         fail("evaluate", str(exc))
     two = events is None  # the service reads the two input topics, or the events topic

@@ -1,4 +1,4 @@
-"""``tsi run``: the streaming service on Kafka (see README "Operating it")."""
+"""``tsi run``: the streaming service on Kafka (docs/guides/operating.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The client's messages as the service reads and writes them (README, "Integrating an
-application"): requests and feedback checked by the service's own parser before they are
-sent, answers and dead letters matched back to their request.
+"""The client's messages as the service reads and writes them
+(docs/explanation/wire-protocol.md): requests and feedback checked by the service's own
+parser before they are sent, answers and dead letters matched back to their request.
 
 >>> key, value = request_message("shop", "u1", "r1", None, None, combined=False)
 >>> key, value

@@ -21,7 +21,7 @@ _ID = {"type": "string", "minLength": 1, "maxLength": 256}
 _TIMEOUT = {"type": "number", "exclusiveMinimum": 0, "description": "seconds to wait"}
 _ARM = {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]}
 
-#: The fields of a decision request (README, "Integrating an application").
+#: The fields of a decision request (docs/explanation/wire-protocol.md).
 DECIDE_FIELDS: dict[str, Any] = {
     "experiment": _ID,
     "unit": {**_ID, "description": "required by a per-unit experiment"},

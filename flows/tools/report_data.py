@@ -195,6 +195,7 @@ class Summary:
     uniform_regret_vs_best_arm_each_time: float | None
     best_share_last_fifth: float | None
     mean_observed_loss: float | None
+    feedback_all_equal: bool = False  # every observed loss the same value (two or more)
 
 
 def summarise(stream: ServedLog, experiment: str) -> Summary:
@@ -221,6 +222,7 @@ def summarise(stream: ServedLog, experiment: str) -> Summary:
         uniform,
         share,
         float(np.mean(losses)) if losses else None,
+        len(losses) > 1 and len(set(losses)) == 1,
     )
 
 

@@ -144,7 +144,8 @@ def summary_table(stream: ServedLog) -> Table:
     rows = []
     for name in stream.experiments():
         s = summarise(stream, name)
-        row = [name, f"{s.requests:,}", f"{s.with_feedback:,}", _fmt(s.mean_observed_loss, 3)]
+        mean = _fmt(s.mean_observed_loss, 3) + (" (all equal)" if s.feedback_all_equal else "")
+        row = [name, f"{s.requests:,}", f"{s.with_feedback:,}", mean]
         if truth:
             row += [
                 _fmt(s.regret_vs_best_arm_each_time),
@@ -192,12 +193,27 @@ def best_arm_share(stream: ServedLog, name: str) -> str | None:
     )
 
 
+def equal_feedback(stream: ServedLog, name: str) -> str | None:
+    """What a mean observed loss means when every feedback had the same loss (conversions
+    reported alone): nothing about the arms, which the feedback cannot tell apart."""
+    s = summarise(stream, name)
+    if not s.feedback_all_equal:
+        return None
+    return (
+        f"`{name}`: every feedback it got had the loss {_fmt(s.mean_observed_loss, 3)} (all "
+        "equal: a conversion reported alone), so its mean observed loss says nothing of its "
+        "arms, not that they are perfect; what it learns from is which requests got "
+        "feedback and which did not (its section below)."
+    )
+
+
 def results(stream: ServedLog) -> list[Block]:
     """The summary table, how to read it, and what explains its unusual numbers."""
     blocks: list[Block] = [Heading("Results"), summary_table(stream)]
     blocks.append(Para(HOW_TO_READ_TRUTH if stream.truth is not None else HOW_TO_READ_OBSERVED))
     for name in stream.experiments():
-        for sentence in (negative_regret(stream, name), best_arm_share(stream, name)):
+        said = (negative_regret(stream, name), best_arm_share(stream, name))
+        for sentence in (*said, equal_feedback(stream, name)):
             if sentence is not None:
                 blocks.append(Para(sentence))
     return blocks

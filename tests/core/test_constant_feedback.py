@@ -1,4 +1,4 @@
-"""Constant feedback teaches nothing (README, "Integrating an application"): under
+"""Constant feedback teaches nothing (docs/explanation/wire-protocol.md): under
 translation invariance losses that are all -1 act as losses that are all 0. An
 application that reports only conversions leaves the bandit where it started; reporting
 the non-conversions too lets it learn."""

@@ -1,4 +1,5 @@
-"""Every repository path a README quotes (in backticks or a code block) exists."""
+"""Every repository path a README or a page of the docs site quotes (in backticks or a
+code block) exists."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ READMES = [
         if top.is_dir() and not top.name.startswith(".")
         for path in top.rglob("README.md")
     ),
+    *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").rglob("*.md")),
 ]
 #: Inline code (`...`) and fenced blocks (```...```).
 _CODE = re.compile(r"```[^\n]*\n(.*?)```|(?<!`)`([^`\n]+)`(?!`)", re.S)

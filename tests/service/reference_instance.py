@@ -37,11 +37,11 @@ from flows.service.instances import _draw
 from flows.service.instances._answer_book import AnswerBook
 from flows.service.instances._deadline_queue import TimeHeap
 from flows.service.instances.registry import Experiment
+from flows.service.instances.serving import request_context_problem
 from flows.service.wire.events import DeadLetter, Feedback, Origin, Request, Selection
 from flows.service.wire.keys import split_key
 from tsi_core import Bandit, Ticket
 from tsi_core.migrate import migrate
-from tsi_core.validate import context_problem
 
 Output = Selection | DeadLetter
 
@@ -392,7 +392,10 @@ class Instance:
         return served
 
     def _check_context(self, request: Request) -> DeadLetter | None:
-        problem = context_problem(self.experiment.n_contexts, request.context)
+        experiment = self.experiment
+        problem = request_context_problem(
+            experiment.contexts, experiment.n_contexts, request.context
+        )
         if problem is None:
             return None
         reason = "missing_field" if request.context is None else "context_out_of_range"

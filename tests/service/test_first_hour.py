@@ -1,4 +1,4 @@
-"""An operator's first hour with ``tsi run`` on the real broker, as the README tells it:
+"""An operator's first hour with ``tsi run`` on the real broker, as the docs tell it:
 fresh topics from ``tsi topics create``, requests whose feedback never comes, a second
 process started on the same recovery directory, Ctrl-C and SIGTERM."""
 
@@ -31,7 +31,7 @@ feedback_ttl = 3
 
 
 def default_topics(bootstrap, partitions=3):
-    """The default two-topic setup, created as the README says (``tsi topics create``)."""
+    """The default two-topic setup, created as the docs say (``tsi topics create``)."""
     names = {n: unique_topic(n) for n in ("req", "fb", "sel", "dlq", "int")}
     options = [
         *("--brokers", bootstrap, "--requests-topic", names["req"]),

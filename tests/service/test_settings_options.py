@@ -1,5 +1,6 @@
-"""Each setting declared once: its variable and its flag are the same setting, README's
-table and ``tsi run --help`` show every one, and the topic options are one bundle."""
+"""Each setting declared once: its variable and its flag are the same setting, the docs'
+generated table (tests/docs/test_site.py) and ``tsi run --help`` show every one, and the
+topic options are one bundle."""
 
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.service.runtime.options import ConfigError, Option
-from flows.service.runtime.settings import TOPIC_OPTIONS, Settings, options, settings_table
+from flows.service.runtime.settings import TOPIC_OPTIONS, Settings, options
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = list(options())
@@ -195,13 +196,6 @@ def test_a_flag_wins_over_its_variable(monkeypatch):
         {"TSI_METRICS_PORT": "9200", "TSI_GROUP_ID": "g", "TSI_WORKERS": "3"},
     )
     assert (read.metrics_port, read.group_id, read.workers) == (9100, None, 3)
-
-
-def test_readme_holds_the_settings_table():
-    readme = (ROOT / "README.md").read_text()
-    assert settings_table() in readme, "paste settings_table() into README:\n" + settings_table()
-    for option in OPTIONS:
-        assert f"| `{option.var}` | `{flag(option)}" in readme
 
 
 def test_tsi_run_help_shows_every_setting_with_its_variable():

@@ -255,8 +255,8 @@ def test_a_named_context_is_served_by_its_combination():
     [
         ({"device": "ios"}, "missing_field", "'plan'"),
         ({"device": "ios", "plan": "pro", "os": "x"}, "unknown_context_attribute", "'os'"),
-        (None, "missing_field", "context is required"),
-        (9, "context_out_of_range", "9"),
+        (None, "missing_field", "context is required: an object of its attributes (device, plan)"),
+        (9, "context_out_of_range", "an object of its attributes (device, plan), or an integer"),
     ],
 )
 def test_a_bad_named_context_is_a_dead_letter_naming_it(context, reason, named):

@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.cli.evaluate import EVALUATE_OPTIONS
+from flows.cli.evaluate import EVALUATE_OPTIONS, SELECTIONS
 from flows.cli.replay import REPLAY_OPTIONS
 from flows.cli.topics import SERVICE_OPTIONS
 from flows.service.runtime.settings import options
@@ -34,15 +34,29 @@ def params(command: str) -> dict[str, Any]:
     ],
 )  # fmt: skip
 def test_the_kafka_options_are_tsi_runs_declarations(command, declared, flags):
-    run = list(options())
-    assert all(any(each is mine for mine in run) for each in declared)
-    assert all(any(each is mine for mine in SERVICE_OPTIONS) for each in declared)
+    run, shared = list(options()), [each for each in declared if each is not SELECTIONS]
+    assert all(any(each is mine for mine in run) for each in shared)
+    assert all(any(each is mine for mine in SERVICE_OPTIONS) for each in shared)
     assert [each.flag for each in declared] == flags
     theirs, mine = params("run"), params(command)
     for flag in flags:  # the same flag, variable, help and default on the command line
         assert mine[flag].opts == theirs[flag].opts
-        assert mine[flag].help == theirs[flag].help
+        if flag != "--selections-topic":
+            assert mine[flag].help == theirs[flag].help
         assert mine[flag].default is None and theirs[flag].default is None
+
+
+def test_evaluate_shows_no_default_selections_topic_and_reads_files_without_one(tmp_path):
+    """Unset, ``--selections-topic`` reads nothing from Kafka: its help says so, and the
+    file given is read (its own error, not the unreachable broker's)."""
+    shown = " ".join(params("evaluate")["--selections-topic"].help.split())
+    assert "TSI_TOPIC_SELECTIONS" in shown and "default: none" in shown
+    assert "tsi.selections" not in shown
+    log = tmp_path / "log.jsonl"
+    log.write_text("")
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TSI_TOPIC_SELECTIONS": ""}
+    result = CliRunner().invoke(app, ["evaluate", str(log)], env=env)
+    assert result.exit_code == 2 and "the log has no records" in result.output
 
 
 TWO = ("replay", "--registry", "nowhere.toml", "--topic", "a")

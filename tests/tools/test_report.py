@@ -421,3 +421,34 @@ def test_default_loss_is_what_lets_the_conversion_experiment_find_its_best_arm(s
     assert SIGNUP[0].arms[best] == "social"
     assert shares[True].argmax() == best and shares[True][best] > 0.8, shares
     assert shares[False].max() < 0.35, shares
+
+
+def test_a_mean_of_feedback_that_is_all_equal_says_so(demo):
+    """``signup`` hears only of conversions (every feedback a loss of 0): its mean observed
+    loss is marked, and a sentence says it means nothing about the arms; the others not."""
+    _, stream, _, _, out = demo
+    text = (out / "REPORT.md").read_text()
+    assert summarise(stream, "signup").feedback_all_equal
+    assert re.search(r"\| signup \| [\d,]+ \| [\d,]+ \| 0\.000 \(all equal\) \|", text)
+    assert "`signup`: every feedback it got had the loss 0.000" in text
+    others = [n for n in stream.experiments() if n != "signup"]
+    assert not any(summarise(stream, n).feedback_all_equal for n in others)
+    assert text.count("(all equal)") == 1
+
+
+def test_the_demo_notes_count_every_request_of_the_table(tmp_path):
+    """The report's first line counts the requests its table lists, all five experiments,
+    not only the ``--requests`` of three of them."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path), "--requests", "2000"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "REPORT.md").read_text()
+    table = text.split("| Experiment | Requests |", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| \w+ \| ([\d,]+) \|", table, re.M)
+    total = sum(int(n.replace(",", "")) for n in rows)
+    assert len(rows) == 5 and total > 2000
+    assert text.splitlines()[2].startswith(f"{total:,} requests over ")
+    assert "(2,000 for `checkout`, `homepage` and `push`, `--requests`" in text

@@ -50,7 +50,7 @@ from flows.service.wire.keys import split_key
 from flows.service.instances import serving
 from tsi_core import Bandit, Ticket
 from tsi_core.migrate import migrate
-from tsi_core.validate import context_problem
+from flows.service.instances.serving import request_context_problem
 
 Output = Selection | DeadLetter  # what handling an event hands out
 
@@ -679,7 +679,7 @@ cdef class Instance:
             out.append(self._answer(rid, answered.ticket, answered.unit))  # the same answer
             changes.retry = True
             return 0
-        problem = context_problem(terms.n_contexts, context)
+        problem = request_context_problem(terms.contexts, terms.n_contexts, context)
         if problem is not None:
             reason = "missing_field" if context is None else "context_out_of_range"
             out.append(self._dead(request, reason, f"experiment {terms.name!r}: {problem}"))

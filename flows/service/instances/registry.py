@@ -5,7 +5,7 @@
 arms = ["control", "green", "blue"]
 competition = { kind = "switching", rate = 0.001 }   # fixed | switching | contextual | markov
 gamma = 1.5              # optional, default sqrt(W) of the class
-variant = "paper"        # optional: the algorithm, a preset of tsi_core.variant (default "paper")
+variant = "paper"        # optional: the algorithm, a preset of tsi_core.variant (default "bobw")
 feedback_ttl = 3600      # seconds a selection waits for its feedback
 retry_window = 3600      # seconds an answer is kept for retries after its feedback or expiry
 per_unit = true          # one bandit per unit (user), or one shared by the experiment
@@ -28,8 +28,8 @@ live edit applies them at once. Arms, competition (``contexts`` makes one), gamm
 variant define its state: an edit migrates it.
 
 Arms are matched by name when the registry changes under learned state (see
-``Experiment.arm_map`` and the README's "Changing an experiment"). Anything else, at the
-top level or in an experiment's table, is refused, naming it (a misspelt
+``Experiment.arm_map`` and docs/guides/operating.md, "Changing an experiment"). Anything
+else, at the top level or in an experiment's table, is refused, naming it (a misspelt
 ``[experiment.NAME]`` would otherwise drop that experiment).
 
 >>> r = Registry.from_toml('[experiments.home]\\narms = ["a", "b"]')

@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tsi_core.validate import context_problem
+
 #: how the feedback of one window is combined into the loss applied (``first``: the first
 #: feedback is applied at once, later ones are ``duplicate_feedback``)
 AGGREGATES = ("first", "sum", "mean", "last", "max")
@@ -198,3 +200,28 @@ class NamedContexts:
                 others.append(name)
             index = index * (len(values) + 1) + slot
         return index, tuple(others)
+
+
+def request_context_problem(
+    contexts: NamedContexts | None, n_contexts: int, context: Any
+) -> str | None:
+    """Why a request's ``context`` (an index: named ones are resolved before) is not valid
+    for an experiment, or None: ``context_problem``'s reason, naming the attributes of an
+    experiment with named contexts, which takes them as well as the integers.
+
+    >>> named = NamedContexts.read({"device": ["ios"], "plan": ["pro"]})
+    >>> request_context_problem(named, 4, None)
+    'context is required: an object of its attributes (device, plan), or an integer in [0, 3]'
+    >>> request_context_problem(None, 4, 7)
+    'context must be in [0, 3], got 7'
+    """
+    problem = context_problem(n_contexts, context)
+    if problem is None or contexts is None:
+        return problem
+    names = ", ".join(name for name, _ in contexts.attributes)
+    wanted = f"an object of its attributes ({names}), or an integer in [0, {n_contexts - 1}]"
+    return (
+        f"context is required: {wanted}"
+        if context is None
+        else f"context must be {wanted}, got {context!r}"
+    )

@@ -41,8 +41,8 @@ INPUTS_SEED = "inputs.positions"  # in it: where an imported store's inputs star
 MEMBERS_LAYOUT = "members.layout"  # in it: the members' count and index it last served as
 #: The way out of a damaged recovery directory, named by every message that finds one.
 REBUILD_HINT = (
-    "README, 'A damaged recovery directory': stop the service, mv DIR DIR.damaged, then "
-    "tsi run --rebuild rebuilds the state from what the topics still hold"
+    "docs/guides/recovery.md, 'A damaged recovery directory': stop the service, "
+    "mv DIR DIR.damaged, then tsi run --rebuild rebuilds the state from what the topics still hold"
 )
 
 log = logging.getLogger(__name__)
@@ -484,7 +484,7 @@ def check_recovery_dir(path: str | Path, processes: int = 1) -> list[Path]:
             f"{'es' if count > 1 else ''} (its partitions) and this one has {processes}: "
             f"move the state with `tsi state export FILE --recovery-dir DIR...` (every "
             f"process's directory) and `tsi state import FILE --recovery-dir NEW_DIR...` "
-            "(README, 'Another number of processes')"
+            "(docs/guides/members.md, 'Another number of processes')"
         )
     return [parts[i] for i in sorted(parts)]
 

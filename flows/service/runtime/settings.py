@@ -1,7 +1,7 @@
 """The service's settings: one object, each setting declared once below (its field, its
 environment variable, its ``tsi run`` flag, its help, its default and its parser), read
 from ``tsi run``'s options or from the environment alike: a flag is its variable given on
-the command line. README's settings table is ``settings_table()``.
+the command line. the docs' settings table is ``settings_table()``.
 
 >>> Settings.from_env({"TSI_REGISTRY": "r.toml", "TSI_GROUP_ID": "g"}).group_id
 'g'
@@ -405,7 +405,7 @@ def consumer_from_env(env: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
 
 
 def settings_table() -> str:
-    """README's table of the settings (a test keeps README's copy the same)."""
+    """The docs' table of the settings (docs/_hooks/reference.py renders it)."""
     rows = ["| variable | flag | meaning | default |", "|---|---|---|---|"]
     for each in options():
         flag = each.flag.split("/")[0] + (" (repeatable)" if each.kind == "list" else "")
