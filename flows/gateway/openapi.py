@@ -206,69 +206,67 @@ def _ofrep_paths() -> dict[str, Any]:
     }
 
 
+#: The experiments API's answers (``flows.gateway.experiments``).
+_EXPERIMENT_OK = {
+    "200": {"description": "the experiment after the change, changed or not, its diff"}
+}
+_EXPERIMENT_ERRORS = {
+    "400": _error("a bad body; the detail names the field"),
+    "404": _error("no such experiment"),
+    "422": _error("refused: the detail names the bad key, value or transition"),
+    "503": _error("Kafka is unreachable"),
+}
+_PUT_BODY = {
+    "type": "object",
+    "properties": {
+        "spec": {"type": "object", "description": "the keys of one [experiments.NAME] table"},
+        "expected_version": {"type": "integer", "minimum": 0},
+    },
+    "required": ["spec"],
+    "additionalProperties": False,
+}
+_ARM_BODY = {"type": "object", "properties": {"arm": {"type": "string"}}}
+
+
+def _operation(
+    summary: str, scope: str, responses: dict[str, Any], body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One operation of the experiments API: its scope, refusals and optional body (required
+    when it names ``required`` fields)."""
+    scoped = _scoped(scope)
+    needed = bool(body and body.get("required"))
+    content = {} if body is None else {"requestBody": {"required": needed, "content": _json(body)}}
+    merged = {**responses, **scoped["responses"]}
+    return {"summary": summary, "security": scoped["security"], **content, "responses": merged}
+
+
 def _experiment_paths() -> dict[str, Any]:
     """The experiments API's paths (``flows.gateway.experiments``)."""
-    ok = {"200": {"description": "the experiment after the change, changed or not, its diff"}}
-    errors = {
-        "400": _error("a bad body; the detail names the field"),
-        "404": _error("no such experiment"),
-        "422": _error("refused: the detail names the bad key, value or transition"),
-        "503": _error("Kafka is unreachable"),
-    }
-    spec = {"type": "object", "description": "the keys of one [experiments.NAME] table"}
-    put_body = {
-        "type": "object",
-        "properties": {"spec": spec, "expected_version": {"type": "integer", "minimum": 0}},
-        "required": ["spec"],
-        "additionalProperties": False,
-    }
-    arm = {"type": "object", "properties": {"arm": {"type": "string"}}}
-
-    read, admin = _scoped("read"), _scoped("admin")
+    changed = {**_EXPERIMENT_OK, **_EXPERIMENT_ERRORS}
 
     def action(summary: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        content = {} if body is None else {"requestBody": {"content": _json(body)}}
-        responses = {**ok, **errors, **admin["responses"]}
-        return {"post": {"summary": summary, **content, **admin, "responses": responses}}
+        return {"post": _operation(summary, "admin", changed, body)}
 
+    put = {
+        **changed,
+        "201": {"description": "created"},
+        "409": _error("another version than the expected one"),
+    }
     base = "/v1/experiments"
     return {
-        base: {
-            "get": {
-                "summary": "Every experiment",
-                **read,
-                "responses": {"200": ok["200"], **read["responses"]},
-            }
-        },
+        base: {"get": _operation("Every experiment", "read", _EXPERIMENT_OK)},
         f"{base}/{{name}}": {
-            "get": {
-                "summary": "One experiment",
-                **read,
-                "responses": {"200": ok["200"], **errors, **read["responses"]},
-            },
-            "put": {
-                "summary": "Create or change (expected_version: 409 when another)",
-                **admin,
-                "requestBody": {"required": True, "content": _json(put_body)},
-                "responses": {
-                    **admin["responses"],
-                    **ok,
-                    "201": {"description": "created"},
-                    **errors,
-                    "409": _error("another version than the expected one"),
-                },
-            },
+            "get": _operation("One experiment", "read", changed),
+            "put": _operation(
+                "Create or change (expected_version: 409 when another)", "admin", put, _PUT_BODY
+            ),
         },
-        f"{base}/{{name}}/pause": action("Serve the control arm (arm, or the first)", arm),
+        f"{base}/{{name}}/pause": action("Serve the control arm (arm, or the first)", _ARM_BODY),
         f"{base}/{{name}}/resume": action("Serve and learn again"),
-        f"{base}/{{name}}/stop": action("Serve arm to everyone from now on", arm),
+        f"{base}/{{name}}/stop": action("Serve arm to everyone from now on", _ARM_BODY),
         f"{base}/{{name}}/archive": action("Serve it no more; its history stays"),
         f"{base}/{{name}}/history": {
-            "get": {
-                "summary": "Every change: who, when, diff",
-                **read,
-                "responses": {**ok, **errors, **read["responses"]},
-            }
+            "get": _operation("Every change: who, when, diff", "read", changed)
         },
     }
 
