@@ -39,10 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WORSE", "Interval", "Sums", "breached", "confidence_sequence", "half_width", "rho2"]
+from flows.guardrails.spec import WORSE
 
-#: which direction of a guardrail metric is bad
-WORSE = ("higher", "lower")
+__all__ = ["WORSE", "Interval", "Sums", "breached", "confidence_sequence", "half_width", "rho2"]
 
 
 @dataclass(frozen=True)

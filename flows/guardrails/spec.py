@@ -25,10 +25,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from flows.guardrails.sequential import WORSE
+__all__ = ["METRIC_NAME", "WORSE", "Guardrail", "read_guardrails"]
 
-__all__ = ["METRIC_NAME", "Guardrail", "read_guardrails"]
-
+#: which direction of a guardrail metric is bad
+WORSE = ("higher", "lower")
 #: what a guardrail metric's name may be (it becomes a Prometheus label value)
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _KEYS = ("metric", "worse", "margin", "alpha", "min_samples")
