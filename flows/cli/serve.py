@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
@@ -49,6 +50,24 @@ LIVE_EVERY = Option(
 )
 
 
+def _guardrail_action(text: str) -> str:
+    if text not in GUARDRAIL_ACTIONS:
+        raise ValueError(f"must be one of {', '.join(GUARDRAIL_ACTIONS)}, got {text!r}")
+    return text
+
+
+GUARDRAIL_ACTIONS = ("pause", "report")
+GUARDRAILS = Option(
+    "TSI_SERVE_GUARDRAILS",
+    "--guardrails",
+    "What a breached guardrail does (docs/guides/guardrails.md): pause (write force_arm = the "
+    "holdout's arm into the registry file; the service applies it on its next reload) or "
+    "report (the live page, the log and tsi_guardrail_breaches_total only). Needs --registry.",
+    _guardrail_action,
+    "pause",
+)
+
+
 REGISTRY = replace(
     option("registry"),  # tsi run's variable and flag, optional here
     help="The service's registry (TOML): a call naming an experiment or an arm it lacks is "
@@ -59,7 +78,7 @@ REGISTRY = replace(
 
 
 @app.command("serve")
-@with_options(*OPTIONS, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY)
+@with_options(*OPTIONS, HOST, PORT, READ_TIMEOUT, REGISTRY, METRICS_URL, LIVE_EVERY, GUARDRAILS)
 def serve_gateway(env: Mapping[str, str]) -> None:
     """Serve decisions over HTTP: POST /v1/decide and /v1/feedback, GET /openapi.json,
     and the live page GET /experiments (its numbers: GET /experiments.json).
@@ -79,9 +98,10 @@ def serve_gateway(env: Mapping[str, str]) -> None:
         settings = ClientSettings.from_env(env)
         host, port = HOST.read(env), PORT.read(env)
         protocol = with_timeout(READ_TIMEOUT.read(env))
-        live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env))
         registry = REGISTRY.read(env)
         known = None if registry is None else Known(registry)
+        controller = _controller(known, GUARDRAILS.read(env))
+        live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env), controller)
     except (ConfigError, RegistryError) as exc:
         fail("serve", str(exc))
     print(describe_serve(settings, host, port), file=sys.stderr, flush=True)
@@ -93,6 +113,18 @@ def serve_gateway(env: Mapping[str, str]) -> None:
         access_log=False,
         http=protocol,  # idle and slow clients closed (``gateway.deadlines``)
     )
+
+
+def _controller(known: Any, action: str) -> Any:
+    """The guardrails' controller over the registry file (None without one): ``pause``
+    writes ``force_arm`` into that file, ``report`` only says."""
+    from flows.guardrails.control import Controller
+    from flows.guardrails.file_action import ForceArmInFile
+
+    if known is None:
+        return None
+    pause = ForceArmInFile(known.path) if action == "pause" else None
+    return Controller(known.current, pause)
 
 
 def describe_serve(settings: ClientSettings, host: str, port: int) -> str:

@@ -47,7 +47,7 @@ class Known:
     def refusal(self, body: dict[str, Any]) -> tuple[str, str] | None:
         """(reason, detail) when ``body`` names an experiment the registry lacks, or an
         ``arm`` (a name or an index) that experiment lacks; None otherwise."""
-        experiment = self._current().get(body["experiment"])
+        experiment = self.current().get(body["experiment"])
         if experiment is None:
             return "unknown_experiment", f"no experiment {body['experiment']!r} in the registry"
         arm, arms = body.get("arm"), list(experiment.arms)
@@ -55,7 +55,8 @@ class Known:
             return None
         return "unknown_arm", f"experiment {experiment.name!r} has no arm {arm!r}, arms {arms}"
 
-    def _current(self) -> Registry:
+    def current(self) -> Registry:
+        """The registry, read again if the file changed (at most once a second)."""
         now = time.monotonic()
         if now - self._looked >= LOOK_EVERY:
             self._looked = now

@@ -124,9 +124,10 @@ def check(samples: Samples, experiment: str, guardrail: Guardrail) -> Check:
 
 class Controller:
     """Tests every guardrail of the registry ``registry()`` gives (None: none) at each
-    ``observe`` and acts on breaches with ``pause``; ``checks`` holds the last states."""
+    ``observe`` and acts on breaches with ``pause`` (None: only says them); ``checks``
+    holds the last states."""
 
-    def __init__(self, registry: Callable[[], Any], pause: Pause) -> None:
+    def __init__(self, registry: Callable[[], Any], pause: Pause | None) -> None:
         self.registry = registry
         self.pause = pause
         self.checks: dict[str, list[Check]] = {}
@@ -156,7 +157,7 @@ class Controller:
             BREACHES.labels(c.experiment, c.metric).inc()
             log.warning("%s", reason)
         arm = experiment.holdout[0]
-        if c.experiment in self._done or experiment.force_arm == arm:
+        if self.pause is None or c.experiment in self._done or experiment.force_arm == arm:
             return
         try:
             self.pause(c.experiment, arm, reason)
