@@ -107,3 +107,23 @@ def test_the_file_action_refuses_an_unknown_experiment_and_changes_nothing(tmp_p
     with pytest.raises(RegistryError, match="force_arm 'zzz'"):
         ForceArmInFile(path)("shop", "zzz", "x")
     assert path.read_text() == REGISTRY
+
+
+def test_the_live_page_shows_each_guardrails_state():
+    from flows.gateway.live import Live
+    from flows.gateway.live_data import Sample
+    from flows.gateway.live_page import render
+
+    registry = Registry.from_toml(REGISTRY)
+    live = Live(["http://x/metrics"], 1.0, Controller(lambda: registry, None))
+    text = _text((900, 900 * 200.0, 900 * 40100.0), (100, 100 * 100, 100 * 10100.0))
+    text += 'tsi_decisions_total{experiment="shop"} 1000\n'
+    live.history.add(Sample.of(100.0, [("http://x/metrics", text)]))
+    live.controller.observe(live.history.latest.samples)
+    [shop] = live.summary()["experiments"]
+    assert [(g["metric"], g["state"]) for g in shop["guardrails"]] == [
+        ("latency_ms", "breached"),
+        ("error", "waiting"),
+    ]
+    page = render(live.summary())
+    assert '<tr data-guardrail="latency_ms" data-state="breached">' in page
