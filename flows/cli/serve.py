@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import ssl
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flows.cli.base import app, fail
 from flows.cli.options import with_options
@@ -78,6 +79,27 @@ TLS_KEY = Option(
     "TSI_SERVE_TLS_KEY", "--tls-key", "The TLS certificate's private key (PEM).", optional(path)
 )
 
+
+def _guardrail_action(text: str) -> str:
+    if text not in GUARDRAIL_ACTIONS:
+        raise ValueError(f"must be one of {', '.join(GUARDRAIL_ACTIONS)}, got {text!r}")
+    return text
+
+
+GUARDRAIL_ACTIONS = ("pause", "report")
+GUARDRAILS = Option(
+    "TSI_SERVE_GUARDRAILS",
+    "--guardrails",
+    "What a breached guardrail does (docs/guides/guardrails.md): pause (the experiment paused "
+    "to the holdout's arm: through the experiments topic with --experiments-topic, with its "
+    "audit record; else force_arm written into the --registry file, which the service applies "
+    "on its next reload) or report (the live page, the log and tsi_guardrail_breaches_total "
+    "only).",
+    _guardrail_action,
+    "pause",
+)
+
+
 REGISTRY = replace(
     option("registry"),  # tsi run's variable and flag, optional here
     help="The service's registry (TOML): a call naming an experiment or an arm it lacks is "
@@ -106,6 +128,7 @@ SERVE_OPTIONS = (
     TLS_KEY,
     METRICS_URL,
     LIVE_EVERY,
+    GUARDRAILS,
     GROUP_OPTION,
     EXPERIMENTS,
 )
@@ -135,13 +158,14 @@ def serve_gateway(env: Mapping[str, str]) -> None:
         settings = ClientSettings.from_env(env)
         host, port = HOST.read(env), PORT.read(env)
         protocol = with_timeout(READ_TIMEOUT.read(env))
-        live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env))
         registry = REGISTRY.read(env)
         known = None if registry is None else Known(registry)
         keys_file = KEYS.read(env)
         keys = None if keys_file is None else Keys(keys_file)
         tls = tls_files(TLS_CERT.read(env), TLS_KEY.read(env))
         store = experiment_store(env, settings) if EXPERIMENTS.read(env) else None
+        controller = _controller(known, store, GUARDRAILS.read(env))
+        live = Live(METRICS_URL.read(env), LIVE_EVERY.read(env), controller)
     except (ConfigError, RegistryError, StoreError, KeysError) as exc:
         fail("serve", str(exc))
     if keys is not None:
@@ -198,6 +222,23 @@ def tls_files(cert: Path | None, key: Path | None) -> tuple[Path, Path] | None:
             f"--tls-cert {cert} / --tls-key {key} do not load: {' '.join(str(exc).split())}"
         ) from None
     return cert, key
+
+
+def _controller(known: Any, store: Any, action: str) -> Any:
+    """The guardrails' controller (None with neither a registry file nor the experiments
+    topic): ``pause`` changes the experiment in the topic (with its audit record) or writes
+    ``force_arm`` into the file; ``report`` only says."""
+    from flows.guardrails.control import Controller
+    from flows.guardrails.file_action import ForceArmInFile
+    from flows.guardrails.store_action import PauseInStore, store_registry
+
+    if store is not None:
+        pause = PauseInStore(store) if action == "pause" else None
+        return Controller(functools.partial(store_registry, store), pause)
+    if known is None:
+        return None
+    pause = ForceArmInFile(known.path) if action == "pause" else None
+    return Controller(known.current, pause)
 
 
 def describe_serve(

@@ -82,10 +82,13 @@ class _Base:
         reward: float | None,
         unit: str | None,
         arm: str | int | None,
+        guardrails: Mapping[str, float] | None = None,
     ) -> concurrent.futures.Future:
         topics = self.settings.topics
         combined = topics.events is not None
-        key, value = feedback_message(experiment, unit, request_id, loss, reward, arm, combined)
+        key, value = feedback_message(
+            experiment, unit, request_id, loss, reward, arm, combined, guardrails
+        )
         return self._connection.tell(topics.events or topics.feedback, key, value)
 
     def _timed_out(self, request_id: str, waiter: Waiter, timeout: float) -> Exception:
@@ -137,10 +140,12 @@ class Decider(_Base):
         unit: str | None = None,
         arm: str | int | None = None,
         timeout: float | None = None,
+        guardrails: Mapping[str, float] | None = None,
     ) -> None:
-        """Report the loss (or reward) of a decision; returns once the broker has it."""
+        """Report the loss (or reward) of a decision, and its guardrail metrics if any;
+        returns once the broker has it."""
         timeout = self.settings.timeout if timeout is None else timeout
-        future = self._feedback(experiment, request_id, loss, reward, unit, arm)
+        future = self._feedback(experiment, request_id, loss, reward, unit, arm, guardrails)
         try:
             future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -186,11 +191,13 @@ class AsyncDecider(_Base):
         unit: str | None = None,
         arm: str | int | None = None,
         timeout: float | None = None,
+        guardrails: Mapping[str, float] | None = None,
     ) -> None:
-        """Report the loss (or reward) of a decision; returns once the broker has it."""
+        """Report the loss (or reward) of a decision, and its guardrail metrics if any;
+        returns once the broker has it."""
         timeout = self.settings.timeout if timeout is None else timeout
         delivered = asyncio.wrap_future(
-            self._feedback(experiment, request_id, loss, reward, unit, arm)
+            self._feedback(experiment, request_id, loss, reward, unit, arm, guardrails)
         )
         done, _ = await asyncio.wait({delivered}, timeout=timeout)
         if not done:

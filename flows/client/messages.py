@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -54,10 +55,12 @@ def feedback_message(
     reward: float | None,
     arm: str | int | None,
     combined: bool,
+    guardrails: Mapping[str, float] | None = None,
 ) -> tuple[bytes, bytes]:
-    """(key, value) of a feedback; ``BadRequestError`` when the service would refuse it."""
+    """(key, value) of a feedback, with its guardrail metrics (``{"latency_ms": 120.5}``)
+    if any; ``BadRequestError`` when the service would refuse it."""
     data = {"experiment": experiment, "unit": unit, "request_id": request_id}
-    data |= {"loss": loss, "reward": reward, "arm": arm}
+    data |= {"loss": loss, "reward": reward, "arm": arm, "guardrails": guardrails}
     return _checked(parse_feedback, _present(data), "feedback", combined)
 
 

@@ -56,7 +56,7 @@ class Known:
         return "unknown_arm", f"experiment {experiment.name!r} has no arm {arm!r}, arms {arms}"
 
     def current(self) -> Registry:
-        """The registry as the file now holds it (the last good version)."""
+        """The registry, read again if the file changed (at most once a second)."""
         now = time.monotonic()
         if now - self._looked >= LOOK_EVERY:
             self._looked = now

@@ -141,8 +141,31 @@ def _experiment(e: dict[str, Any], recent_seconds: float) -> str:
         f"{_count(e['decisions'])}</span> decisions ({_count(e['retries'])} repeated answers "
         f'to retries); <span data-pending="{_data(e["pending"])}">{_count(e["pending"])}'
         "</span> awaiting their outcome.</p>"
-        f"{table}{_chart(e['q_history'])}{_contexts(e['context_q'])}"
+        f"{table}{_guardrails(e.get('guardrails', []))}"
+        f"{_chart(e['q_history'])}{_contexts(e['context_q'])}"
         f"{_feedback(e['feedback'])}</section>"
+    )
+
+
+def _guardrails(checks: list[dict[str, Any]]) -> str:
+    """Each guardrail: bandit - holdout, its anytime-valid interval and its state."""
+    if not checks:
+        return ""
+    rows = []
+    for c in checks:
+        interval = "" if c["low"] is None else f"[{_num(c['low'])}, {_num(c['high'])}]"
+        rows.append(
+            f'<tr data-guardrail="{escape(c["metric"])}" data-state="{escape(c["state"])}">'
+            f"<td>{escape(c['metric'])}</td><td>{escape(c['worse'])}</td>"
+            f"<td>{_num(c['estimate'])}</td><td>{interval}</td>"
+            f"<td>{_count(c['n_bandit'])} / {_count(c['n_holdout'])}</td>"
+            f"<td>{escape(c['state'])}</td></tr>"
+        )
+    return (
+        "<h3>Guardrails</h3><table><tr><th>Metric</th><th>Worse when</th>"
+        "<th>Bandit − holdout</th><th>Interval (any time)</th>"
+        "<th>Samples (bandit / holdout)</th><th>State</th></tr>"
+        f"{''.join(rows)}</table>"
     )
 
 

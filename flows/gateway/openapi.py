@@ -44,6 +44,11 @@ FEEDBACK_FIELDS: dict[str, Any] = {
     "loss": {"type": "number"},
     "reward": {"type": "number", "description": "a reward r is the loss -r"},
     "arm": {**_ARM, "description": "the arm served (refused when another was drawn)"},
+    "guardrails": {
+        "type": "object",
+        "additionalProperties": {"type": "number"},
+        "description": 'guardrail metrics of the decision, e.g. {"latency_ms": 120.5}',
+    },
     "timeout": _TIMEOUT,
 }
 

@@ -655,6 +655,7 @@ def _feedback_to_dict(f: Feedback) -> dict[str, Any]:
         "ts": f.ts,
         "raw": f.raw.hex(),
         "origin": [f.origin.source, f.origin.partition, f.origin.offset],
+        "guardrails": None if f.guardrails is None else [list(g) for g in f.guardrails],
     }
 
 
@@ -668,4 +669,11 @@ def _feedback_from_dict(d: dict[str, Any]) -> Feedback:
         d["ts"],
         bytes.fromhex(d["raw"]),
         Origin(*d["origin"]),
+        _guardrails_of(d.get("guardrails")),
     )
+
+
+def _guardrails_of(pairs):
+    """The guardrails of a feedback written by ``_feedback_to_dict`` (None: none, or one
+    written before they were kept)."""
+    return None if pairs is None else tuple((name, value) for name, value in pairs)

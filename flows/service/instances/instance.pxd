@@ -46,6 +46,7 @@ cdef class Changes:
     cdef public long arm  # the arm of the loss applied (``applied``), else -1
     cdef public double loss, prob  # that loss, and the probability its arm was served with
     cdef public tuple others  # named-context attributes whose value went to ``other``
+    cdef public tuple guarded  # (guardrails, why served) of a feedback that matched, else None
 
     cdef void clear(self) noexcept
 

@@ -35,6 +35,7 @@ from flows.service.wire._records cimport (
     ARM,
     CONTEXT,
     ELIGIBLE,
+    FEEDBACK_GUARDRAILS,
     LOSS,
     REQUEST_ID,
     REQUEST_ORIGIN,
@@ -256,13 +257,16 @@ cdef class Changes:
     (``pending``) and waiting feedback (``early``) gained or lost, feedback ``applied``
     or ``collected`` in its window (with an applied loss: its ``arm``, ``loss`` and the
     ``prob`` the arm was served with), whether it was a ``retry`` of a served request, and
-    the named-context attributes that went to their ``other`` slot. The shard's loop keeps one and
+    the named-context attributes that went to their ``other`` slot, and the ``guarded``
+    values a feedback that matched its selection sent, with why that was served (what
+    the guardrails compare). The shard's loop keeps one and
     clears it before each event."""
 
     cdef void clear(self) noexcept:
         self.pending = self.early = self.applied = self.collected = 0
         self.retry = False
         self.others = None
+        self.guarded = None
         self.arm = -1
 
 
@@ -799,6 +803,9 @@ cdef class Instance:
             )
             out.append(self._dead(feedback, "arm_mismatch", detail))
             return 0
+        guardrails = field(_FEEDBACK, feedback, FEEDBACK_GUARDRAILS)
+        if guardrails is not None:
+            changes.guarded = (guardrails, (<tuple>answered.ticket)[6])
         loss = field(_FEEDBACK, feedback, LOSS)
         if terms.aggregate != FIRST:  # combined, applied once when the window ends
             _collect(<Open>answered, terms.aggregate, loss)
@@ -1091,6 +1098,7 @@ def _feedback_to_dict(f) -> dict:
         "ts": f.ts,
         "raw": f.raw.hex(),
         "origin": [f.origin.source, f.origin.partition, f.origin.offset],
+        "guardrails": None if f.guardrails is None else [list(g) for g in f.guardrails],
     }
 
 
@@ -1104,4 +1112,11 @@ def _feedback_from_dict(dict d):
         d["ts"],
         bytes.fromhex(d["raw"]),
         Origin(*d["origin"]),
+        _guardrails_of(d.get("guardrails")),
     )
+
+
+def _guardrails_of(pairs):
+    """The guardrails of a feedback written by ``_feedback_to_dict`` (None: none, or one
+    written before they were kept)."""
+    return None if pairs is None else tuple((name, value) for name, value in pairs)

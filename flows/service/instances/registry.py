@@ -20,9 +20,11 @@ holdout = { arm = "control", share = 0.1 }   # optional: a share of requests hel
 burn_in = 500            # optional: an instance's first requests served uniformly
 force_arm = "control"    # optional: everyone gets this arm, nothing is learned
 contexts = { device = ["ios", "android"], plan = ["free", "pro"] }   # named contexts
+guardrails = [{ metric = "latency_ms", worse = "higher" }]   # optional, needs a holdout
 ```
 
-The serving settings (``serving``: the last six above, and feedback_ttl, retry_window,
+Guardrails (``flows.guardrails.spec``) are a serving setting too. The serving settings
+(``serving``: the six before contexts, and feedback_ttl, retry_window,
 early_feedback_limit, seed) change how the bandit is served, not what it learned: a
 live edit applies them at once. Arms, competition (``contexts`` makes one), gamma and
 variant define its state: an edit migrates it.
@@ -54,6 +56,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from flows.guardrails.spec import Guardrail, read_guardrails
 from flows.service.instances import serving
 from flows.service.instances.serving import NamedContexts
 from flows.service.wire._parse import lane_reads
@@ -91,6 +94,7 @@ class Experiment:
     burn_in: int = 0
     force_arm: str | None = None
     contexts: NamedContexts | None = None
+    guardrails: tuple[Guardrail, ...] = ()
 
     def __getstate__(self) -> dict[str, Any]:
         """The definition alone, without the caches (the template bandit, its packing and
@@ -282,6 +286,7 @@ KNOWN_SETTINGS = frozenset(
         "burn_in",
         "force_arm",
         "contexts",
+        "guardrails",
     }
 )
 
@@ -384,13 +389,15 @@ def _named(contexts: NamedContexts | None) -> dict[str, Any] | None:
 def _serving(table: dict[str, Any], arms: tuple[str, ...]) -> dict[str, Any]:
     """The serving settings of an experiment's table (``serving``: ``ValueError`` naming
     the bad one)."""
+    held = serving.holdout(table.get("holdout"), arms)
     return {
         "default_loss": serving.default_loss(table.get("default_loss")),
         "aggregate": serving.aggregate(table.get("aggregate", "first")),
         "min_share": serving.min_share(table.get("min_share", 0.0), len(arms)),
-        "holdout": serving.holdout(table.get("holdout"), arms),
+        "holdout": held,
         "burn_in": serving.burn_in(table.get("burn_in", 0)),
         "force_arm": serving.force_arm(table.get("force_arm"), arms),
+        "guardrails": read_guardrails(table.get("guardrails"), held),
     }
 
 

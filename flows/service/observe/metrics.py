@@ -36,6 +36,9 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_arm_ips_loss_sum`` | gauge | experiment, arm | sum of loss / prob over them |
 | ``tsi_arm_share`` | gauge | experiment, arm | q of a shared, context-free instance |
 | ``tsi_arm_context_share`` | gauge | experiment, context, arm | the same by context (below) |
+| ``tsi_guardrail_samples_total`` | counter | experiment, metric, group | guardrail values sent |
+| ``tsi_guardrail_sum`` | gauge | experiment, metric, group | their sum |
+| ``tsi_guardrail_squares_sum`` | gauge | experiment, metric, group | the sum of their squares |
 
 ``kind`` is ``request`` or ``feedback``; ``why`` is ``bandit``, ``holdout``, ``burn_in`` or
 ``forced``. Outcomes of ``tsi_feedback_total``:
@@ -58,7 +61,8 @@ the window's combined loss counts once as ``applied`` when the window ends.
 
 By arm: ``flows.service.observe.arm_metrics`` (the mean loss and its interval, the IPS
 estimate, when the q gauges are read and which experiments have them);
-deploy/grafana/tsi-dashboard.json charts them all.
+deploy/grafana/tsi-dashboard.json charts them all. Guardrails:
+``flows.service.observe.guardrail_metrics`` (``group`` is what served the selection).
 
 The metrics are told what happened, never peek: an instance returns a ``Handled`` for each
 event (its outputs, and the open tickets, waiting feedback and applied feedback it gained
@@ -137,6 +141,7 @@ from flows.service.observe.arm_metrics import (
     Share,
     arm_families,
 )
+from flows.service.observe.guardrail_metrics import guardrail_families
 from flows.service.observe.restoring import RESTORING, Restoring
 from flows.service.observe.stream_clock import IDLE_AFTER, STREAM_CLOCK, Hold, StreamClock
 from flows.service.wire.events import DeadLetter
@@ -207,7 +212,8 @@ class _Tally:
     """What one thread (a Bytewax worker) counted; only that thread writes it."""
 
     __slots__ = (
-        "age", "arms", "experiments", "last_event", "last_ts", "processing", "served", "shares",
+        "age", "arms", "experiments", "guardrails", "last_event", "last_ts", "processing",
+        "served", "shares",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -221,6 +227,8 @@ class _Tally:
         self.age = {k: [0] * (len(AGE_BUCKETS) + 1) + [0.0] for k in (True, False)}
         self.arms: dict[tuple[str, str], list[float]] = {}  # (experiment, arm) -> ARM_SLOTS
         self.shares: dict[str, Share] = {}  # experiment -> its shared instance's q, last read
+        # (experiment, metric, why) -> n, sum, sum of squares (``guardrail_metrics``)
+        self.guardrails: dict[tuple[str, str, str], list[float]] = {}
 
     def experiment(self, name: str) -> list[int]:
         found = self.experiments.get(name)
@@ -707,6 +715,21 @@ class _ArmCollector:
 
 
 REGISTRY.register(_ArmCollector())
+
+
+class _GuardrailCollector:
+    """The guardrail metrics (``guardrail_metrics``) of the threads' tallies."""
+
+    def describe(self) -> list[Metric]:
+        return list(guardrail_families(()))
+
+    def collect(self) -> Iterator[Metric]:
+        with _tallies_lock:
+            tallies = list(_tallies.values())
+        return guardrail_families(tallies)
+
+
+REGISTRY.register(_GuardrailCollector())
 
 
 # ------------------------------------------------------------------------------ HTTP server

@@ -59,6 +59,7 @@ from flows.service.observe.arm_metrics import (
     SHARE_EVERY,
     context_labels,
 )
+from flows.service.observe.guardrail_metrics import count_guardrails
 from flows.service.observe.metrics import (
     AGE_BUCKETS,
     APPLIED,
@@ -440,6 +441,8 @@ cdef class _Loop:
         c.early_feedback += changes.early > 0
         if changes.others is not None:  # a named context went to its other slot
             count_context_other(c.name, changes.others)
+        if changes.guarded is not None:  # a feedback sent guardrail values
+            count_guardrails(self.tally, experiment, changes.guarded)
         for i in range(first, len(out)):
             item = out[i]
             if item.dead_letter:

@@ -391,7 +391,7 @@ cdef class _Lane:
         if key is None:
             return None
         return self._routed(key, _FEEDBACK.built((
-            self.experiment_id, self.unit, self.request_id, loss, arm, self.ts, raw, origin
+            self.experiment_id, self.unit, self.request_id, loss, arm, self.ts, raw, origin, None
         )))
 
     cdef object _routed(self, object key, object event):

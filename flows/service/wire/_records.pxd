@@ -49,6 +49,7 @@ cdef enum:
     ARM = 4
     FEEDBACK_TS = 5
     FEEDBACK_ORIGIN = 7
+    FEEDBACK_GUARDRAILS = 8
     SOURCE = 0  # of an Origin
     PARTITION = 1
     TIME = 3

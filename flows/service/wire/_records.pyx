@@ -153,7 +153,8 @@ REQUEST = Layout(
     Request, ("experiment", "unit", "request_id", "context", "ts", "raw", "origin", "eligible")
 )
 FEEDBACK = Layout(
-    Feedback, ("experiment", "unit", "request_id", "loss", "arm", "ts", "raw", "origin")
+    Feedback,
+    ("experiment", "unit", "request_id", "loss", "arm", "ts", "raw", "origin", "guardrails"),
 )
 SELECTION = Layout(
     Selection,

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from flows.guardrails.spec import METRIC_NAME
 from flows.service.wire.fields import (
     MAX_ABS_LOSS,
     MAX_ID_LENGTH,
@@ -80,6 +81,8 @@ class Feedback:
     ts: float | None
     raw: bytes
     origin: Origin
+    #: guardrail metrics sent with it, (name, value) pairs (``flows.guardrails``), or None
+    guardrails: tuple[tuple[str, float], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +306,38 @@ def _loss(data: dict[str, Any]) -> float:
     return value if has_loss else -value
 
 
+#: the most guardrail metrics one feedback may send
+MAX_GUARDRAILS = 32
+#: the largest magnitude of a guardrail value (its square is summed: it stays finite)
+MAX_GUARDRAIL_VALUE = 1e12
+
+
+def _guardrails(data: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
+    """A feedback's ``guardrails``: an object of metric names (``METRIC_NAME``) to finite
+    numbers, e.g. ``{"latency_ms": 120.5, "error": 1}``."""
+    value = data.get("guardrails")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not 0 < len(value) <= MAX_GUARDRAILS:
+        raise _InvalidError(
+            "wrong_type",
+            f"guardrails must be an object of 1 to {MAX_GUARDRAILS} metric names to numbers, "
+            f"got {value!r}",
+        )
+    for name, number in value.items():
+        if not METRIC_NAME.fullmatch(name):
+            raise _InvalidError(
+                "bad_value", f"guardrail name {name!r} is not letters, digits and _ (up to 64)"
+            )
+        if not number_ok(number) or not abs(number) <= MAX_GUARDRAIL_VALUE:
+            raise _InvalidError(
+                "bad_value",
+                f"guardrail {name!r} must be a number within {MAX_GUARDRAIL_VALUE:g}, "
+                f"got {number!r}",
+            )
+    return tuple((name, float(number)) for name, number in value.items())
+
+
 def _request(data: dict[str, Any], raw: bytes, origin: Origin, window: float) -> Request:
     return Request(
         experiment=_identifier(data, "experiment"),
@@ -326,6 +361,7 @@ def _feedback(data: dict[str, Any], raw: bytes, origin: Origin, window: float) -
         ts=_optional_time(data, window),
         raw=bytes(raw),
         origin=origin,
+        guardrails=_guardrails(data),
     )
 
 
