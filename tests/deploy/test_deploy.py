@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -1001,7 +1002,7 @@ def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
         return {
             "settings": settings,
             "metrics_urls": list(live.urls),
-            "registry": known,
+            "registry": None if known is None else known.path,
             "keys": keys,
         }
 
@@ -1012,7 +1013,9 @@ def parsed_command(service: dict[str, Any]) -> tuple[str, Any]:
     with (
         mock.patch("flows.cli.run.serve", lambda settings: got.update(run=settings)),
         mock.patch("flows.gateway.app.gateway", gateway),
-        mock.patch("flows.gateway.known.Known", lambda path: str(path)),  # not read here
+        mock.patch(  # the registry file is not read here
+            "flows.gateway.known.Known", lambda path: SimpleNamespace(path=str(path), current=None)
+        ),
         mock.patch("uvicorn.run", serve),
         mock.patch("flows.service.connectors.kafka_admin.create_topics", create),
         mock.patch(  # no topic exists yet (tsi topics create reads an existing changelog)
