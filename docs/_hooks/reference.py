@@ -14,7 +14,6 @@ True
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,25 +82,12 @@ def cli_page() -> str:
     return "\n".join(parts)
 
 
-def _toml_comments() -> dict[str, str]:
-    """The comment of each key in the registry module's documented example."""
-    from flows.service.instances import registry
-
-    found = {}
-    for line in registry.__doc__.splitlines():
-        match = re.match(r"(\w+) = .*?#\s*(.*)$", line)
-        if match:
-            found[match[1]] = match[2]
-    return found
-
-
 def registry_page() -> str:
-    """Every key an experiment's table of the registry may hold."""
-    from flows.service.instances.registry import KNOWN_SETTINGS
+    """Every key an experiment's table of the registry may hold (``registry_keys.KEYS``)."""
+    from flows.service.instances.registry_keys import KEYS
 
-    comments = _toml_comments()
-    rows = ["| key | meaning |", "|---|---|"]
-    rows += [f"| `{key}` | {_cell(comments.get(key, ''))} |" for key in sorted(KNOWN_SETTINGS)]
+    rows = ["| key | meaning | example |", "|---|---|---|"]
+    rows += [f"| `{k.name}` | {_cell(k.means)} | `{_cell(k.example)}` |" for k in KEYS]
     return "\n".join(
         [
             "# Registry keys\n",

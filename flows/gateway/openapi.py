@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flows.service.instances.registry_keys import spec_schema
+
 _ID = {"type": "string", "minLength": 1, "maxLength": 256}
 _TIMEOUT = {"type": "number", "exclusiveMinimum": 0, "description": "seconds to wait"}
 _ARM = {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]}
@@ -224,7 +226,7 @@ _EXPERIMENT_ERRORS = {
 _PUT_BODY = {
     "type": "object",
     "properties": {
-        "spec": {"type": "object", "description": "the keys of one [experiments.NAME] table"},
+        "spec": spec_schema(),
         "expected_version": {"type": "integer", "minimum": 0},
     },
     "required": ["spec"],

@@ -4,24 +4,12 @@
 [experiments.checkout]
 arms = ["control", "green", "blue"]
 competition = { kind = "switching", rate = 0.001 }   # fixed | switching | contextual | markov
-gamma = 1.5              # optional, default sqrt(W) of the class
-variant = "paper"        # optional: the algorithm, a preset of tsi_core.variant (default "bobw")
-feedback_ttl = 3600      # seconds a selection waits for its feedback
-retry_window = 3600      # seconds an answer is kept for retries after its feedback or expiry
 per_unit = true          # one bandit per unit (user), or one shared by the experiment
-seed = 42                # seeds the hashed draws
-early_feedback_limit = 1000   # feedback waiting for its request, per instance
-new_arm_share = 0.1      # optional: p of an arm added later (default: the mean log-weight)
-renamed_arms = { green = "lime" }   # optional: arm "green" is now called "lime"
-default_loss = 1.0       # optional: the loss of a window closed without feedback
-aggregate = "first"      # first | sum | mean | last | max: a window's feedback combined
-min_share = 0.02         # optional: every arm served with probability >= this
 holdout = { arm = "control", share = 0.1 }   # optional: a share of requests held out
-burn_in = 500            # optional: an instance's first requests served uniformly
-force_arm = "control"    # optional: everyone gets this arm, nothing is learned
-contexts = { device = ["ios", "android"], plan = ["free", "pro"] }   # named contexts
-guardrails = [{ metric = "latency_ms", worse = "higher" }]   # optional, needs a holdout
 ```
+
+Every key, its meaning, an example and the schema of its value are declared once in
+``registry_keys.KEYS`` (``example_table`` writes a table of them all).
 
 Guardrails (``flows.guardrails.spec``) are a serving setting too. The serving settings
 (``serving``: the six before contexts, and feedback_ttl, retry_window,
@@ -58,6 +46,7 @@ from typing import Any
 
 from flows.guardrails.spec import Guardrail, read_guardrails
 from flows.service.instances import serving
+from flows.service.instances.registry_keys import KEYS
 from flows.service.instances.serving import NamedContexts
 from flows.service.wire._parse import lane_reads
 from flows.service.wire.keys import UNIT_SEPARATOR, instance_key
@@ -266,29 +255,8 @@ def _competition(spec: Any, where: str) -> Any:
         raise RegistryError(f"{where}: {exc}") from None
 
 
-KNOWN_SETTINGS = frozenset(
-    {
-        "arms",
-        "competition",
-        "gamma",
-        "feedback_ttl",
-        "per_unit",
-        "seed",
-        "early_feedback_limit",
-        "new_arm_share",
-        "renamed_arms",
-        "retry_window",
-        "variant",
-        "default_loss",
-        "aggregate",
-        "min_share",
-        "holdout",
-        "burn_in",
-        "force_arm",
-        "contexts",
-        "guardrails",
-    }
-)
+#: The keys an experiment's table may hold (``registry_keys``: each declared once).
+KNOWN_SETTINGS = frozenset(key.name for key in KEYS)
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
