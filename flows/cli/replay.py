@@ -32,6 +32,7 @@ from flows.service.runtime.settings import (
     topics_from_env,
 )
 from flows.service.wire.events import Feedback
+from flows.tools.context_label import context_label
 
 if TYPE_CHECKING:
     from flows.tools.replay import Replayed
@@ -314,7 +315,7 @@ class _Kept:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     feedback: list[dict[str, Any]] = field(default_factory=list)
     request_ts: dict[tuple[str, str | None, str], float] = field(default_factory=dict)
-    contexts: dict[tuple[str, str | None, str], int] = field(default_factory=dict)
+    contexts: dict[tuple[str, str | None, str], int | str] = field(default_factory=dict)
 
     def event(self, event: Any) -> None:
         if isinstance(event, Feedback):
@@ -331,7 +332,7 @@ class _Kept:
             key = (event.experiment, event.unit, event.request_id)
             self.request_ts.setdefault(key, event.ts)
             if event.context is not None:
-                self.contexts.setdefault(key, event.context)
+                self.contexts.setdefault(key, context_label(event.context))
 
 
 def _context(events: Path | None, seed: int | None) -> Any:
