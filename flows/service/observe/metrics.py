@@ -14,6 +14,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_context_other_total`` | counter | experiment, attribute | values not listed (``other``) |
 | ``tsi_retries_total`` | counter | experiment | selections for a request_id already served |
 | ``tsi_feedback_total`` | counter | experiment, outcome | feedback by outcome (below) |
+| ``tsi_feedback_rewards_total`` | counter | experiment | of it, given as ``reward``, not ``loss`` |
 | ``tsi_dead_letters_total`` | counter | reason | every dead letter, upstream refusals included |
 | ``tsi_pending_tickets`` | gauge | experiment | open tickets: selections awaiting feedback |
 | ``tsi_early_feedback`` | gauge | experiment | feedback buffered, awaiting its request |
@@ -35,6 +36,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_arm_loss_squares_sum`` | gauge | experiment, arm | sum of their squares |
 | ``tsi_arm_ips_loss_sum`` | gauge | experiment, arm | sum of loss / prob over them |
 | ``tsi_arm_share`` | gauge | experiment, arm | q of a shared, context-free instance |
+| ``tsi_arm_served_share`` | gauge | experiment, arm | its P: q under the allocation, as served |
 | ``tsi_arm_context_share`` | gauge | experiment, context, arm | the same by context (below) |
 
 ``kind`` is ``request`` or ``feedback``; ``why`` is ``bandit``, ``holdout``, ``burn_in`` or
@@ -181,9 +183,9 @@ FEEDBACK_REASONS = {
 }
 
 # slots of an experiment's tally (a list of numbers)
-DECISIONS, RETRIES, PENDING, EARLY, INSTANCES = range(5)
-FEEDBACK = {outcome: 5 + i for i, outcome in enumerate(OUTCOMES)}
-_SLOTS = 5 + len(OUTCOMES)
+DECISIONS, RETRIES, PENDING, EARLY, INSTANCES, REWARDS = range(6)
+FEEDBACK = {outcome: 6 + i for i, outcome in enumerate(OUTCOMES)}
+_SLOTS = 6 + len(OUTCOMES)
 APPLIED, EARLY_FEEDBACK = FEEDBACK["applied"], FEEDBACK["early"]
 COLLECTED, DEFAULTED = FEEDBACK["collected"], FEEDBACK["defaulted"]
 SLOT_OF_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
@@ -396,6 +398,9 @@ class _MetricsCollector:
             for outcome, slot in FEEDBACK.items():
                 feedback.add_metric([experiment, outcome], counts[slot])
         yield feedback
+        yield family(CounterMetricFamily, "tsi_feedback_rewards",
+                     "Feedback that reached its instance given as a reward (not a loss).",
+                     REWARDS)  # fmt: skip
         yield family(GaugeMetricFamily, "tsi_pending_tickets",
                      "Open tickets waiting for their feedback.", PENDING)  # fmt: skip
         yield family(GaugeMetricFamily, "tsi_early_feedback",
