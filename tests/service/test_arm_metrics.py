@@ -130,7 +130,8 @@ def test_feedback_given_as_a_reward_is_counted_apart():
         raw = orjson.dumps({"experiment": "m", "request_id": f"w{i}", "reward": 1.0})
         logic.handle(item(logic, "m", parse_feedback(raw, Origin("t", 0, 3))))
     logic.handle(item(logic, "m", feedback("w3", loss=0.5)))
-    assert delta("tsi_feedback_rewards_total", experiment="m") == 3
+    assert delta("tsi_feedback_given_total", experiment="m", field="reward") == 3
+    assert delta("tsi_feedback_given_total", experiment="m", field="loss") == 1
     assert delta("tsi_feedback_total", experiment="m", outcome="applied") == 4
 
 

@@ -58,9 +58,7 @@ CONTEXT_SHARE_LIMIT = 1000
 
 #: A reading of a shared instance's q: (time read, arms, context labels or None when
 #: context-free, one row of q per context, the served P of a context-free one else None).
-Share = tuple[
-    float, tuple[str, ...], tuple[str, ...] | None, list[list[float]], list[float] | None
-]
+Share = tuple[float, tuple[str, ...], tuple[str, ...] | None, list[list[float]], list[float] | None]
 
 
 def context_labels(experiment: Any) -> tuple[str, ...] | None:

@@ -14,7 +14,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_context_other_total`` | counter | experiment, attribute | values not listed (``other``) |
 | ``tsi_retries_total`` | counter | experiment | selections for a request_id already served |
 | ``tsi_feedback_total`` | counter | experiment, outcome | feedback by outcome (below) |
-| ``tsi_feedback_rewards_total`` | counter | experiment | of it, given as ``reward``, not ``loss`` |
+| ``tsi_feedback_given_total`` | counter | experiment, field | by field: loss, or reward |
 | ``tsi_dead_letters_total`` | counter | reason | every dead letter, upstream refusals included |
 | ``tsi_pending_tickets`` | gauge | experiment | open tickets: selections awaiting feedback |
 | ``tsi_early_feedback`` | gauge | experiment | feedback buffered, awaiting its request |
@@ -183,9 +183,9 @@ FEEDBACK_REASONS = {
 }
 
 # slots of an experiment's tally (a list of numbers)
-DECISIONS, RETRIES, PENDING, EARLY, INSTANCES, REWARDS = range(6)
-FEEDBACK = {outcome: 6 + i for i, outcome in enumerate(OUTCOMES)}
-_SLOTS = 6 + len(OUTCOMES)
+DECISIONS, RETRIES, PENDING, EARLY, INSTANCES, LOSSES, REWARDS = range(7)
+FEEDBACK = {outcome: 7 + i for i, outcome in enumerate(OUTCOMES)}
+_SLOTS = 7 + len(OUTCOMES)
 APPLIED, EARLY_FEEDBACK = FEEDBACK["applied"], FEEDBACK["early"]
 COLLECTED, DEFAULTED = FEEDBACK["collected"], FEEDBACK["defaulted"]
 SLOT_OF_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
@@ -398,9 +398,14 @@ class _MetricsCollector:
             for outcome, slot in FEEDBACK.items():
                 feedback.add_metric([experiment, outcome], counts[slot])
         yield feedback
-        yield family(CounterMetricFamily, "tsi_feedback_rewards",
-                     "Feedback that reached its instance given as a reward (not a loss).",
-                     REWARDS)  # fmt: skip
+        given = CounterMetricFamily(
+            "tsi_feedback_given", "Feedback that reached its instance, by its field: "
+            "loss, or reward (applied as loss = -reward).", labels=["experiment", "field"],
+        )  # fmt: skip
+        for experiment, counts in sorted(experiments.items()):
+            given.add_metric([experiment, "loss"], counts[LOSSES])
+            given.add_metric([experiment, "reward"], counts[REWARDS])
+        yield given
         yield family(GaugeMetricFamily, "tsi_pending_tickets",
                      "Open tickets waiting for their feedback.", PENDING)  # fmt: skip
         yield family(GaugeMetricFamily, "tsi_early_feedback",

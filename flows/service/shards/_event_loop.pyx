@@ -70,6 +70,7 @@ from flows.service.observe.metrics import (
     INSTANCES,
     PENDING,
     PROCESSING_BUCKETS,
+    LOSSES,
     RETRIES,
     REWARDS,
     SLOT_OF_REASON,
@@ -169,7 +170,7 @@ cdef class _Counts:
     cdef object share_of  # the shared instance handled since its q was last read
     cdef double share_read  # when it was last read (monotonic)
     cdef long decisions, retries, pending, early, early_feedback, applied, collected, instances
-    cdef long rewards  # feedback given as a reward
+    cdef long losses, rewards  # feedback by its field
     cdef dict by_slot  # a dead letter's slot (SLOT_OF_REASON) -> count
     cdef dict by_why  # a selection's why, other than "bandit" -> count
     cdef bint counted
@@ -438,8 +439,11 @@ cdef class _Loop:
             c.share_of = instance
         if changes.arm >= 0:
             c.applied_loss(changes.arm, changes.loss, changes.prob)
-        if not is_request and _REWARD_KEY in field(_FEEDBACK, event, FEEDBACK_RAW):
-            c.rewards += 1  # a parsed feedback has its key "reward" as these bytes, or "loss"
+        if not is_request:  # a parsed feedback has its key "reward" as these bytes, or "loss"
+            if _REWARD_KEY in field(_FEEDBACK, event, FEEDBACK_RAW):
+                c.rewards += 1
+            else:
+                c.losses += 1
         c.instances += new
         c.pending += changes.pending
         c.early += changes.early
@@ -508,6 +512,7 @@ cdef class _Loop:
             _add(slots, EARLY, c.early)
             _add(slots, EARLY_FEEDBACK, c.early_feedback)
             _add(slots, INSTANCES, c.instances)
+            _add(slots, LOSSES, c.losses)
             _add(slots, REWARDS, c.rewards)
             if c.by_slot:
                 for slot, n in c.by_slot.items():
@@ -523,7 +528,7 @@ cdef class _Loop:
             if c.share_of is not None:
                 c.read_share(tally)
             c.decisions = c.retries = c.pending = c.applied = c.collected = c.early = 0
-            c.early_feedback = c.instances = c.rewards = 0
+            c.early_feedback = c.instances = c.losses = c.rewards = 0
             c.counted = False
         self.counted.clear()
         self.processing_request.added()
