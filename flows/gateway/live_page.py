@@ -132,8 +132,8 @@ def _experiment(e: dict[str, Any], recent_seconds: float) -> str:
 def _arm_row(arm: dict[str, Any], rewards: bool) -> str:
     """One arm's row; fed rewards, its outcomes as rewards (the negated losses)."""
     sign, kind = (-1.0, "reward") if rewards else (1.0, "loss")
-    mean = None if arm["mean_loss"] is None else sign * arm["mean_loss"]
-    ips = None if arm["ips_loss"] is None else sign * arm["ips_loss"]
+    mean = None if arm["mean_loss"] is None else sign * arm["mean_loss"] + 0.0  # no -0
+    ips = None if arm["ips_loss"] is None else sign * arm["ips_loss"] + 0.0
     interval = "" if arm["interval"] is None else f" ± {_num(arm['interval'], 2)}"
     scored = arm["feedback"] + arm["defaulted"]
     return (
@@ -160,8 +160,8 @@ def _note(rewards: bool) -> str:
         "every decision gone to it, from the randomised traffic. \u201cLearner's q now\u201d "
         "is the learner's own chance for each arm; \u201cServed now\u201d is the chance each "
         "arm is served at the next decision, after the allocation (a min_share floor, a "
-        "holdout, a burn-in, a forced arm): an arm q reads 0% for may still be served "
-        "(shared experiments).</p>"
+        "holdout, a burn-in, a forced arm): an arm whose q reads 0% may still be "
+        "served (shared experiments).</p>"
     )
 
 
@@ -203,7 +203,7 @@ def _chart(history: dict[str, list[tuple[float, float]]]) -> str:
         f"{_clock(end)}</text>"
     )
     return (
-        "<p><b>How the allocation moved</b> (the chance of each arm, over time)</p>"
+        "<p><b>How the learner's q moved</b> (its chance for each arm, over time)</p>"
         f'<svg role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         f'xmlns="http://www.w3.org/2000/svg" data-chart="q">{grid}{axis}{"".join(lines)}</svg>'
         f'<div class="meta">{"".join(legend)}</div>'

@@ -23,6 +23,11 @@ arms = ["x", "y"]
 per_unit = true
 aggregate = "sum"
 feedback_ttl = 600
+
+[experiments.floor]
+arms = ["good", "bad"]
+min_share = 0.3
+feedback_ttl = 600
 """
 
 

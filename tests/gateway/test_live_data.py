@@ -231,6 +231,7 @@ def test_a_floored_arm_shows_its_served_chance_beside_q_and_rewards_read_as_rewa
     assert "Higher reward is better" in section and "Mean loss" not in section
     good = rows["good"]
     assert f'data-mean-reward="{-good["mean_loss"]!r}"' in section and -good["mean_loss"] > 0
+    assert 'data-mean-reward="0.0"' in section  # "bad" never converts: 0, not -0
     assert f'data-served="{rows["bad"]["served"]!r}"' in section
     assert f'data-q="{rows["bad"]["q"]!r}"' in section
     [other] = re.findall(r'<section data-experiment="live_shop".*?</section>', page, re.S)
