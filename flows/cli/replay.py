@@ -72,10 +72,12 @@ def replay(
     """A logged stream through the same dataflow, deterministically, and a report.
 
     The same log and seed give the same selections, byte for byte, in the order of the
-    log. Lines without 'ts' take the previous event's time; 'ts' outside 1970 to ~5100
-    is a dead letter (ts_out_of_range). The service's two-topic setup replays as
-    '--topic tsi.requests --topic tsi.feedback' or '--topic tsi.events.internal' (the
-    order it served in); the topic names are tsi run's (TSI_TOPIC_*).
+    log. A message read from Kafka is handled at its Kafka timestamp, as the service
+    handled it; a file's line at its 'ts', or without one the previous event's time; 'ts'
+    outside 1970 to ~5100 is a dead letter (ts_out_of_range). The service's two-topic
+    setup replays as '--topic tsi.requests --topic tsi.feedback' or '--topic
+    tsi.events.internal' (the order it served in); the topic names are tsi run's
+    (TSI_TOPIC_*).
     """
     _check_sources(events, requests, feedback, topic)
     kafka = _topic_source(topic, env, from_offset, to_offset) if topic else None
