@@ -68,9 +68,9 @@ from flows.service.observe.metrics import (
     EARLY,
     EARLY_FEEDBACK,
     INSTANCES,
+    LOSSES,
     PENDING,
     PROCESSING_BUCKETS,
-    LOSSES,
     RETRIES,
     REWARDS,
     SLOT_OF_REASON,
@@ -246,8 +246,7 @@ cdef class _Counts:
 
     cdef int read_share(self, object tally) except -1:
         """Note the q of the shared instance handled (a context-free one's served P too),
-        at most every ``SHARE_EVERY`` s and
-        never unpacking one at rest."""
+        at most every ``SHARE_EVERY`` s and never unpacking one at rest."""
         cdef double now = _monotonic()
         if now - self.share_read < _SHARE_EVERY:
             return 0
