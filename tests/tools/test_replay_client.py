@@ -4,6 +4,8 @@ timestamps), and the replay gives every selection the service served, byte for b
 
 from __future__ import annotations
 
+import time
+
 import orjson
 from typer.testing import CliRunner
 
@@ -14,15 +16,19 @@ from flows.testing.kafka_broker import consume_all, free_port
 from tests.service.test_first_hour import metric, scrape
 from tests.service.test_operating import service_topics, start, wait_for
 
-REGISTRY = """
+TTL = 4
+REGISTRY = f"""
 [experiments.shop]
 arms = ["a", "b", "c"]
 seed = 11
-feedback_ttl = 1
+feedback_ttl = {TTL}
 retry_window = 1
 default_loss = 1.0
 """
-WAVES, PER_WAVE = 6, 8
+# a wave's windows close once it is over, none while it is asked: the service's stream time
+# runs on the wall clock, and a window closing while a message is on its way would close
+# before it there and after it in a replay (which sees only the Kafka timestamps)
+WAVES, PER_WAVE = 5, 8
 
 
 def test_a_client_run_with_default_losses_replays_to_every_selection_served(
@@ -55,12 +61,14 @@ def test_a_client_run_with_default_losses_replays_to_every_selection_served(
         wait_for(lambda: scrape(port, "/ready")[0] == 200, proc, what="ready")
         with Decider(settings) as decider:
             for wave in range(WAVES):  # each wave's windows close before the next is asked
+                began = time.monotonic()
                 for i in range(PER_WAVE):
                     decision = decider.decide("shop", request_id=f"w{wave}-{i}")
                     if decision.arm_name == "a":  # "a" is good, the others never answer
                         decider.feedback("shop", decision.request_id, loss=0.0)
                     else:
                         unanswered += 1
+                assert time.monotonic() - began < TTL, "windows closed while a wave was asked"
 
                 def closed(count: int = unanswered) -> bool:
                     return metric(scrape(port)[1], defaulted) == count
