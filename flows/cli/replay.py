@@ -32,6 +32,7 @@ from flows.service.runtime.settings import (
     topics_from_env,
 )
 from flows.service.wire.events import Feedback
+from flows.tools.context_label import context_label
 
 if TYPE_CHECKING:
     from flows.tools.replay import Replayed
@@ -71,10 +72,12 @@ def replay(
     """A logged stream through the same dataflow, deterministically, and a report.
 
     The same log and seed give the same selections, byte for byte, in the order of the
-    log. Lines without 'ts' take the previous event's time; 'ts' outside 1970 to ~5100
-    is a dead letter (ts_out_of_range). The service's two-topic setup replays as
-    '--topic tsi.requests --topic tsi.feedback' or '--topic tsi.events.internal' (the
-    order it served in); the topic names are tsi run's (TSI_TOPIC_*).
+    log. A message read from Kafka is handled at its Kafka timestamp, as the service
+    handled it; a file's line at its 'ts', or without one the previous event's time; 'ts'
+    outside 1970 to ~5100 is a dead letter (ts_out_of_range). The service's two-topic
+    setup replays as '--topic tsi.requests --topic tsi.feedback' or '--topic
+    tsi.events.internal' (the order it served in); the topic names are tsi run's
+    (TSI_TOPIC_*).
     """
     _check_sources(events, requests, feedback, topic)
     kafka = _topic_source(topic, env, from_offset, to_offset) if topic else None
@@ -314,7 +317,7 @@ class _Kept:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     feedback: list[dict[str, Any]] = field(default_factory=list)
     request_ts: dict[tuple[str, str | None, str], float] = field(default_factory=dict)
-    contexts: dict[tuple[str, str | None, str], int] = field(default_factory=dict)
+    contexts: dict[tuple[str, str | None, str], int | str] = field(default_factory=dict)
 
     def event(self, event: Any) -> None:
         if isinstance(event, Feedback):
@@ -331,7 +334,7 @@ class _Kept:
             key = (event.experiment, event.unit, event.request_id)
             self.request_ts.setdefault(key, event.ts)
             if event.context is not None:
-                self.contexts.setdefault(key, event.context)
+                self.contexts.setdefault(key, context_label(event.context))
 
 
 def _context(events: Path | None, seed: int | None) -> Any:

@@ -7,8 +7,11 @@ Per arm of an experiment: its share of the selections (since the processes start
 over the last ``RECENT`` seconds of samples), its outcome (mean loss ± the half-width of
 its normal interval at ``Z95``, from ``tsi_arm_loss_sum``, ``tsi_arm_loss_squares_sum`` and n =
 feedback + defaulted; the IPS estimate), the current q of a shared instance and its
-history (by context for a contextual one: the latest only); per experiment the feedback
-by outcome; for the service the dead letters by reason (see
+history (by context for a contextual one: the latest only), and the chance it is served
+now (``served``: q under the allocation, a ``min_share`` floor included); per experiment
+the feedback by outcome, and whether it is fed rewards rather than losses (``rewards``:
+most feedback came as ``reward``, then the outcomes read as rewards, the mean reward =
+minus the mean loss); for the service the dead letters by reason (see
 ``flows.service.observe.metrics`` and ``arm_metrics`` for what each metric counts).
 
 >>> text = '''# TYPE tsi_arm_selections counter
@@ -40,7 +43,7 @@ RECENT = 300.0
 #: the normal quantile of a two-sided interval at ninety-five percent
 Z95 = 1.96
 #: gauges that are readings of one instance: the highest over the endpoints, not the sum
-_READINGS = frozenset({"tsi_arm_share", "tsi_arm_context_share"})
+_READINGS = frozenset({"tsi_arm_share", "tsi_arm_served_share", "tsi_arm_context_share"})
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[str, dict[Labels, float]]  # metric -> sorted labels -> value
@@ -229,6 +232,7 @@ def _experiment(
         return _by(now, metric, "experiment").get((name,), 0.0)
 
     selections, share = of("tsi_arm_selections_total"), of("tsi_arm_share")
+    served = of("tsi_arm_served_share")
     recent = {}
     for arm, n in selections.items():
         before = base.selections.get((name, arm), 0.0)
@@ -253,6 +257,7 @@ def _experiment(
             "interval": half,
             "ips_loss": _ratio(ips.get(arm, 0.0), decisions - retries),
             "q": share.get(arm),
+            "served": served.get(arm),
         })  # fmt: skip
     contexts: dict[str, dict[str, float]] = {}
     by_context = _by(now, "tsi_arm_context_share", "experiment", "context", "arm")
@@ -260,6 +265,8 @@ def _experiment(
         if e == name:
             contexts.setdefault(context, {})[arm] = q
     outcomes = _by(now, "tsi_feedback_total", "experiment", "outcome")
+    given = _by(now, "tsi_feedback_given_total", "experiment", "field")
+    rewards = given.get((name, "reward"), 0.0) > given.get((name, "loss"), 0.0)
     return {
         "experiment": name,
         "decisions": decisions,
@@ -269,4 +276,5 @@ def _experiment(
         "q_history": q_history,
         "context_q": contexts,
         "feedback": {o: n for (e, o), n in sorted(outcomes.items()) if e == name},
+        "rewards": rewards,
     }

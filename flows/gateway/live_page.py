@@ -110,33 +110,16 @@ def _experiment(e: dict[str, Any], recent_seconds: float) -> str:
         f"last {recent_seconds / 60:.0f} min" if recent_seconds >= 60
         else f"last {recent_seconds:.0f} s" if recent_seconds > 0 else "so far"
     )  # fmt: skip
-    rows = []
-    for arm in e["arms"]:
-        interval = "" if arm["interval"] is None else f" ± {_num(arm['interval'], 2)}"
-        rows.append(
-            f'<tr data-arm="{escape(arm["arm"])}"><td>{escape(arm["arm"])}</td>'
-            f'<td data-recent-share="{_data(arm["recent_share"])}">{_pct(arm["recent_share"])}</td>'
-            f'<td data-share="{_data(arm["share"])}">{_pct(arm["share"])}</td>'
-            f'<td data-selections="{_data(arm["selections"])}">{_count(arm["selections"])}</td>'
-            f'<td data-mean-loss="{_data(arm["mean_loss"])}">{_num(arm["mean_loss"])}{interval}'
-            f'</td><td data-scored="{_data(arm["feedback"] + arm["defaulted"])}">'
-            f"{_count(arm['feedback'] + arm['defaulted'])}</td>"
-            f'<td data-ips-loss="{_data(arm["ips_loss"])}">{_num(arm["ips_loss"])}</td>'
-            f'<td data-q="{_data(arm["q"])}">{_pct(arm["q"])}</td></tr>'
-        )
+    rows = "".join(_arm_row(arm, e["rewards"]) for arm in e["arms"])
+    outcome = "reward" if e["rewards"] else "loss"
     table = (
         f"<table><tr><th>Arm</th><th>Traffic ({recent})</th><th>Traffic (all)</th>"
-        "<th>Decisions</th><th>Mean loss (95% interval)</th><th>Outcomes scored</th>"
-        "<th>If served to all (IPS)</th><th>Allocation now</th></tr>"
-        f"{''.join(rows)}</table>"
-        '<p class="note">Lower loss is better. The mean is over the outcomes scored (the '
-        "default loss when none came); the interval is where the true mean lies with 95% "
-        "confidence. \u201cIf served to all\u201d estimates each arm's mean loss had every "
-        "decision gone to it, from the randomised traffic. \u201cAllocation now\u201d is the "
-        "chance the learner gives each arm for the next decision (shared experiments).</p>"
+        f"<th>Decisions</th><th>Mean {outcome} (95% interval)</th><th>Outcomes scored</th>"
+        f"<th>Mean {outcome} if served to all (IPS)</th><th>Learner's q now</th>"
+        f"<th>Served now</th></tr>{rows}</table>{_note(e['rewards'])}"
     )
     return (
-        f'<section data-experiment="{name}"><h2>{name}</h2>'
+        f'<section data-experiment="{name}" data-outcome-kind="{outcome}"><h2>{name}</h2>'
         f'<p class="meta"><span data-decisions="{_data(e["decisions"])}">'
         f"{_count(e['decisions'])}</span> decisions ({_count(e['retries'])} repeated answers "
         f'to retries); <span data-pending="{_data(e["pending"])}">{_count(e["pending"])}'
@@ -166,6 +149,42 @@ def _guardrails(checks: list[dict[str, Any]]) -> str:
         "<th>Bandit − holdout</th><th>Interval (any time)</th>"
         "<th>Samples (bandit / holdout)</th><th>State</th></tr>"
         f"{''.join(rows)}</table>"
+    )
+
+
+def _arm_row(arm: dict[str, Any], rewards: bool) -> str:
+    """One arm's row; fed rewards, its outcomes as rewards (the negated losses)."""
+    sign, kind = (-1.0, "reward") if rewards else (1.0, "loss")
+    mean = None if arm["mean_loss"] is None else sign * arm["mean_loss"] + 0.0  # no -0
+    ips = None if arm["ips_loss"] is None else sign * arm["ips_loss"] + 0.0
+    interval = "" if arm["interval"] is None else f" ± {_num(arm['interval'], 2)}"
+    scored = arm["feedback"] + arm["defaulted"]
+    return (
+        f'<tr data-arm="{escape(arm["arm"])}"><td>{escape(arm["arm"])}</td>'
+        f'<td data-recent-share="{_data(arm["recent_share"])}">{_pct(arm["recent_share"])}</td>'
+        f'<td data-share="{_data(arm["share"])}">{_pct(arm["share"])}</td>'
+        f'<td data-selections="{_data(arm["selections"])}">{_count(arm["selections"])}</td>'
+        f'<td data-mean-{kind}="{_data(mean)}">{_num(mean)}{interval}</td>'
+        f'<td data-scored="{_data(scored)}">{_count(scored)}</td>'
+        f'<td data-ips-{kind}="{_data(ips)}">{_num(ips)}</td>'
+        f'<td data-q="{_data(arm["q"])}">{_pct(arm["q"])}</td>'
+        f'<td data-served="{_data(arm["served"])}">{_pct(arm["served"])}</td></tr>'
+    )
+
+
+def _note(rewards: bool) -> str:
+    """How to read the table: lower loss is better, or higher reward when fed rewards."""
+    outcome, better = ("reward", "Higher reward") if rewards else ("loss", "Lower loss")
+    fed = " (this experiment is fed rewards: each is the negated loss)" if rewards else ""
+    return (
+        f'<p class="note">{better} is better{fed}. The mean is over the outcomes scored (the '
+        "default outcome when none came); the interval is where the true mean lies with "
+        f"95% confidence. \u201cIf served to all\u201d estimates each arm's mean {outcome} had "
+        "every decision gone to it, from the randomised traffic. \u201cLearner's q now\u201d "
+        "is the learner's own chance for each arm; \u201cServed now\u201d is the chance each "
+        "arm is served at the next decision, after the allocation (a min_share floor, a "
+        "holdout, a burn-in, a forced arm): an arm whose q reads 0% may still be "
+        "served (shared experiments).</p>"
     )
 
 
@@ -207,7 +226,7 @@ def _chart(history: dict[str, list[tuple[float, float]]]) -> str:
         f"{_clock(end)}</text>"
     )
     return (
-        "<p><b>How the allocation moved</b> (the chance of each arm, over time)</p>"
+        "<p><b>How the learner's q moved</b> (its chance for each arm, over time)</p>"
         f'<svg role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         f'xmlns="http://www.w3.org/2000/svg" data-chart="q">{grid}{axis}{"".join(lines)}</svg>'
         f'<div class="meta">{"".join(legend)}</div>'
@@ -227,7 +246,7 @@ def _contexts(by_context: dict[str, dict[str, float]]) -> str:
         for context, q in by_context.items()
     )
     return (
-        "<p><b>Allocation now, by context</b></p>"
+        "<p><b>Learner's q now, by context</b></p>"
         f"<table><tr><th>Context</th>{head}</tr>{rows}</table>"
     )
 

@@ -13,7 +13,10 @@ memory is one epoch of outputs plus the instances' own state.
 **Time.** Every line is handled at its event time (``flows.service.shards.logic.ShardLogic``
 expires an instance's deadlines when its next event passes them):
 
-* its own ``ts`` when it is valid: a finite number of Unix seconds within
+* read from Kafka: its Kafka timestamp, whatever its ``ts``, as the service's stream time
+  has it (``flows.service.shards.stream_clock``), so that a window closed by
+  ``default_loss`` closes where it closed in the service;
+* else its own ``ts`` when it is valid: a finite number of Unix seconds within
   [``TS_MIN``, ``TS_MAX``] = [0, 1e11], 1970 to about the year 5100. The service's window
   around the wall clock does not apply here: a log may be older than ten years;
 * no ``ts``: the time of the previous event (the last line that reached an instance; 0
@@ -21,8 +24,8 @@ expires an instance's deadlines when its next event passes them):
 * a numeric ``ts`` out of range (``1e308``, ``-1``): the dead letter ``ts_out_of_range``;
   a ``ts`` that is not a number (``"NaN"``, ``true``): ``wrong_type``, the service's own.
   Like every dead letter these change nothing: no instance sees them and the clock does
-  not move. Neither does a line refused for any other reason (bad JSON, unknown
-  experiment, ...).
+  not move (a ``ts`` is checked on Kafka too). Neither does a line refused for any other
+  reason (bad JSON, unknown experiment, ...).
 
 **The end of the log** is the end of time: what is still pending there -- open tickets
 whose feedback never came, feedback whose request never came -- is closed with the
@@ -201,11 +204,13 @@ class _Run:
         event = self.parsers.get(origin.source, parse_event)(raw, origin, ts_window=math.inf)
         if isinstance(event, DeadLetter):
             return event
-        if event.ts is None:
-            event = dataclasses.replace(event, ts=self.now)
-        elif valid_ts(event.ts) is None:
+        if event.ts is not None and valid_ts(event.ts) is None:
             detail = f"ts {event.ts!r} is not within [{TS_MIN:g}, {TS_MAX:g}] (Unix seconds)"
             return DeadLetter("ts_out_of_range", detail, event.raw, origin)
+        if origin.time is not None:  # read from Kafka: its timestamp, as the service did
+            event = dataclasses.replace(event, ts=origin.time)
+        elif event.ts is None:
+            event = dataclasses.replace(event, ts=self.now)
         routed = route(self.registry, event)
         if isinstance(routed, DeadLetter):
             return routed

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from flows.service.wire.events import DeadLetter, Feedback, Request, parse_event
+from flows.tools.context_label import context_label
 
 Key = tuple[str, str | None, str]  # experiment, unit, request_id
 
@@ -38,7 +39,8 @@ class ServedLog:
     dead_letters: list[dict[str, Any]]
     request_ts: dict[Key, float] = field(default_factory=dict)
     truth: dict[str, np.ndarray] | None = None  # request_id -> expected loss of every arm
-    contexts: dict[Key, int] = field(default_factory=dict)  # of the requests that had one
+    # of the requests that had one: its index, or its named values (``context_label``)
+    contexts: dict[Key, int | str] = field(default_factory=dict)
     _served: dict[tuple[str, int, int], list[dict[str, Any]]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -121,8 +123,9 @@ def log_events(
     return request_ts, feedback
 
 
-def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int]:
-    """The context of every request of a log that names one (for ``ServedLog.contexts``).
+def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int | str]:
+    """The context of every request of a log that names one (for ``ServedLog.contexts``),
+    as its ``context_label``.
 
     >>> from flows.service.wire.events import Origin
     >>> raw = b'{"type":"request","experiment":"p","request_id":"r","context":2}'
@@ -130,7 +133,7 @@ def request_contexts(messages: Iterable[tuple[bytes, Any]]) -> dict[Key, int]:
     {('p', None, 'r'): 2}
     """
     return {
-        (e.experiment, e.unit, e.request_id): e.context
+        (e.experiment, e.unit, e.request_id): context_label(e.context)
         for e in _events(messages)
         if isinstance(e, Request) and e.context is not None
     }

@@ -37,6 +37,9 @@ from flows.tools.report_windows import (
 )
 from tsi_core.variant import DEFAULT_VARIANT
 
+#: how many named contexts a report's sentence lists
+NAMED_SHOWN = 6
+
 
 def _fmt(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{x:,.{digits}f}"
@@ -53,6 +56,19 @@ def _competition(spec: dict[str, Any]) -> str:
     return f"competition `{kind}`"
 
 
+def _named(contexts: set[int | str]) -> str:
+    """The named contexts among ``contexts``, the first few, for a sentence ("" if none).
+
+    >>> _named({"device=ios", "device=android", 2})
+    ' (device=android; device=ios)'
+    """
+    named = sorted(c for c in contexts if isinstance(c, str))
+    if not named:
+        return ""
+    more = f"; and {len(named) - NAMED_SHOWN} more" if len(named) > NAMED_SHOWN else ""
+    return f" ({'; '.join(named[:NAMED_SHOWN])}{more})"
+
+
 def describe(
     stream: ServedLog, name: str, registry: Any = None, injected: Injected | None = None
 ) -> str:
@@ -65,8 +81,9 @@ def describe(
         f"one bandit per user ({len(units):,} users)" if units else "one bandit for all requests",
     ]
     contexts = {c for k, c in stream.contexts.items() if k[0] == name}
-    if contexts and getattr(experiment, "n_contexts", 0) != len(contexts):
-        parts.append(f"{len(contexts)} contexts seen in the requests")
+    named = _named(contexts)
+    if named or (contexts and getattr(experiment, "n_contexts", 0) != len(contexts)):
+        parts.append(f"{len(contexts)} contexts seen in the requests{named}")
     if experiment is not None:
         default = " (the default)" if experiment.variant == DEFAULT_VARIANT else ""
         parts += [

@@ -32,6 +32,11 @@ feedback_ttl = 600
 [experiments.promo]
 arms = ["off", "on"]
 force_arm = "on"
+
+[experiments.floor]
+arms = ["good", "bad"]
+min_share = 0.3
+feedback_ttl = 600
 """
 
 

@@ -42,7 +42,8 @@ def value(text, name, **labels):
 
 def on_page(dom, experiment, pattern):
     """The values of ``pattern``'s group in the section of ``experiment``."""
-    [section] = re.findall(rf'<section data-experiment="{experiment}">(.*?)</section>', dom, re.S)
+    pattern_of_section = rf'<section data-experiment="{experiment}"[^>]*>(.*?)</section>'
+    [section] = re.findall(pattern_of_section, dom, re.S)
     return re.findall(pattern, section)
 
 
@@ -63,9 +64,19 @@ def test_the_live_page_shows_the_service_metrics_in_a_browser(service, tmp_path)
                 loss = {"a": 0.2, "b": 0.5, "c": 0.9}[decision["arm_name"]]
                 fed = {"experiment": "shop", "request_id": decision["request_id"], "loss": loss}
                 assert post(port, "/v1/feedback", fed)[0] == 202
+        floor = 'tsi_feedback_total{experiment="floor",outcome="applied"}'
+        floored = service.metric(floor)
+        for _ in range(12):  # fed rewards, with a min_share floor
+            status, decision = post(port, "/v1/decide", {"experiment": "floor"})
+            assert status == 200, decision
+            reward = float(decision["arm_name"] == "good")
+            fed = {"experiment": "floor", "request_id": decision["request_id"], "reward": reward}
+            assert post(port, "/v1/feedback", fed)[0] == 202
         wait_for(lambda: service.metric(applied) == before + 16, service.proc, 30, "feedback")
+        wait_for(lambda: service.metric(floor) == floored + 12, service.proc, 30, "rewards")
         time.sleep(1.2)  # the shared instance's q is read again after the next event
         assert post(port, "/v1/decide", {"experiment": "shop", "unit": "last"})[0] == 200
+        assert post(port, "/v1/decide", {"experiment": "floor"})[0] == 200
         time.sleep(3 * EVERY)  # the gateway samples the settled metrics
         text = scrape(service.metrics_port)[1]
         url = f"http://127.0.0.1:{port}/experiments"
@@ -83,6 +94,7 @@ def test_the_live_page_shows_the_service_metrics_in_a_browser(service, tmp_path)
             shown = on_page(dom, "shop", rf'<tr data-arm="{arm}">.*?data-{attribute}="([^"]*)"')
             assert [float(x) for x in shown] == [value(text, name, **labels)], (arm, attribute)
     assert sum(float(x) for x in on_page(dom, "shop", r'data-q="([^"]*)"')) == approx(1.0)
+    _served_and_rewards(dom, text)
     for outcome in ("applied", "early", "duplicate"):
         labels = {"experiment": "shop", "outcome": outcome}
         shown = on_page(dom, "shop", rf'data-outcome="{outcome}" data-count="([^"]*)"')
@@ -98,6 +110,24 @@ def test_the_live_page_shows_the_service_metrics_in_a_browser(service, tmp_path)
     assert (width, height) == (1200, 1400) and shot.stat().st_size > 20_000
 
 
+def _served_and_rewards(dom, text):
+    """The new columns: each arm's served chance beside its q (the min_share floor of
+    "floor" serves every arm at 30% or more), and "floor", fed rewards, read as rewards."""
+    for name in ("Learner's q now", "Served now"):
+        assert f"<th>{name}</th>" in dom
+    for experiment, arms in (("shop", "abc"), ("floor", ("good", "bad"))):
+        for arm in arms:
+            labels = {"experiment": experiment, "arm": arm}
+            shown = on_page(dom, experiment, rf'<tr data-arm="{arm}">.*?data-served="([^"]*)"')
+            assert [float(x) for x in shown] == [value(text, "tsi_arm_served_share", **labels)]
+    served = [float(x) for x in on_page(dom, "floor", r'data-served="([^"]*)"')]
+    assert sum(served) == approx(1.0) and min(served) >= 0.3 - 1e-9
+    [kind] = re.findall(r'<section data-experiment="floor" data-outcome-kind="(\w+)"', dom)
+    assert kind == "reward" and on_page(dom, "floor", r"(Mean reward) \(95% interval\)")
+    assert on_page(dom, "floor", r'data-mean-reward="([^"]+)"')
+    assert on_page(dom, "shop", r"(Mean loss) \(95% interval\)")
+
+
 def _same_numbers(first, second):
     """The tsi_ selection and feedback samples of two scrapes are equal."""
     keep = (
@@ -105,6 +135,8 @@ def _same_numbers(first, second):
         "tsi_feedback_total",
         "tsi_decisions_total",
         "tsi_arm_share",
+        "tsi_arm_served_share",
+        "tsi_feedback_given_total",
     )
     lines = [
         sorted(line for line in t.splitlines() if line.startswith(keep)) for t in (first, second)

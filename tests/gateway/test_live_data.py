@@ -4,9 +4,11 @@ endpoint down, the bounded history, hostile names escaped."""
 
 import asyncio
 import math
+import re
 import time
 
 import httpx
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +22,7 @@ from flows.gateway.live_data import RECENT, History, Sample, summary
 from flows.gateway.live_page import render
 from flows.service.instances.registry import Registry
 from flows.service.shards.logic import logic_builder
+from flows.service.wire.events import Origin, parse_feedback
 from flows.testing.kafka_broker import free_port
 from tests.service.test_metrics import feedback, item, request
 
@@ -32,6 +35,10 @@ arms = ["a", "b", {HOSTILE!r}]
 [experiments.live_ctx]
 arms = ["x", "y"]
 contexts = {{ device = ["ios"] }}
+
+[experiments.live_floor]
+arms = ["good", "bad"]
+min_share = 0.3
 """
 )
 
@@ -53,7 +60,13 @@ def text() -> str:
     for i in range(39):
         logic.handle(item(logic, "live_shop", feedback(f"ls{i}", "live_shop", loss=i % 4 / 3)))
         logic.handle(item(logic, "live_ctx", feedback(f"lc{i}", "live_ctx", loss=i % 2)))
+    for i in range(60):  # fed rewards: "good" converts, "bad" never
+        [answer] = logic.handle(item(logic, "live_floor", request(f"lf{i}", "live_floor")))
+        raw = orjson.dumps({"experiment": "live_floor", "request_id": f"lf{i}",
+                            "reward": float(answer.arm_name == "good")})  # fmt: skip
+        logic.handle(item(logic, "live_floor", parse_feedback(raw, Origin("t", 0, 9))))
     time.sleep(1.1)  # arm_metrics.SHARE_EVERY: the q is read again on the next event
+    logic.handle(item(logic, "live_floor", request("lf60", "live_floor")))
     logic.handle(item(logic, "live_shop", feedback("ls39", "live_shop", loss=0.0)))
     logic.handle(item(logic, "live_ctx", feedback("lc39", "live_ctx", loss=0.0)))
     return generate_latest().decode()
@@ -196,3 +209,30 @@ def test_the_routes_answer_with_an_endpoint_down_not_a_500():
     page, data = asyncio.run(get("/experiments")), asyncio.run(get("/experiments.json"))
     assert page.status_code == 200 and 'data-up="0"' in page.text
     assert data.status_code == 200 and data.json()["endpoints"][0]["up"] is False
+
+
+def test_a_floored_arm_shows_its_served_chance_beside_q_and_rewards_read_as_rewards(text):
+    """min_share serves "bad" at 30% while the learner's q gives it less; the experiment is
+    fed rewards, so the page shows the mean reward (higher is better), not the loss."""
+    history = History(every=10.0)
+    history.add(Sample.of(1000.0, [("http://one/metrics", text)]))
+    data = summary(history)
+    floor, shop = experiment(data, "live_floor"), experiment(data, "live_shop")
+    rows = {row["arm"]: row for row in floor["arms"]}
+    for arm, row in rows.items():
+        labels = {"experiment": "live_floor", "arm": arm}
+        assert row["served"] == value("tsi_arm_served_share", **labels)
+        assert row["q"] == value("tsi_arm_share", **labels)
+    assert rows["bad"]["q"] < 0.3 <= rows["bad"]["served"] + 1e-12
+    assert floor["rewards"] and not shop["rewards"]
+    page = render(data)
+    [section] = re.findall(r'<section data-experiment="live_floor".*?</section>', page, re.S)
+    assert 'data-outcome-kind="reward"' in section and "Mean reward (95% interval)" in section
+    assert "Higher reward is better" in section and "Mean loss" not in section
+    good = rows["good"]
+    assert f'data-mean-reward="{-good["mean_loss"]!r}"' in section and -good["mean_loss"] > 0
+    assert 'data-mean-reward="0.0"' in section  # "bad" never converts: 0, not -0
+    assert f'data-served="{rows["bad"]["served"]!r}"' in section
+    assert f'data-q="{rows["bad"]["q"]!r}"' in section
+    [other] = re.findall(r'<section data-experiment="live_shop".*?</section>', page, re.S)
+    assert "Lower loss is better" in other and "data-mean-loss=" in other

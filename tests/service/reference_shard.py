@@ -20,6 +20,8 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
+import orjson
+
 from flows.service.observe.metrics import (
     AGE_BUCKETS,
     APPLIED,
@@ -27,9 +29,11 @@ from flows.service.observe.metrics import (
     EARLY,
     EARLY_FEEDBACK,
     INSTANCES,
+    LOSSES,
     PENDING,
     PROCESSING_BUCKETS,
     RETRIES,
+    REWARDS,
     SLOT_OF_REASON,
     observe_expired,
     thread_tally,
@@ -112,6 +116,8 @@ def count(experiment: str, event: Any, handled: Any, new: bool, started: float, 
     c[EARLY] += handled.early
     c[APPLIED] += handled.applied
     c[EARLY_FEEDBACK] += handled.early > 0
+    if not is_request:  # by the field it was given in, read from its JSON
+        c[REWARDS if "reward" in orjson.loads(event.raw) else LOSSES] += 1
     for item in handled:
         if type(item) is Selection:
             c[DECISIONS] += 1

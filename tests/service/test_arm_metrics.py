@@ -5,6 +5,7 @@ losses sent."""
 import time
 from collections import defaultdict
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from prometheus_client import REGISTRY as METRICS
 from flows.service.instances.registry import Registry
 from flows.service.observe.arm_metrics import CONTEXT_SHARE_LIMIT, context_labels
 from flows.service.shards.logic import logic_builder
+from flows.service.wire.events import Origin, parse_feedback
 from tests.service.test_metrics import Delta, feedback, item, msg, request, run_events
 
 REGISTRY = Registry.from_toml(
@@ -95,7 +97,42 @@ def test_the_share_of_a_shared_instance_is_its_q_as_last_read():
     shares = Delta.__new__(Delta)
     shares.before = {}
     assert [shares("tsi_arm_share", experiment="m", arm=a) for a in "abc"] == q
+    assert [shares("tsi_arm_served_share", experiment="m", arm=a) for a in "abc"] == q  # plain
     assert abs(sum(q) - 1.0) < 1e-9
+
+
+FLOORED = Registry.from_toml('[experiments.floor]\narms = ["good", "bad"]\nmin_share = 0.3\n')
+
+
+def test_the_served_share_is_what_a_min_share_floor_serves_while_q_reads_lower():
+    logic = logic_builder(FLOORED, clock=lambda: 1000.0)(None)
+    for i in range(60):
+        [answer] = logic.handle(item(logic, "floor", request(f"f{i}", "floor")))
+        loss = 1.0 if answer.arm_name == "bad" else 0.0
+        logic.handle(item(logic, "floor", feedback(f"f{i}", "floor", loss=loss)))
+    time.sleep(1.1)  # arm_metrics.SHARE_EVERY
+    logic.handle(item(logic, "floor", request("last", "floor")))
+    bandit = logic.store.instances["floor"].bandit
+    shares = Delta.__new__(Delta)
+    shares.before = {}
+    q = [shares("tsi_arm_share", experiment="floor", arm=a) for a in ("good", "bad")]
+    served = [shares("tsi_arm_served_share", experiment="floor", arm=a) for a in ("good", "bad")]
+    assert q == bandit.policy().tolist() and served == bandit.probabilities().tolist()
+    assert q[1] < 0.3 <= served[1] + 1e-12  # the floor serves "bad" above what q gives it
+
+
+def test_feedback_given_as_a_reward_is_counted_apart():
+    logic = logic_builder(REGISTRY, clock=lambda: 1000.0)(None)
+    delta = Delta()
+    for i in range(5):
+        logic.handle(item(logic, "m", request(f"w{i}")))
+    for i in range(3):
+        raw = orjson.dumps({"experiment": "m", "request_id": f"w{i}", "reward": 1.0})
+        logic.handle(item(logic, "m", parse_feedback(raw, Origin("t", 0, 3))))
+    logic.handle(item(logic, "m", feedback("w3", loss=0.5)))
+    assert delta("tsi_feedback_given_total", experiment="m", field="reward") == 3
+    assert delta("tsi_feedback_given_total", experiment="m", field="loss") == 1
+    assert delta("tsi_feedback_total", experiment="m", outcome="applied") == 4
 
 
 CONTEXTUAL = Registry.from_toml(

@@ -452,3 +452,36 @@ def test_the_demo_notes_count_every_request_of_the_table(tmp_path):
     assert len(rows) == 5 and total > 2000
     assert text.splitlines()[2].startswith(f"{total:,} requests over ")
     assert "(2,000 for `checkout`, `homepage` and `push`, `--requests`" in text
+
+
+def test_a_replay_of_named_contexts_reports_them_readably(tmp_path):
+    """Named contexts (dicts) reach the report as "device=ios, plan=pro", not a TypeError."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    registry, log, out = tmp_path / "r.toml", tmp_path / "events.jsonl", tmp_path / "out"
+    registry.write_text(
+        '[experiments.home]\narms = ["a", "b"]\n'
+        'contexts = { device = ["ios", "android"], plan = ["free", "pro"] }\n'
+    )
+    named = [{"device": "ios", "plan": "pro"}, {"plan": "free", "device": "android"}]
+    events = [
+        {"type": "request", "experiment": "home", "request_id": f"r{i}", "ts": 1.8e9 + i,
+         "context": named[i % 2]}
+        for i in range(20)
+    ]  # fmt: skip
+    events += [
+        {"type": "feedback", "experiment": "home", "request_id": f"r{i}", "ts": 1.8e9 + 30,
+         "loss": i % 2}
+        for i in range(20)
+    ]  # fmt: skip
+    log.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    args = ["replay", "--registry", str(registry), "--events", str(log), "--out", str(out)]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "full report failed" not in done.stderr
+    text = (out / "REPORT.md").read_text()
+    assert (
+        "2 contexts seen in the requests (device=android, plan=free; device=ios, plan=pro)" in text
+    )

@@ -17,10 +17,12 @@ loss (were it served always) is::
 
 The q of a shared (not per-unit) instance is read from it at most every ``SHARE_EVERY``
 seconds, after an event, by the worker holding it: ``tsi_arm_share`` for a context-free
-one, ``tsi_arm_context_share`` (one series per context and arm) for a contextual one while
-its contexts × arms are at most ``CONTEXT_SHARE_LIMIT``; above the limit it exports none
-(``tsi inspect --leaderboard`` shows the mean q), nor do per-unit experiments. A context
-is labelled by its named combination (``context_labels``), or its index.
+one (and ``tsi_arm_served_share``, its P: the chance each arm is served, q under the
+allocation: a ``min_share`` floor serves an arm whose q reads 0), ``tsi_arm_context_share``
+(one series per context and arm) for a contextual one while its contexts × arms are at
+most ``CONTEXT_SHARE_LIMIT``; above the limit it exports none (``tsi inspect
+--leaderboard`` shows the mean q), nor do per-unit experiments. A context is labelled
+by its named combination (``context_labels``), or its index.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ SHARE_EVERY = 1.0
 CONTEXT_SHARE_LIMIT = 1000
 
 #: A reading of a shared instance's q: (time read, arms, context labels or None when
-#: context-free, one row of q per context).
-Share = tuple[float, tuple[str, ...], tuple[str, ...] | None, list[list[float]]]
+#: context-free, one row of q per context, the served P of a context-free one else None).
+Share = tuple[float, tuple[str, ...], tuple[str, ...] | None, list[list[float]], list[float] | None]
 
 
 def context_labels(experiment: Any) -> tuple[str, ...] | None:
@@ -111,15 +113,24 @@ def arm_families(tallies: Iterable[Any]) -> Iterator[Metric]:
         f"last read; none above {CONTEXT_SHARE_LIMIT} contexts x arms.",
         labels=["experiment", "context", "arm"],
     )
-    for experiment, (_, names, contexts, rows) in sorted(shares.items()):
+    served = GaugeMetricFamily(
+        "tsi_arm_served_share",
+        "P of each arm of a shared (not per-unit, context-free) instance: the chance it is "
+        "served at the next decision, q under the allocation (min_share, holdout, burn_in, "
+        "force_arm), as last read.",
+        labels=labels,
+    )
+    for experiment, (_, names, contexts, rows, p) in sorted(shares.items()):
         if contexts is None:
-            for arm, x in zip(names, rows[0], strict=True):
+            for arm, x, y in zip(names, rows[0], p, strict=True):
                 share.add_metric([experiment, arm], x)
+                served.add_metric([experiment, arm], y)
             continue
         for context, q in zip(contexts, rows, strict=True):
             for arm, x in zip(names, q, strict=True):
                 by_context.add_metric([experiment, context, arm], x)
     yield share
+    yield served
     yield by_context
 
 

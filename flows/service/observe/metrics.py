@@ -14,6 +14,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_context_other_total`` | counter | experiment, attribute | values not listed (``other``) |
 | ``tsi_retries_total`` | counter | experiment | selections for a request_id already served |
 | ``tsi_feedback_total`` | counter | experiment, outcome | feedback by outcome (below) |
+| ``tsi_feedback_given_total`` | counter | experiment, field | by field: loss, or reward |
 | ``tsi_dead_letters_total`` | counter | reason | every dead letter, upstream refusals included |
 | ``tsi_pending_tickets`` | gauge | experiment | open tickets: selections awaiting feedback |
 | ``tsi_early_feedback`` | gauge | experiment | feedback buffered, awaiting its request |
@@ -35,6 +36,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_arm_loss_squares_sum`` | gauge | experiment, arm | sum of their squares |
 | ``tsi_arm_ips_loss_sum`` | gauge | experiment, arm | sum of loss / prob over them |
 | ``tsi_arm_share`` | gauge | experiment, arm | q of a shared, context-free instance |
+| ``tsi_arm_served_share`` | gauge | experiment, arm | its P: q under the allocation, as served |
 | ``tsi_arm_context_share`` | gauge | experiment, context, arm | the same by context (below) |
 | ``tsi_guardrail_samples_total`` | counter | experiment, metric, group | guardrail values sent |
 | ``tsi_guardrail_sum`` | gauge | experiment, metric, group | their sum |
@@ -186,9 +188,9 @@ FEEDBACK_REASONS = {
 }
 
 # slots of an experiment's tally (a list of numbers)
-DECISIONS, RETRIES, PENDING, EARLY, INSTANCES = range(5)
-FEEDBACK = {outcome: 5 + i for i, outcome in enumerate(OUTCOMES)}
-_SLOTS = 5 + len(OUTCOMES)
+DECISIONS, RETRIES, PENDING, EARLY, INSTANCES, LOSSES, REWARDS = range(7)
+FEEDBACK = {outcome: 7 + i for i, outcome in enumerate(OUTCOMES)}
+_SLOTS = 7 + len(OUTCOMES)
 APPLIED, EARLY_FEEDBACK = FEEDBACK["applied"], FEEDBACK["early"]
 COLLECTED, DEFAULTED = FEEDBACK["collected"], FEEDBACK["defaulted"]
 SLOT_OF_REASON = {reason: FEEDBACK[outcome] for reason, outcome in FEEDBACK_REASONS.items()}
@@ -404,6 +406,14 @@ class _MetricsCollector:
             for outcome, slot in FEEDBACK.items():
                 feedback.add_metric([experiment, outcome], counts[slot])
         yield feedback
+        given = CounterMetricFamily(
+            "tsi_feedback_given", "Feedback that reached its instance, by its field: "
+            "loss, or reward (applied as loss = -reward).", labels=["experiment", "field"],
+        )  # fmt: skip
+        for experiment, counts in sorted(experiments.items()):
+            given.add_metric([experiment, "loss"], counts[LOSSES])
+            given.add_metric([experiment, "reward"], counts[REWARDS])
+        yield given
         yield family(GaugeMetricFamily, "tsi_pending_tickets",
                      "Open tickets waiting for their feedback.", PENDING)  # fmt: skip
         yield family(GaugeMetricFamily, "tsi_early_feedback",

@@ -36,6 +36,7 @@ from time import time
 from flows.service.wire.events import DeadLetter, Request
 from flows.service.wire._records cimport (
     FEEDBACK_ORIGIN,
+    FEEDBACK_RAW,
     FEEDBACK_TS,
     PARTITION,
     REQUEST_ORIGIN,
@@ -68,9 +69,11 @@ from flows.service.observe.metrics import (
     EARLY,
     EARLY_FEEDBACK,
     INSTANCES,
+    LOSSES,
     PENDING,
     PROCESSING_BUCKETS,
     RETRIES,
+    REWARDS,
     SLOT_OF_REASON,
     count_context_other,
     observe_expired,
@@ -81,6 +84,7 @@ cdef Layout _REQUEST = records.REQUEST
 cdef Layout _FEEDBACK = records.FEEDBACK
 cdef Layout _ORIGIN = records.ORIGIN
 cdef Layout _SELECTION = records.SELECTION
+cdef bytes _REWARD_KEY = b'"reward"'
 
 
 cdef inline double _monotonic() noexcept:
@@ -167,6 +171,7 @@ cdef class _Counts:
     cdef object share_of  # the shared instance handled since its q was last read
     cdef double share_read  # when it was last read (monotonic)
     cdef long decisions, retries, pending, early, early_feedback, applied, collected, instances
+    cdef long losses, rewards  # feedback by its field
     cdef dict by_slot  # a dead letter's slot (SLOT_OF_REASON) -> count
     cdef dict by_why  # a selection's why, other than "bandit" -> count
     cdef bint counted
@@ -241,8 +246,8 @@ cdef class _Counts:
         return 0
 
     cdef int read_share(self, object tally) except -1:
-        """Note the q of the shared instance handled, at most every ``SHARE_EVERY`` s and
-        never unpacking one at rest."""
+        """Note the q of the shared instance handled (a context-free one's served P too),
+        at most every ``SHARE_EVERY`` s and never unpacking one at rest."""
         cdef double now = _monotonic()
         if now - self.share_read < _SHARE_EVERY:
             return 0
@@ -253,10 +258,11 @@ cdef class _Counts:
         self.share_read = now
         bandit = instance.bandit
         if self.contexts is None:
-            q = [bandit.policy().tolist()]
+            q, served = [bandit.policy().tolist()], bandit.probabilities().tolist()
         else:
             q = [bandit.policy(i).tolist() for i in range(len(self.contexts))]
-        tally.shares[self.name] = (time(), self.arms, self.contexts, q)
+            served = None
+        tally.shares[self.name] = (time(), self.arms, self.contexts, q, served)
         return 0
 
 
@@ -433,6 +439,11 @@ cdef class _Loop:
             c.share_of = instance
         if changes.arm >= 0:
             c.applied_loss(changes.arm, changes.loss, changes.prob)
+        if not is_request:  # a parsed feedback has its key "reward" as these bytes, or "loss"
+            if _REWARD_KEY in field(_FEEDBACK, event, FEEDBACK_RAW):
+                c.rewards += 1
+            else:
+                c.losses += 1
         c.instances += new
         c.pending += changes.pending
         c.early += changes.early
@@ -503,6 +514,8 @@ cdef class _Loop:
             _add(slots, EARLY, c.early)
             _add(slots, EARLY_FEEDBACK, c.early_feedback)
             _add(slots, INSTANCES, c.instances)
+            _add(slots, LOSSES, c.losses)
+            _add(slots, REWARDS, c.rewards)
             if c.by_slot:
                 for slot, n in c.by_slot.items():
                     slots[slot] += n
@@ -517,7 +530,7 @@ cdef class _Loop:
             if c.share_of is not None:
                 c.read_share(tally)
             c.decisions = c.retries = c.pending = c.applied = c.collected = c.early = 0
-            c.early_feedback = c.instances = 0
+            c.early_feedback = c.instances = c.losses = c.rewards = 0
             c.counted = False
         self.counted.clear()
         self.processing_request.added()

@@ -48,6 +48,7 @@ cdef enum:
     LOSS = 3  # of a Feedback
     ARM = 4
     FEEDBACK_TS = 5
+    FEEDBACK_RAW = 6
     FEEDBACK_ORIGIN = 7
     FEEDBACK_GUARDRAILS = 8
     SOURCE = 0  # of an Origin
