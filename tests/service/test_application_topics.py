@@ -21,8 +21,9 @@ from tests.service.streams import (
     start_service,
 )
 from tests.service.test_changelog_recovery import changelog_states, fresh_directory
-from tests.service.test_changelog_resume import produce, wait_for
+from tests.service.test_changelog_resume import produce
 from tests.service.test_operating import tsi
+from tests.waiting import wait_for
 
 
 def served(bootstrap, topic, count):
@@ -53,7 +54,7 @@ def serve_until_answered(env, recovery, events, topics, bootstrap):
     try:
         produce(bootstrap, topics["ev"], events)
         requests = sum(b'"request"' in value for _, value in events)
-        wait_for(lambda: served(bootstrap, topics["sel"], requests), "the answers")
+        wait_for(lambda: served(bootstrap, topics["sel"], requests), proc, 240, "the answers")
         time.sleep(3)  # snapshots every second: the answers' epoch is marked
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     finally:
@@ -90,7 +91,12 @@ def test_two_services_with_their_own_groups_rebuild_only_their_own_state(
         produce(kafka_bootstrap, topics["ev"], more)
         mine = comparable_all(reference_states(registry, events + more))
         changelog = f"{names[0]}.changelog"
-        wait_for(lambda: comparable_all(changelog_states(kafka_bootstrap, changelog)) == mine, "A")
+        wait_for(
+            lambda: comparable_all(changelog_states(kafka_bootstrap, changelog)) == mine,
+            proc,
+            240,
+            "A's rebuilt states",
+        )
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -12,7 +12,8 @@ from confluent_kafka import Producer
 from flows.service.runtime.recovery import read_states
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.test_crash_proof import largest_accepted, sized_request
-from tests.service.test_operating import TSI, wait_for
+from tests.service.test_operating import TSI
+from tests.waiting import wait_for
 
 REGISTRY = """
 [experiments.shop]

@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from flows.service.connectors.kafka_admin import group_offsets
 from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
+from tests.waiting import wait_for
 
 TSI = str(Path(sys.executable).parent / "tsi")
 SHOP = """
@@ -68,17 +69,6 @@ def requests(ids, unit="u1", experiment="shop"):
 
 def messages(bootstrap, topic):
     return [orjson.loads(v) for part in consume_all(bootstrap, topic).values() for _, v, _ in part]
-
-
-def wait_for(condition, proc, seconds=90, what="the service"):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what} stopped: {proc.stderr.read()[-3000:]}")
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: timed out")
 
 
 def committed(bootstrap, group, topic):

@@ -20,7 +20,8 @@ from flows.testing.kafka_broker import (
     stop_broker,
     unique_topic,
 )
-from tests.service.test_operating import TSI, run_args, shop, wait_for
+from tests.service.test_operating import TSI, run_args, shop
+from tests.waiting import wait_for
 
 OUTAGE_S = 45.0  # longer than librdkafka's and the old sink's 30 s message timeout
 # The broker stopped (its clients reconnect), then frozen with writes in flight: the old

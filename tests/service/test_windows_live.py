@@ -25,8 +25,8 @@ from tests.service.test_operating import (
     run_args,
     service_topics,
     start,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 WINDOWED = """
 [experiments.conv]
