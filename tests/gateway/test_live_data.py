@@ -53,7 +53,7 @@ def text() -> str:
     for i in range(39):
         logic.handle(item(logic, "live_shop", feedback(f"ls{i}", "live_shop", loss=i % 4 / 3)))
         logic.handle(item(logic, "live_ctx", feedback(f"lc{i}", "live_ctx", loss=i % 2)))
-    time.sleep(1.1)  # arm_metrics.SHARE_EVERY: the q is read again on the next event
+    time.sleep(1.1)  # deliberate: past arm_metrics.SHARE_EVERY, the q is read on the next event
     logic.handle(item(logic, "live_shop", feedback("ls39", "live_shop", loss=0.0)))
     logic.handle(item(logic, "live_ctx", feedback("lc39", "live_ctx", loss=0.0)))
     return generate_latest().decode()
