@@ -11,7 +11,8 @@ from flows.client import ClientSettings
 from flows.service.connectors.topics import Topics
 from flows.testing.kafka_broker import create_topic, free_port, unique_topic
 from tests.service.test_first_hour import metric, scrape
-from tests.service.test_operating import service_topics, start, wait_for
+from tests.service.test_operating import service_topics, start
+from tests.waiting import wait_for
 
 REGISTRY = """
 [experiments.shop]

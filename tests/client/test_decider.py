@@ -16,7 +16,7 @@ from flows.client import (
     KafkaUnavailableError,
 )
 from flows.testing.kafka_broker import consume_all, free_port
-from tests.service.test_operating import wait_for
+from tests.waiting import wait_for
 
 
 def test_a_decision_its_retry_and_its_feedback(service):

@@ -11,7 +11,8 @@ import pytest
 
 from flows.testing.kafka_broker import free_port
 from tests.client.service import get, post
-from tests.service.test_operating import TSI, wait_for
+from tests.service.test_operating import TSI
+from tests.waiting import wait_for
 
 
 def serve(*options):

@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from flows.testing.kafka_broker import free_port
-from tests.service.test_operating import TSI, wait_for
+from tests.service.test_operating import TSI
+from tests.waiting import wait_for
 
 
 def tsi_keys(*args) -> str:

@@ -14,8 +14,8 @@ from flows.tools.report_render import png_size
 from tests.client.service import post
 from tests.client.test_gateway import serve
 from tests.service.test_first_hour import scrape
-from tests.service.test_operating import wait_for
 from tests.tools.test_report import _chromium
+from tests.waiting import wait_for
 
 EVERY = 1.0
 

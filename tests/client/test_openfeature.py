@@ -12,7 +12,7 @@ from openfeature.provider import AbstractProvider
 from flows.gateway.body import MAX_BODY
 from tests.client.service import get, post
 from tests.client.test_gateway import serve
-from tests.service.test_operating import wait_for
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from confluent_kafka import Producer
 from flows.testing.kafka_broker import free_port, unique_topic
 from tests.client.service import get, post
 from tests.service.test_first_hour import metric, scrape
-from tests.service.test_operating import TSI, service_topics, start, wait_for
+from tests.service.test_operating import TSI, service_topics, start
+from tests.waiting import wait_for
 
 SPEC = """
 [experiments.shop]

@@ -65,7 +65,7 @@ def text() -> str:
         raw = orjson.dumps({"experiment": "live_floor", "request_id": f"lf{i}",
                             "reward": float(answer.arm_name == "good")})  # fmt: skip
         logic.handle(item(logic, "live_floor", parse_feedback(raw, Origin("t", 0, 9))))
-    time.sleep(1.1)  # arm_metrics.SHARE_EVERY: the q is read again on the next event
+    time.sleep(1.1)  # deliberate: past arm_metrics.SHARE_EVERY, the q is read on the next event
     logic.handle(item(logic, "live_floor", request("lf60", "live_floor")))
     logic.handle(item(logic, "live_shop", feedback("ls39", "live_shop", loss=0.0)))
     logic.handle(item(logic, "live_ctx", feedback("lc39", "live_ctx", loss=0.0)))

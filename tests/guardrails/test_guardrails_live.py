@@ -12,7 +12,8 @@ from flows.testing.kafka_broker import free_port
 from tests.client.service import get, post
 from tests.client.test_gateway import serve
 from tests.service.test_first_hour import scrape
-from tests.service.test_operating import service_topics, start, wait_for
+from tests.service.test_operating import service_topics, start
+from tests.waiting import wait_for
 
 REGISTRY = """
 [experiments.guarded]

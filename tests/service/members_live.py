@@ -20,6 +20,7 @@ from flows.service.runtime.recovery import read_states
 from flows.service.wire.events import Origin, parse_feedback, parse_request
 from flows.service.wire.keys import DEFAULT_SHARDS, shard_index
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
+from tests.waiting import wait_for
 
 REGISTRY = """
 [experiments.shop]
@@ -104,7 +105,7 @@ class Clients:
                 self.asked[f"r{i}"] = (unit, time.monotonic())
             request = {"experiment": "shop", "unit": f"u{unit}", "request_id": f"r{i}"}
             self.send("requests", unit, request)
-            time.sleep(self.pace)
+            time.sleep(self.pace)  # pacing the clients, not a wait: they ask over a period
         self.producer.flush(30)
 
     def answer(self) -> None:
@@ -239,13 +240,11 @@ def served(bootstrap: str, topics: dict[str, str]) -> tuple[dict[str, set[bytes]
     return answers, letters
 
 
-def wait_until(done, seconds: float, procs: list[tuple[subprocess.Popen, Path]]) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, "not done in time"
-        for proc, log in procs:
-            alive(proc, log)
-        time.sleep(0.5)
+def wait_until(
+    done, seconds: float, procs: list[tuple[subprocess.Popen, Path]], what: str = "the members"
+) -> None:
+    """``wait_for`` ``done``, failing as soon as one of ``procs`` stops (its log shown)."""
+    wait_for(done, None, seconds, what, alive=lambda: [alive(p, log) for p, log in procs])
 
 
 def wait_answered_and_applied(clients, requests: int, dirs, procs, logs) -> None:

@@ -8,7 +8,6 @@ The services run as real processes on the project's Kafka broker.
 
 import random
 import signal
-import time
 
 from flows.service.instances.registry import Registry
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
@@ -21,8 +20,9 @@ from tests.service.streams import (
     start_service,
 )
 from tests.service.test_changelog_recovery import changelog_states, fresh_directory
-from tests.service.test_changelog_resume import produce, wait_for
+from tests.service.test_changelog_resume import produce
 from tests.service.test_operating import tsi
+from tests.waiting import wait_for
 
 
 def served(bootstrap, topic, count):
@@ -47,14 +47,21 @@ def one_service(bootstrap, tmp_path, name, seed):
 
 
 def serve_until_answered(env, recovery, events, topics, bootstrap):
-    """Run the service until every request of ``events`` is answered and one more epoch
-    has closed; killed -9 then."""
+    """Run the service until every request of ``events`` is answered and its changelog holds
+    the states they lead to; killed -9 then."""
     proc = start_service(env, recovery)
     try:
         produce(bootstrap, topics["ev"], events)
         requests = sum(b'"request"' in value for _, value in events)
-        wait_for(lambda: served(bootstrap, topics["sel"], requests), "the answers")
-        time.sleep(3)  # snapshots every second: the answers' epoch is marked
+        wait_for(lambda: served(bootstrap, topics["sel"], requests), proc, 240, "the answers")
+        changelog = f"{env['TSI_GROUP_ID']}.changelog"
+        want = comparable_all(reference_states(Registry.from_toml(REGISTRY_TOML), events))
+        wait_for(
+            lambda: comparable_all(changelog_states(bootstrap, changelog)) == want,
+            proc,
+            240,
+            "the changelog holding the answered states",
+        )
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -90,7 +97,12 @@ def test_two_services_with_their_own_groups_rebuild_only_their_own_state(
         produce(kafka_bootstrap, topics["ev"], more)
         mine = comparable_all(reference_states(registry, events + more))
         changelog = f"{names[0]}.changelog"
-        wait_for(lambda: comparable_all(changelog_states(kafka_bootstrap, changelog)) == mine, "A")
+        wait_for(
+            lambda: comparable_all(changelog_states(kafka_bootstrap, changelog)) == mine,
+            proc,
+            240,
+            "A's rebuilt states",
+        )
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     finally:
         proc.send_signal(signal.SIGKILL)

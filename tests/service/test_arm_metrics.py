@@ -91,7 +91,7 @@ def test_the_share_of_a_shared_instance_is_its_q_as_last_read():
         logic.handle(item(logic, "m", request(f"s{i}")))
     for i in range(19):
         logic.handle(item(logic, "m", feedback(f"s{i}", loss=float(i % 3))))
-    time.sleep(1.1)  # metrics.SHARE_EVERY
+    time.sleep(1.1)  # deliberate: past metrics.SHARE_EVERY of wall time on any host
     logic.handle(item(logic, "m", feedback("s19", loss=0.0)))
     q = logic.store.instances["m"].bandit.policy().tolist()
     shares = Delta.__new__(Delta)
@@ -176,7 +176,7 @@ def test_the_context_shares_of_a_shared_contextual_instance_are_its_q_by_context
     for i in range(29):
         logic.handle(item(logic, "named", feedback(f"n{i}", "named", loss=float(i % 3))))
         logic.handle(item(logic, "numbered", feedback(f"k{i}", "numbered", loss=float(i % 2))))
-    time.sleep(1.1)  # arm_metrics.SHARE_EVERY
+    time.sleep(1.1)  # deliberate: past arm_metrics.SHARE_EVERY of wall time on any host
     logic.handle(item(logic, "named", feedback("n29", "named", loss=0.0)))
     logic.handle(item(logic, "numbered", feedback("k29", "numbered", loss=0.0)))
     labels = {

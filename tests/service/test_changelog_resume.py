@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -25,6 +24,7 @@ from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.streams import REGISTRY_TOML, comparable, reference_states
 from tests.service.test_changelog_recovery import changelog_states, fresh_directory
 from tests.service.test_two_topics import two_topic_env
+from tests.waiting import wait_for
 
 UNITS = 40
 FIRST = 10_000  # requests (and as many feedback) before the directory is lost
@@ -58,15 +58,6 @@ def answered(bootstrap, topic):
         for _, value, _ in part:
             seen.setdefault(orjson.loads(value)["request_id"], set()).add(value)
     return seen
-
-
-def wait_for(check, what, seconds=240):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(1.0)
-    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 def ends(bootstrap, topics):
@@ -122,10 +113,13 @@ def test_a_lost_directory_resumes_at_the_groups_offsets_and_reads_little_again(
         proc = start(env, recovery, log)
         try:
             produce(kafka_bootstrap, topics["requests"], requests)
-            wait_for(lambda: len(answered(kafka_bootstrap, sel)) == FIRST, "the answers")
+            wait_for(lambda: len(answered(kafka_bootstrap, sel)) == FIRST, proc, 240, "the answers")
             produce(kafka_bootstrap, topics["feedback"], feedback)
             wait_for(  # every input and copy read, and its epoch committed
-                lambda: caught_up(kafka_bootstrap, read), "the group's commits at the ends"
+                lambda: caught_up(kafka_bootstrap, read),
+                proc,
+                240,
+                "the group's commits at the ends",
             )
             input_ends = ends(kafka_bootstrap, read)
             assert proc.poll() is None
@@ -139,12 +133,20 @@ def test_a_lost_directory_resumes_at_the_groups_offsets_and_reads_little_again(
         proc = start(env, recovery, log)
         try:
             wait_for(
-                lambda: "committed offsets" in (tmp_path / "second.log").read_text(), "the resume"
+                lambda: "committed offsets" in (tmp_path / "second.log").read_text(),
+                proc,
+                240,
+                "the resume",
             )
             produce(kafka_bootstrap, topics["requests"], later_requests)
-            wait_for(lambda: len(answered(kafka_bootstrap, sel)) == FIRST + THEN, "the answers")
+            wait_for(
+                lambda: len(answered(kafka_bootstrap, sel)) == FIRST + THEN,
+                proc,
+                240,
+                "the answers",
+            )
             produce(kafka_bootstrap, topics["feedback"], later_feedback)
-            wait_for(lambda: caught_up(kafka_bootstrap, read), "the last commits")
+            wait_for(lambda: caught_up(kafka_bootstrap, read), proc, 240, "the last commits")
             assert proc.poll() is None
         finally:
             proc.send_signal(signal.SIGKILL)

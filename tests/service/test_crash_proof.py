@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from flows.service.wire.events import MAX_MESSAGE_BYTES
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.streams import REGISTRY_TOML, REQUESTS, event_stream, service_env, start_service
+from tests.waiting import wait_for
 
 BIG_SIZES = (MAX_MESSAGE_BYTES + 1, 500_000, 900_000)  # and the broker's limit, probed
 
@@ -66,6 +67,12 @@ def largest_accepted(bootstrap: str, topic: str, key: bytes) -> int:
     return low
 
 
+def oversize_letters(bootstrap: str, topic: str) -> int:
+    """How many distinct input offsets ``topic`` holds an oversize dead letter for."""
+    letters = [orjson.loads(v) for _, v, _ in consume_all(bootstrap, topic)[0]]
+    return len({(d["partition"], d["offset"]) for d in letters if d["reason"] == "oversize"})
+
+
 def test_messages_up_to_the_broker_limit_are_dead_lettered_once_across_kill_9(
     kafka_bootstrap, tmp_path
 ):
@@ -97,7 +104,7 @@ def test_messages_up_to_the_broker_limit_are_dead_lettered_once_across_kill_9(
                 producer.produce(events_topic, key=key, value=value)
             if producer.flush(30) or stop.is_set():
                 return
-            time.sleep(0.2)
+            time.sleep(0.2)  # pacing the stream while the service is killed, not a wait
 
     producer = threading.Thread(target=produce_slowly, daemon=True)
     producer.start()
@@ -105,7 +112,7 @@ def test_messages_up_to_the_broker_limit_are_dead_lettered_once_across_kill_9(
     try:
         while producer.is_alive() or kills < 3:
             proc = start_service(env, recovery)
-            time.sleep(rng.uniform(2.0, 4.0))
+            time.sleep(rng.uniform(2.0, 4.0))  # deliberate: a kill at a random point
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # alive, killed
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -119,14 +126,19 @@ def test_messages_up_to_the_broker_limit_are_dead_lettered_once_across_kill_9(
         deadline = time.monotonic() + 120
         answered: set[str] = set()
         while time.monotonic() < deadline and len(answered) < REQUESTS + 1:
-            time.sleep(1.0)
+            time.sleep(1.0)  # the poll's interval, within the deadline above
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             answered = {
                 orjson.loads(v)["request_id"]
                 for part in consume_all(kafka_bootstrap, sel_topic).values()
                 for _, v, _ in part
             }
-        time.sleep(2.0)  # the dead letters of the last epoch
+        wait_for(
+            lambda: oversize_letters(kafka_bootstrap, dlq_topic) >= len(sizes),
+            proc,
+            120,
+            "a dead letter for each oversize request",
+        )
         assert proc.poll() is None  # alive after every big message
     finally:
         proc.send_signal(signal.SIGKILL)

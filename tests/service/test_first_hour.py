@@ -19,8 +19,8 @@ from tests.service.test_operating import (
     requests,
     start,
     tsi,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 TTL_REGISTRY = """
 [experiments.shop]

@@ -12,7 +12,8 @@ from confluent_kafka import Producer
 from flows.service.runtime.recovery import read_states
 from flows.testing.kafka_broker import consume_all, create_topic, unique_topic
 from tests.service.test_crash_proof import largest_accepted, sized_request
-from tests.service.test_operating import TSI, wait_for
+from tests.service.test_operating import TSI
+from tests.waiting import wait_for
 
 REGISTRY = """
 [experiments.shop]
@@ -156,7 +157,7 @@ def test_a_hostile_run_leaves_the_service_alive_and_every_message_accounted_for(
         producer.produce(names["ev"], raw, key=key)
     assert producer.flush(30) == 0
     proc = start()
-    time.sleep(rng.uniform(3.0, 5.0))
+    time.sleep(rng.uniform(3.0, 5.0))  # deliberate: a kill at a random point of the run
     assert proc.poll() is None, proc.stderr.read()[-3000:]
     proc.send_signal(signal.SIGKILL)  # mid-run
     proc.wait()
@@ -176,7 +177,9 @@ def test_a_hostile_run_leaves_the_service_alive_and_every_message_accounted_for(
 
         wanted = {orjson.loads(raw)["request_id"] for _, raw, e in stream if e == "selection"}
         wait_for(lambda: wanted <= served(), proc)
-        time.sleep(3.0)  # the last epochs' snapshots
+        applied = sum(1 for _, _, e in stream if e == "applied")
+        n_updates = lambda: sum(s["bandit"]["n_updates"] for s in read_states(recovery).values())  # noqa: E731
+        wait_for(lambda: n_updates() == applied, proc, 120, "every feedback in the snapshot")
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -195,7 +198,6 @@ def test_a_hostile_run_leaves_the_service_alive_and_every_message_accounted_for(
         o for o, (_, _, e) in enumerate(stream) if e not in ("selection", "applied", "early")
     }
     states = read_states(recovery)
-    applied = sum(1 for _, _, e in stream if e == "applied")
     assert sum(s["bandit"]["n_updates"] for s in states.values()) == applied
     assert all(s["arms"] in (["a", "b", "c", "d"], ["x", "y"]) for s in states.values())
     [waiting] = [s for s in states.values() if s["early"]]  # the feedback without a request

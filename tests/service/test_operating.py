@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from flows.service.connectors.kafka_admin import group_offsets
 from flows.testing.kafka_broker import consume_all, create_topic, free_port, unique_topic
+from tests.waiting import wait_for
 
 TSI = str(Path(sys.executable).parent / "tsi")
 SHOP = """
@@ -70,15 +71,13 @@ def messages(bootstrap, topic):
     return [orjson.loads(v) for part in consume_all(bootstrap, topic).values() for _, v, _ in part]
 
 
-def wait_for(condition, proc, seconds=90, what="the service"):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what} stopped: {proc.stderr.read()[-3000:]}")
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: timed out")
+def ready(port: int) -> bool:
+    """Whether the service's ``/ready`` answers 200 on ``port``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def committed(bootstrap, group, topic):
@@ -169,13 +168,6 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
             if s["request_id"].startswith(prefix)
         }
 
-    def ready():
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
-                return answer.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
     units = [f"u{i}" for i in range(8)]
     log = tmp_path / "run.log"
     proc = start(*args, log_file=log)
@@ -185,11 +177,12 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
                 kafka_bootstrap, names["ev"], requests([f"a-{unit}-{i}" for i in range(6)], unit)
             )
         wait_for(lambda: len(answered("a-")) == 48, proc)
-        wait_for(ready, proc, what="readiness")
+        wait_for(lambda: ready(port), proc, what="readiness")
         # live: arm 'e' appended, 'b' renamed 'lime'; SIGHUP, applied at the next epoch
         registry.write_text(shop(["a", "lime", "c", "d", "e"], 'renamed_arms = { b = "lime" }'))
         proc.send_signal(signal.SIGHUP)
-        time.sleep(2.0)
+        in_force = "the reloaded registry is now in force"
+        wait_for(lambda: in_force in log.read_text(), proc, what="the reload in force")
         for unit in units:
             produce(
                 kafka_bootstrap, names["ev"], requests([f"b-{unit}-{i}" for i in range(10)], unit)
@@ -206,7 +199,9 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
         wait_for(lambda: "unknown table [experiment]" in log.read_text(), proc, seconds=10)
         [refused] = [line for line in log.read_text().splitlines() if "reload refused" in line]
         assert "running registry stays: unknown table [experiment] (did you mean" in refused
-        time.sleep(1.0)  # an epoch closes: nothing to apply
+        # deliberate period: an epoch closes with nothing pending; the answers after it are
+        # checked against the running arms, which hold whether or not it closed
+        time.sleep(1.0)
         produce(kafka_bootstrap, names["ev"], [r for u in units for r in requests([f"t-{u}"], u)])
         wait_for(lambda: len(answered("t-")) == 8, proc)
         assert set(answered("t-").values()) <= {"a", "lime", "c", "d", "e"}
@@ -226,7 +221,9 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
             )
         wait_for(lambda: len(answered("c-")) == 40, proc)
         assert set(answered("c-").values()) <= {"a", "lime", "d", "e"}
-        time.sleep(1.5)  # the retired tickets' dead letters
+        # deliberate period for the retired tickets' dead letters: the checks below are
+        # subsets (no other reason, no other ticket), true with fewer letters too
+        time.sleep(1.5)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -247,7 +244,7 @@ def test_the_registry_changes_live_and_across_kill_9_without_a_crash(kafka_boots
             ),
             proc,
         )
-        time.sleep(1.5)
+        time.sleep(1.5)  # deliberate: nothing happens over a period, the service stays up
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -305,13 +302,15 @@ def test_a_crash_prints_one_line_and_where_the_log_is(kafka_bootstrap, tmp_path)
     config = tmp_path / "kafka.toml"
     config.write_text("[kafka.producer]\nmessage.timeout.ms = 2000\n")  # a dotted key
     log_file = tmp_path / "run.log"
+    port = free_port()
     args = run_args(kafka_bootstrap, names, registry, "--no-recovery", "--kafka-config", config)
-    proc = start(*args, log_file=log_file)
+    proc = start(*args, "--metrics-port", port, log_file=log_file)
     try:
-        time.sleep(4.0)
+        wait_for(lambda: ready(port), proc, what="readiness")
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         admin.delete_topics([names["sel"]])[names["sel"]].result(30)
-        time.sleep(2.0)
+        gone = lambda: names["sel"] not in admin.list_topics(timeout=10).topics  # noqa: E731
+        wait_for(gone, proc, 60, "the selections topic deleted")
         produce(kafka_bootstrap, names["ev"], requests(["r1", "r2"]))
         _, err = proc.communicate(timeout=120)
     finally:

@@ -34,7 +34,7 @@ def kill_repeatedly(env, recovery, rng, producer):
     kills = 0
     while producer.is_alive() or kills < 3:
         proc = start_service(env, recovery)
-        time.sleep(rng.uniform(1.5, 4.0))
+        time.sleep(rng.uniform(1.5, 4.0))  # deliberate: a kill at a random point
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # killed mid-run
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -65,7 +65,7 @@ def test_kill_9_at_random_points_then_restart_equals_an_uninterrupted_run(
                 producer.produce(events_topic, key=key, value=value)
             if producer.flush(30) or stop.is_set():
                 return
-            time.sleep(0.25)
+            time.sleep(0.25)  # pacing the stream, not a wait
 
     producer = threading.Thread(target=produce_slowly, daemon=True)
     stop = threading.Event()
@@ -80,7 +80,7 @@ def test_kill_9_at_random_points_then_restart_equals_an_uninterrupted_run(
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            time.sleep(1.0)
+            time.sleep(1.0)  # the poll's interval, within the deadline above
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             states = read_states(recovery)
             if {k: comparable(v) for k, v in states.items()} == {

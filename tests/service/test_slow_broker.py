@@ -26,9 +26,9 @@ from tests.service.test_operating import (
     service_topics,
     shop,
     start,
-    wait_for,
 )
 from tests.service.test_outage import Load, outlive, ready
+from tests.waiting import wait_for
 
 PAUSE_S = 4.0  # the broker paused at start, well within the start's --connect-timeout
 OUTAGE_S = 10.0  # the broker killed while serving
