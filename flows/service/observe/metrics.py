@@ -398,22 +398,7 @@ class _MetricsCollector:
         yield by_why
         yield family(CounterMetricFamily, "tsi_retries",
                      "Selections answering a request_id already served.", RETRIES)  # fmt: skip
-        feedback = CounterMetricFamily(
-            "tsi_feedback", "Feedback by outcome (see flows.service.observe.metrics).",
-            labels=["experiment", "outcome"],
-        )  # fmt: skip
-        for experiment, counts in sorted(experiments.items()):
-            for outcome, slot in FEEDBACK.items():
-                feedback.add_metric([experiment, outcome], counts[slot])
-        yield feedback
-        given = CounterMetricFamily(
-            "tsi_feedback_given", "Feedback that reached its instance, by its field: "
-            "loss, or reward (applied as loss = -reward).", labels=["experiment", "field"],
-        )  # fmt: skip
-        for experiment, counts in sorted(experiments.items()):
-            given.add_metric([experiment, "loss"], counts[LOSSES])
-            given.add_metric([experiment, "reward"], counts[REWARDS])
-        yield given
+        yield from _feedback_families(experiments)
         yield family(GaugeMetricFamily, "tsi_pending_tickets",
                      "Open tickets waiting for their feedback.", PENDING)  # fmt: skip
         yield family(GaugeMetricFamily, "tsi_early_feedback",
@@ -434,6 +419,26 @@ class _MetricsCollector:
                     buckets.append((floatToGoString(bound), cumulative))
                 metric.add_metric([KINDS[kind]], buckets, counts[-1])
             yield metric
+
+
+def _feedback_families(experiments: dict[str, list[int]]) -> Iterator[Metric]:
+    """Feedback by outcome, and by the field it came in (loss or reward)."""
+    feedback = CounterMetricFamily(
+        "tsi_feedback", "Feedback by outcome (see flows.service.observe.metrics).",
+        labels=["experiment", "outcome"],
+    )  # fmt: skip
+    for experiment, counts in sorted(experiments.items()):
+        for outcome, slot in FEEDBACK.items():
+            feedback.add_metric([experiment, outcome], counts[slot])
+    yield feedback
+    given = CounterMetricFamily(
+        "tsi_feedback_given", "Feedback that reached its instance, by its field: "
+        "loss, or reward (applied as loss = -reward).", labels=["experiment", "field"],
+    )  # fmt: skip
+    for experiment, counts in sorted(experiments.items()):
+        given.add_metric([experiment, "loss"], counts[LOSSES])
+        given.add_metric([experiment, "reward"], counts[REWARDS])
+    yield given
 
 
 REGISTRY.register(_MetricsCollector())
