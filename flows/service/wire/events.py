@@ -210,13 +210,22 @@ def _load(raw: bytes) -> dict[str, Any]:
     return data
 
 
+def missing_field(name: str) -> str:
+    """The detail of a ``missing_field`` dead letter for a required field ``name``.
+
+    >>> missing_field("unit")
+    "field 'unit' is required"
+    """
+    return f"field {name!r} is required"
+
+
 def _identifier(data: dict[str, Any], name: str, required: bool = True) -> str | None:
     value = data.get(name)
     if identifier_ok(value):  # the common case, first
         return value
     if value is None:
         if required:
-            raise _InvalidError("missing_field", f"field {name!r} is required")
+            raise _InvalidError("missing_field", missing_field(name))
         return None
     if not isinstance(value, str):
         raise _InvalidError("wrong_type", f"{name} must be a string, got {value!r}")
