@@ -147,7 +147,11 @@ def metric_names() -> list[tuple[str, str, str]]:
     """
     from prometheus_client import REGISTRY
 
-    import flows.service.observe.metrics  # noqa: F401  (registers the collectors)
+    # every module that registers metrics: the service's, the experiments topic's follower
+    # (tsi run --experiments-topic) and the guardrails' controller (tsi serve's /metrics)
+    import flows.experiments.follow
+    import flows.guardrails.control
+    import flows.service.observe.metrics  # noqa: F401
 
     found = {}
     for family in REGISTRY.collect():
@@ -165,8 +169,9 @@ def metrics_page() -> str:
         [
             "# Metrics\n",
             _GENERATED,
-            "What `tsi run --metrics-port PORT` exports at `/metrics` (Prometheus), read from",
-            "the metrics the service registers; their labels and how to read them:",
+            "What `tsi run --metrics-port PORT` exports at `/metrics` (Prometheus), and",
+            "`tsi_guardrail_breaches_total` at `tsi serve`'s `GET /metrics`, read from the",
+            "metrics they register; their labels and how to read them:",
             "`flows/service/observe/metrics.py`.\n",
             "\n".join(rows) + "\n",
         ]

@@ -43,8 +43,7 @@ from flows.client import (
 )
 from flows.gateway.body import BodyTooLargeError, read_body
 from flows.gateway.known import Known
-from flows.service.instances.registry import Experiment
-from flows.service.wire.events import missing_field
+from flows.service.instances.registry import Experiment, unit_required
 from flows.service.wire.fields import identifier_ok
 
 __all__ = ["REASONS", "FlagError", "Ofrep", "reason_of"]
@@ -251,7 +250,7 @@ def refusal(key: str, exc: DeadLetterError) -> FlagError:
     """
     if exc.reason == "unknown_experiment":
         return FlagError(404, "FLAG_NOT_FOUND", exc.detail)
-    if exc.reason == "missing_field" and exc.detail == missing_field("unit"):  # no --registry
+    if exc.detail == unit_required(key):  # without --registry
         return FlagError(400, "TARGETING_KEY_MISSING", _per_unit(key))
     if exc.reason in CONTEXT_REFUSALS:
         return FlagError(400, "INVALID_CONTEXT", exc.detail)

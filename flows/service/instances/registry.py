@@ -62,6 +62,15 @@ class RegistryError(ValueError):
     """The registry file or one of its experiments is invalid."""
 
 
+def unit_required(experiment: str) -> str:
+    """Why a request or feedback without a unit is refused by a per-unit experiment.
+
+    >>> unit_required("shop")
+    "experiment 'shop' keeps one bandit per unit: 'unit' is required"
+    """
+    return f"experiment {experiment!r} keeps one bandit per unit: 'unit' is required"
+
+
 @dataclass(frozen=True)
 class Experiment:
     name: str
@@ -153,9 +162,7 @@ class Experiment:
         if not self.per_unit:
             return self.name
         if unit is None:
-            raise KeyError(
-                f"experiment {self.name!r} keeps one bandit per unit: 'unit' is required"
-            )
+            raise KeyError(unit_required(self.name))
         return instance_key(self.name, unit)
 
     def new_bandit(self, key: str) -> Bandit:

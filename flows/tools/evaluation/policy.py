@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from flows.service.instances.instance import uniform_draw
-from flows.service.instances.registry import Experiment, Registry
+from flows.service.instances.registry import Experiment, Registry, unit_required
 from flows.service.instances.serving import arm_indices
 from flows.tools.evaluation.estimators import (
     MIN_ESS,
@@ -148,9 +148,7 @@ def record_key(exp: Experiment, structure: Structure, record: Any, source: str) 
     except ValueError:
         raise EvaluationError(_context_refused(exp, structure, record.context, where)) from None
     if exp.per_unit and record.unit is None:
-        raise EvaluationError(
-            f"{where}: experiment {exp.name!r} keeps one bandit per unit: 'unit' is required"
-        )
+        raise EvaluationError(f"{where}: {unit_required(exp.name)}")
     return exp.instance_key(record.unit)
 
 
