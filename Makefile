@@ -67,7 +67,7 @@ kcat:  ## kcat, librdkafka's own client: bench/bench_flow.py's reference (apt-ge
 
 test: $(LAB) chromium  ## the whole test suite, lint included; installs Chromium (apt-get: root or sudo, network)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile --durations=25
 
 docs: $(LAB)  ## the documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000
 	$(VENV)/bin/mkdocs serve

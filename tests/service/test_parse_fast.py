@@ -318,7 +318,12 @@ def plain_messages():
     ]
 
 
-@pytest.mark.parametrize(("parse", "raw"), plain_messages())
+#: ids by position: some messages hold the time they were made, and every process that
+#: collects the tests (a parallel run's workers) must name them alike
+PLAIN = [pytest.param(p, r, id=f"{p.__name__}-{i}") for i, (p, r) in enumerate(plain_messages())]
+
+
+@pytest.mark.parametrize(("parse", "raw"), PLAIN)
 def test_plain_valid_messages_take_the_lane(parse, raw):
     calls, batch = [], [(raw, ORIGIN)]
     got = fast(parse, DEFAULT_TS_WINDOW, batch, counting(calls))
@@ -326,7 +331,7 @@ def test_plain_valid_messages_take_the_lane(parse, raw):
     assert_same(got, reference(parse, DEFAULT_TS_WINDOW, batch))
 
 
-@pytest.mark.parametrize(("parse", "raw"), plain_messages())
+@pytest.mark.parametrize(("parse", "raw"), PLAIN)
 def test_the_lanes_events_are_not_walked_by_the_collector(parse, raw):
     """The lane's routed events (the young generation's bulk while a batch is in flight)
     are left out of the collector's walks: they hold no container but the experiment,
