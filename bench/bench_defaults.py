@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import open_loop
 from flow_kafka import Broker, Counter, answer_times, broker, bulk_producer, log, produce_all
 from flow_latency import latency_run as flow_latency_run
-from flow_load import RequestSender, SelectionReader, await_answers, await_ready, send_load
+from flow_load import RequestSender, SelectionReader, measure_open_loop
 from flow_plan import PASSTHROUGH_TWO_HOPS, QUICK, RUN_RECOVERY_FEEDBACK, Plan, registry_toml
 from flow_service import check_alive, stop_process
 from flow_throughput import Input, run_reference
@@ -209,11 +209,7 @@ def latency_run(
     cfg = replace(RUN_RECOVERY_FEEDBACK, name="tsi run --recovery-dir DIR (defaults)")
     try:
         with service(bk, topics, extra, workdir, registry) as (proc, logfile, _):
-            t0, ready_s = await_ready(proc, logfile, reader, sender)
-            send_load(plan, cfg, sender)
-            sender.producer.flush(10)
-            measured = [rid for rid in sender.sent if rid.startswith("m")]
-            await_answers(reader, measured, proc, logfile)
+            t0, ready_s, _, measured = measure_open_loop(plan, cfg, sender, reader, proc, logfile)
     finally:
         reader.close()
     received = dict(reader.received)

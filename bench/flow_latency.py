@@ -11,7 +11,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this one
 import open_loop
 from flow_kafka import Broker, log, new_topics
-from flow_load import RequestSender, SelectionReader, await_answers, await_ready, send_load
+from flow_load import RequestSender, SelectionReader, measure_open_loop
 from flow_plan import HELPERS, SLOW_MS, LatencyConfig, Plan
 from flow_service import service_process
 
@@ -39,11 +39,9 @@ def latency_run(
     sender = RequestSender(bk.bootstrap, topics)
     try:
         with service_process(bk, server, topics, registry_path, logfile) as proc:
-            t0, ready_s = await_ready(proc, logfile, reader, sender)
-            t_start = send_load(plan, cfg, sender)
-            sender.producer.flush(10)
-            measured = [rid for rid in sender.sent if rid.startswith("m")]
-            await_answers(reader, measured, proc, logfile)
+            t0, ready_s, t_start, measured = measure_open_loop(
+                plan, cfg, sender, reader, proc, logfile
+            )
     finally:
         reader.close()
     received = dict(reader.received)

@@ -132,3 +132,21 @@ def await_answers(
         time.sleep(0.1)
     time.sleep(0.5)
     check_alive(proc, logfile)
+
+
+def measure_open_loop(
+    plan: Plan,
+    cfg: LatencyConfig,
+    sender: RequestSender,
+    reader: SelectionReader,
+    proc: subprocess.Popen,
+    logfile: Path,
+) -> tuple[float, float, float, list[str]]:
+    """One open-loop run against a started service: (t0, ready_s, t_start, the measured
+    request ids) once it is ready, the plan's schedule sent and every measured one answered."""
+    t0, ready_s = await_ready(proc, logfile, reader, sender)
+    t_start = send_load(plan, cfg, sender)
+    sender.producer.flush(10)
+    measured = [rid for rid in sender.sent if rid.startswith("m")]
+    await_answers(reader, measured, proc, logfile)
+    return t0, ready_s, t_start, measured
