@@ -10,6 +10,13 @@ Run from the repository root::
 It prints a Markdown report to stdout (progress goes to stderr) and writes every raw repeat
 to the JSON file.
 
+This file holds the command line and ``main``; the modules beside it do the rest:
+``core_plan`` (constants, work and targets), ``core_inputs`` (precomputed losses, draws and
+contexts), ``core_references`` (the EXP3 references), ``core_loops`` (the timed loops),
+``core_speed`` (measures and their interleaved repeats), ``core_numpy`` (the numpy
+implementation of the old commit), ``core_ratios`` (ratios and targets), ``core_memory``,
+``core_machine`` (the machine and the kernel's build) and ``core_report`` (the Markdown).
+
 How a figure is taken
 ---------------------
 Every measure is a closure that builds a fresh instance with the same seed, runs untimed
