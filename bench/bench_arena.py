@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_core import machine_info
+from core_machine import machine_info
 
 from arena.lab.tables import (
     CHOSE,
