@@ -111,6 +111,7 @@ class Ofrep:
         key = request.path_params["key"]
         try:
             context = await evaluation_context(request)
+            self._experiment(key)  # an unknown flag is a 404 even while Kafka is away
             decider = await self._connected()
             return _json(200, await self._flag(decider, key, context))
         except FlagError as exc:
