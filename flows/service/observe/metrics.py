@@ -717,34 +717,24 @@ class _ProgressCollector:
 REGISTRY.register(_ProgressCollector())
 
 
-class _ArmCollector:
-    """The metrics by arm (``arm_metrics``) of the threads' tallies."""
+class _TallyCollector:
+    """The metrics ``families`` makes of the threads' tallies (by arm: ``arm_metrics``; by
+    guardrail: ``guardrail_metrics``)."""
+
+    def __init__(self, families: Callable[[Iterable[Any]], Iterator[Metric]]) -> None:
+        self.families = families
 
     def describe(self) -> list[Metric]:
-        return list(arm_families(()))
+        return list(self.families(()))
 
     def collect(self) -> Iterator[Metric]:
         with _tallies_lock:
             tallies = list(_tallies.values())
-        return arm_families(tallies)
+        return self.families(tallies)
 
 
-REGISTRY.register(_ArmCollector())
-
-
-class _GuardrailCollector:
-    """The guardrail metrics (``guardrail_metrics``) of the threads' tallies."""
-
-    def describe(self) -> list[Metric]:
-        return list(guardrail_families(()))
-
-    def collect(self) -> Iterator[Metric]:
-        with _tallies_lock:
-            tallies = list(_tallies.values())
-        return guardrail_families(tallies)
-
-
-REGISTRY.register(_GuardrailCollector())
+REGISTRY.register(_TallyCollector(arm_families))
+REGISTRY.register(_TallyCollector(guardrail_families))
 
 
 # ------------------------------------------------------------------------------ HTTP server
