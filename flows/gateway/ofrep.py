@@ -111,9 +111,9 @@ class Ofrep:
         key = request.path_params["key"]
         try:
             context = await evaluation_context(request)
-            self._experiment(key)  # an unknown flag is a 404 even while Kafka is away
+            experiment = self._experiment(key)  # unknown: a 404 even while Kafka is away
             decider = await self._connected()
-            return _json(200, await self._flag(decider, key, context))
+            return _json(200, await self._flag(decider, key, experiment, context))
         except FlagError as exc:
             return _json(exc.status, exc.body(key))
 
@@ -133,7 +133,7 @@ class Ofrep:
     async def _entry(self, decider: AsyncDecider, key: str, context: dict) -> dict[str, Any]:
         """A bulk call's entry for ``key``: its answer or its failure."""
         try:
-            return await self._flag(decider, key, context)
+            return await self._flag(decider, key, self._experiment(key), context)
         except FlagError as exc:
             return exc.body(key)
 
@@ -143,9 +143,11 @@ class Ofrep:
         except KafkaUnavailableError as exc:
             raise FlagError(500, "GENERAL", f"Kafka is unavailable: {exc}") from None
 
-    async def _flag(self, decider: AsyncDecider, key: str, context: dict) -> dict[str, Any]:
-        """The evaluation of flag ``key`` (``FlagError`` when it fails)."""
-        experiment = self._experiment(key)
+    async def _flag(
+        self, decider: AsyncDecider, key: str, experiment: Experiment | None, context: dict
+    ) -> dict[str, Any]:
+        """The evaluation of flag ``key``, of ``experiment`` in the registry (None without
+        one): ``FlagError`` when it fails."""
         unit = targeting_key(context)
         if experiment is not None and experiment.per_unit and unit is None:
             raise FlagError(400, "TARGETING_KEY_MISSING", _per_unit(key))
