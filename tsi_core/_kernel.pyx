@@ -15,7 +15,9 @@ An instance is one row of a float64 table (``Table.rows``, shape (n, width))::
 Tsallis learner: the range of the gaps l - baseline, not of φ); the counters (exact integers in a double up to 2^53); then
 the class's state: Φ/D per (context, arm) for Fixed and Contextual, the weights per arm
 normalised to sum 1 (Switching: a fixed share keeps every weight above α/M, no log domain
-needed, and a selection needs no exp), normalised log-weights per class (Markov).
+needed, and a selection needs no exp), normalised log-weights per class (Markov); last,
+for the Tsallis learner with several contexts, each context's clock S_c = Σ(1 - q) of its
+own updates (``n_clocks`` columns: every context runs on its own learning rate).
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
@@ -406,7 +408,8 @@ cdef class Kernel:
             self.initial = np.zeros(self.n_state)
         if self.initial.shape[0] != self.n_state:
             raise ValueError(f"initial state must have {self.n_state} entries")
-        self.width = C_HEAD + self.n_state
+        self.n_clocks = n_contexts if self.tsallis and n_contexts > 1 else 0
+        self.width = C_HEAD + self.n_state + self.n_clocks
         self.scratch = np.zeros(2 * max(self.n_arms, self.n_state))
 
     def _bind_markov(self, arm_of, src, dst, log_t):
@@ -430,7 +433,7 @@ cdef class Kernel:
         """n fresh instances: ψ = +inf (the mean baseline: 0, unused), V = D = 0, no rounds, the class's initial state."""
         rows = np.zeros((n, self.width))
         rows[:, C_PSI] = 0.0 if self.mean_baseline else INFINITY  # the mean: set by a loss
-        rows[:, C_HEAD:] = np.asarray(self.initial)
+        rows[:, C_HEAD:C_HEAD + self.n_state] = np.asarray(self.initial)  # clocks at 0
         return rows
 
     def scale(self, double vn) -> float:
@@ -448,6 +451,47 @@ cdef class Kernel:
         if values.shape[0] != self.n_state:
             raise ValueError(f"a state has {self.n_state} values, got {values.shape[0]}")
         return self.state_problem_of(&values[0])
+
+    def clocks_problem(self, clocks) -> str | None:
+        """Why ``clocks`` (``n_clocks`` values) cannot be an instance's context clocks, or
+        None: each is a Σ(1 - q), finite and >= 0.
+
+        >>> Kernel("cumulative", 3, 2, learner="tsallis").clocks_problem([1.5, -1.0])
+        'context clocks must be finite and >= 0, got -1.0'
+        """
+        cdef double[::1] values = np.ascontiguousarray(clocks, dtype=float).ravel()
+        if values.shape[0] != self.n_clocks:
+            raise ValueError(f"{self.n_clocks} context clocks, got {values.shape[0]}")
+        return None if self.n_clocks == 0 else self.clocks_problem_of(&values[0])
+
+    cdef str clocks_problem_of(self, const double* clocks):
+        cdef Py_ssize_t i
+        for i in range(self.n_clocks):
+            if not (isfinite(clocks[i]) and clocks[i] >= 0.0):
+                return f"context clocks must be finite and >= 0, got {clocks[i]!r}"
+        return None
+
+    def clocks_from_total(self, double vn) -> np.ndarray:
+        """Context clocks for a row written before each context had one (S the total in
+        the VN column; see ``fill_clocks``).
+
+        >>> Kernel("cumulative", 3, 4, learner="tsallis").clocks_from_total(99.0).tolist()
+        [24.0, 24.0, 24.0, 24.0]
+        """
+        out = np.zeros(self.n_clocks)
+        cdef double[::1] view = out
+        if self.n_clocks:
+            self.fill_clocks(vn, &view[0])
+        return out
+
+    cdef void fill_clocks(self, double vn, double* clocks) noexcept nogil:
+        """S_c = max(0, (1 + S)/C - 1) for every context: with the default γ (now
+        tsallis_scale per context, before tsallis_scale·sqrt(C) on one shared S) every
+        context's rate γ/sqrt(1 + S_c) is the one it had."""
+        cdef Py_ssize_t i
+        cdef double v = (1.0 + vn) / self.n_contexts - 1.0
+        for i in range(self.n_clocks):
+            clocks[i] = v if v > 0.0 else 0.0
 
     cdef str state_problem_of(self, const double* state):
         """The rule of each kind for the ``n_state`` values at ``state``: cumulative Φ/D all
@@ -512,9 +556,9 @@ cdef class Kernel:
 
     cdef double tsallis_weights(self, const double* row, int ctx, double* w) noexcept nogil:
         """½-Tsallis-INF (Zimmert & Seldin 2021): w_i = 4/(y_i - z)² with y_i = η̃·(Φ_i/D -
-        min_j Φ_j/D) >= 0, η̃ = γ/sqrt(1 + S) (S = Σ(1 - q) over the updates so far, the
-        VN column: about t(1 - 1/M) while play stays spread, O(log t) once it settles on
-        one arm; Ito 2021's self-bounding rate) and z < 0 the normaliser
+        min_j Φ_j/D) >= 0, η̃ = γ/sqrt(1 + S) (S = Σ(1 - q) over the context's updates so
+        far, ``tsallis_eta``: about t(1 - 1/M) while play stays spread, O(log t) once it
+        settles on one arm; Ito 2021's self-bounding rate) and z < 0 the normaliser
         (Σw = 1 up to rounding), found by Newton's method on h(z) = (Σw(z))^(-1/2) - 1 from
         z = -2, where the leader alone has w = 1. h is linear in z when one arm holds the
         weight or all arms are level (one step), and concave and decreasing in general (a
@@ -523,7 +567,7 @@ cdef class Kernel:
         Returns Σw (``fixed_sum``)."""
         cdef Py_ssize_t i, k, m = self.n_arms
         cdef const double* s = row + C_HEAD + ctx * m
-        cdef double eta = self.gamma / sqrt(row[C_VN] + 1.0)
+        cdef double eta = self.tsallis_eta(row, ctx)
         cdef double top = s[0]
         cdef double z = -2.0
         cdef double f, g, r, step
@@ -542,6 +586,12 @@ cdef class Kernel:
             r = 2.0 / (w[i] - z)
             w[i] = r * r
         return fixed_sum(w, m)
+
+    cdef inline double tsallis_eta(self, const double* row, int ctx) noexcept nogil:
+        """η̃ of context ``ctx``: γ/sqrt(1 + S_c), S_c its clock (one context: the VN column)."""
+        if self.n_clocks:
+            return self.gamma / sqrt(row[C_HEAD + self.n_state + ctx] + 1.0)
+        return self.gamma / sqrt(row[C_VN] + 1.0)
 
     cdef double mixing(self, const double* row) noexcept nogil:
         """ε_t = min(1/2, sqrt(M/t)), t = updates so far + 1."""
@@ -713,7 +763,7 @@ cdef class Kernel:
         Statistics: m (the ψ column) the mean of the losses; D the root mean square of
         the gaps l - m, every gap counted, each only as far as D at most doubles in one
         update (the first non-zero gap sets D); m takes the gap as D does; S (the VN column)
-        += 1 - q. The estimate of the played arm, in units of the new D, is (l - m)/(q·D)
+        and the context's clock += 1 - q. The estimate of the played arm, in units of the new D, is (l - m)/(q·D)
         with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below by
         -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is rescaled
         to the new unit."""
@@ -722,11 +772,13 @@ cdef class Kernel:
         cdef double psi = row[C_PSI]
         cdef double d_mant = row[C_D_MANT]
         cdef int d_exp = <int>row[C_D_EXP]
-        cdef double eta = self.gamma / sqrt(row[C_VN] + 1.0)
+        cdef double eta = self.tsallis_eta(row, ctx)
         cdef double g_mant, u, f, ratio, lim, full
         cdef int g_exp, e
         row[C_N_UPDATES] = n + 1.0
         row[C_VN] = row[C_VN] + (1.0 - q)
+        if self.n_clocks:
+            row[C_HEAD + self.n_state + ctx] += 1.0 - q
         if n == 0.0:  # the first loss is the mean
             row[C_PSI] = loss
             return

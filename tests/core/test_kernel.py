@@ -116,7 +116,7 @@ GOLDEN = {
 # The same for the bobw variant (½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
-    "contextual": "bf56c9e2dbb15ddd3ba224f598d1eef596944a1f9dd2d99616120bce6b61a3a1",
+    "contextual": "626c7d9da1fe0fe07aebc37701b5d41399bdaa0d62c3e5b1a2866b8a2d911bd8",
     "decaying": "f786773ba4662e47df6a9c714bd319f4e881753a992cfd44e2bb1e6c18a07ddf",
     "fixed": "0876fcaf60f831a8879103b16f450b2b8f5d4cc6c741d1bd97b37f66ac84c9f8",
     "markov": "2f5aa03511d337db409d1c8ed74fffc6f4797470cfda14cecfc6d4cb0d2ee2c7",
@@ -244,7 +244,7 @@ GOLDEN_MIGRATION = {
 
 # The same for bobw, the default (the Tsallis learner's migrations keep p, not Φ).
 GOLDEN_MIGRATION_BOBW = {
-    "contextual": "c8e13164952aa85e25b6af8980a69a5dc14eba6bdf595ab83cb93b4481311fbc",
+    "contextual": "0e64c1d394bd9b9fac7ab3c3e2236faa8b7a8856d0c61452e099b5fcdfbfdf6e",
     "decaying": "7bf7aff4a69d15d144aac515822f4427249953a0a5048aa32f9c0d70316cb627",
     "fixed": "60a09678ffdca463434bcab6b1d4edf3619926e9f9faab101f5b595efebc7519",
     "markov": "9bed575ca906afeaa122e8aef37facc9844ed7e4238308eda4b23bae72e14a88",
