@@ -266,6 +266,11 @@ cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
     return (s0 + s1) + (s2 + s3)
 
 
+cdef inline double clamped(double x, double lim) noexcept nogil:
+    """x kept within [-lim, lim]."""
+    return lim if x > lim else (-lim if x < -lim else x)
+
+
 cdef inline void power_sums(const double* y, Py_ssize_t n, double z, double* f,
                             double* g) noexcept nogil:
     """f = Σr², g = Σr³ with r_i = 2/(y_i - z), in the fixed order of ``fixed_sum``
@@ -763,17 +768,17 @@ cdef class Kernel:
         Statistics: m (the ψ column) the mean of the losses; D the root mean square of
         the gaps l - m, every gap counted, each only as far as D at most doubles in one
         update (the first non-zero gap sets D); m takes the gap as D does; S (the VN column)
-        and the context's clock += 1 - q. The estimate of the played arm, in units of the new D, is (l - m)/(q·D)
-        with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below by
-        -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is rescaled
-        to the new unit."""
+        and the context's clock += 1 - q. The estimate of the played arm, in units of the
+        new D, is (l - m)/(q·D) with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and
+        bounded below by -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole
+        state is rescaled to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
         cdef double psi = row[C_PSI]
         cdef double d_mant = row[C_D_MANT]
         cdef int d_exp = <int>row[C_D_EXP]
         cdef double eta = self.tsallis_eta(row, ctx)
-        cdef double g_mant, u, f, ratio, lim, full
+        cdef double g_mant, u, f, ratio, full
         cdef int g_exp, e
         row[C_N_UPDATES] = n + 1.0
         row[C_VN] = row[C_VN] + (1.0 - q)
@@ -797,12 +802,7 @@ cdef class Kernel:
                                       copysign(1.0, g_mant) / q)
             return
         full = floor(ldexp(g_mant / d_mant, g_exp - d_exp) * GRID + 0.5) / GRID  # gap / D
-        u = full
-        lim = sqrt(1.0 + 3.0 * n)  # D'² = D² + (u² - D²)/n <= 4·D²: D at most doubles
-        if u > lim:
-            u = lim
-        elif u < -lim:
-            u = -lim
+        u = clamped(full, sqrt(1.0 + 3.0 * n))  # D'² = D² + (u² - D²)/n <= 4·D²
         f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D
         ratio = 1.0 / f
         row[C_PSI] = psi + ldexp(u * d_mant / (n + 1.0), d_exp)
@@ -812,11 +812,7 @@ cdef class Kernel:
             return
         for i in range(self.n_state):
             row[C_HEAD + i] = row[C_HEAD + i] * ratio
-        u = full * ratio  # in units of D'; only the estimate is cut
-        if u > CUT:
-            u = CUT
-        elif u < -CUT:
-            u = -CUT
+        u = clamped(full * ratio, CUT)  # in units of D'; only the estimate is cut
         self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
 
     cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
