@@ -65,6 +65,7 @@ cdef class Kernel:
     cdef readonly int n_arms
     cdef readonly int n_contexts
     cdef readonly int n_state
+    cdef readonly int n_clocks        # the Tsallis learner's per-context clocks (0 or C)
     cdef readonly int width
     cdef readonly double gamma
     cdef readonly str kind_name
@@ -87,6 +88,9 @@ cdef class Kernel:
 
     cdef double eta_d(self, double vn) noexcept nogil
     cdef str state_problem_of(self, const double* state)
+    cdef str clocks_problem_of(self, const double* clocks)
+    cdef void fill_clocks(self, double vn, double* clocks) noexcept nogil
+    cdef double tsallis_eta(self, const double* row, int ctx) noexcept nogil
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil
     cdef double mixing(self, const double* row) noexcept nogil

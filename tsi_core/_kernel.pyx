@@ -15,7 +15,9 @@ An instance is one row of a float64 table (``Table.rows``, shape (n, width))::
 Tsallis learner: the range of the gaps l - baseline, not of φ); the counters (exact integers in a double up to 2^53); then
 the class's state: Φ/D per (context, arm) for Fixed and Contextual, the weights per arm
 normalised to sum 1 (Switching: a fixed share keeps every weight above α/M, no log domain
-needed, and a selection needs no exp), normalised log-weights per class (Markov).
+needed, and a selection needs no exp), normalised log-weights per class (Markov); last,
+for the Tsallis learner with several contexts, each context's clock S_c = Σ(1 - q) of its
+own updates (``n_clocks`` columns: every context runs on its own learning rate).
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
@@ -264,6 +266,41 @@ cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
     return (s0 + s1) + (s2 + s3)
 
 
+cdef inline double clamped(double x, double lim) noexcept nogil:
+    """x kept within [-lim, lim]."""
+    return lim if x > lim else (-lim if x < -lim else x)
+
+
+cdef inline void power_sums(const double* y, Py_ssize_t n, double z, double* f,
+                            double* g) noexcept nogil:
+    """f = Σr², g = Σr³ with r_i = 2/(y_i - z), in the fixed order of ``fixed_sum``
+    (four independent chains: the divisions overlap)."""
+    cdef double f0 = 0.0, f1 = 0.0, f2 = 0.0, f3 = 0.0, g0 = 0.0, g1 = 0.0, g2 = 0.0, g3 = 0.0
+    cdef double r0, r1, r2, r3
+    cdef Py_ssize_t i = 0
+    while i + 4 <= n:
+        r0 = 2.0 / (y[i] - z)
+        r1 = 2.0 / (y[i + 1] - z)
+        r2 = 2.0 / (y[i + 2] - z)
+        r3 = 2.0 / (y[i + 3] - z)
+        f0 += r0 * r0
+        f1 += r1 * r1
+        f2 += r2 * r2
+        f3 += r3 * r3
+        g0 += r0 * r0 * r0
+        g1 += r1 * r1 * r1
+        g2 += r2 * r2 * r2
+        g3 += r3 * r3 * r3
+        i += 4
+    while i < n:
+        r0 = 2.0 / (y[i] - z)
+        f0 += r0 * r0
+        g0 += r0 * r0 * r0
+        i += 1
+    f[0] = (f0 + f1) + (f2 + f3)
+    g[0] = (g0 + g1) + (g2 + g3)
+
+
 cdef inline void normalise(double* logw, Py_ssize_t n) noexcept nogil:
     """Subtract the log-sum-exp (all -inf stays as it is up to NaN, as numpy had it)."""
     cdef Py_ssize_t i
@@ -376,7 +413,8 @@ cdef class Kernel:
             self.initial = np.zeros(self.n_state)
         if self.initial.shape[0] != self.n_state:
             raise ValueError(f"initial state must have {self.n_state} entries")
-        self.width = C_HEAD + self.n_state
+        self.n_clocks = n_contexts if self.tsallis and n_contexts > 1 else 0
+        self.width = C_HEAD + self.n_state + self.n_clocks
         self.scratch = np.zeros(2 * max(self.n_arms, self.n_state))
 
     def _bind_markov(self, arm_of, src, dst, log_t):
@@ -400,7 +438,7 @@ cdef class Kernel:
         """n fresh instances: ψ = +inf (the mean baseline: 0, unused), V = D = 0, no rounds, the class's initial state."""
         rows = np.zeros((n, self.width))
         rows[:, C_PSI] = 0.0 if self.mean_baseline else INFINITY  # the mean: set by a loss
-        rows[:, C_HEAD:] = np.asarray(self.initial)
+        rows[:, C_HEAD:C_HEAD + self.n_state] = np.asarray(self.initial)  # clocks at 0
         return rows
 
     def scale(self, double vn) -> float:
@@ -418,6 +456,47 @@ cdef class Kernel:
         if values.shape[0] != self.n_state:
             raise ValueError(f"a state has {self.n_state} values, got {values.shape[0]}")
         return self.state_problem_of(&values[0])
+
+    def clocks_problem(self, clocks) -> str | None:
+        """Why ``clocks`` (``n_clocks`` values) cannot be an instance's context clocks, or
+        None: each is a Σ(1 - q), finite and >= 0.
+
+        >>> Kernel("cumulative", 3, 2, learner="tsallis").clocks_problem([1.5, -1.0])
+        'context clocks must be finite and >= 0, got -1.0'
+        """
+        cdef double[::1] values = np.ascontiguousarray(clocks, dtype=float).ravel()
+        if values.shape[0] != self.n_clocks:
+            raise ValueError(f"{self.n_clocks} context clocks, got {values.shape[0]}")
+        return None if self.n_clocks == 0 else self.clocks_problem_of(&values[0])
+
+    cdef str clocks_problem_of(self, const double* clocks):
+        cdef Py_ssize_t i
+        for i in range(self.n_clocks):
+            if not (isfinite(clocks[i]) and clocks[i] >= 0.0):
+                return f"context clocks must be finite and >= 0, got {clocks[i]!r}"
+        return None
+
+    def clocks_from_total(self, double vn) -> np.ndarray:
+        """Context clocks for a row written before each context had one (S the total in
+        the VN column; see ``fill_clocks``).
+
+        >>> Kernel("cumulative", 3, 4, learner="tsallis").clocks_from_total(99.0).tolist()
+        [24.0, 24.0, 24.0, 24.0]
+        """
+        out = np.zeros(self.n_clocks)
+        cdef double[::1] view = out
+        if self.n_clocks:
+            self.fill_clocks(vn, &view[0])
+        return out
+
+    cdef void fill_clocks(self, double vn, double* clocks) noexcept nogil:
+        """S_c = max(0, (1 + S)/C - 1) for every context: with the default γ (now
+        tsallis_scale per context, before tsallis_scale·sqrt(C) on one shared S) every
+        context's rate γ/sqrt(1 + S_c) is the one it had."""
+        cdef Py_ssize_t i
+        cdef double v = (1.0 + vn) / self.n_contexts - 1.0
+        for i in range(self.n_clocks):
+            clocks[i] = v if v > 0.0 else 0.0
 
     cdef str state_problem_of(self, const double* state):
         """The rule of each kind for the ``n_state`` values at ``state``: cumulative Φ/D all
@@ -482,40 +561,42 @@ cdef class Kernel:
 
     cdef double tsallis_weights(self, const double* row, int ctx, double* w) noexcept nogil:
         """½-Tsallis-INF (Zimmert & Seldin 2021): w_i = 4/(y_i - z)² with y_i = η̃·(Φ_i/D -
-        min_j Φ_j/D) >= 0, η̃ = γ/sqrt(1 + S) (S = Σ(1 - q) over the updates so far, the
-        VN column: about t(1 - 1/M) while play stays spread, O(log t) once it settles on
-        one arm; Ito 2021's self-bounding rate) and z < 0 the normaliser
-        (Σw = 1 up to rounding), found by Newton's method from z = -2, where the leader alone
-        has w = 1: Σw(z) is convex and increasing in z, so the iterates fall monotonically
-        to the root. Only +, -, ×, / and sqrt (exact in IEEE arithmetic): the same bits
-        everywhere. Returns Σw (``fixed_sum``)."""
+        min_j Φ_j/D) >= 0, η̃ = γ/sqrt(1 + S) (S = Σ(1 - q) over the context's updates so
+        far, ``tsallis_eta``: about t(1 - 1/M) while play stays spread, O(log t) once it
+        settles on one arm; Ito 2021's self-bounding rate) and z < 0 the normaliser
+        (Σw = 1 up to rounding), found by Newton's method on h(z) = (Σw(z))^(-1/2) - 1 from
+        z = -2, where the leader alone has w = 1. h is linear in z when one arm holds the
+        weight or all arms are level (one step), and concave and decreasing in general (a
+        power mean of the (y_i - z)/2), so the iterates fall monotonically to the root.
+        Only +, -, ×, / and sqrt (exact in IEEE arithmetic): the same bits everywhere.
+        Returns Σw (``fixed_sum``)."""
         cdef Py_ssize_t i, k, m = self.n_arms
         cdef const double* s = row + C_HEAD + ctx * m
-        cdef double eta = self.gamma / sqrt(row[C_VN] + 1.0)
+        cdef double eta = self.tsallis_eta(row, ctx)
         cdef double top = s[0]
         cdef double z = -2.0
-        cdef double f, g, r, rr, step
+        cdef double f, g, r, step
         for i in range(1, m):
             if s[i] < top:
                 top = s[i]
         for i in range(m):
             w[i] = eta * (s[i] - top)
         for k in range(64):
-            f = -1.0
-            g = 0.0
-            for i in range(m):
-                r = 2.0 / (w[i] - z)
-                rr = r * r
-                f += rr
-                g += rr * r
-            step = f / g
+            power_sums(w, m, z, &f, &g)
+            step = 2.0 * f * (sqrt(f) - 1.0) / g  # h/h', h' = -g/(2·f^(3/2))
             z -= step
-            if not (step > 1e-15 * -z):
+            if not (step > 1e-10 * -z):  # quadratic: the error left is about step²/|z|
                 break
         for i in range(m):
             r = 2.0 / (w[i] - z)
             w[i] = r * r
         return fixed_sum(w, m)
+
+    cdef inline double tsallis_eta(self, const double* row, int ctx) noexcept nogil:
+        """η̃ of context ``ctx``: γ/sqrt(1 + S_c), S_c its clock (one context: the VN column)."""
+        if self.n_clocks:
+            return self.gamma / sqrt(row[C_HEAD + self.n_state + ctx] + 1.0)
+        return self.gamma / sqrt(row[C_VN] + 1.0)
 
     cdef double mixing(self, const double* row) noexcept nogil:
         """ε_t = min(1/2, sqrt(M/t)), t = updates so far + 1."""
@@ -687,20 +768,22 @@ cdef class Kernel:
         Statistics: m (the ψ column) the mean of the losses; D the root mean square of
         the gaps l - m, every gap counted, each only as far as D at most doubles in one
         update (the first non-zero gap sets D); m takes the gap as D does; S (the VN column)
-        += 1 - q. The estimate of the played arm, in units of the new D, is (l - m)/(q·D)
-        with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below by
-        -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is rescaled
-        to the new unit."""
+        and the context's clock += 1 - q. The estimate of the played arm, in units of the
+        new D, is (l - m)/(q·D) with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and
+        bounded below by -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole
+        state is rescaled to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
         cdef double psi = row[C_PSI]
         cdef double d_mant = row[C_D_MANT]
         cdef int d_exp = <int>row[C_D_EXP]
-        cdef double eta = self.gamma / sqrt(row[C_VN] + 1.0)
-        cdef double g_mant, u, f, ratio, lim, full
+        cdef double eta = self.tsallis_eta(row, ctx)
+        cdef double g_mant, u, f, ratio, full
         cdef int g_exp, e
         row[C_N_UPDATES] = n + 1.0
         row[C_VN] = row[C_VN] + (1.0 - q)
+        if self.n_clocks:
+            row[C_HEAD + self.n_state + ctx] += 1.0 - q
         if n == 0.0:  # the first loss is the mean
             row[C_PSI] = loss
             return
@@ -719,12 +802,7 @@ cdef class Kernel:
                                       copysign(1.0, g_mant) / q)
             return
         full = floor(ldexp(g_mant / d_mant, g_exp - d_exp) * GRID + 0.5) / GRID  # gap / D
-        u = full
-        lim = sqrt(1.0 + 3.0 * n)  # D'² = D² + (u² - D²)/n <= 4·D²: D at most doubles
-        if u > lim:
-            u = lim
-        elif u < -lim:
-            u = -lim
+        u = clamped(full, sqrt(1.0 + 3.0 * n))  # D'² = D² + (u² - D²)/n <= 4·D²
         f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D
         ratio = 1.0 / f
         row[C_PSI] = psi + ldexp(u * d_mant / (n + 1.0), d_exp)
@@ -734,11 +812,7 @@ cdef class Kernel:
             return
         for i in range(self.n_state):
             row[C_HEAD + i] = row[C_HEAD + i] * ratio
-        u = full * ratio  # in units of D'; only the estimate is cut
-        if u > CUT:
-            u = CUT
-        elif u < -CUT:
-            u = -CUT
+        u = clamped(full * ratio, CUT)  # in units of D'; only the estimate is cut
         self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
 
     cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,

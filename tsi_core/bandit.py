@@ -29,7 +29,9 @@ from tsi_core.validate import check_int, check_loss, check_real, context_problem
 from tsi_core.variant import Variant, variant_of
 
 FORMAT = "tsi.bandit"
-VERSION = 2  # 2: Switching keeps its weights, not their logs (version 1 is read too)
+#: 2: Switching keeps its weights, not their logs; 3: the Tsallis learner's context clocks
+#: (versions 1 and 2 are read too)
+VERSION = 3
 
 
 @functools.lru_cache(maxsize=1024)
@@ -63,7 +65,7 @@ def configure(
     structure = _bound(competition, n_arms)
     variant = variant_of(variant)
     if gamma is None and variant.learner == "tsallis" and structure.tsallis_capable:
-        gamma = variant.tsallis_scale * math.sqrt(structure.n_contexts)
+        gamma = variant.tsallis_scale  # each context's rate (its own clock)
     elif gamma is None:
         gamma = default_gamma(competition, n_arms) * variant.gamma_scale
     else:
@@ -82,6 +84,17 @@ def check_context(structure: Structure, context: Any) -> int:
 
 
 __all__ = ["Bandit", "TicketError", "check_context", "configure", "default_gamma"]
+
+
+def _snapshot_gamma(data: dict[str, Any], competition: Any, variant: Variant) -> Any:
+    """A snapshot's γ. Before version 3 the Tsallis learner's default for C contexts was
+    tsallis_scale·sqrt(C) on one shared clock: that γ reads as today's default (the
+    context clocks then keep every context's rate, ``Kernel.clocks_from_total``)."""
+    gamma = data["gamma"]
+    if data["version"] == VERSION or variant.learner != "tsallis":
+        return gamma
+    n_contexts = getattr(competition, "n_contexts", 1)
+    return None if gamma == variant.tsallis_scale * math.sqrt(n_contexts) else gamma
 
 
 class _Column:
@@ -152,11 +165,23 @@ class Bandit(BanditCore):
     @property
     def _state(self) -> np.ndarray:
         """The class's state (a view), shape ``structure.state_shape``."""
-        return self._row[HEAD:].reshape(self.structure.state_shape)
+        n = self._table.kernel.n_state
+        return self._row[HEAD : HEAD + n].reshape(self.structure.state_shape)
 
     @_state.setter
     def _state(self, value: np.ndarray) -> None:
-        self._row[HEAD:] = np.asarray(value, dtype=float).ravel()
+        n = self._table.kernel.n_state
+        self._row[HEAD : HEAD + n] = np.asarray(value, dtype=float).ravel()
+
+    @property
+    def _clocks(self) -> np.ndarray:
+        """The Tsallis learner's clock S_c of each context (a view; empty for one context
+        or the exponential-weights learner)."""
+        return self._row[HEAD + self._table.kernel.n_state :]
+
+    @_clocks.setter
+    def _clocks(self, value: np.ndarray) -> None:
+        self._row[HEAD + self._table.kernel.n_state :] = np.asarray(value, dtype=float).ravel()
 
     # ---------------------------------------------------------------- statistics
     @property
@@ -229,6 +254,7 @@ class Bandit(BanditCore):
             "n_updates": self.n_updates,
             "n_rounds": self.n_rounds,
             "weights": [None if math.isinf(v) else v for v in self._state.ravel().tolist()],
+            "clocks": self._clocks.tolist(),
             "pending": [t.to_dict() for t in self.pending],
             "seed": self._seed,
             "rng": self._rng_state if self._rng_obj is None else self._rng_obj.bit_generator.state,
@@ -239,34 +265,20 @@ class Bandit(BanditCore):
         """Rebuild an instance from ``to_dict``; a malformed snapshot raises ``ValueError``."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} snapshot: {str(data)[:80]!r}")
-        if data.get("version") not in (1, VERSION):
+        if data.get("version") not in (1, 2, VERSION):
             raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
         try:
+            competition = competition_from_dict(data["competition"])
+            variant = Variant.from_dict(data.get("variant", "paper"))  # before: the paper's
             b = cls(
                 data["n_arms"],
-                competition_from_dict(data["competition"]),
-                data["gamma"],
+                competition,
+                _snapshot_gamma(data, competition, variant),
                 instance_id=data["instance_id"],
-                variant=Variant.from_dict(data.get("variant", "paper")),  # before: the paper's
+                variant=variant,
                 allocation=Allocation.from_dict(data.get("allocation", {})),  # before: none
             )
-            weights = np.array(
-                [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
-            )
-            if weights.size != b._state.size:
-                raise ValueError(f"weights must be {b._state.size} numbers")
-            if data["version"] == 1 and isinstance(b.structure, SwitchingWeights):
-                weights = exp_array(weights)  # version 1 kept Switching's log-weights
-            problem = b._table.kernel.state_problem(weights)
-            if problem is not None:
-                raise ValueError(f"weights: {problem}")
-            b._state = weights
-            b.psi = math.inf if data["psi"] is None else check_loss(data["psi"])
-            b._vn = check_real("vn", data["vn"], 0.0, math.inf)
-            b._d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
-            b._d_exp = check_int("d_exp", data["d_exp"], -(2**31), 2**31)
-            b.n_updates = check_int("n_updates", data["n_updates"], 0, MAX_COUNT)
-            b.n_rounds = check_int("n_rounds", data["n_rounds"], 0, MAX_COUNT)
+            b._restore_learning(data)
             for raw in data["pending"]:
                 t = Ticket.from_dict(raw)
                 if b._pending_at(t.round) is not None or t.instance != b.instance_id:
@@ -281,6 +293,34 @@ class Bandit(BanditCore):
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed {FORMAT} snapshot: {exc!r}") from exc
         return b
+
+    def _restore_learning(self, data: dict[str, Any]) -> None:
+        """The statistics, the state and the context clocks of a ``to_dict`` snapshot,
+        each checked (a snapshot before version 3 has no clocks: they come from the total
+        S, ``Kernel.clocks_from_total``)."""
+        kernel = self._table.kernel
+        weights = np.array(
+            [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
+        )
+        if weights.size != self._state.size:
+            raise ValueError(f"weights must be {self._state.size} numbers")
+        if data["version"] == 1 and isinstance(self.structure, SwitchingWeights):
+            weights = exp_array(weights)  # version 1 kept Switching's log-weights
+        problem = kernel.state_problem(weights)
+        if problem is not None:
+            raise ValueError(f"weights: {problem}")
+        vn = check_real("vn", data["vn"], 0.0, math.inf)
+        clocks = data["clocks"] if data["version"] == VERSION else kernel.clocks_from_total(vn)
+        problem = kernel.clocks_problem(clocks)
+        if problem is not None:
+            raise ValueError(f"clocks: {problem}")
+        self._state, self._clocks = weights, clocks
+        self.psi = math.inf if data["psi"] is None else check_loss(data["psi"])
+        self._vn = vn
+        self._d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
+        self._d_exp = check_int("d_exp", data["d_exp"], -(2**31), 2**31)
+        self.n_updates = check_int("n_updates", data["n_updates"], 0, MAX_COUNT)
+        self.n_rounds = check_int("n_rounds", data["n_rounds"], 0, MAX_COUNT)
 
     # ------------------------------------------------------- compact idle state
     def pack(self, keep_pending: bool = False) -> bytes | None:

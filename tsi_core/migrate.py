@@ -31,12 +31,15 @@ continues, or None for a new arm; old arms not named are retired.
   class's initial state (the statistics are still carried).
 * A change of learner (``Variant.learner``: exponential weights and the Tsallis learner of
   ``bobw`` read V, D and the state differently) keeps p per context as above, the baseline
-  and the counters. Into the Tsallis learner: S = 0, D = 0 (the next non-zero gap sets it)
-  and Φ/D = (2/sqrt(p) - 2/sqrt(max p))/η̃, which gives p back. Out of it: V/D² = 0, D kept
-  (the RMS of the gaps: the growth bound takes it from there) and Φ/D = -log p/c as above.
-  Within the Tsallis learner any change but none (same class, identity map) is made the
-  same way, S and D kept: p per context follows the rules above (new arms: geometric mean
-  p, or ``new_arm_share``), since the Tsallis p is not a per-arm function of Φ.
+  and the counters. Into the Tsallis learner: S = 0 and every context's clock 0, D = 0 (the
+  next non-zero gap sets it) and Φ/D = (2/sqrt(p) - 2/sqrt(max p))/η̃ (η̃ the context's),
+  which gives p back. Out of it: V/D² = 0, D kept (the RMS of the gaps: the growth bound
+  takes it from there) and Φ/D = -log p/c as above. Within the Tsallis learner any change
+  but none (same class, identity map) is made the same way, S, D and the context clocks
+  kept (by context index; a context the old class lacked gets the clock its S gives,
+  ``Kernel.clocks_from_total``): p per context follows the rules above (new arms:
+  geometric mean p, or ``new_arm_share``), since the Tsallis p is not a per-arm function
+  of Φ.
 
 The new bandit has the plain allocation (``tsi_core.allocation``): an allocation names arms
 by index, and the indices change; the caller sets it for the new arms. Tickets keep their
@@ -176,6 +179,7 @@ def migrate(
         c_new = new_k.scale(bandit._vn)  # η·D of the new bandit
         new._state = _new_state(bandit, new_s, c_new, sources, share, same_class)
         new._row[:HEAD] = bandit._row[:HEAD]  # ψ, V/D², D, the counters: the loss stream's
+        new._clocks = bandit._clocks  # the same layout here (none, or the same contexts)
     new.psi = _baseline_state(bandit, variant.baseline)
     new._seed = bandit._seed
     rng = bandit._rng_obj.bit_generator.state if bandit._rng_obj is not None else bandit._rng_state
@@ -241,12 +245,27 @@ def _across_learners(
     if new._table.kernel.tsallis:
         if not keep:
             new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
-        eta = new.gamma / math.sqrt(1.0 + new._vn)
+        new._clocks = _carried_clocks(bandit, new, keep)
+        clocks = new._clocks if new._clocks.size else np.array([new._vn])
+        eta = (new.gamma / np.sqrt(1.0 + clocks))[:, None]  # each context's η̃
         floored = exp_array(np.maximum(log_p, kernel_log(math.ulp(0.0))))
         root = 2.0 / np.sqrt(floored)
         return (root - root.min(axis=-1, keepdims=True)) / eta
     new._vn = 0.0
     return new_s.state_from_log_p(log_p, new._table.kernel.scale(0.0))
+
+
+def _carried_clocks(bandit: Bandit, new: Bandit, keep: bool) -> np.ndarray:
+    """The new Tsallis learner's context clocks: 0 when it starts (S = 0); else each old
+    context's by index, and for a context the old class lacked the one the old total S
+    gives (``Kernel.clocks_from_total``)."""
+    kernel = new._table.kernel
+    if not keep or not kernel.n_clocks:
+        return np.zeros(kernel.n_clocks)
+    clocks = kernel.clocks_from_total(bandit._vn)
+    n = min(len(bandit._clocks), len(clocks))
+    clocks[:n] = bandit._clocks[:n]
+    return clocks
 
 
 def _check_arm_map(arm_map: Any, n_old: int) -> list[int | None]:

@@ -46,7 +46,10 @@ class Structure:
 
     def initial_state(self) -> np.ndarray:
         """One fresh instance's state, shape ``state_shape``."""
-        return np.asarray(self.kernel(1.0).initial_rows(1)[0, HEAD:]).reshape(self.state_shape)
+        kernel = self.kernel(1.0)
+        return np.asarray(kernel.initial_rows(1)[0, HEAD : HEAD + kernel.n_state]).reshape(
+            self.state_shape
+        )
 
     def log_weights_one(self, state: np.ndarray, c: float) -> np.ndarray:
         """log w of one instance, shape (n_contexts, M), up to a constant per context."""

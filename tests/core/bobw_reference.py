@@ -17,16 +17,17 @@ class BobwReference:
 
     def __init__(self, n_arms: int, n_contexts: int = 1, scale: float = 2.0) -> None:
         self.m, self.c = n_arms, n_contexts
-        self.gamma = scale * math.sqrt(n_contexts)
+        self.gamma = scale  # each context's: its own clock
         self.phi = [[0.0] * n_arms for _ in range(n_contexts)]  # Σ estimates, units of D
-        self.mean, self.d, self.s, self.n = 0.0, 0.0, 0.0, 0
+        self.clocks = [0.0] * n_contexts  # Σ(1 - q) of each context's updates
+        self.mean, self.d, self.n = 0.0, 0.0, 0
 
-    def eta(self) -> float:
-        return self.gamma / math.sqrt(1.0 + self.s)
+    def eta(self, ctx: int = 0) -> float:
+        return self.gamma / math.sqrt(1.0 + self.clocks[ctx])
 
     def probabilities(self, ctx: int = 0) -> list[float]:
         """q_i = 4/(y_i − z)², y_i = η̃(Φ_i − min Φ), Σq = 1 (bisection, not Newton)."""
-        eta, phi = self.eta(), self.phi[ctx]
+        eta, phi = self.eta(ctx), self.phi[ctx]
         y = [eta * (v - min(phi)) for v in phi]
         lo, hi = -2.0 * math.sqrt(self.m) - 1.0, -2.0  # Σq(lo) < 1 <= Σq(hi)
         for _ in range(200):
@@ -39,8 +40,8 @@ class BobwReference:
         return [x / sum(w) for x in w]
 
     def update(self, ctx: int, arm: int, q: float, loss: float) -> None:
-        eta = self.eta()
-        self.s += 1.0 - q
+        eta = self.eta(ctx)
+        self.clocks[ctx] += 1.0 - q
         n, self.n = self.n, self.n + 1
         if n == 0:
             self.mean = loss

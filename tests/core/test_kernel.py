@@ -116,9 +116,9 @@ GOLDEN = {
 # The same for the bobw variant (½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
-    "contextual": "fefcbd4bbc097b263014149087c5705f0a2556d1a326aeef3583c49b8608cf7b",
+    "contextual": "90abfb3d326976fe3b6ca971e4ae29f33ae4693cb40a7e42f75c8c7f8530637d",
     "decaying": "f786773ba4662e47df6a9c714bd319f4e881753a992cfd44e2bb1e6c18a07ddf",
-    "fixed": "080f88872a8c1fa003936e4199a2864aa32b65af4258bb616837511753a60473",
+    "fixed": "3f021a24a252eeb6e5c35cbccb3b3379dafea76b68299001e776d24a697e09dd",
     "markov": "2f5aa03511d337db409d1c8ed74fffc6f4797470cfda14cecfc6d4cb0d2ee2c7",
     "switching": "3ee1d7992e8022b04891c654212a26a01134e4f21fca2af6ae283f3ad970a96f",
 }
@@ -244,10 +244,10 @@ GOLDEN_MIGRATION = {
 
 # The same for bobw, the default (the Tsallis learner's migrations keep p, not Φ).
 GOLDEN_MIGRATION_BOBW = {
-    "contextual": "0ea901c1b3466e793e6345389d6ba9e66bae7f49239c1348a6fceb114ba6bbd6",
+    "contextual": "3089790f5d374efe51c8b5a50c19c80d7b4da74ac06499bfa42e00f8cd3bba33",
     "decaying": "7bf7aff4a69d15d144aac515822f4427249953a0a5048aa32f9c0d70316cb627",
-    "fixed": "a383307366c4308cee58d0c78a17a805b143d6516e06e408f6495a58db357d47",
-    "markov": "de24fd11b1f8afa33cdbb98c9ae6848588445bf995d6eb097c740dbf360c6424",
+    "fixed": "272641885e9d3f17023386d8993d23187bc45f3572376b060a084dcb56a960e1",
+    "markov": "9bed575ca906afeaa122e8aef37facc9844ed7e4238308eda4b23bae72e14a88",
     "switching": "606b71454130924539466bce66c718c0710ef9c0afc055bf0042761e081aa632",
 }
 
