@@ -99,6 +99,8 @@ FTL_TABLE = Table("ftl_breaker", 1)
 FRONTIER = ROOT / "bench" / "bobw" / "frontier.json"
 SPIKES = ROOT / "bench" / "bobw" / "spikes.md"
 SCALE_RULES = ROOT / "bench" / "bobw" / "scale_rules.md"
+ESTIMATE_BOUND = ROOT / "bench" / "bobw" / "estimate_bound.md"
+CLOCKS = ROOT / "bench" / "bobw" / "clocks.md"
 
 
 def environments(n_rounds: int, n_tables: int) -> dict[str, list[LossTable]]:
@@ -380,7 +382,24 @@ def spikes_lines() -> list[str]:
         section_of(rules, "### Frontier: the estimate's cut K and D's growth bound G "
                    "(tuning tables, before the grid)"),
         "",
+        *lock_in_lines(),
     ]  # fmt: skip
+
+
+def lock_in_lines() -> list[str]:
+    """The frontier of the rules tried against lock-in (a context or an arm settled on its
+    second-best arm), quoted from ``bench/bobw/estimate_bound.md`` and ``clocks.md``."""
+    bound, clocks = ESTIMATE_BOUND.read_text(), CLOCKS.read_text()
+    tried = "## Tried and not kept (prototype of the clocks, `bench/bobw_sweep.py`, 10 seeds)"
+    return [
+        "### Lock-in: the estimate's bound and what was tried against it "
+        "(quoted from bench/bobw/estimate_bound.md, clocks.md)",
+        "",
+        section_of(bound, "## c (the bound's constant)"),
+        "",
+        section_of(clocks, tried),
+        "",
+    ]
 
 
 def report(
