@@ -476,6 +476,24 @@ cdef class Kernel:
                 return f"context clocks must be finite and >= 0, got {clocks[i]!r}"
         return None
 
+    def tsallis_rates(self, row) -> np.ndarray:
+        """η̃ of every context of the instance ``row`` (``width`` values): ``tsallis_eta``.
+
+        >>> k = Kernel("cumulative", 3, 2, gamma=2.0, learner="tsallis")
+        >>> row = k.initial_rows(1)[0]
+        >>> row[-2:] = [3.0, 15.0]                          # the two contexts' clocks
+        >>> k.tsallis_rates(row).tolist()
+        [1.0, 0.5]
+        """
+        cdef double[::1] values = np.ascontiguousarray(row, dtype=float)
+        if values.shape[0] != self.width:
+            raise ValueError(f"a row has {self.width} values, got {values.shape[0]}")
+        out = np.empty(self.n_contexts)
+        cdef Py_ssize_t c
+        for c in range(self.n_contexts):
+            out[c] = self.tsallis_eta(&values[0], <int>c)
+        return out
+
     def clocks_from_total(self, double vn) -> np.ndarray:
         """Context clocks for a row written before each context had one (S the total in
         the VN column; see ``fill_clocks``).

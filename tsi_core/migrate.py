@@ -246,8 +246,7 @@ def _across_learners(
         if not keep:
             new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
         new._clocks = _carried_clocks(bandit, new, keep)
-        clocks = new._clocks if new._clocks.size else np.array([new._vn])
-        eta = (new.gamma / np.sqrt(1.0 + clocks))[:, None]  # each context's η̃
+        eta = new._table.kernel.tsallis_rates(new._row)[:, None]  # each context's η̃
         floored = exp_array(np.maximum(log_p, kernel_log(math.ulp(0.0))))
         root = 2.0 / np.sqrt(floored)
         return (root - root.min(axis=-1, keepdims=True)) / eta
