@@ -43,6 +43,11 @@ cdef extern from "_kernel_src/detmath.h":
     double tsi_exp(double x) noexcept nogil
     double tsi_log(double x) noexcept nogil
 
+cdef extern from "_kernel_src/lanes.h":
+    double tsi_min_of(const double* x, Py_ssize_t n) noexcept nogil
+    void tsi_power_sums(const double* y, Py_ssize_t n, double z, double* f,
+                        double* g) noexcept nogil
+
 PSI, VN, D_MANT, D_EXP, N_UPDATES, N_ROUNDS, HEAD = range(7)
 
 #: the Tsallis learner's cut: an estimate counts a gap l - m as at most TSALLIS_CUT·D (D
@@ -269,36 +274,6 @@ cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
 cdef inline double clamped(double x, double lim) noexcept nogil:
     """x kept within [-lim, lim]."""
     return lim if x > lim else (-lim if x < -lim else x)
-
-
-cdef inline void power_sums(const double* y, Py_ssize_t n, double z, double* f,
-                            double* g) noexcept nogil:
-    """f = Σr², g = Σr³ with r_i = 2/(y_i - z), in the fixed order of ``fixed_sum``
-    (four independent chains: the divisions overlap)."""
-    cdef double f0 = 0.0, f1 = 0.0, f2 = 0.0, f3 = 0.0, g0 = 0.0, g1 = 0.0, g2 = 0.0, g3 = 0.0
-    cdef double r0, r1, r2, r3
-    cdef Py_ssize_t i = 0
-    while i + 4 <= n:
-        r0 = 2.0 / (y[i] - z)
-        r1 = 2.0 / (y[i + 1] - z)
-        r2 = 2.0 / (y[i + 2] - z)
-        r3 = 2.0 / (y[i + 3] - z)
-        f0 += r0 * r0
-        f1 += r1 * r1
-        f2 += r2 * r2
-        f3 += r3 * r3
-        g0 += r0 * r0 * r0
-        g1 += r1 * r1 * r1
-        g2 += r2 * r2 * r2
-        g3 += r3 * r3 * r3
-        i += 4
-    while i < n:
-        r0 = 2.0 / (y[i] - z)
-        f0 += r0 * r0
-        g0 += r0 * r0 * r0
-        i += 1
-    f[0] = (f0 + f1) + (f2 + f3)
-    g[0] = (g0 + g1) + (g2 + g3)
 
 
 cdef inline void normalise(double* logw, Py_ssize_t n) noexcept nogil:
@@ -591,16 +566,13 @@ cdef class Kernel:
         cdef Py_ssize_t i, k, m = self.n_arms
         cdef const double* s = row + C_HEAD + ctx * m
         cdef double eta = self.tsallis_eta(row, ctx)
-        cdef double top = s[0]
+        cdef double top = tsi_min_of(s, m)
         cdef double z = -2.0
         cdef double f, g, r, step
-        for i in range(1, m):
-            if s[i] < top:
-                top = s[i]
         for i in range(m):
             w[i] = eta * (s[i] - top)
         for k in range(64):
-            power_sums(w, m, z, &f, &g)
+            tsi_power_sums(w, m, z, &f, &g)
             step = 2.0 * f * (sqrt(f) - 1.0) / g  # h/h', h' = -g/(2·f^(3/2))
             z -= step
             if not (step > 1e-10 * -z):  # quadratic: the error left is about step²/|z|

@@ -124,15 +124,14 @@ GOLDEN_BOBW = {
 }
 
 
-def run_digest(name: str, variant: str = "paper") -> str:
+def run_digest(name: str, variant: str = "paper", n_arms: int = 6, rounds: int = 10_000) -> str:
     """Inputs from Python's Mersenne Twister (its random() sequence is stable across Python
-    versions) and exact float operations only: heavy-tailed losses as ratios of uniforms."""
+    versions) and exact float operations only: heavy-tailed losses as ratios of uniforms.
+    6 arms by default: Σw's four lanes differ."""
     rng = random.Random(2026)
-    b = Bandit(
-        6, CLASSES[name], instance_id="golden", variant=variant
-    )  # 6 arms: Σw's four lanes differ
+    b = Bandit(n_arms, CLASSES[name], instance_id="golden", variant=variant)
     digest = hashlib.sha256()
-    for _ in range(10_000):
+    for _ in range(rounds):
         ctx = int(rng.random() * 3) if name == "contextual" else None
         ticket = b.select(context=ctx, u=rng.random())
         digest.update(struct.pack("<qd", ticket.arm, ticket.prob))
@@ -149,6 +148,22 @@ def test_selections_are_the_recorded_bits_on_every_machine(name):
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_bobw_selections_are_the_recorded_bits_on_every_machine(name):
     assert run_digest(name, "bobw") == GOLDEN_BOBW[name]
+
+
+# bobw with many arms (the sums' vector loop runs many times, and a tail of 1), 3,000
+# rounds; recorded with the Tsallis solve's sums in scalar chains, before they ran in
+# two-lane vectors: the lanes must keep every bit.
+GOLDEN_BOBW_WIDE = {
+    ("fixed", 37): "707438f63a1958a75b65e03f8deca630dc2598d7cae0f92cc1c64cff5685893e",
+    ("fixed", 1000): "57545f0ecb5d870054f6d6b89399b4735c2263dfb65c4819384b434a58969d6a",
+    ("contextual", 37): "3985236af8747007ed0691aeb69dbf4e0dc1e794ba24d424c9042a9e0ce00a6e",
+    ("contextual", 1000): "56e0597334374219c73fa5580132eca9deb7bda70424077d35f587f1b7f59b9f",
+}
+
+
+@pytest.mark.parametrize(("name", "n_arms"), sorted(GOLDEN_BOBW_WIDE))
+def test_bobw_with_many_arms_plays_its_recorded_bits(name, n_arms):
+    assert run_digest(name, "bobw", n_arms, rounds=3_000) == GOLDEN_BOBW_WIDE[name, n_arms]
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
