@@ -142,14 +142,14 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
     """A ``cls`` instance from ``BanditCore._packed`` bytes, configured as ``template``
     (``Bandit.unpack`` without its pending tickets); ValueError for bytes of another size
     or values no instance can hold. Bytes packed before each context had its own clock
-    (the Tsallis learner with several contexts) get them from the total
-    (``Kernel.fill_clocks``)."""
+    and mean (the Tsallis learner with several contexts) get the clocks from the total
+    (``Kernel.fill_clocks``) and the means from ψ (``Kernel.fill_means``)."""
     cdef Kernel kernel = template._kernel
     cdef Py_ssize_t i, n_state = kernel.width - C_HEAD
     cdef Py_ssize_t size = PACKED_HEAD + 8 * n_state
-    cdef Py_ssize_t n_stored = n_state
-    if type(blob) is bytes and kernel.n_clocks and len(<bytes>blob) == size - 8 * kernel.n_clocks:
-        n_stored = n_state - kernel.n_clocks  # written before the clocks
+    cdef Py_ssize_t n_stored = n_state, c = kernel.n_clocks
+    if type(blob) is bytes and c and len(<bytes>blob) in (size - 16 * c, size - 24 * c):
+        n_stored = n_state - (size - len(<bytes>blob)) // 8  # before the means (the clocks)
     elif type(blob) is not bytes or len(<bytes>blob) != size:
         shape = template.structure.state_shape
         raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
@@ -166,12 +166,16 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
     row[C_D_EXP], row[C_N_UPDATES], row[C_N_ROUNDS] = d_exp, n_updates, n_rounds
     for i in range(n_stored):
         row[C_HEAD + i] = _get_double(at + PACKED_HEAD + 8 * i)
-    if n_stored < n_state:
+    if n_stored < n_state - 2 * c:
         kernel.fill_clocks(vn, row + C_HEAD + kernel.n_state)
+    if n_stored < n_state:
+        kernel.fill_means(psi, row + C_HEAD + kernel.n_state + c)
     counted = 0 <= n_updates <= _MAX_COUNT and 0 <= n_rounds <= _MAX_COUNT
     problem = kernel.state_problem_of(row + C_HEAD)
-    if problem is None and kernel.n_clocks:
+    if problem is None and c:
         problem = kernel.clocks_problem_of(row + C_HEAD + kernel.n_state)
+    if problem is None and c and counted:
+        problem = kernel.means_problem_of(row + C_HEAD + kernel.n_state + c, n_updates)
     if not counted or problem is not None:
         raise ValueError(
             f"packed counters or weights invalid: {n_updates}, {n_rounds}, {problem}"
@@ -235,8 +239,8 @@ cdef class BanditCore:
 
     def _packed(self) -> bytes:
         """The row as bytes (``unpacked`` reads them): ψ, V/D² and D's mantissa as
-        float64, D's exponent and the counters as int64, then the state and the context
-        clocks (``Kernel.n_clocks``) as float64, all little-endian."""
+        float64, D's exponent and the counters as int64, then the state, the context
+        clocks, means and counts (``Kernel.n_clocks`` each) as float64, all little-endian."""
         cdef Py_ssize_t i, n_state = self._kernel.width - C_HEAD
         cdef bytes out = PyBytes_FromStringAndSize(NULL, PACKED_HEAD + 8 * n_state)
         cdef unsigned char* at = <unsigned char*>PyBytes_AS_STRING(out)

@@ -65,7 +65,7 @@ cdef class Kernel:
     cdef readonly int n_arms
     cdef readonly int n_contexts
     cdef readonly int n_state
-    cdef readonly int n_clocks        # the Tsallis learner's per-context clocks (0 or C)
+    cdef readonly int n_clocks        # Tsallis, C > 1: C (a clock, a mean, a count each); else 0
     cdef readonly int width
     cdef readonly double gamma
     cdef readonly str kind_name
@@ -90,6 +90,10 @@ cdef class Kernel:
     cdef str state_problem_of(self, const double* state)
     cdef str clocks_problem_of(self, const double* clocks)
     cdef void fill_clocks(self, double vn, double* clocks) noexcept nogil
+    cdef str means_problem_of(self, const double* block, double n_updates)
+    cdef void fill_means(self, double psi, double* block) noexcept nogil
+    cdef double* context_mean(self, double* row, int ctx, double n, double loss,
+                              double* k) noexcept nogil
     cdef double tsallis_eta(self, const double* row, int ctx) noexcept nogil
     cdef double arm_weights(self, const double* state, int ctx, double c,
                             double* w) noexcept nogil

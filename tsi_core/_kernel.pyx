@@ -17,7 +17,9 @@ the class's state: Φ/D per (context, arm) for Fixed and Contextual, the weights
 normalised to sum 1 (Switching: a fixed share keeps every weight above α/M, no log domain
 needed, and a selection needs no exp), normalised log-weights per class (Markov); last,
 for the Tsallis learner with several contexts, each context's clock S_c = Σ(1 - q) of its
-own updates (``n_clocks`` columns: every context runs on its own learning rate).
+own updates (``n_clocks`` columns: every context runs on its own learning rate), then each
+context's mean loss m_c and the count of losses in it (``n_clocks`` columns each: gaps are
+taken from the context's own level).
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
@@ -389,7 +391,7 @@ cdef class Kernel:
         if self.initial.shape[0] != self.n_state:
             raise ValueError(f"initial state must have {self.n_state} entries")
         self.n_clocks = n_contexts if self.tsallis and n_contexts > 1 else 0
-        self.width = C_HEAD + self.n_state + self.n_clocks
+        self.width = C_HEAD + self.n_state + 3 * self.n_clocks  # clocks, means, counts
         self.scratch = np.zeros(2 * max(self.n_arms, self.n_state))
 
     def _bind_markov(self, arm_of, src, dst, log_t):
@@ -413,7 +415,7 @@ cdef class Kernel:
         """n fresh instances: ψ = +inf (the mean baseline: 0, unused), V = D = 0, no rounds, the class's initial state."""
         rows = np.zeros((n, self.width))
         rows[:, C_PSI] = 0.0 if self.mean_baseline else INFINITY  # the mean: set by a loss
-        rows[:, C_HEAD:C_HEAD + self.n_state] = np.asarray(self.initial)  # clocks at 0
+        rows[:, C_HEAD:C_HEAD + self.n_state] = np.asarray(self.initial)  # the rest at 0
         return rows
 
     def scale(self, double vn) -> float:
@@ -451,12 +453,63 @@ cdef class Kernel:
                 return f"context clocks must be finite and >= 0, got {clocks[i]!r}"
         return None
 
+    def means_problem(self, means, counts, double n_updates) -> str | None:
+        """Why ``means`` and ``counts`` (``n_clocks`` values each) cannot be an instance's
+        context means, or None: each mean finite, each count a whole number >= 0, their
+        sum at most the instance's ``n_updates``.
+
+        >>> Kernel("cumulative", 3, 2, learner="tsallis").means_problem([1.0, 2.0], [3, 4], 5)
+        'context counts must be whole numbers >= 0 summing to at most n_updates = 5, got [3.0, 4.0]'
+        """
+        block = np.concatenate([np.ravel(means), np.ravel(counts)]).astype(float)
+        cdef double[::1] values = block
+        if block.shape[0] != 2 * self.n_clocks:
+            raise ValueError(f"{self.n_clocks} context means and counts, got {block.shape[0]}")
+        return None if self.n_clocks == 0 else self.means_problem_of(&values[0], n_updates)
+
+    cdef str means_problem_of(self, const double* block, double n_updates):
+        cdef Py_ssize_t i, c = self.n_clocks
+        cdef double total = 0.0
+        for i in range(c):
+            if not isfinite(block[i]):
+                return f"context means must be finite, got {block[i]!r}"
+        for i in range(c):
+            if not (isfinite(block[c + i]) and block[c + i] >= 0.0
+                    and block[c + i] == floor(block[c + i])):
+                total = INFINITY
+            total += block[c + i]
+        if not total <= n_updates:
+            counts = [block[c + i] for i in range(c)]
+            return (f"context counts must be whole numbers >= 0 summing to at most "
+                    f"n_updates = {n_updates:g}, got {counts}")
+        return None
+
+    def means_from_mean(self, double psi) -> np.ndarray:
+        """Context means and counts (2·``n_clocks`` values) for a row written before each
+        context had its own mean: every mean ψ, every count 0, so that each context's next
+        loss sets its mean (``fill_means``).
+
+        >>> Kernel("cumulative", 3, 2, learner="tsallis").means_from_mean(4.5).tolist()
+        [4.5, 4.5, 0.0, 0.0]
+        """
+        out = np.zeros(2 * self.n_clocks)
+        cdef double[::1] view = out
+        if self.n_clocks:
+            self.fill_means(psi, &view[0])
+        return out
+
+    cdef void fill_means(self, double psi, double* block) noexcept nogil:
+        cdef Py_ssize_t i
+        for i in range(self.n_clocks):
+            block[i] = psi if isfinite(psi) else 0.0
+            block[self.n_clocks + i] = 0.0
+
     def tsallis_rates(self, row) -> np.ndarray:
         """η̃ of every context of the instance ``row`` (``width`` values): ``tsallis_eta``.
 
         >>> k = Kernel("cumulative", 3, 2, gamma=2.0, learner="tsallis")
         >>> row = k.initial_rows(1)[0]
-        >>> row[-2:] = [3.0, 15.0]                          # the two contexts' clocks
+        >>> row[-6:-4] = [3.0, 15.0]                        # the two contexts' clocks
         >>> k.tsallis_rates(row).tolist()
         [1.0, 0.5]
         """
@@ -755,16 +808,19 @@ cdef class Kernel:
                              double loss) noexcept nogil:
         """The Tsallis learner's update (``Variant.learner``; VARIANTS.md, "bobw").
 
-        Statistics: m (the ψ column) the mean of the losses; D the root mean square of
-        the gaps l - m, every gap counted, each only as far as D at most doubles in one
-        update (the first non-zero gap sets D); m takes the gap as D does; S (the VN column)
-        and the context's clock += 1 - q. The estimate of the played arm, in units of the
-        new D, is (l - m)/(q·D) with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and
-        bounded below by -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole
-        state is rescaled to the new unit."""
+        Statistics: m the mean of the losses (one context: the ψ column; several: each
+        context's own, ``context_mean``); D the root mean square of the gaps l - m, every
+        gap counted, each only as far as D at most doubles in one update (the first
+        non-zero gap sets D); m takes the gap as D does; S (the VN column) and the
+        context's clock += 1 - q. The estimate of the played arm, in units of the new D, is
+        (l - m)/(q·D) with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below
+        by -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is
+        rescaled to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
-        cdef double psi = row[C_PSI]
+        cdef double k = n                 # the losses before this one in m
+        cdef double* mean = row + C_PSI
+        cdef double m
         cdef double d_mant = row[C_D_MANT]
         cdef int d_exp = <int>row[C_D_EXP]
         cdef double eta = self.tsallis_eta(row, ctx)
@@ -774,19 +830,21 @@ cdef class Kernel:
         row[C_VN] = row[C_VN] + (1.0 - q)
         if self.n_clocks:
             row[C_HEAD + self.n_state + ctx] += 1.0 - q
-        if n == 0.0:  # the first loss is the mean
-            row[C_PSI] = loss
+            mean = self.context_mean(row, ctx, n, loss, &k)
+        m = mean[0]
+        if k == 0.0:  # the first loss is the mean
+            mean[0] = loss
             return
-        if isinf(loss - psi):  # beyond float64: halve both operands first
-            g_mant = frexp(loss * 0.5 - psi * 0.5, &g_exp)
+        if isinf(loss - m):  # beyond float64: halve both operands first
+            g_mant = frexp(loss * 0.5 - m * 0.5, &g_exp)
             g_exp += 1
         else:
-            g_mant = frexp(loss - psi, &g_exp)
+            g_mant = frexp(loss - m, &g_exp)
         if d_mant == 0.0:  # the first non-zero gap sets D; nothing was learned before
             if g_mant == 0.0:
                 return
             row[C_D_MANT], row[C_D_EXP] = fabs(g_mant), g_exp
-            row[C_PSI] = psi + ldexp(g_mant / (n + 1.0), g_exp)
+            mean[0] = m + ldexp(g_mant / (k + 1.0), g_exp)
             if self.n_arms > 1:
                 self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta,
                                       copysign(1.0, g_mant) / q)
@@ -795,7 +853,7 @@ cdef class Kernel:
         u = clamped(full, sqrt(1.0 + 3.0 * n))  # D'² = D² + (u² - D²)/n <= 4·D²
         f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D
         ratio = 1.0 / f
-        row[C_PSI] = psi + ldexp(u * d_mant / (n + 1.0), d_exp)
+        mean[0] = m + ldexp(u * d_mant / (k + 1.0), d_exp)
         row[C_D_MANT] = frexp(d_mant * f, &e)
         row[C_D_EXP] = d_exp + e
         if self.n_arms == 1:
@@ -804,6 +862,20 @@ cdef class Kernel:
             row[C_HEAD + i] = row[C_HEAD + i] * ratio
         u = clamped(full * ratio, CUT)  # in units of D'; only the estimate is cut
         self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
+
+    cdef inline double* context_mean(self, double* row, int ctx, double n, double loss,
+                                     double* k) noexcept nogil:
+        """Several contexts: the column of context ``ctx``'s mean m_c, with its count of
+        losses before this one in ``k`` (then counted). The ψ column keeps the plain
+        running mean of every loss (what another learner starts from, ``tsi_core.migrate``).
+        A context's level is its own: a gap from a mean shared with contexts whose losses
+        sit higher or lower would add (level difference)/q to every estimate."""
+        cdef double* mean = row + C_HEAD + self.n_state + self.n_clocks + ctx
+        k[0] = mean[self.n_clocks]
+        mean[self.n_clocks] = k[0] + 1.0
+        cdef double psi = row[C_PSI]
+        row[C_PSI] = loss if n == 0.0 else psi + (loss * 0.5 - psi * 0.5) / (n + 1.0) * 2.0
+        return mean
 
     cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
                                       double est) noexcept nogil:

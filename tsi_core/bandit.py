@@ -29,9 +29,9 @@ from tsi_core.validate import check_int, check_loss, check_real, context_problem
 from tsi_core.variant import Variant, variant_of
 
 FORMAT = "tsi.bandit"
-#: 2: Switching keeps its weights, not their logs; 3: the Tsallis learner's context clocks
-#: (versions 1 and 2 are read too)
-VERSION = 3
+#: 2: Switching keeps its weights, not their logs; 3: the Tsallis learner's context clocks;
+#: 4: its context means and counts (versions 1 to 3 are read too)
+VERSION = 4
 
 
 @functools.lru_cache(maxsize=1024)
@@ -177,11 +177,23 @@ class Bandit(BanditCore):
     def _clocks(self) -> np.ndarray:
         """The Tsallis learner's clock S_c of each context (a view; empty for one context
         or the exponential-weights learner)."""
-        return self._row[HEAD + self._table.kernel.n_state :]
+        start = HEAD + self._table.kernel.n_state
+        return self._row[start : start + self._table.kernel.n_clocks]
 
     @_clocks.setter
     def _clocks(self, value: np.ndarray) -> None:
-        self._row[HEAD + self._table.kernel.n_state :] = np.asarray(value, dtype=float).ravel()
+        self._clocks[:] = np.asarray(value, dtype=float).ravel()
+
+    @property
+    def _context_means(self) -> np.ndarray:
+        """The Tsallis learner's mean loss m_c of each context, then each context's count
+        of losses (a view, 2·C values; empty for one context or the exponential-weights
+        learner)."""
+        return self._row[HEAD + self._table.kernel.n_state + self._table.kernel.n_clocks :]
+
+    @_context_means.setter
+    def _context_means(self, value: np.ndarray) -> None:
+        self._context_means[:] = np.asarray(value, dtype=float).ravel()
 
     # ---------------------------------------------------------------- statistics
     @property
@@ -255,6 +267,8 @@ class Bandit(BanditCore):
             "n_rounds": self.n_rounds,
             "weights": [None if math.isinf(v) else v for v in self._state.ravel().tolist()],
             "clocks": self._clocks.tolist(),
+            "context_means": self._context_means[: len(self._clocks)].tolist(),
+            "context_counts": self._context_means[len(self._clocks) :].tolist(),
             "pending": [t.to_dict() for t in self.pending],
             "seed": self._seed,
             "rng": self._rng_state if self._rng_obj is None else self._rng_obj.bit_generator.state,
@@ -265,7 +279,7 @@ class Bandit(BanditCore):
         """Rebuild an instance from ``to_dict``; a malformed snapshot raises ``ValueError``."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} snapshot: {str(data)[:80]!r}")
-        if data.get("version") not in (1, 2, VERSION):
+        if data.get("version") not in (1, 2, 3, VERSION):
             raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
         try:
             competition = competition_from_dict(data["competition"])
@@ -295,9 +309,10 @@ class Bandit(BanditCore):
         return b
 
     def _restore_learning(self, data: dict[str, Any]) -> None:
-        """The statistics, the state and the context clocks of a ``to_dict`` snapshot,
-        each checked (a snapshot before version 3 has no clocks: they come from the total
-        S, ``Kernel.clocks_from_total``)."""
+        """The statistics, the state and the context clocks and means of a ``to_dict``
+        snapshot, each checked (a snapshot before version 3 has no clocks: they come from
+        the total S, ``Kernel.clocks_from_total``; before version 4 no context means: from
+        ψ, ``Kernel.means_from_mean``)."""
         kernel = self._table.kernel
         weights = np.array(
             [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
@@ -310,16 +325,22 @@ class Bandit(BanditCore):
         if problem is not None:
             raise ValueError(f"weights: {problem}")
         vn = check_real("vn", data["vn"], 0.0, math.inf)
-        clocks = data["clocks"] if data["version"] == VERSION else kernel.clocks_from_total(vn)
+        clocks = data["clocks"] if data["version"] >= 3 else kernel.clocks_from_total(vn)
         problem = kernel.clocks_problem(clocks)
         if problem is not None:
             raise ValueError(f"clocks: {problem}")
-        self._state, self._clocks = weights, clocks
-        self.psi = math.inf if data["psi"] is None else check_loss(data["psi"])
-        self._vn = vn
+        psi = math.inf if data["psi"] is None else check_loss(data["psi"])
+        n_updates = check_int("n_updates", data["n_updates"], 0, MAX_COUNT)
+        means = kernel.means_from_mean(psi)
+        if data["version"] >= 4:
+            means = np.concatenate([data["context_means"], data["context_counts"]])
+        problem = kernel.means_problem(means[: len(clocks)], means[len(clocks) :], n_updates)
+        if problem is not None:
+            raise ValueError(f"context means: {problem}")
+        self._state, self._clocks, self._context_means = weights, clocks, means
+        self.psi, self._vn, self.n_updates = psi, vn, n_updates
         self._d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
         self._d_exp = check_int("d_exp", data["d_exp"], -(2**31), 2**31)
-        self.n_updates = check_int("n_updates", data["n_updates"], 0, MAX_COUNT)
         self.n_rounds = check_int("n_rounds", data["n_rounds"], 0, MAX_COUNT)
 
     # ------------------------------------------------------- compact idle state

@@ -142,7 +142,7 @@ class BatchBandit:
     @property
     def weights(self) -> np.ndarray:
         """The class's state of every instance, shape (N, *state_shape) (a view)."""
-        end = HEAD + self._table.kernel.n_state  # then the context clocks, if any
+        end = HEAD + self._table.kernel.n_state  # then the context clocks and means, if any
         return self.rows[:, HEAD:end].reshape(self.n_instances, *self.structure.state_shape)
 
     @property

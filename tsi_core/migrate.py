@@ -35,9 +35,10 @@ continues, or None for a new arm; old arms not named are retired.
   next non-zero gap sets it) and Φ/D = (2/sqrt(p) - 2/sqrt(max p))/η̃ (η̃ the context's),
   which gives p back. Out of it: V/D² = 0, D kept (the RMS of the gaps: the growth bound
   takes it from there) and Φ/D = -log p/c as above. Within the Tsallis learner any change
-  but none (same class, identity map) is made the same way, S, D and the context clocks
-  kept (by context index; a context the old class lacked gets the clock its S gives,
-  ``Kernel.clocks_from_total``): p per context follows the rules above (new arms:
+  but none (same class, identity map) is made the same way, S, D, the context clocks and
+  the context means kept (by context index; a context the old class lacked gets the clock
+  its S gives, ``Kernel.clocks_from_total``, and the mean ψ with a count of 0, which its
+  next loss replaces): p per context follows the rules above (new arms:
   geometric mean p, or ``new_arm_share``), since the Tsallis p is not a per-arm function
   of Φ.
 
@@ -180,6 +181,7 @@ def migrate(
         new._state = _new_state(bandit, new_s, c_new, sources, share, same_class)
         new._row[:HEAD] = bandit._row[:HEAD]  # ψ, V/D², D, the counters: the loss stream's
         new._clocks = bandit._clocks  # the same layout here (none, or the same contexts)
+        new._context_means = bandit._context_means
     new.psi = _baseline_state(bandit, variant.baseline)
     new._seed = bandit._seed
     rng = bandit._rng_obj.bit_generator.state if bandit._rng_obj is not None else bandit._rng_state
@@ -246,6 +248,7 @@ def _across_learners(
         if not keep:
             new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
         new._clocks = _carried_clocks(bandit, new, keep)
+        new._context_means = _carried_means(bandit, new)
         eta = new._table.kernel.tsallis_rates(new._row)[:, None]  # each context's η̃
         floored = exp_array(np.maximum(log_p, kernel_log(math.ulp(0.0))))
         root = 2.0 / np.sqrt(floored)
@@ -265,6 +268,18 @@ def _carried_clocks(bandit: Bandit, new: Bandit, keep: bool) -> np.ndarray:
     n = min(len(bandit._clocks), len(clocks))
     clocks[:n] = bandit._clocks[:n]
     return clocks
+
+
+def _carried_means(bandit: Bandit, new: Bandit) -> np.ndarray:
+    """The new Tsallis learner's context means and counts: each old context's by index
+    where the old learner had them; else the mean ψ with a count of 0, which the
+    context's next loss replaces (``Kernel.means_from_mean``)."""
+    kernel = new._table.kernel
+    block = kernel.means_from_mean(bandit.psi)
+    old, c_old, c_new = bandit._context_means, len(bandit._clocks), kernel.n_clocks
+    n = min(c_old, c_new)
+    block[:n], block[c_new : c_new + n] = old[:n], old[c_old : c_old + n]
+    return block
 
 
 def _check_arm_map(arm_map: Any, n_old: int) -> list[int | None]:

@@ -12,15 +12,17 @@ GRID = 2.0**10
 
 
 class BobwReference:
-    """½-Tsallis-INF on mean-centred importance-weighted gaps in units of their
-    growth-bounded RMS."""
+    """½-Tsallis-INF on importance-weighted gaps from each context's mean loss, in units
+    of their growth-bounded RMS."""
 
     def __init__(self, n_arms: int, n_contexts: int = 1, scale: float = 2.0) -> None:
         self.m, self.c = n_arms, n_contexts
         self.gamma = scale  # each context's: its own clock
         self.phi = [[0.0] * n_arms for _ in range(n_contexts)]  # Σ estimates, units of D
         self.clocks = [0.0] * n_contexts  # Σ(1 - q) of each context's updates
-        self.mean, self.d, self.n = 0.0, 0.0, 0
+        self.means = [0.0] * n_contexts  # each context's mean loss (one context: all)
+        self.counts = [0] * n_contexts  # the losses in each context's mean
+        self.d, self.n = 0.0, 0
 
     def eta(self, ctx: int = 0) -> float:
         return self.gamma / math.sqrt(1.0 + self.clocks[ctx])
@@ -43,15 +45,17 @@ class BobwReference:
         eta = self.eta(ctx)
         self.clocks[ctx] += 1.0 - q
         n, self.n = self.n, self.n + 1
-        if n == 0:
-            self.mean = loss
+        k = self.counts[ctx]
+        self.counts[ctx] += 1
+        if k == 0:  # a context's first loss is its mean
+            self.means[ctx] = loss
             return
-        gap = loss - self.mean
+        gap = loss - self.means[ctx]
         if self.d == 0.0:
             if gap == 0.0:
                 return
             self.d = abs(gap)
-            self.mean += gap / (n + 1)
+            self.means[ctx] += gap / (k + 1)
             self._add(ctx, arm, math.copysign(1.0, gap) / q, eta, q)
             return
         full = math.floor(gap / self.d * GRID + 0.5) / GRID  # on the kernel's grid
@@ -59,7 +63,7 @@ class BobwReference:
         u = max(-lim, min(lim, full))
         new_d = self.d * math.sqrt(1.0 + (u * u - 1.0) / n)
         ratio = self.d / new_d
-        self.mean += u * self.d / (n + 1)
+        self.means[ctx] += u * self.d / (k + 1)
         self.d = new_d
         self.phi = [[v * ratio for v in row] for row in self.phi]
         self._add(ctx, arm, max(-CUT, min(CUT, full * ratio)) / q, eta, q)

@@ -68,7 +68,7 @@ def old_rate_probabilities(b: Bandit, ctx: int) -> list[float]:
 def test_bytes_packed_before_the_clocks_unpack_to_the_rate_each_context_had():
     b = trained()
     blob = b.pack()
-    old = blob[: -8 * 3]  # the layout before: no clocks
+    old = blob[: -8 * 9]  # the layout before: no clocks, no context means
     again = Bandit.unpack(old, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert again._clocks.tolist() == [(1.0 + b._vn) / 3 - 1.0] * 3
     for ctx in range(3):
@@ -84,7 +84,7 @@ def test_a_version_2_snapshot_reads_its_old_default_rate_as_todays():
     b = trained()
     snap = b.to_dict()
     snap["version"], snap["gamma"] = 2, TSALLIS_SCALE * math.sqrt(3)
-    del snap["clocks"]
+    del snap["clocks"], snap["context_means"], snap["context_counts"]
     again = Bandit.from_dict(snap)
     assert again.gamma == TSALLIS_SCALE
     for ctx in range(3):
@@ -110,7 +110,8 @@ def test_a_bad_clock_is_refused_in_snapshots_and_in_bytes(clocks, message):
     with pytest.raises(ValueError, match=message):
         Bandit.from_dict(snap)
     if len(clocks) == 3:
-        blob = b.pack()[: -8 * 3] + struct.pack("<3d", *clocks)
+        packed = b.pack()
+        blob = packed[: -8 * 9] + struct.pack("<3d", *clocks) + packed[-8 * 6 :]
         with pytest.raises(ValueError, match="context clocks must be finite and >= 0"):
             Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert b.to_dict()["clocks"] != clocks  # the source is untouched
@@ -151,8 +152,10 @@ def test_close_contextual_arms_held_out_cost_about_what_thompson_pays(
     assert to_thompson(close_contextual(10_000, n_arms, n_contexts, seed, gap=gap)) <= 1.15
 
 
-def test_a_held_out_table_of_busy_and_settled_contexts_costs_under_3_thompson():
+def test_a_held_out_table_of_busy_and_settled_contexts_costs_under_1_5_thompson():
     """breast cancer (k-means contexts, a held-out table of ``bench/bench_bobw.py``): one
     clock shared by every context (its busy contexts slowing the settled ones) paid 4.06×
-    Thompson sampling there; a clock per context stays under 3×."""
-    assert to_thompson(breast_cancer(10_000, 7)) <= 3.0
+    Thompson sampling there, a clock per context with one mean for all contexts 2.47× (the
+    contexts' levels differ: every gap carried its context's offset over q); a clock and
+    a mean per context stay under 1.5×."""
+    assert to_thompson(breast_cancer(10_000, 7)) <= 1.5

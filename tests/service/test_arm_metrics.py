@@ -174,7 +174,8 @@ def test_the_context_shares_of_a_shared_contextual_instance_are_its_q_by_context
         key = CONTEXTUAL["user"].instance_key(unit)
         logic.handle(item(logic, key, request(f"p{i}", "user", unit=unit, context=named[0])))
     for i in range(29):
-        logic.handle(item(logic, "named", feedback(f"n{i}", "named", loss=float(i % 3))))
+        # losses that vary within each context (i % 6): a context's own level teaches nothing
+        logic.handle(item(logic, "named", feedback(f"n{i}", "named", loss=float(i % 5))))
         logic.handle(item(logic, "numbered", feedback(f"k{i}", "numbered", loss=float(i % 2))))
     time.sleep(1.1)  # deliberate: past arm_metrics.SHARE_EVERY of wall time on any host
     logic.handle(item(logic, "named", feedback("n29", "named", loss=0.0)))
