@@ -56,6 +56,10 @@ PSI, VN, D_MANT, D_EXP, N_UPDATES, N_ROUNDS, HEAD = range(7)
 #: the growth-bounded RMS of the gaps); D itself and the mean see every gap
 TSALLIS_CUT = 100.0
 cdef double CUT = TSALLIS_CUT
+#: several contexts: a context's baseline weighs its own mean by its count of losses k
+#: against the mean of every loss weighted TSALLIS_PRIOR: (k·m_c + P·ψ)/(k + P)
+TSALLIS_PRIOR = 30.0
+cdef double PRIOR = TSALLIS_PRIOR
 #: the Tsallis learner reads each gap in units of D rounded to a multiple of 2^-TSALLIS_GRID:
 #: every later quantity is a function of that number, so a map of the losses that rounds
 #: (1000·l + 10^6) changes nothing unless a gap falls within its rounding of a grid point
@@ -276,6 +280,29 @@ cdef inline double fixed_sum(const double* x, Py_ssize_t n) noexcept nogil:
 cdef inline double clamped(double x, double lim) noexcept nogil:
     """x kept within [-lim, lim]."""
     return lim if x > lim else (-lim if x < -lim else x)
+
+
+cdef inline double gap_of(double loss, double m, int* g_exp) noexcept nogil:
+    """The mantissa of loss - m (its exponent into ``g_exp``), also beyond float64's range
+    (both operands halved first)."""
+    cdef double g_mant
+    if isinf(loss - m):
+        g_mant = frexp(loss * 0.5 - m * 0.5, g_exp)
+        g_exp[0] += 1
+        return g_mant
+    return frexp(loss - m, g_exp)
+
+
+cdef inline double mean_step(double m, double loss, double count, double d_mant, int d_exp,
+                             double lim) noexcept nogil:
+    """The mean m of ``count`` losses after one more: the gap counts only as far as lim·D
+    (D = d_mant·2^d_exp; D = 0: in full)."""
+    cdef int g_exp
+    cdef double g_mant = gap_of(loss, m, &g_exp)
+    if d_mant == 0.0:
+        return m + ldexp(g_mant / (count + 1.0), g_exp)
+    return m + ldexp(clamped(ldexp(g_mant / d_mant, g_exp - d_exp), lim) * d_mant
+                     / (count + 1.0), d_exp)
 
 
 cdef inline void normalise(double* logw, Py_ssize_t n) noexcept nogil:
@@ -808,8 +835,8 @@ cdef class Kernel:
                              double loss) noexcept nogil:
         """The Tsallis learner's update (``Variant.learner``; VARIANTS.md, "bobw").
 
-        Statistics: m the mean of the losses (one context: the ψ column; several: each
-        context's own, ``context_mean``); D the root mean square of the gaps l - m, every
+        Statistics: m (the ψ column) the mean of the losses (several contexts: the gap is
+        from ``context_baseline`` instead); D the root mean square of the gaps l - m, every
         gap counted, each only as far as D at most doubles in one update (the first
         non-zero gap sets D); m takes the gap as D does; S (the VN column) and the
         context's clock += 1 - q. The estimate of the played arm, in units of the new D, is
@@ -818,9 +845,8 @@ cdef class Kernel:
         rescaled to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
-        cdef double k = n                 # the losses before this one in m
-        cdef double* mean = row + C_PSI
-        cdef double m
+        cdef double m = row[C_PSI]
+        cdef bint one_mean = self.n_clocks == 0  # else ψ and the context means move apart
         cdef double d_mant = row[C_D_MANT]
         cdef int d_exp = <int>row[C_D_EXP]
         cdef double eta = self.tsallis_eta(row, ctx)
@@ -828,23 +854,19 @@ cdef class Kernel:
         cdef int g_exp, e
         row[C_N_UPDATES] = n + 1.0
         row[C_VN] = row[C_VN] + (1.0 - q)
-        if self.n_clocks:
+        if not one_mean:
             row[C_HEAD + self.n_state + ctx] += 1.0 - q
-            mean = self.context_mean(row, ctx, n, loss, &k)
-        m = mean[0]
-        if k == 0.0:  # the first loss is the mean
-            mean[0] = loss
+            m = self.context_baseline(row, ctx, n, loss)
+        if n == 0.0:  # the first loss is the mean
+            row[C_PSI] = loss
             return
-        if isinf(loss - m):  # beyond float64: halve both operands first
-            g_mant = frexp(loss * 0.5 - m * 0.5, &g_exp)
-            g_exp += 1
-        else:
-            g_mant = frexp(loss - m, &g_exp)
+        g_mant = gap_of(loss, m, &g_exp)
         if d_mant == 0.0:  # the first non-zero gap sets D; nothing was learned before
             if g_mant == 0.0:
                 return
             row[C_D_MANT], row[C_D_EXP] = fabs(g_mant), g_exp
-            mean[0] = m + ldexp(g_mant / (k + 1.0), g_exp)
+            if one_mean:
+                row[C_PSI] = m + ldexp(g_mant / (n + 1.0), g_exp)
             if self.n_arms > 1:
                 self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta,
                                       copysign(1.0, g_mant) / q)
@@ -853,7 +875,8 @@ cdef class Kernel:
         u = clamped(full, sqrt(1.0 + 3.0 * n))  # D'² = D² + (u² - D²)/n <= 4·D²
         f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D
         ratio = 1.0 / f
-        mean[0] = m + ldexp(u * d_mant / (k + 1.0), d_exp)
+        if one_mean:
+            row[C_PSI] = m + ldexp(u * d_mant / (n + 1.0), d_exp)
         row[C_D_MANT] = frexp(d_mant * f, &e)
         row[C_D_EXP] = d_exp + e
         if self.n_arms == 1:
@@ -863,19 +886,26 @@ cdef class Kernel:
         u = clamped(full * ratio, CUT)  # in units of D'; only the estimate is cut
         self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
 
-    cdef inline double* context_mean(self, double* row, int ctx, double n, double loss,
-                                     double* k) noexcept nogil:
-        """Several contexts: the column of context ``ctx``'s mean m_c, with its count of
-        losses before this one in ``k`` (then counted). The ψ column keeps the plain
-        running mean of every loss (what another learner starts from, ``tsi_core.migrate``).
-        A context's level is its own: a gap from a mean shared with contexts whose losses
-        sit higher or lower would add (level difference)/q to every estimate."""
+    cdef double context_baseline(self, double* row, int ctx, double n,
+                                 double loss) noexcept nogil:
+        """Several contexts: the baseline this loss's gap is taken from, the context's mean
+        m_c shrunk towards the mean ψ of every loss, (k·m_c + P·ψ)/(k + P) with k the
+        context's losses so far and P = ``TSALLIS_PRIOR`` (as ψ + (m_c - ψ)·k/(k + P): equal
+        means give ψ exactly, so equal losses leave no gap); then ψ, m_c and k take the loss
+        (``mean_step``, as far as D at most doubles; a context's first loss is its mean).
+        A context's level is its own: gaps from one mean for contexts whose losses sit
+        higher or lower would add (level difference)/q to every estimate, and a young
+        context's own mean would add its noise."""
         cdef double* mean = row + C_HEAD + self.n_state + self.n_clocks + ctx
-        k[0] = mean[self.n_clocks]
-        mean[self.n_clocks] = k[0] + 1.0
-        cdef double psi = row[C_PSI]
-        row[C_PSI] = loss if n == 0.0 else psi + (loss * 0.5 - psi * 0.5) / (n + 1.0) * 2.0
-        return mean
+        cdef double k = mean[self.n_clocks], psi = row[C_PSI]
+        cdef double base = psi + (mean[0] * 0.5 - psi * 0.5) * (2.0 * k / (k + PRIOR))
+        cdef double lim = sqrt(1.0 + 3.0 * n)
+        cdef double d_mant = row[C_D_MANT]
+        cdef int d_exp = <int>row[C_D_EXP]
+        row[C_PSI] = loss if n == 0.0 else mean_step(psi, loss, n, d_mant, d_exp, lim)
+        mean[0] = loss if k == 0.0 else mean_step(mean[0], loss, k, d_mant, d_exp, lim)
+        mean[self.n_clocks] = k + 1.0
+        return base
 
     cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
                                       double est) noexcept nogil:

@@ -9,20 +9,21 @@ import math
 
 CUT = 100.0
 GRID = 2.0**10
+PRIOR = 30.0  # several contexts: the weight of the mean of every loss in a context's baseline
 
 
 class BobwReference:
-    """½-Tsallis-INF on importance-weighted gaps from each context's mean loss, in units
-    of their growth-bounded RMS."""
+    """½-Tsallis-INF on importance-weighted gaps from the mean loss (several contexts:
+    each context's, shrunk towards the mean of all), in units of their growth-bounded RMS."""
 
     def __init__(self, n_arms: int, n_contexts: int = 1, scale: float = 2.0) -> None:
         self.m, self.c = n_arms, n_contexts
         self.gamma = scale  # each context's: its own clock
         self.phi = [[0.0] * n_arms for _ in range(n_contexts)]  # Σ estimates, units of D
         self.clocks = [0.0] * n_contexts  # Σ(1 - q) of each context's updates
-        self.means = [0.0] * n_contexts  # each context's mean loss (one context: all)
+        self.means = [0.0] * n_contexts  # each context's mean loss
         self.counts = [0] * n_contexts  # the losses in each context's mean
-        self.d, self.n = 0.0, 0
+        self.mean, self.d, self.n = 0.0, 0.0, 0  # the mean of every loss, D, the losses
 
     def eta(self, ctx: int = 0) -> float:
         return self.gamma / math.sqrt(1.0 + self.clocks[ctx])
@@ -45,17 +46,17 @@ class BobwReference:
         eta = self.eta(ctx)
         self.clocks[ctx] += 1.0 - q
         n, self.n = self.n, self.n + 1
-        k = self.counts[ctx]
-        self.counts[ctx] += 1
-        if k == 0:  # a context's first loss is its mean
-            self.means[ctx] = loss
+        base = self.mean if self.c == 1 else self._context_baseline(ctx, n, loss)
+        if n == 0:
+            self.mean = loss
             return
-        gap = loss - self.means[ctx]
+        gap = loss - base
         if self.d == 0.0:
             if gap == 0.0:
                 return
             self.d = abs(gap)
-            self.means[ctx] += gap / (k + 1)
+            if self.c == 1:
+                self.mean += gap / (n + 1)
             self._add(ctx, arm, math.copysign(1.0, gap) / q, eta, q)
             return
         full = math.floor(gap / self.d * GRID + 0.5) / GRID  # on the kernel's grid
@@ -63,10 +64,28 @@ class BobwReference:
         u = max(-lim, min(lim, full))
         new_d = self.d * math.sqrt(1.0 + (u * u - 1.0) / n)
         ratio = self.d / new_d
-        self.means[ctx] += u * self.d / (k + 1)
+        if self.c == 1:
+            self.mean += u * self.d / (n + 1)
         self.d = new_d
         self.phi = [[v * ratio for v in row] for row in self.phi]
         self._add(ctx, arm, max(-CUT, min(CUT, full * ratio)) / q, eta, q)
+
+    def _context_baseline(self, ctx: int, n: int, loss: float) -> float:
+        """(k·m_c + P·m)/(k + P); then m, m_c and k take the loss, each gap only as far
+        as lim·D (a context's first loss is its mean)."""
+        k, m_c = self.counts[ctx], self.means[ctx]
+        base = self.mean + (m_c - self.mean) * k / (k + PRIOR)
+        lim = math.sqrt(1.0 + 3.0 * n)
+
+        def step(m: float, count: int) -> float:
+            if self.d == 0.0:
+                return m + (loss - m) / (count + 1)
+            return m + max(-lim, min(lim, (loss - m) / self.d)) * self.d / (count + 1)
+
+        self.mean = loss if n == 0 else step(self.mean, n)
+        self.means[ctx] = loss if k == 0 else step(m_c, k)
+        self.counts[ctx] += 1
+        return base
 
     def _add(self, ctx: int, arm: int, est: float, eta: float, q: float) -> None:
         self.phi[ctx][arm] += max(-1.0 / (eta * math.sqrt(q)), est)

@@ -1,7 +1,8 @@
 """The Tsallis learner's mean per context: each context of a ``Contextual`` bobw bandit
-takes its gaps from its own mean loss m_c (with the count of its losses); ψ keeps the
-plain mean of every loss. Data written before (packed bytes, snapshots before version 4,
-migrations from a learner without them) start each context's mean at its next loss."""
+takes its gaps from its own mean loss m_c (with the count k of its losses) shrunk towards
+the mean ψ of every loss, (k·m_c + P·ψ)/(k + P). Data written before (packed bytes,
+snapshots before version 4, migrations from a learner without them) start each context's
+mean at its next loss."""
 
 import struct
 
@@ -39,7 +40,7 @@ def counts(b: Bandit) -> list[float]:
     n_contexts=st.integers(2, 5),
     plays=st.lists(st.tuples(st.integers(0, 4), st.floats(-1e6, 1e6)), max_size=60),
 )
-def test_each_context_counts_its_losses_and_its_mean_is_the_references(n_contexts, plays):
+def test_each_context_counts_its_losses_and_its_means_are_the_references(n_contexts, plays):
     b = Bandit(3, Contextual(n_contexts), seed=1, variant="bobw")
     ref = BobwReference(3, n_contexts, TSALLIS_SCALE)
     for ctx, loss in plays:
@@ -49,9 +50,9 @@ def test_each_context_counts_its_losses_and_its_mean_is_the_references(n_context
         ref.update(ctx, t.arm, t.prob, loss)
     assert counts(b) == [float(k) for k in ref.counts]
     assert sum(counts(b)) == b.n_updates
-    np.testing.assert_allclose(means(b), ref.means, rtol=1e-9, atol=1e-9 * max(1.0, b.D))
-    losses = [loss for _, loss in plays]
-    assert b.psi == (pytest.approx(np.mean(losses), rel=1e-9, abs=1e-6) if losses else 0.0)
+    scale = 1e-9 * max(1.0, b.D)
+    np.testing.assert_allclose(means(b), ref.means, rtol=1e-9, atol=scale)
+    assert b.psi == pytest.approx(ref.mean, rel=1e-9, abs=scale)  # every loss's, bounded too
 
 
 def test_contexts_far_apart_each_have_their_own_level():
@@ -114,3 +115,18 @@ def test_migration_carries_means_by_context_and_starts_the_others_from_psi():
     robust = migrate(robust, [0, 1, 2, 3], variant="robust").bandit
     fresh = migrate(robust, [0, 1, 2, 3], variant="bobw").bandit
     assert means(fresh) == [robust.psi] * 3 and counts(fresh) == [0.0] * 3
+
+
+def test_a_new_contexts_first_loss_is_learned_from_the_mean_of_all():
+    """A context with no losses yet takes its gaps from ψ (weight P against none of its
+    own): its first loss already teaches, where a mean of its own would have none."""
+    b = played(3, [0.0, 0.0, 0.0], 200)
+    fresh = Bandit(4, Contextual(4), variant="bobw")
+    fresh._row[:] = np.concatenate([b._row[:6], b._state.ravel(), np.zeros(4), b._clocks,
+                                    [0.0], means(b), [b.psi], counts(b), [0.0]])  # fmt: skip
+    before = fresh.weight_shares(3).tolist()
+    assert before == [0.25] * 4
+    t = fresh.select(context=3, u=0.5)
+    fresh.update(t, b.psi - 5.0 * b.D)  # well below every loss so far
+    assert fresh.weight_shares(3)[t.arm] > 0.25
+    assert means(fresh)[3] == b.psi - 5.0 * b.D and counts(fresh)[3] == 1.0
