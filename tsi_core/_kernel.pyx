@@ -19,7 +19,7 @@ needed, and a selection needs no exp), normalised log-weights per class (Markov)
 for the Tsallis learner with several contexts, each context's clock S_c = Σ(1 - q) of its
 own updates (``n_clocks`` columns: every context runs on its own learning rate), then each
 context's mean loss m_c and the count of losses in it (``n_clocks`` columns each: gaps are
-taken from the context's own level).
+taken from the context's mean shrunk towards ψ, ``context_baseline``).
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
