@@ -92,7 +92,7 @@ cdef class Kernel:
     cdef void fill_clocks(self, double vn, double* clocks) noexcept nogil
     cdef str means_problem_of(self, const double* block, double n_updates)
     cdef void fill_means(self, double psi, double* block) noexcept nogil
-    cdef double context_baseline(self, double* row, int ctx, double n,
+    cdef double context_baseline(self, double* row, int ctx, double n, double lim,
                                  double loss) noexcept nogil
     cdef double tsallis_eta(self, const double* row, int ctx) noexcept nogil
     cdef double arm_weights(self, const double* state, int ctx, double c,

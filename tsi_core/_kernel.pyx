@@ -497,15 +497,13 @@ cdef class Kernel:
     cdef str means_problem_of(self, const double* block, double n_updates):
         cdef Py_ssize_t i, c = self.n_clocks
         cdef double total = 0.0
+        cdef bint whole = True
         for i in range(c):
             if not isfinite(block[i]):
                 return f"context means must be finite, got {block[i]!r}"
-        for i in range(c):
-            if not (isfinite(block[c + i]) and block[c + i] >= 0.0
-                    and block[c + i] == floor(block[c + i])):
-                total = INFINITY
+            whole = whole and block[c + i] >= 0.0 and block[c + i] == floor(block[c + i])
             total += block[c + i]
-        if not total <= n_updates:
+        if not (whole and total <= n_updates):
             counts = [block[c + i] for i in range(c)]
             return (f"context counts must be whole numbers >= 0 summing to at most "
                     f"n_updates = {n_updates:g}, got {counts}")
@@ -845,6 +843,7 @@ cdef class Kernel:
         rescaled to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
+        cdef double lim = sqrt(1.0 + 3.0 * n)  # a gap beyond lim·D would more than double D
         cdef double m = row[C_PSI]
         cdef bint one_mean = self.n_clocks == 0  # else ψ and the context means move apart
         cdef double d_mant = row[C_D_MANT]
@@ -856,7 +855,7 @@ cdef class Kernel:
         row[C_VN] = row[C_VN] + (1.0 - q)
         if not one_mean:
             row[C_HEAD + self.n_state + ctx] += 1.0 - q
-            m = self.context_baseline(row, ctx, n, loss)
+            m = self.context_baseline(row, ctx, n, lim, loss)
         if n == 0.0:  # the first loss is the mean
             row[C_PSI] = loss
             return
@@ -872,7 +871,7 @@ cdef class Kernel:
                                       copysign(1.0, g_mant) / q)
             return
         full = floor(ldexp(g_mant / d_mant, g_exp - d_exp) * GRID + 0.5) / GRID  # gap / D
-        u = clamped(full, sqrt(1.0 + 3.0 * n))  # D'² = D² + (u² - D²)/n <= 4·D²
+        u = clamped(full, lim)  # D'² = D² + (u² - D²)/n <= 4·D²
         f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D
         ratio = 1.0 / f
         if one_mean:
@@ -886,7 +885,7 @@ cdef class Kernel:
         u = clamped(full * ratio, CUT)  # in units of D'; only the estimate is cut
         self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
 
-    cdef double context_baseline(self, double* row, int ctx, double n,
+    cdef double context_baseline(self, double* row, int ctx, double n, double lim,
                                  double loss) noexcept nogil:
         """Several contexts: the baseline this loss's gap is taken from, the context's mean
         m_c shrunk towards the mean ψ of every loss, (k·m_c + P·ψ)/(k + P) with k the
@@ -899,7 +898,6 @@ cdef class Kernel:
         cdef double* mean = row + C_HEAD + self.n_state + self.n_clocks + ctx
         cdef double k = mean[self.n_clocks], psi = row[C_PSI]
         cdef double base = psi + (mean[0] * 0.5 - psi * 0.5) * (2.0 * k / (k + PRIOR))
-        cdef double lim = sqrt(1.0 + 3.0 * n)
         cdef double d_mant = row[C_D_MANT]
         cdef int d_exp = <int>row[C_D_EXP]
         row[C_PSI] = loss if n == 0.0 else mean_step(psi, loss, n, d_mant, d_exp, lim)
