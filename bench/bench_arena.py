@@ -46,9 +46,9 @@ from arena.report import (
     MARGIN,
     findings,
     frontier_table,
+    frontier_verdict,
     geometric_mean,
     headline_table,
-    paragraph_of,
     per_table_ratios,
     plot_curves,
     plot_frontier,
@@ -93,10 +93,11 @@ BEST_OF = ("Thompson (NIG)", "ε-greedy (range-free)")
 #: the default's targets: the default's regret at most PER_TABLE times the best of ``BEST_OF``
 #: on every stationary table and GEO_MEAN times in geometric mean; on the adversarial
 #: families at most the paper's plus PAPER_MARGIN of it
-PER_TABLE, GEO_MEAN, PAPER_MARGIN = 1.5, 1.25, 0.10
+PER_TABLE, GEO_MEAN, PAPER_MARGIN = 1.5, 1.1, 0.10
 #: the tuning table the FTL-breaker is played on (it has no held-out draw)
 FTL_TABLE = Table("ftl_breaker", 1)
 FRONTIER = ROOT / "bench" / "bobw" / "frontier.json"
+GROWTH = ROOT / "bench" / "bobw" / "means_growth.json"
 SPIKES = ROOT / "bench" / "bobw" / "spikes.md"
 SCALE_RULES = ROOT / "bench" / "bobw" / "scale_rules.md"
 ESTIMATE_BOUND = ROOT / "bench" / "bobw" / "estimate_bound.md"
@@ -316,50 +317,78 @@ def _ftl_lines(cells: dict[tuple[str, str], Any], plan: dict[str, Any]) -> list[
     ]
 
 
-def frontier_lines(plots_dir: Path, quote_targets: bool) -> tuple[list[str], Path]:
+#: why the frontier has no point that meets every target (the figures it cites are in
+#: bench/bobw/estimate_bound.md and rate_choice.md)
+WHY_THE_FRONTIER = (
+    "Why no constant meets them all. A larger c exploits sooner: the q of an arm behind the "
+    "leader falls like 1/c², so the stationary tables explore less and diabetes (ten "
+    "rules 5-15 apart under noise of about 38, where ε-greedy's greed fits) improves. But a "
+    "run that pushes the best arm away early (one spike, or an unlucky draw while q is "
+    "small) rarely brings it back: a rarely played arm's negative estimates are cut by the "
+    "stability bound while its positive ones count in full, and the cut grows as D shrinks "
+    'on the arms that are played (bench/bobw/estimate_bound.md, "With 40 seeds"). Lock-ins '
+    "multiply with c on the spike tables and in some Bernoulli runs; a smaller c locks in "
+    "less and explores more. The FTL-breaker's regret is not monotone in c (it depends on "
+    "how long play looks settled on the alternating sequence); per-user bandits of 50 rounds "
+    "stay at 0.93-1.00× Thompson sampling at every c. These held-out tables cannot choose c "
+    "without ceasing to be held out; on the tables that chose it (bench/bobw/rate_choice.md, "
+    "40 seeds) c = 1.5 costs 24-40% against c = 2 on the Gaussian, heavy-tailed and "
+    "contextual tables, so the preset stays 2 and the spike targets, the worst stationary "
+    "table, the FTL-breaker and the per-user target are the ones that gave way."
+)
+
+
+def growth_line() -> str:
+    """The preset's regret at 10^5 rounds against 10^4 on close contextual arms, from
+    ``bench/bobw/means_growth.json`` (40 seeds; too costly to repeat per constant)."""
+    found = json.loads(GROWTH.read_text())
+    close = found["growth"]["close contextual, held-out seed"]
+    (a, b), (ta, tb) = close["bobw"], close["Thompson (NIG)"]
+    met = "met" if b / a <= 2.0 else "missed"
+    return (
+        f"Not on the frontier: regret at 10^5 rounds ≤ 2× regret at 10^4 ({met} by the preset "
+        f"on close contextual arms: {a:,.0f} → {b:,.0f}, ×{b / a:.2f}; Thompson sampling "
+        f"×{tb / ta:.2f}; `{found['command']}`): 40 seeds of 10^5 rounds per constant."
+    )
+
+
+def frontier_lines(plots_dir: Path) -> tuple[list[str], Path]:
     """The "Best of both worlds: the frontier" section, from ``bench/bobw/frontier.json``
-    and (quoted, or pointed to) RESULTS.md's targets of the default preset; and its plot."""
+    (``bench/bobw_frontier.py``): every target against the rate constant c, which target
+    gives way, and why; and its plot."""
     found = json.loads(FRONTIER.read_text())
-    preset = VARIANTS["bobw"].tsallis_scale
-    plot = plot_frontier(found["frontier"], preset, plots_dir / "frontier.png")
-    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    rows, preset = found["frontier"], VARIANTS["bobw"].tsallis_scale
+    plot = plot_frontier(rows, preset, plots_dir / "frontier.png")
+    worst = {r["c"]: r["worst_table"] for r in rows}
     lines = [
         "### Best of both worlds: the frontier",
         "",
-        f"From `bench/bobw/frontier.json` (`{found['command']}`; T = 10,000, 10 seeds per "
-        'cell; bench/RESULTS.md, "Best of both worlds"): `bobw`\'s rate constant c trades '
-        "the held-out stationary ratio to the best of (Thompson NIG, ε-greedy) (bench_bobw's "
-        "8 held-out stationary tables, seed 7) against the FTL-breaker's regret (seed 7, "
-        f"the tuning table up to arm labels). ✓: meets the default's target (geometric mean "
-        f"≤ 1.25, worst table ≤ 1.5, FTL-breaker ≤ 35). Plot: [frontier.png](arena/{plot.name}).",
+        f"From `bench/bobw/frontier.json` (`{found['command']}`; T = {found['rounds']:,}, "
+        f"{found['seeds']} seeds per table, each ratio's reference measured in the same run): "
+        "`bobw`'s rate constant c against every target of the default, on tables the constant "
+        "was not chosen on: bench_bobw's held-out stationary tables (best of Thompson NIG and "
+        "ε-greedy), its held-out one-arm spike, scale-jump and close-contextual tables, the "
+        "FTL-breaker (seed 7: the tuning table up to arm labels), 1,000 per-user diabetes "
+        "bandits of 50 rounds, and the selections changed under 1000·l + 10^6, 1000·l, l + 3 "
+        "and 10^-4·l − 3 over 2·10^4 rounds × 6 instances of real forecast errors and of a "
+        "trend with ×100 regimes (Fixed and Contextual). ✓: meets the target. "
+        f"Plot: [frontier.png](arena/{plot.name}).",
         "",
-        frontier_table(found["frontier"], preset),
+        frontier_table(rows, preset),
         "",
-        "No constant meets both the FTL-breaker and the stationary targets; the worst-table "
-        "target is met by none. Invariance bounds c from above: under 1000·l + 10^6 q "
-        "drifts by 1e−4 at c = 3 and selections change at c = 4 (bench/RESULTS.md, "
-        '"Frontier"), so the preset is c = 2.',
+        "Worst stationary table per c: "
+        + ", ".join(f"{c:g}: {name}" for c, name in worst.items())
+        + ".",
+        "",
+        "Which targets the preset misses, and what meeting each would cost:",
+        "",
+        *frontier_verdict(rows, preset),
+        "",
+        growth_line(),
+        "",
+        WHY_THE_FRONTIER,
         "",
     ]
-    if quote_targets:
-        lines += [
-            "The default's targets, met and missed, quoted from bench/RESULTS.md (\"Targets of "
-            'the default preset (as committed)"; measured by bench_bobw, not by this run):',
-            "",
-            section_of(results, "### Targets of the default preset (as committed)"),
-            "",
-            'Why the misses (quoted from bench/RESULTS.md, "Best of both worlds"):',
-            "",
-            "> " + paragraph_of(results, "Why the misses.").replace("\n", "\n> "),
-            "",
-        ]
-    else:
-        lines += [
-            "Which of the default's targets are met and which missed, and why: the sections "
-            '"Targets of the default preset (as committed)" and "Why the misses" of '
-            '"Best of both worlds" below.',
-            "",
-        ]
     return lines, plot
 
 
@@ -382,7 +411,6 @@ def spikes_lines() -> list[str]:
         section_of(rules, "### Frontier: the estimate's cut K and D's growth bound G "
                    "(tuning tables, before the grid)"),
         "",
-        *lock_in_lines(),
     ]  # fmt: skip
 
 
@@ -398,6 +426,10 @@ def lock_in_lines() -> list[str]:
         section_of(bound, "## c (the bound's constant)"),
         "",
         section_of(clocks, tried),
+        "",
+        "With 40 seeds (quoted from bench/bobw/estimate_bound.md):",
+        "",
+        section_of(bound, "## With 40 seeds: the runs that 10 seeds did not show"),
         "",
     ]
 
@@ -417,7 +449,7 @@ def report(
         lines += [f"### Losses {label} ({scope})", "", regret_table(outcomes, label), ""]
     lines += variant_section(outcomes, plan["variants"])
     lines += frontier
-    lines += spikes_lines()
+    lines += spikes_lines() + lock_in_lines()
     found = findings(outcomes)
     lines += ["### Findings (failures and degradation)", ""]
     lines += found or ["- none recorded"]
@@ -488,6 +520,12 @@ def parse_args() -> argparse.Namespace:
         help="report, plots and raw figures (bench/arena; a temporary directory with --quick)",
     )
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument(
+        "--quotes-only",
+        action="store_true",
+        help="rewrite only the sections quoted from bench/bobw (the frontier, spikes and "
+        "regimes, lock-in) in the report and RESULTS.md, without running the arena",
+    )
     return parser.parse_args()
 
 
@@ -527,8 +565,32 @@ def outcome_record(o: Any) -> dict[str, Any]:
     }
 
 
+def replace_subsection(path: Path, lines: list[str]) -> None:
+    """Put ``lines`` in place of the section of ``path`` whose heading is ``lines[0]`` (up
+    to the next heading of the same level or higher)."""
+    heading = lines[0]
+    old = section_of(path.read_text(), heading)
+    text = path.read_text()
+    start = text.index(heading + "\n")
+    end = text.index(old, start) + len(old) if old else start + len(heading) + 1
+    path.write_text(text[:start] + "\n".join(lines).rstrip("\n") + text[end:])
+
+
+def rewrite_quotes(out_dir: Path, results: Path) -> None:
+    """The sections the report quotes from bench/bobw (the frontier, spikes and regimes,
+    lock-in), rewritten in ``out_dir``/REPORT.md and ``results`` from those files alone."""
+    sections = [frontier_lines(out_dir)[0], spikes_lines(), lock_in_lines()]
+    for path in (out_dir / "REPORT.md", results):
+        for lines in sections:
+            replace_subsection(path, lines)
+    print("\n".join(line for lines in sections for line in lines))
+
+
 def main() -> None:
     args = parse_args()
+    if args.quotes_only:
+        rewrite_quotes(args.out_dir or ROOT / "bench" / "arena", args.results)
+        return
     rounds = args.rounds or (500 if args.quick else 10_000)
     n_tables = args.tables or (3 if args.quick else 10)
     seeds = args.seeds or (3 if args.quick else 10)
@@ -548,7 +610,7 @@ def main() -> None:
     outcomes += run_arena(envs, peers, seeds, args.seed, TRANSFORMS[:2], progress=log)
     speeds = measure_speeds(players, args.quick)
     plots = make_plots(outcomes, speeds, args.out_dir)
-    frontier, frontier_plot = frontier_lines(args.out_dir, quote_targets=True)
+    frontier, frontier_plot = frontier_lines(args.out_dir)
     out_dir = args.out_dir.resolve()
     draws = held_out(n_tables)
     results: dict[str, Any] = {
@@ -580,8 +642,7 @@ def main() -> None:
     (args.out_dir / "REPORT.md").write_text(text + "\n")
     (args.out_dir / "arena.json").write_text(json.dumps(results, indent=1, default=_plain) + "\n")
     if not args.quick:
-        pointer, _ = frontier_lines(args.out_dir, quote_targets=False)
-        replace_section(args.results, report(results, outcomes, speeds, plots, pointer))
+        replace_section(args.results, text)
     print(text)
     log(f"wrote {args.out_dir} in {results['wall_seconds']:.0f} s")
 

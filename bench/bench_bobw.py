@@ -2,14 +2,13 @@
 
     .venv/bin/python bench/bench_bobw.py                  # every part, 10 seeds, T = 10^4
     .venv/bin/python bench/bench_bobw.py --part tuning --scales 1 2 4 8
-    .venv/bin/python bench/bench_bobw.py --part frontier --frontier 1 2 4
     .venv/bin/python bench/bench_bobw.py --quick          # smoke run
 
 Parts: ``tuning`` (the tables that chose ``TSALLIS_SCALE``, with the scales to compare),
 ``held-out`` (stationary and adversarial tables the constants never saw), ``spikes``
-(one-arm spikes, scale jumps, close contextual arms: tuning and held-out), ``frontier``
-(the rate constant's trade-off: held-out stationary ratio against FTL-breaker regret), ``growth``
-(regret at T = 10^5 against 10^4), ``users`` (many short per-user bandits), ``speed``.
+(one-arm spikes, scale jumps, close contextual arms: tuning and held-out), ``growth``
+(regret at T = 10^5 against 10^4), ``users`` (many short per-user bandits), ``speed``. The
+rate constant's trade-off between these targets: ``bench/bobw_frontier.py``.
 Regret is in the losses' own units, mean over seeds (± standard error), against the
 environment's competitor; tsi and every baseline scored by q·l where exposed (Thompson
 sampling by its realised losses). Writes ``--out`` (markdown) and ``--json``.
@@ -225,15 +224,32 @@ def user_tables(kind: str, n_users: int, rounds: int, seed: int) -> tuple[np.nda
     return losses, np.broadcast_to(means[None], losses.shape)
 
 
-def per_user(kind: str, n_users: int, rounds: int, seed: int) -> dict:
-    """Regret per user against its best fixed arm (in expectation), as a fraction of
-    uniform play's, for bobw, robust and the two baselines; and the share of users where
-    bobw does worse than uniform play."""
-    losses, expected = user_tables(kind, n_users, rounds, seed)
-    t_rounds, n, m = losses.shape
+def user_share(policy: Any, losses: np.ndarray, expected: np.ndarray) -> dict[str, float]:
+    """One policy (``n`` instances) on ``n`` per-user tables (T, n, M): its regret against
+    each user's best fixed arm (in expectation), as a share of uniform play's, and the share
+    of users where it does worse than uniform play."""
+    t_rounds, n, _ = losses.shape
     best = expected.sum(axis=0).min(axis=1)
     uniform = expected.mean(axis=2).sum(axis=0) - best
     idx = np.arange(n)
+    total = np.zeros(n)
+    for t in range(t_rounds):
+        tickets = policy.select()
+        arms = np.asarray(tickets.arms)
+        total += expected[t, idx, arms]
+        policy.update(tickets, losses[t, idx, arms])
+    regret = total - best
+    return {
+        "regret": float(regret.mean()),
+        "of_uniform": float(regret.sum() / uniform.sum()),
+        "worse_than_uniform": float((regret > uniform).mean()),
+    }
+
+
+def per_user(kind: str, n_users: int, rounds: int, seed: int) -> dict:
+    """``user_share`` of bobw, robust and the two baselines on ``user_tables``."""
+    losses, expected = user_tables(kind, n_users, rounds, seed)
+    _, n, m = losses.shape
     out: dict[str, Any] = {"users": n, "rounds": rounds, "arms": m}
     players = {
         "bobw": BatchBandit(n, m, seed=seed, variant="bobw"),
@@ -242,26 +258,16 @@ def per_user(kind: str, n_users: int, rounds: int, seed: int) -> dict:
         BASELINES[1]: EpsilonGreedy(n, m, seed),
     }
     for name, policy in players.items():
-        total = np.zeros(n)
-        for t in range(t_rounds):
-            tickets = policy.select()
-            arms = np.asarray(tickets.arms)
-            total += expected[t, idx, arms]
-            policy.update(tickets, losses[t, idx, arms])
-        regret = total - best
-        out[name] = {
-            "regret": float(regret.mean()),
-            "of_uniform": float(regret.sum() / uniform.sum()),
-            "worse_than_uniform": float((regret > uniform).mean()),
-        }
+        out[name] = user_share(policy, losses, expected)
         log(f"users {kind}: {name} {out[name]}")
     return out
 
 
 def tuning_part(t: int, seeds: int, scales: list[float]) -> tuple[dict[str, Any], list[str]]:
-    """The tables that chose the constants, with each rate scale of ``scales``."""
+    """The tables that chose the constants (the rate's and the scale rules'), with each
+    rate scale of ``scales``."""
     players = contenders(scales)
-    rows = run_tables(tuning_tables(t), players, seeds)
+    rows = run_tables(tuning_tables(t) + spike_tuning_tables(t), players, seeds)
     text = ["### Tuning tables (chose the constants)", ""]
     return {"tuning": rows}, [*text, table_markdown(rows, [c.name for c in players]), ""]
 
@@ -286,48 +292,6 @@ def held_out_part(t: int, seeds: int, names: list[str]) -> tuple[dict[str, Any],
         "held_out_adversarial": adversarial,
     }
     return found, text
-
-
-def frontier_part(t: int, seeds: int, scales: list[float]) -> tuple[dict[str, Any], list[str]]:
-    """The trade-off the rate constant c sets: per c, bobw's ratio to the best baseline on
-    the held-out stationary tables (geometric mean and worst) against its FTL-breaker
-    regret (held-out seed)."""
-    base = contenders()[-2:]
-    tables = held_out_stationary(t)
-    best = [min(float(play(env, b, seeds, seed=0).regret.mean()) for b in base) for env in tables]
-    ftl = ftl_breaker(t, 2, 7)
-    rows = []
-    for c in scales:
-        v = replace(VARIANTS["bobw"], name=f"bobw c={c:g}", tsallis_scale=float(c))
-        player = tsi(v, "matched", v.name)
-        ratios = [
-            float(play(env, player, seeds, seed=0).regret.mean()) / b
-            for env, b in zip(tables, best, strict=True)
-        ]
-        geo = math.exp(sum(math.log(max(x, 1e-9)) for x in ratios) / len(ratios))
-        rows.append(
-            {
-                "c": c,
-                "geo_mean": geo,
-                "max": max(ratios),
-                "ftl_breaker": float(play(ftl, player, seeds, seed=0).regret.mean()),
-            }
-        )
-        log(f"frontier {rows[-1]}")
-    text = [
-        "### Frontier: the rate constant c (stationary ratio against FTL-breaker regret)",
-        "",
-        "| c | held-out stationary: geometric mean / best baseline | worst table | FTL-breaker |",
-        "|---:|---:|---:|---:|",
-        *(
-            f"| {r['c']:g} | {r['geo_mean']:.2f} | {r['max']:.2f} | {r['ftl_breaker']:.1f} |"
-            for r in rows
-        ),
-        "",
-        "Targets: geometric mean ≤ 1.25, worst ≤ 1.5, FTL-breaker ≤ 35.",
-        "",
-    ]
-    return {"frontier": rows}, text
 
 
 def spikes_part(t: int, seeds: int, names: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -404,12 +368,11 @@ def main() -> None:
     parser.add_argument(
         "--part",
         nargs="*",
-        default=["tuning", "held-out", "spikes", "frontier", "growth", "users", "speed"],
+        default=["tuning", "held-out", "spikes", "growth", "users", "speed"],
     )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10_000)
     parser.add_argument("--scales", type=float, nargs="*", default=[])
-    parser.add_argument("--frontier", type=float, nargs="*", default=[0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -425,7 +388,6 @@ def main() -> None:
         "tuning": lambda: tuning_part(t, seeds, args.scales),
         "held-out": lambda: held_out_part(t, seeds, names),
         "spikes": lambda: spikes_part(t, seeds, names),
-        "frontier": lambda: frontier_part(t, seeds, args.frontier),
         "growth": lambda: growth_part(t, seeds),
         "users": lambda: users_part(100 if args.quick else 1000),
         "speed": speed_part,

@@ -130,3 +130,23 @@ def test_the_committed_report_names_both_sets_and_leads_with_held_out_figures():
     assert "bernoulli 1, gaussian 1, heavy_tailed 1, contextual 1, ftl_breaker 1" in report
     assert "**Held out**" in report
     assert "### Best of both worlds: the frontier" in report
+
+
+def test_replace_subsection_rewrites_that_section_and_nothing_else(tmp_path):
+    arena = _bench("bench_arena")
+    path = tmp_path / "REPORT.md"
+    path.write_text("# r\n\n### A\na\n\n### Best of both worlds: the frontier\nold\n\n### B\nb\n")
+    arena.replace_subsection(path, ["### Best of both worlds: the frontier", "", "new", ""])
+    text = path.read_text()
+    assert "old" not in text and "new" in text
+    assert text.startswith("# r\n\n### A\na\n\n") and text.endswith("\n### B\nb\n")
+
+
+def test_the_committed_frontier_names_every_target_of_the_default():
+    from arena.report import FRONTIER_TARGETS
+
+    section = (ROOT / "bench" / "arena" / "REPORT.md").read_text()
+    section = section.split("### Best of both worlds: the frontier", 1)[1].split("\n### ", 1)[0]
+    for _, title, limit in FRONTIER_TARGETS:
+        assert f"{title} (≤ {limit:g})" in section
+    assert "regret at 10^5 rounds ≤ 2× regret at 10^4" in section
