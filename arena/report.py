@@ -475,6 +475,7 @@ FRONTIER_TARGETS = (
     ("regimes", "scale jumps, worst / best baseline", 1.5),
     ("close", "close contextual, worst / best baseline", 1.5),
     ("users", "per-user / Thompson", 0.9),
+    ("growth", "close contextual, regret at 10·T / at T", 2.0),
     ("changed", "selections changed by rounding", 0.0),
 )
 
@@ -490,9 +491,9 @@ def frontier_table(rows: Sequence[dict[str, Any]], preset: float) -> str:
 
     >>> row = {"c": 2, "geo_mean": 0.58, "max": 1.94, "ftl_breaker": 46.4,
     ...        "spikes_thompson": 3.9, "spikes_robust": 0.8, "regimes": 0.9, "close": 1.4,
-    ...        "users": 0.94, "changed": 0}
+    ...        "users": 0.94, "growth": 2.5, "changed": 0}
     >>> print(frontier_table([row], 2.0).splitlines()[-1])
-    | **2 (preset)** | 0.58 ✓ | 1.94 | 46.4 | 3.90 | 0.80 ✓ | 0.90 ✓ | 1.40 ✓ | 0.94 | 0 ✓ |
+    | **2 (preset)** | 0.58 ✓ | 1.94 | 46.4 | 3.90 | 0.80 ✓ | 0.90 ✓ | 1.40 ✓ | 0.94 | 2.50 | 0 ✓ |
     """
     head = " | ".join(f"{title} (≤ {limit:g})" for _, title, limit in FRONTIER_TARGETS)
     lines = [f"| c | {head} |", "|---:|" + "---:|" * len(FRONTIER_TARGETS)]

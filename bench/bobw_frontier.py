@@ -14,8 +14,8 @@ contextual tables (worst ratio to the best baseline), 1,000 per-user diabetes ba
 rounds (bobw's share of uniform play's regret over Thompson sampling's), and the selections
 changed under the rounding maps (``arena.lab.rounding_tables``, 2·10^4 rounds × 6 instances
 of real forecast errors and of a trend with ×100 regimes, Fixed and Contextual: the classes
-the rate constant drives). Regret at 10^5 rounds against 10^4 is not on the frontier (40
-seeds at 10^5 rounds per constant; the preset's is in ``bench/bobw/means_growth.md``).
+the rate constant drives), and regret at 10·T against T on the held-out close contextual
+table of bench_bobw's growth part.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from arena.lab.rounding_tables import MAPS, TABLES, classes, selections
 from arena.report import frontier_table, frontier_verdict
 from arena.runner import play
 from bench.bench_bobw import (
+    GROWTH_TABLES,
     contenders,
     held_out_stationary,
     log,
@@ -135,6 +136,12 @@ def spike_figures(player: Any, t: int, seeds: int, refs: dict[str, Any]) -> dict
     }
 
 
+def growth(player: Any, t: int, seeds: int) -> float:
+    """Regret at 10·t over regret at t on the close contextual table of ``GROWTH_TABLES``."""
+    table = dict(GROWTH_TABLES)["close contextual, held-out seed"]
+    return mean_regret(table(10 * t), player, seeds) / mean_regret(table(t), player, seeds)
+
+
 def point(c: float, t: int, seeds: int, refs: dict[str, Any]) -> dict[str, Any]:
     """Every target's figure for the rate constant c."""
     v = replace(VARIANTS["bobw"], name=f"bobw c={c:g}", tsallis_scale=float(c))
@@ -147,6 +154,7 @@ def point(c: float, t: int, seeds: int, refs: dict[str, Any]) -> dict[str, Any]:
         "ftl_breaker": mean_regret(ftl_breaker(t, 2, 7), player, seeds),
         **spike_figures(player, t, seeds, refs),
         "users": user_share(users, losses, expected)["of_uniform"] / refs["users_thompson"],
+        "growth": growth(player, t, seeds),
         "changed": changed_selections(v),
     }
     log(f"frontier {row}")
