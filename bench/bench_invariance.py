@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,18 @@ N_ARMS, N_CONTEXTS = 8, 3
 CLASSES = classes(N_ARMS, N_CONTEXTS)
 
 
-def measure(kind: str, rounds: int, instances: int, variant: str) -> list[dict[str, Any]]:
-    """One row per class and map: selections that differ from the unmapped run."""
+def measure(
+    kind: str, rounds: int, instances: int, variant: Any, classes: Iterable[str] = tuple(CLASSES)
+) -> list[dict[str, Any]]:
+    """One row per class (of ``classes``) and map: selections that differ from the
+    unmapped run."""
     rng = np.random.default_rng(20261207)
     losses = TABLES[kind](rng, rounds, instances, N_ARMS)
     u = rng.random((rounds, instances))
     contexts = rng.integers(0, N_CONTEXTS, size=(rounds, instances))
     rows = []
-    for name, build in CLASSES.items():
+    for name in classes:
+        build = CLASSES[name]
         ctx = contexts if name == "contextual" else None
         base = selections(losses, u, ctx, build(), variant)
         for label, f in MAPS.items():
@@ -52,7 +57,6 @@ def measure(kind: str, rounds: int, instances: int, variant: str) -> list[dict[s
                 {"table": kind, "class": name, "variant": variant, "map": label,
                  "selections": int(base.size), "changed": len(differ), "first_round": first}
             )  # fmt: skip
-            print(f"  {variant} {kind} {name} {label}: {len(differ)} changed", flush=True)
     return rows
 
 
@@ -91,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=HERE / "bobw" / "invariance.json")
     args = p.parse_args(argv)
     start = time.perf_counter()
-    rows = [
-        row
-        for variant in args.variants
-        for kind in args.tables
-        for row in measure(kind, args.rounds, args.instances, variant)
-    ]
+    rows = []
+    for variant in args.variants:
+        for kind in args.tables:
+            found = measure(kind, args.rounds, args.instances, variant)
+            print(f"  {variant} {kind}: {sum(r['changed'] for r in found)} changed", flush=True)
+            rows += found
     meta = {
         "rounds": args.rounds,
         "instances": args.instances,

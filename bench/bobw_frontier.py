@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from arena.lab.baselines import ThompsonNIG
 from arena.lab.environments import ftl_breaker
-from arena.lab.rounding_tables import MAPS, TABLES, classes, selections
 from arena.report import frontier_table, frontier_verdict
 from arena.runner import play
 from bench.bench_bobw import (
@@ -48,13 +47,16 @@ from bench.bench_bobw import (
     user_share,
     user_tables,
 )
+from bench.bench_invariance import measure
 from tsi_core import VARIANTS, BatchBandit, Variant
 
 SCALES = [1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0]
 #: the per-user tables: diabetes rules, 1,000 users of 50 rounds (bench_bobw's users part)
 USERS = ("diabetes", 1000, 50, 5)
 INVARIANCE_TABLES = ("forecast_errors", "trend_and_regimes")
-INVARIANCE_ROUNDS, INVARIANCE_INSTANCES, N_ARMS, N_CONTEXTS = 20_000, 6, 8, 3
+INVARIANCE_ROUNDS, INVARIANCE_INSTANCES = 20_000, 6
+#: the classes the rate constant drives (Switching and Markov run robust's round)
+TSALLIS_CLASSES = ("fixed", "contextual")
 
 
 def mean_regret(env: Any, player: Any, seeds: int) -> float:
@@ -88,21 +90,12 @@ def references(t: int, seeds: int) -> dict[str, Any]:
 
 def changed_selections(variant: Variant) -> int:
     """Selections that differ under any of the rounding maps from the unmapped run, summed
-    over ``INVARIANCE_TABLES`` and the Fixed and Contextual classes."""
-    rng = np.random.default_rng(20261207)
-    built = classes(N_ARMS, N_CONTEXTS)
-    changed = 0
-    for kind in INVARIANCE_TABLES:
-        losses = TABLES[kind](rng, INVARIANCE_ROUNDS, INVARIANCE_INSTANCES, N_ARMS)
-        u = rng.random(losses.shape[:2])
-        contexts = rng.integers(0, N_CONTEXTS, size=losses.shape[:2])
-        for name in ("fixed", "contextual"):
-            ctx = contexts if name == "contextual" else None
-            base = selections(losses, u, ctx, built[name](), variant)
-            for f in MAPS.values():
-                mapped = selections(f(losses), u, ctx, built[name](), variant)
-                changed += int((mapped != base).sum())
-    return changed
+    over ``INVARIANCE_TABLES`` and the Fixed and Contextual classes (``bench_invariance``)."""
+    return sum(
+        row["changed"]
+        for kind in INVARIANCE_TABLES
+        for row in measure(kind, INVARIANCE_ROUNDS, INVARIANCE_INSTANCES, variant, TSALLIS_CLASSES)
+    )
 
 
 def worst_of(kind: str, kinds: list[str], regret: list[float], over: list[float]) -> float:
