@@ -143,13 +143,18 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
     (``Bandit.unpack`` without its pending tickets); ValueError for bytes of another size
     or values no instance can hold. Bytes packed before each context had its own clock
     and mean (the Tsallis learner with several contexts) get the clocks from the total
-    (``Kernel.fill_clocks``) and the means from ψ (``Kernel.fill_means``)."""
+    (``Kernel.fill_clocks``) and the means from ψ (``Kernel.fill_means``); bytes packed
+    before each arm had its own gap statistics get them from D (``Kernel.fill_arm_stats``)."""
     cdef Kernel kernel = template._kernel
     cdef Py_ssize_t i, n_state = kernel.width - C_HEAD
     cdef Py_ssize_t size = PACKED_HEAD + 8 * n_state
-    cdef Py_ssize_t n_stored = n_state, c = kernel.n_clocks
-    if type(blob) is bytes and c and len(<bytes>blob) in (size - 16 * c, size - 24 * c):
-        n_stored = n_state - (size - len(<bytes>blob)) // 8  # before the means (the clocks)
+    cdef Py_ssize_t c = kernel.n_clocks
+    cdef Py_ssize_t n_old = n_state - 2 * kernel.n_arm_stats  # before the arm statistics
+    cdef Py_ssize_t n_stored = n_state
+    cdef tuple older = (n_old, n_old - 2 * c, n_old - 3 * c)  # no arms (means, clocks)
+    if type(blob) is bytes and len(<bytes>blob) != size and (c or n_old < n_state) and (
+            len(<bytes>blob) in [PACKED_HEAD + 8 * n for n in older]):
+        n_stored = (len(<bytes>blob) - PACKED_HEAD) // 8
     elif type(blob) is not bytes or len(<bytes>blob) != size:
         shape = template.structure.state_shape
         raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
@@ -166,16 +171,20 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
     row[C_D_EXP], row[C_N_UPDATES], row[C_N_ROUNDS] = d_exp, n_updates, n_rounds
     for i in range(n_stored):
         row[C_HEAD + i] = _get_double(at + PACKED_HEAD + 8 * i)
-    if n_stored < n_state - 2 * c:
+    if n_stored < n_old - 2 * c:
         kernel.fill_clocks(vn, row + C_HEAD + kernel.n_state)
-    if n_stored < n_state:
+    if n_stored < n_old:
         kernel.fill_means(psi, row + C_HEAD + kernel.n_state + c)
+    if n_stored < n_state:
+        kernel.fill_arm_stats(d_mant != 0.0, row + C_HEAD + n_old)
     counted = 0 <= n_updates <= _MAX_COUNT and 0 <= n_rounds <= _MAX_COUNT
     problem = kernel.state_problem_of(row + C_HEAD)
     if problem is None and c:
         problem = kernel.clocks_problem_of(row + C_HEAD + kernel.n_state)
     if problem is None and c and counted:
         problem = kernel.means_problem_of(row + C_HEAD + kernel.n_state + c, n_updates)
+    if problem is None and n_old < n_state and counted:
+        problem = kernel.arm_stats_problem_of(row + C_HEAD + n_old, n_updates)
     if not counted or problem is not None:
         raise ValueError(
             f"packed counters or weights invalid: {n_updates}, {n_rounds}, {problem}"
@@ -240,7 +249,8 @@ cdef class BanditCore:
     def _packed(self) -> bytes:
         """The row as bytes (``unpacked`` reads them): ψ, V/D² and D's mantissa as
         float64, D's exponent and the counters as int64, then the state, the context
-        clocks, means and counts (``Kernel.n_clocks`` each) as float64, all little-endian."""
+        clocks, means and counts (``Kernel.n_clocks`` each), the arms' mean squared gaps
+        and gap counts (``Kernel.n_arm_stats`` each) as float64, all little-endian."""
         cdef Py_ssize_t i, n_state = self._kernel.width - C_HEAD
         cdef bytes out = PyBytes_FromStringAndSize(NULL, PACKED_HEAD + 8 * n_state)
         cdef unsigned char* at = <unsigned char*>PyBytes_AS_STRING(out)

@@ -15,11 +15,13 @@ An instance is one row of a float64 table (``Table.rows``, shape (n, width))::
 Tsallis learner: the range of the gaps l - baseline, not of φ); the counters (exact integers in a double up to 2^53); then
 the class's state: Φ/D per (context, arm) for Fixed and Contextual, the weights per arm
 normalised to sum 1 (Switching: a fixed share keeps every weight above α/M, no log domain
-needed, and a selection needs no exp), normalised log-weights per class (Markov); last,
+needed, and a selection needs no exp), normalised log-weights per class (Markov); then,
 for the Tsallis learner with several contexts, each context's clock S_c = Σ(1 - q) of its
 own updates (``n_clocks`` columns: every context runs on its own learning rate), then each
 context's mean loss m_c and the count of losses in it (``n_clocks`` columns each: gaps are
-taken from the context's mean shrunk towards ψ, ``context_baseline``).
+taken from the context's mean shrunk towards ψ, ``context_baseline``); last, for the
+Tsallis learner, each arm's mean squared gap in units of D² and its count of gaps
+(``n_arm_stats`` columns each: D² is the mean of those means over the arms, ``arm_scale``).
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
@@ -418,7 +420,9 @@ cdef class Kernel:
         if self.initial.shape[0] != self.n_state:
             raise ValueError(f"initial state must have {self.n_state} entries")
         self.n_clocks = n_contexts if self.tsallis and n_contexts > 1 else 0
-        self.width = C_HEAD + self.n_state + 3 * self.n_clocks  # clocks, means, counts
+        self.n_arm_stats = n_arms if self.tsallis else 0
+        # clocks, means, counts; then each arm's mean squared gap and count of gaps
+        self.width = C_HEAD + self.n_state + 3 * self.n_clocks + 2 * self.n_arm_stats
         self.scratch = np.zeros(2 * max(self.n_arms, self.n_state))
 
     def _bind_markov(self, arm_of, src, dst, log_t):
@@ -529,12 +533,67 @@ cdef class Kernel:
             block[i] = psi if isfinite(psi) else 0.0
             block[self.n_clocks + i] = 0.0
 
+    def arm_stats_problem(self, mean_squares, counts, double n_updates) -> str | None:
+        """Why ``mean_squares`` and ``counts`` (``n_arm_stats`` values each) cannot be an
+        instance's per-arm gap statistics, or None: each mean square finite and >= 0, 0
+        where the count is 0, each count a whole number from 0 to ``n_updates`` (a row
+        written before arms had their own counts each 1: ``arm_stats_from_scale``).
+
+        >>> Kernel("cumulative", 2, learner="tsallis").arm_stats_problem([1.5, 0.5], [2, 0], 9)
+        'arm mean squares must be finite and >= 0, and 0 for an arm with no gap, got [1.5, 0.5]'
+        """
+        block = np.concatenate([np.ravel(mean_squares), np.ravel(counts)]).astype(float)
+        cdef double[::1] values = block
+        if block.shape[0] != 2 * self.n_arm_stats:
+            raise ValueError(f"{self.n_arm_stats} arm mean squares and counts, got {block.shape[0]}")
+        if self.n_arm_stats == 0:
+            return None
+        return self.arm_stats_problem_of(&values[0], n_updates)
+
+    cdef str arm_stats_problem_of(self, const double* block, double n_updates):
+        cdef Py_ssize_t i, m = self.n_arm_stats
+        cdef bint whole = True, fine = True
+        for i in range(m):
+            whole = whole and 0.0 <= block[m + i] <= n_updates and (
+                block[m + i] == floor(block[m + i]))
+            fine = fine and isfinite(block[i]) and block[i] >= 0.0 and (
+                block[m + i] > 0.0 or block[i] == 0.0)
+        if not fine:
+            squares = [block[i] for i in range(m)]
+            return (f"arm mean squares must be finite and >= 0, and 0 for an arm with no "
+                    f"gap, got {squares}")
+        if not whole:
+            counts = [block[m + i] for i in range(m)]
+            return (f"arm gap counts must be whole numbers from 0 to n_updates = "
+                    f"{n_updates:g}, got {counts}")
+        return None
+
+    def arm_stats_from_scale(self, bint scaled) -> np.ndarray:
+        """Per-arm gap statistics (2·``n_arm_stats`` values) for a row written before each
+        arm had its own: once D is set (``scaled``), every arm's mean square 1 (D² their
+        mean: D as it was) on a count of 1, so that the arm's next gaps soon outweigh it;
+        before, none (``fill_arm_stats``).
+
+        >>> Kernel("cumulative", 3, learner="tsallis").arm_stats_from_scale(True).tolist()
+        [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+        """
+        out = np.zeros(2 * self.n_arm_stats)
+        cdef double[::1] view = out
+        if self.n_arm_stats:
+            self.fill_arm_stats(scaled, &view[0])
+        return out
+
+    cdef void fill_arm_stats(self, bint scaled, double* block) noexcept nogil:
+        cdef Py_ssize_t i
+        for i in range(2 * self.n_arm_stats):
+            block[i] = 1.0 if scaled else 0.0
+
     def tsallis_rates(self, row) -> np.ndarray:
         """η̃ of every context of the instance ``row`` (``width`` values): ``tsallis_eta``.
 
         >>> k = Kernel("cumulative", 3, 2, gamma=2.0, learner="tsallis")
         >>> row = k.initial_rows(1)[0]
-        >>> row[-6:-4] = [3.0, 15.0]                        # the two contexts' clocks
+        >>> row[-12:-10] = [3.0, 15.0]                      # the two contexts' clocks
         >>> k.tsallis_rates(row).tolist()
         [1.0, 0.5]
         """
@@ -834,9 +893,9 @@ cdef class Kernel:
         """The Tsallis learner's update (``Variant.learner``; VARIANTS.md, "bobw").
 
         Statistics: m (the ψ column) the mean of the losses (several contexts: the gap is
-        from ``context_baseline`` instead); D the root mean square of the gaps l - m, every
-        gap counted, each only as far as D at most doubles in one update (the first
-        non-zero gap sets D); m takes the gap as D does; S (the VN column) and the
+        from ``context_baseline`` instead); D² the mean over the arms of each arm's mean
+        squared gap l - m (``arm_scale``: every gap counted, each only as far as D at most
+        doubles in one update); m takes the gap as far as lim·D; S (the VN column) and the
         context's clock += 1 - q. The estimate of the played arm, in units of the new D, is
         (l - m)/(q·D) with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below
         by -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is
@@ -861,21 +920,23 @@ cdef class Kernel:
             return
         g_mant = gap_of(loss, m, &g_exp)
         if d_mant == 0.0:  # the first non-zero gap sets D; nothing was learned before
-            if g_mant == 0.0:
+            if g_mant == 0.0:  # one more gap of 0 in the arm's mean
+                row[self.width - self.n_arms + arm] += 1.0
                 return
-            row[C_D_MANT], row[C_D_EXP] = fabs(g_mant), g_exp
+            f = self.arm_scale(row, arm, 1.0)  # D = |gap|, then its mean over the arms
+            row[C_D_MANT] = frexp(fabs(g_mant) * f, &e)
+            row[C_D_EXP] = g_exp + e
             if one_mean:
                 row[C_PSI] = m + ldexp(g_mant / (n + 1.0), g_exp)
             if self.n_arms > 1:
                 self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta,
-                                      copysign(1.0, g_mant) / q)
+                                      copysign(1.0, g_mant) / (q * f))
             return
         full = floor(ldexp(g_mant / d_mant, g_exp - d_exp) * GRID + 0.5) / GRID  # gap / D
-        u = clamped(full, lim)  # D'² = D² + (u² - D²)/n <= 4·D²
-        f = sqrt(1.0 + (u * u - 1.0) / n)  # D'/D
+        f = self.arm_scale(row, arm, full)  # D'/D
         ratio = 1.0 / f
-        if one_mean:
-            row[C_PSI] = m + ldexp(u * d_mant / (n + 1.0), d_exp)
+        if one_mean:  # the mean takes the gap as far as lim·D
+            row[C_PSI] = m + ldexp(clamped(full, lim) * d_mant / (n + 1.0), d_exp)
         row[C_D_MANT] = frexp(d_mant * f, &e)
         row[C_D_EXP] = d_exp + e
         if self.n_arms == 1:
@@ -884,6 +945,37 @@ cdef class Kernel:
             row[C_HEAD + i] = row[C_HEAD + i] * ratio
         u = clamped(full * ratio, CUT)  # in units of D'; only the estimate is cut
         self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
+
+    cdef double arm_scale(self, double* row, int64_t arm, double x) noexcept nogil:
+        """D'/D once the played arm's squared gap x² (x = gap/D) joins its mean. D² is the
+        mean, over the arms with a gap so far, of each arm's mean squared gap (the last
+        2·M columns: those means in units of D², then each arm's count of gaps), so an arm
+        that is not played keeps its weight in D: a run that plays only arms of constant
+        loss does not shrink D, and the state (in units of D) does not push the others
+        away. x² counts only as far as D at most doubles; the means are rescaled to D'."""
+        cdef Py_ssize_t i, m = self.n_arms
+        cdef double* mean_sq = row + self.width - 2 * m
+        cdef double* count = row + self.width - m
+        cdef double k = count[arm], played = 0.0, total = 0.0, cap, x2 = x * x
+        for i in range(m):
+            if count[i] > 0.0:
+                played += 1.0
+        if k == 0.0:  # the arm joins the mean: (played - 1 + x²)/played <= 4
+            played += 1.0
+            cap = 3.0 * played + 1.0
+        else:  # 1 + (x² - mean_sq)/((k + 1)·played) <= 4
+            cap = mean_sq[arm] + 3.0 * played * (k + 1.0)
+        mean_sq[arm] += ((x2 if x2 < cap else cap) - mean_sq[arm]) / (k + 1.0)
+        count[arm] = k + 1.0
+        for i in range(m):
+            if count[i] > 0.0:
+                total += mean_sq[i]
+        total = total / played
+        if not (total > 0.0):  # every gap so far 0 in every arm: D stays
+            return 1.0
+        for i in range(m):
+            mean_sq[i] = mean_sq[i] / total
+        return sqrt(total)
 
     cdef double context_baseline(self, double* row, int ctx, double n, double lim,
                                  double loss) noexcept nogil:

@@ -31,7 +31,7 @@ from tsi_core.variant import Variant, variant_of
 FORMAT = "tsi.bandit"
 #: 2: Switching keeps its weights, not their logs; 3: the Tsallis learner's context clocks;
 #: 4: its context means and counts (versions 1 to 3 are read too)
-VERSION = 4
+VERSION = 5
 
 
 @functools.lru_cache(maxsize=1024)
@@ -91,10 +91,28 @@ def _snapshot_gamma(data: dict[str, Any], competition: Any, variant: Variant) ->
     tsallis_scale·sqrt(C) on one shared clock: that γ reads as today's default (the
     context clocks then keep every context's rate, ``Kernel.clocks_from_total``)."""
     gamma = data["gamma"]
-    if data["version"] == VERSION or variant.learner != "tsallis":
+    if data["version"] >= 3 or variant.learner != "tsallis":
         return gamma
     n_contexts = getattr(competition, "n_contexts", 1)
     return None if gamma == variant.tsallis_scale * math.sqrt(n_contexts) else gamma
+
+
+def _snapshot_arm_stats(
+    data: dict[str, Any], kernel: Any, d_mant: float, n_updates: int
+) -> np.ndarray:
+    """A snapshot's per-arm gap statistics, checked (``Kernel.arm_stats_problem``); before
+    version 5 from D (``Kernel.arm_stats_from_scale``)."""
+    if data["version"] < 5:
+        return kernel.arm_stats_from_scale(d_mant != 0.0)
+    squares, counts = data["arm_mean_squares"], data["arm_gap_counts"]
+    if not all(isinstance(v, (int, float)) for v in [*squares, *counts]):
+        raise ValueError(f"arm statistics must be numbers, got {squares!r}, {counts!r}")
+    if len(squares) != kernel.n_arm_stats or len(counts) != kernel.n_arm_stats:
+        raise ValueError(f"arm statistics must be {kernel.n_arm_stats} numbers each")
+    problem = kernel.arm_stats_problem(squares, counts, n_updates)
+    if problem is not None:
+        raise ValueError(f"arm statistics: {problem}")
+    return np.concatenate([squares, counts]).astype(float)
 
 
 class _Column:
@@ -189,11 +207,24 @@ class Bandit(BanditCore):
         """The Tsallis learner's mean loss m_c of each context, then each context's count
         of losses (a view, 2·C values; empty for one context or the exponential-weights
         learner)."""
-        return self._row[HEAD + self._table.kernel.n_state + self._table.kernel.n_clocks :]
+        kernel = self._table.kernel
+        start = HEAD + kernel.n_state + kernel.n_clocks
+        return self._row[start : start + 2 * kernel.n_clocks]
 
     @_context_means.setter
     def _context_means(self, value: np.ndarray) -> None:
         self._context_means[:] = np.asarray(value, dtype=float).ravel()
+
+    @property
+    def _arm_stats(self) -> np.ndarray:
+        """The Tsallis learner's mean squared gap of each arm in units of D², then each
+        arm's count of gaps (a view, 2·M values; empty for the exponential-weights
+        learner)."""
+        return self._row[self._row.shape[0] - 2 * self._table.kernel.n_arm_stats :]
+
+    @_arm_stats.setter
+    def _arm_stats(self, value: np.ndarray) -> None:
+        self._arm_stats[:] = np.asarray(value, dtype=float).ravel()
 
     # ---------------------------------------------------------------- statistics
     @property
@@ -269,6 +300,8 @@ class Bandit(BanditCore):
             "clocks": self._clocks.tolist(),
             "context_means": self._context_means[: len(self._clocks)].tolist(),
             "context_counts": self._context_means[len(self._clocks) :].tolist(),
+            "arm_mean_squares": self._arm_stats[: self._table.kernel.n_arm_stats].tolist(),
+            "arm_gap_counts": self._arm_stats[self._table.kernel.n_arm_stats :].tolist(),
             "pending": [t.to_dict() for t in self.pending],
             "seed": self._seed,
             "rng": self._rng_state if self._rng_obj is None else self._rng_obj.bit_generator.state,
@@ -279,7 +312,7 @@ class Bandit(BanditCore):
         """Rebuild an instance from ``to_dict``; a malformed snapshot raises ``ValueError``."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} snapshot: {str(data)[:80]!r}")
-        if data.get("version") not in (1, 2, 3, VERSION):
+        if data.get("version") not in (1, 2, 3, 4, VERSION):
             raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
         try:
             competition = competition_from_dict(data["competition"])
@@ -309,10 +342,11 @@ class Bandit(BanditCore):
         return b
 
     def _restore_learning(self, data: dict[str, Any]) -> None:
-        """The statistics, the state and the context clocks and means of a ``to_dict``
-        snapshot, each checked (a snapshot before version 3 has no clocks: they come from
-        the total S, ``Kernel.clocks_from_total``; before version 4 no context means: from
-        ψ, ``Kernel.means_from_mean``)."""
+        """The statistics, the state, the context clocks and means and the arms' gap
+        statistics of a ``to_dict`` snapshot, each checked (a snapshot before version 3
+        has no clocks: they come from the total S, ``Kernel.clocks_from_total``; before
+        version 4 no context means: from ψ, ``Kernel.means_from_mean``; before version 5
+        no arm statistics: ``Kernel.arm_stats_from_scale``)."""
         kernel = self._table.kernel
         weights = np.array(
             [-math.inf if v is None else float(v) for v in data["weights"]], dtype=float
@@ -337,9 +371,11 @@ class Bandit(BanditCore):
         problem = kernel.means_problem(means[: len(clocks)], means[len(clocks) :], n_updates)
         if problem is not None:
             raise ValueError(f"context means: {problem}")
+        d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
+        arm_stats = _snapshot_arm_stats(data, kernel, d_mant, n_updates)
         self._state, self._clocks, self._context_means = weights, clocks, means
-        self.psi, self._vn, self.n_updates = psi, vn, n_updates
-        self._d_mant = check_real("d_mant", data["d_mant"], 0.0, 1.0)
+        self._arm_stats = arm_stats
+        self.psi, self._vn, self.n_updates, self._d_mant = psi, vn, n_updates, d_mant
         self._d_exp = check_int("d_exp", data["d_exp"], -(2**31), 2**31)
         self.n_rounds = check_int("n_rounds", data["n_rounds"], 0, MAX_COUNT)
 

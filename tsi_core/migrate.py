@@ -38,9 +38,10 @@ continues, or None for a new arm; old arms not named are retired.
   but none (same class, identity map) is made the same way, S, D, the context clocks and
   the context means kept (by context index; a context the old class lacked gets the clock
   its S gives, ``Kernel.clocks_from_total``, and the mean ψ with a count of 0, which its
-  next loss replaces): p per context follows the rules above (new arms:
-  geometric mean p, or ``new_arm_share``), since the Tsallis p is not a per-arm function
-  of Φ.
+  next loss replaces), and each kept arm's gap statistics (rescaled so that D is still
+  the root of their mean; a new arm joins at its first gap): p per context follows the
+  rules above (new arms: geometric mean p, or ``new_arm_share``), since the Tsallis p is
+  not a per-arm function of Φ.
 
 The new bandit has the plain allocation (``tsi_core.allocation``): an allocation names arms
 by index, and the indices change; the caller sets it for the new arms. Tickets keep their
@@ -182,6 +183,7 @@ def migrate(
         new._row[:HEAD] = bandit._row[:HEAD]  # ψ, V/D², D, the counters: the loss stream's
         new._clocks = bandit._clocks  # the same layout here (none, or the same contexts)
         new._context_means = bandit._context_means
+        new._arm_stats = bandit._arm_stats
     new.psi = _baseline_state(bandit, variant.baseline)
     new._seed = bandit._seed
     rng = bandit._rng_obj.bit_generator.state if bandit._rng_obj is not None else bandit._rng_state
@@ -239,6 +241,7 @@ def _across_learners(
     if all(s is None for s in sources) or not bandit._d_mant:
         if not keep:
             new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
+        new._arm_stats = _carried_arm_stats(bandit, new, sources, keep)
         return new_s.initial_state()
     n_old = bandit.structure.n_contexts
     old_log_p = log_array([bandit.weight_shares(c if n_old > 1 else None) for c in range(n_old)])
@@ -249,6 +252,7 @@ def _across_learners(
             new._vn, new._d_mant, new._d_exp = 0.0, 0.0, 0
         new._clocks = _carried_clocks(bandit, new, keep)
         new._context_means = _carried_means(bandit, new)
+        new._arm_stats = _carried_arm_stats(bandit, new, sources, keep)
         eta = new._table.kernel.tsallis_rates(new._row)[:, None]  # each context's η̃
         floored = exp_array(np.maximum(log_p, kernel_log(math.ulp(0.0))))
         root = 2.0 / np.sqrt(floored)
@@ -279,6 +283,29 @@ def _carried_means(bandit: Bandit, new: Bandit) -> np.ndarray:
     old, c_old, c_new = bandit._context_means, len(bandit._clocks), kernel.n_clocks
     n = min(c_old, c_new)
     block[:n], block[c_new : c_new + n] = old[:n], old[c_old : c_old + n]
+    return block
+
+
+def _carried_arm_stats(
+    bandit: Bandit, new: Bandit, sources: list[int | None], keep: bool
+) -> np.ndarray:
+    """The new Tsallis learner's per-arm gap statistics: none when it starts (D = 0); else
+    each kept arm's own, the mean squares rescaled to a mean of 1 over the arms with a gap
+    (D, kept, stays the root of their mean); a new arm joins at its first gap. Kept arms
+    without one, with D set: ``Kernel.arm_stats_from_scale``."""
+    kernel = new._table.kernel
+    m, m_old = kernel.n_arm_stats, bandit.n_arms
+    block = np.zeros(2 * m)
+    if not keep or not m:
+        return block
+    for j, s in enumerate(sources):
+        if s is not None:
+            block[j], block[m + j] = bandit._arm_stats[s], bandit._arm_stats[m_old + s]
+    played = block[m:] > 0
+    if new._d_mant and not (block[:m] > 0).any():
+        return kernel.arm_stats_from_scale(True)
+    if played.any() and new._d_mant:
+        block[:m] /= block[:m][played].mean()
     return block
 
 

@@ -14,7 +14,9 @@ PRIOR = 30.0  # several contexts: the weight of the mean of every loss in a cont
 
 class BobwReference:
     """½-Tsallis-INF on importance-weighted gaps from the mean loss (several contexts:
-    each context's, shrunk towards the mean of all), in units of their growth-bounded RMS."""
+    each context's, shrunk towards the mean of all), in units of D: the root of the mean
+    over the arms of each arm's mean squared gap, each gap's square counted only as far as
+    D at most doubles."""
 
     def __init__(self, n_arms: int, n_contexts: int = 1, scale: float = 2.0) -> None:
         self.m, self.c = n_arms, n_contexts
@@ -24,6 +26,8 @@ class BobwReference:
         self.means = [0.0] * n_contexts  # each context's mean loss
         self.counts = [0] * n_contexts  # the losses in each context's mean
         self.mean, self.d, self.n = 0.0, 0.0, 0  # the mean of every loss, D, the losses
+        self.arm_sq = [0.0] * n_arms  # each arm's mean squared gap, in loss units
+        self.arm_gaps = [0] * n_arms  # each arm's count of gaps
 
     def eta(self, ctx: int = 0) -> float:
         return self.gamma / math.sqrt(1.0 + self.clocks[ctx])
@@ -53,22 +57,39 @@ class BobwReference:
         gap = loss - base
         if self.d == 0.0:
             if gap == 0.0:
+                self.arm_gaps[arm] += 1
                 return
             self.d = abs(gap)
             if self.c == 1:
                 self.mean += gap / (n + 1)
-            self._add(ctx, arm, math.copysign(1.0, gap) / q, eta, q)
+            new_d = self._arm_scale(arm, 1.0)
+            self._add(ctx, arm, math.copysign(1.0, gap) * self.d / new_d / q, eta, q)
+            self.d = new_d
             return
         full = math.floor(gap / self.d * GRID + 0.5) / GRID  # on the kernel's grid
-        lim = math.sqrt(1.0 + 3.0 * n)  # D at most doubles
-        u = max(-lim, min(lim, full))
-        new_d = self.d * math.sqrt(1.0 + (u * u - 1.0) / n)
+        lim = math.sqrt(1.0 + 3.0 * n)  # the mean takes the gap as far as lim·D
+        new_d = self._arm_scale(arm, full)
         ratio = self.d / new_d
         if self.c == 1:
-            self.mean += u * self.d / (n + 1)
+            self.mean += max(-lim, min(lim, full)) * self.d / (n + 1)
         self.d = new_d
         self.phi = [[v * ratio for v in row] for row in self.phi]
         self._add(ctx, arm, max(-CUT, min(CUT, full * ratio)) / q, eta, q)
+
+    def _arm_scale(self, arm: int, x: float) -> float:
+        """D after the arm's gap x·D: its square joins the arm's mean (only as far as the
+        mean over the arms with a gap at most quadruples), D² that mean."""
+        k, d2 = self.arm_gaps[arm], self.d * self.d
+        played = sum(1 for c in self.arm_gaps if c > 0) + (k == 0)
+        held = sum(s for s, c in zip(self.arm_sq, self.arm_gaps, strict=True) if c > 0) / d2
+        if k == 0:  # the sum of the squares (held + x²) at most 4·played (4·D²)
+            cap = 4.0 * played - held
+        else:
+            cap = self.arm_sq[arm] / d2 + (4.0 * played - held) * (k + 1)
+        self.arm_sq[arm] += (min(x * x, cap) * d2 - self.arm_sq[arm]) / (k + 1)
+        self.arm_gaps[arm] = k + 1
+        total = sum(s for s, c in zip(self.arm_sq, self.arm_gaps, strict=True) if c > 0) / played
+        return math.sqrt(total) if total > 0.0 else self.d
 
     def _context_baseline(self, ctx: int, n: int, loss: float) -> float:
         """(k·m_c + P·m)/(k + P); then m, m_c and k take the loss, each gap only as far

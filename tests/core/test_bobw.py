@@ -38,6 +38,7 @@ def test_the_kernel_follows_the_transcription_to_rounding(n_contexts):
         b.update(ticket, float(losses[t, ticket.arm]))
         ref.update(ctx, ticket.arm, ticket.prob, float(losses[t, ticket.arm]))
     assert b.n_updates == 800
+    assert pytest.approx(ref.d, rel=1e-9) == b.D  # D: the root of the arms' mean squares
 
 
 def test_a_tickets_prob_is_the_exact_probability_of_its_draw():

@@ -68,7 +68,7 @@ def old_rate_probabilities(b: Bandit, ctx: int) -> list[float]:
 def test_bytes_packed_before_the_clocks_unpack_to_the_rate_each_context_had():
     b = trained()
     blob = b.pack()
-    old = blob[: -8 * 9]  # the layout before: no clocks, no context means
+    old = blob[: -8 * (9 + 8)]  # the layout before: no clocks, context means, arm statistics
     again = Bandit.unpack(old, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert again._clocks.tolist() == [(1.0 + b._vn) / 3 - 1.0] * 3
     for ctx in range(3):
@@ -111,7 +111,8 @@ def test_a_bad_clock_is_refused_in_snapshots_and_in_bytes(clocks, message):
         Bandit.from_dict(snap)
     if len(clocks) == 3:
         packed = b.pack()
-        blob = packed[: -8 * 9] + struct.pack("<3d", *clocks) + packed[-8 * 6 :]
+        # the clocks, then 3 context means and counts and 4 arms' mean squares and counts
+        blob = packed[: -8 * (9 + 8)] + struct.pack("<3d", *clocks) + packed[-8 * (6 + 8) :]
         with pytest.raises(ValueError, match="context clocks must be finite and >= 0"):
             Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert b.to_dict()["clocks"] != clocks  # the source is untouched
@@ -131,14 +132,17 @@ def test_migration_carries_clocks_by_context_and_starts_them_for_a_new_learner()
         np.testing.assert_allclose(wider.weight_shares(ctx), b.weight_shares(ctx), atol=1e-9)
 
 
-def to_thompson(env) -> float:
+def to_thompson(env, seeds: int = 10) -> float:
     """bobw's mean regret (its class matched: Contextual) over Thompson sampling's (one copy
-    per context), 10 seeds."""
+    per context), over ``seeds`` runs."""
     bobw = Contender(
         "bobw", "tsi", lambda e, n, s: _tsi_matched(e, n, s, variant="bobw"), contextual=True
     )
     thompson = Contender("T", "baseline", lambda e, n, s: ThompsonNIG(n, e.shape[1], s))
-    return play(env, bobw, 10, seed=0).regret.mean() / play(env, thompson, 10, seed=0).regret.mean()
+    return (
+        play(env, bobw, seeds, seed=0).regret.mean()
+        / play(env, thompson, seeds, seed=0).regret.mean()
+    )
 
 
 @pytest.mark.parametrize(
@@ -157,5 +161,7 @@ def test_a_held_out_table_of_busy_and_settled_contexts_costs_under_1_5_thompson(
     clock shared by every context (its busy contexts slowing the settled ones) paid 4.06×
     Thompson sampling there, a clock per context with one mean for all contexts 2.47× (the
     contexts' levels differ: every gap carried its context's offset over q); a clock and
-    a mean per context stay under 1.5×."""
-    assert to_thompson(breast_cancer(10_000, 7)) <= 1.5
+    a mean per context stay under 1.5×. 40 runs: about one run in fifty settles on the
+    worse arm of the context whose arms are closest (ten runs held one, at 17× the
+    median), so ten runs measure that tail more than the mean."""
+    assert to_thompson(breast_cancer(10_000, 7), seeds=40) <= 1.5

@@ -116,9 +116,9 @@ GOLDEN = {
 # The same for the bobw variant (½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
-    "contextual": "0d359790ddef1de50d39676ec81ade20cf036ab8e4b5123d3833c3d500e4a8e2",
+    "contextual": "d9d6d34e6a1a7a14fe9f0cd3ff2e25aa2af224d7ef7607af44da01caa47bda97",
     "decaying": "f786773ba4662e47df6a9c714bd319f4e881753a992cfd44e2bb1e6c18a07ddf",
-    "fixed": "3f021a24a252eeb6e5c35cbccb3b3379dafea76b68299001e776d24a697e09dd",
+    "fixed": "b0b5adcbe9e69efd8ab5393aa15f706874f506fa046fe38ad17cec431a39194b",
     "markov": "2f5aa03511d337db409d1c8ed74fffc6f4797470cfda14cecfc6d4cb0d2ee2c7",
     "switching": "3ee1d7992e8022b04891c654212a26a01134e4f21fca2af6ae283f3ad970a96f",
 }
@@ -151,15 +151,14 @@ def test_bobw_selections_are_the_recorded_bits_on_every_machine(name):
 
 
 # bobw with many arms (the sums' vector loop runs many times, and a tail of 1), 3,000
-# rounds. Fixed's were recorded with the Tsallis solve's sums in scalar chains, before
-# they ran in two-lane vectors: the lanes must keep every bit. Contextual's were
-# re-recorded when each context got its own mean loss (a change of the rule, not of the
-# arithmetic); the lanes had kept its bits too.
+# rounds. Re-recorded when D became the mean over the arms of each arm's mean squared gap
+# (a change of the rule, not of the arithmetic; before it the lanes had kept every bit of
+# the scalar chains).
 GOLDEN_BOBW_WIDE = {
-    ("fixed", 37): "707438f63a1958a75b65e03f8deca630dc2598d7cae0f92cc1c64cff5685893e",
-    ("fixed", 1000): "57545f0ecb5d870054f6d6b89399b4735c2263dfb65c4819384b434a58969d6a",
-    ("contextual", 37): "211579daff2455635ab1de4adfc085422f6a6b00498cb1eb40d3dd86ae130dc8",
-    ("contextual", 1000): "6a7d3676d1be10c294238fc3e55a3d95995d0a5e4032c5db06bfae8e5984bc42",
+    ("fixed", 37): "8b333a81757ea3c282118cb2e9eb9be5f99cc3f3f954c8a7797ac3c992f09f45",
+    ("fixed", 1000): "0215370605c31b47fc6f6f150c6d931f6af8682699e1835a4c8ffbee3f1a7be8",
+    ("contextual", 37): "3ac38898c6ee7b72fb3d92f6b93b4b9ec4d2c9c19e54bdde8a96da874a88a97b",
+    ("contextual", 1000): "b87a9e8fad06fbcc1837ea43c29c37f270bf254cedd4aefd9fe04ec979d75a42",
 }
 
 
@@ -261,9 +260,9 @@ GOLDEN_MIGRATION = {
 
 # The same for bobw, the default (the Tsallis learner's migrations keep p, not Φ).
 GOLDEN_MIGRATION_BOBW = {
-    "contextual": "8e25e3d39a84ecbae0e1d56f01f7d6ef2060eed6bac4d7e18b1cb7fdc095b322",
+    "contextual": "d83ddba5166a1c05566b19218ef7328e65b8ef87d88dbd444720ecf006d1edd9",
     "decaying": "7bf7aff4a69d15d144aac515822f4427249953a0a5048aa32f9c0d70316cb627",
-    "fixed": "272641885e9d3f17023386d8993d23187bc45f3572376b060a084dcb56a960e1",
+    "fixed": "6622a77dd946f5d1cdda086039d674e6195ea0a97f584ade936d965306e88146",
     "markov": "9bed575ca906afeaa122e8aef37facc9844ed7e4238308eda4b23bae72e14a88",
     "switching": "606b71454130924539466bce66c718c0710ef9c0afc055bf0042761e081aa632",
 }

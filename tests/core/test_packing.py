@@ -125,7 +125,9 @@ def test_a_state_is_refused_by_its_kinds_rule_in_snapshots_and_in_bytes(kind, va
     assert kernel.state_problem(state) == expected
     data = b.to_dict()
     data["weights"] = [None if v == -math.inf else v for v in values]  # to_dict's -inf
-    blob = b.pack()[: LAYOUT.size] + state.astype("<f8").tobytes()
+    packed = b.pack()
+    rest = packed[LAYOUT.size + 8 * state.size :]  # the Tsallis learner's arm statistics
+    blob = packed[: LAYOUT.size] + state.astype("<f8").tobytes() + rest
     template = Bandit(3, COMPETITIONS[kind]())
     if expected is None:
         assert Bandit.unpack(blob, template, "x").pack() == blob
