@@ -149,7 +149,8 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
     cdef Py_ssize_t i, n_state = kernel.width - C_HEAD
     cdef Py_ssize_t size = PACKED_HEAD + 8 * n_state
     cdef Py_ssize_t c = kernel.n_clocks
-    cdef Py_ssize_t n_old = n_state - 2 * kernel.n_arm_stats  # before the arm statistics
+    cdef Py_ssize_t a = kernel.n_arm_stats
+    cdef Py_ssize_t n_old = n_state - (2 * a + 1 if a else 0)  # before the arm statistics
     cdef Py_ssize_t n_stored = n_state
     cdef tuple older = (n_old, n_old - 2 * c, n_old - 3 * c)  # no arms (means, clocks)
     if type(blob) is bytes and len(<bytes>blob) != size and (c or n_old < n_state) and (
@@ -249,8 +250,9 @@ cdef class BanditCore:
     def _packed(self) -> bytes:
         """The row as bytes (``unpacked`` reads them): ψ, V/D² and D's mantissa as
         float64, D's exponent and the counters as int64, then the state, the context
-        clocks, means and counts (``Kernel.n_clocks`` each), the arms' mean squared gaps
-        and gap counts (``Kernel.n_arm_stats`` each) as float64, all little-endian."""
+        clocks, means and counts (``Kernel.n_clocks`` each), the number of arms with a gap,
+        the arms' mean squared gaps and gap counts (``Kernel.n_arm_stats`` each) as
+        float64, all little-endian."""
         cdef Py_ssize_t i, n_state = self._kernel.width - C_HEAD
         cdef bytes out = PyBytes_FromStringAndSize(NULL, PACKED_HEAD + 8 * n_state)
         cdef unsigned char* at = <unsigned char*>PyBytes_AS_STRING(out)

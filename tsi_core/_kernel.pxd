@@ -66,7 +66,7 @@ cdef class Kernel:
     cdef readonly int n_contexts
     cdef readonly int n_state
     cdef readonly int n_clocks        # Tsallis, C > 1: C (a clock, a mean, a count each); else 0
-    cdef readonly int n_arm_stats     # Tsallis: M (each arm's mean squared gap and count); else 0
+    cdef readonly int n_arm_stats     # Tsallis: M (arms with a gap; each arm's mean square, count)
     cdef readonly int width
     cdef readonly double gamma
     cdef readonly str kind_name
@@ -93,9 +93,10 @@ cdef class Kernel:
     cdef void fill_clocks(self, double vn, double* clocks) noexcept nogil
     cdef str means_problem_of(self, const double* block, double n_updates)
     cdef void fill_means(self, double psi, double* block) noexcept nogil
-    cdef str arm_stats_problem_of(self, const double* block, double n_updates)
-    cdef void fill_arm_stats(self, bint scaled, double* block) noexcept nogil
-    cdef double arm_scale(self, double* row, int64_t arm, double x) noexcept nogil
+    cdef str arm_stats_problem_of(self, const double* stats, double n_updates)
+    cdef void fill_arm_stats(self, bint scaled, double* stats) noexcept nogil
+    cdef double arm_scale(self, double* row, int64_t arm, double x,
+                          bint unscaled) noexcept nogil
     cdef double context_baseline(self, double* row, int ctx, double n, double lim,
                                  double loss) noexcept nogil
     cdef double tsallis_eta(self, const double* row, int ctx) noexcept nogil

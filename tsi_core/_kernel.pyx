@@ -21,7 +21,8 @@ own updates (``n_clocks`` columns: every context runs on its own learning rate),
 context's mean loss m_c and the count of losses in it (``n_clocks`` columns each: gaps are
 taken from the context's mean shrunk towards ψ, ``context_baseline``); last, for the
 Tsallis learner, each arm's mean squared gap in units of D² and its count of gaps
-(``n_arm_stats`` columns each: D² is the mean of those means over the arms, ``arm_scale``).
+(after the number of arms with a gap; ``n_arm_stats`` columns each: D² is the mean of
+those means over the arms, ``arm_scale``).
 
 >>> k = Kernel("cumulative", n_arms=3, n_contexts=1, gamma=1.0)
 >>> t = Table(k, k.initial_rows(2))
@@ -421,8 +422,10 @@ cdef class Kernel:
             raise ValueError(f"initial state must have {self.n_state} entries")
         self.n_clocks = n_contexts if self.tsallis and n_contexts > 1 else 0
         self.n_arm_stats = n_arms if self.tsallis else 0
-        # clocks, means, counts; then each arm's mean squared gap and count of gaps
-        self.width = C_HEAD + self.n_state + 3 * self.n_clocks + 2 * self.n_arm_stats
+        # clocks, means, counts; then the arms with a gap, each arm's mean squared gap and
+        # its count of gaps
+        self.width = C_HEAD + self.n_state + 3 * self.n_clocks + (
+            2 * self.n_arm_stats + 1 if self.tsallis else 0)
         self.scratch = np.zeros(2 * max(self.n_arms, self.n_state))
 
     def _bind_markov(self, arm_of, src, dst, log_t):
@@ -542,18 +545,24 @@ cdef class Kernel:
         >>> Kernel("cumulative", 2, learner="tsallis").arm_stats_problem([1.5, 0.5], [2, 0], 9)
         'arm mean squares must be finite and >= 0, and 0 for an arm with no gap, got [1.5, 0.5]'
         """
-        block = np.concatenate([np.ravel(mean_squares), np.ravel(counts)]).astype(float)
-        cdef double[::1] values = block
-        if block.shape[0] != 2 * self.n_arm_stats:
-            raise ValueError(f"{self.n_arm_stats} arm mean squares and counts, got {block.shape[0]}")
+        pair = np.concatenate([np.ravel(mean_squares), np.ravel(counts)]).astype(float)
+        if pair.shape[0] != 2 * self.n_arm_stats:
+            raise ValueError(f"{self.n_arm_stats} arm mean squares and counts, got {pair.shape[0]}")
         if self.n_arm_stats == 0:
             return None
+        block = np.concatenate([[np.count_nonzero(pair[self.n_arm_stats:])], pair])
+        cdef double[::1] values = block
         return self.arm_stats_problem_of(&values[0], n_updates)
 
-    cdef str arm_stats_problem_of(self, const double* block, double n_updates):
+    cdef str arm_stats_problem_of(self, const double* stats, double n_updates):
+        """The arms' block of a row: the number of arms with a gap, then the mean squares
+        and the counts (``arm_scale``)."""
         cdef Py_ssize_t i, m = self.n_arm_stats
+        cdef const double* block = stats + 1
         cdef bint whole = True, fine = True
+        cdef double played = 0.0
         for i in range(m):
+            played += block[m + i] > 0.0
             whole = whole and 0.0 <= block[m + i] <= n_updates and (
                 block[m + i] == floor(block[m + i]))
             fine = fine and isfinite(block[i]) and block[i] >= 0.0 and (
@@ -566,6 +575,8 @@ cdef class Kernel:
             counts = [block[m + i] for i in range(m)]
             return (f"arm gap counts must be whole numbers from 0 to n_updates = "
                     f"{n_updates:g}, got {counts}")
+        if stats[0] != played:
+            return f"arms with a gap must be {played:g} (the counts above 0), got {stats[0]!r}"
         return None
 
     def arm_stats_from_scale(self, bint scaled) -> np.ndarray:
@@ -577,16 +588,18 @@ cdef class Kernel:
         >>> Kernel("cumulative", 3, learner="tsallis").arm_stats_from_scale(True).tolist()
         [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
         """
-        out = np.zeros(2 * self.n_arm_stats)
+        out = np.zeros(2 * self.n_arm_stats + 1)
         cdef double[::1] view = out
         if self.n_arm_stats:
             self.fill_arm_stats(scaled, &view[0])
-        return out
+        return out[1:]
 
-    cdef void fill_arm_stats(self, bint scaled, double* block) noexcept nogil:
+    cdef void fill_arm_stats(self, bint scaled, double* stats) noexcept nogil:
+        """The arms' block (``arm_stats_problem_of``) ``arm_stats_from_scale`` gives."""
         cdef Py_ssize_t i
+        stats[0] = self.n_arm_stats if scaled else 0.0
         for i in range(2 * self.n_arm_stats):
-            block[i] = 1.0 if scaled else 0.0
+            stats[1 + i] = 1.0 if scaled else 0.0
 
     def tsallis_rates(self, row) -> np.ndarray:
         """η̃ of every context of the instance ``row`` (``width`` values): ``tsallis_eta``.
@@ -921,9 +934,9 @@ cdef class Kernel:
         g_mant = gap_of(loss, m, &g_exp)
         if d_mant == 0.0:  # the first non-zero gap sets D; nothing was learned before
             if g_mant == 0.0:  # one more gap of 0 in the arm's mean
-                row[self.width - self.n_arms + arm] += 1.0
+                self.arm_scale(row, arm, 0.0, True)
                 return
-            f = self.arm_scale(row, arm, 1.0)  # D = |gap|, then its mean over the arms
+            f = self.arm_scale(row, arm, 1.0, True)  # D = |gap|, then the mean over arms
             row[C_D_MANT] = frexp(fabs(g_mant) * f, &e)
             row[C_D_EXP] = g_exp + e
             if one_mean:
@@ -933,7 +946,7 @@ cdef class Kernel:
                                       copysign(1.0, g_mant) / (q * f))
             return
         full = floor(ldexp(g_mant / d_mant, g_exp - d_exp) * GRID + 0.5) / GRID  # gap / D
-        f = self.arm_scale(row, arm, full)  # D'/D
+        f = self.arm_scale(row, arm, full, False)  # D'/D
         ratio = 1.0 / f
         if one_mean:  # the mean takes the gap as far as lim·D
             row[C_PSI] = m + ldexp(clamped(full, lim) * d_mant / (n + 1.0), d_exp)
@@ -946,35 +959,36 @@ cdef class Kernel:
         u = clamped(full * ratio, CUT)  # in units of D'; only the estimate is cut
         self.tsallis_estimate(row + C_HEAD + ctx * self.n_arms, arm, q, eta, u / q)
 
-    cdef double arm_scale(self, double* row, int64_t arm, double x) noexcept nogil:
+    cdef double arm_scale(self, double* row, int64_t arm, double x,
+                          bint unscaled) noexcept nogil:
         """D'/D once the played arm's squared gap x² (x = gap/D) joins its mean. D² is the
         mean, over the arms with a gap so far, of each arm's mean squared gap (the last
-        2·M columns: those means in units of D², then each arm's count of gaps), so an arm
-        that is not played keeps its weight in D: a run that plays only arms of constant
-        loss does not shrink D, and the state (in units of D) does not push the others
-        away. x² counts only as far as D at most doubles; the means are rescaled to D'."""
+        2·M + 1 columns: the number of arms with a gap, each arm's mean squared gap in
+        units of D², each arm's count of gaps), so an arm that is not played keeps its
+        weight in D: a run that plays only arms of constant loss does not shrink D, and
+        the state (in units of D) does not push the others away. x² counts only as far as
+        D at most doubles; the means are rescaled to D', so they sum to the number of arms
+        with a gap, which stands for their sum (``unscaled``: D is not set yet, every mean
+        is 0: their sum is 0)."""
         cdef Py_ssize_t i, m = self.n_arms
-        cdef double* mean_sq = row + self.width - 2 * m
-        cdef double* count = row + self.width - m
-        cdef double k = count[arm], played = 0.0, total = 0.0, cap, x2 = x * x
-        for i in range(m):
-            if count[i] > 0.0:
-                played += 1.0
+        cdef double* stats = row + self.width - 2 * m - 1
+        cdef double* mean_sq = stats + 1
+        cdef double* count = mean_sq + m
+        cdef double k = count[arm], old = mean_sq[arm], played = stats[0], cap, total
+        cdef double held = 0.0 if unscaled else played
         if k == 0.0:  # the arm joins the mean: (played - 1 + x²)/played <= 4
             played += 1.0
             cap = 3.0 * played + 1.0
         else:  # 1 + (x² - mean_sq)/((k + 1)·played) <= 4
-            cap = mean_sq[arm] + 3.0 * played * (k + 1.0)
-        mean_sq[arm] += ((x2 if x2 < cap else cap) - mean_sq[arm]) / (k + 1.0)
-        count[arm] = k + 1.0
-        for i in range(m):
-            if count[i] > 0.0:
-                total += mean_sq[i]
-        total = total / played
+            cap = old + 3.0 * played * (k + 1.0)
+        stats[0], count[arm] = played, k + 1.0
+        mean_sq[arm] = old + ((x * x if x * x < cap else cap) - old) / (k + 1.0)
+        total = (held - old + mean_sq[arm]) / played
         if not (total > 0.0):  # every gap so far 0 in every arm: D stays
             return 1.0
+        cap = 1.0 / total
         for i in range(m):
-            mean_sq[i] = mean_sq[i] / total
+            mean_sq[i] = mean_sq[i] * cap
         return sqrt(total)
 
     cdef double context_baseline(self, double* row, int ctx, double n, double lim,

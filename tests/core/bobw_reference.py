@@ -26,7 +26,7 @@ class BobwReference:
         self.means = [0.0] * n_contexts  # each context's mean loss
         self.counts = [0] * n_contexts  # the losses in each context's mean
         self.mean, self.d, self.n = 0.0, 0.0, 0  # the mean of every loss, D, the losses
-        self.arm_sq = [0.0] * n_arms  # each arm's mean squared gap, in loss units
+        self.arm_sq = [0.0] * n_arms  # each arm's mean squared gap, in units of D²
         self.arm_gaps = [0] * n_arms  # each arm's count of gaps
 
     def eta(self, ctx: int = 0) -> float:
@@ -78,18 +78,20 @@ class BobwReference:
 
     def _arm_scale(self, arm: int, x: float) -> float:
         """D after the arm's gap x·D: its square joins the arm's mean (only as far as the
-        mean over the arms with a gap at most quadruples), D² that mean."""
-        k, d2 = self.arm_gaps[arm], self.d * self.d
+        mean over the arms with a gap at most quadruples), D² that mean; the means are
+        kept in units of D² (in loss units they underflow for losses near 1e-160)."""
+        k, r = self.arm_gaps[arm], self.arm_sq
         played = sum(1 for c in self.arm_gaps if c > 0) + (k == 0)
-        held = sum(s for s, c in zip(self.arm_sq, self.arm_gaps, strict=True) if c > 0) / d2
-        if k == 0:  # the sum of the squares (held + x²) at most 4·played (4·D²)
-            cap = 4.0 * played - held
-        else:
-            cap = self.arm_sq[arm] / d2 + (4.0 * played - held) * (k + 1)
-        self.arm_sq[arm] += (min(x * x, cap) * d2 - self.arm_sq[arm]) / (k + 1)
+        held = sum(s for s, c in zip(r, self.arm_gaps, strict=True) if c > 0)
+        room = 4.0 * played - held  # the sum of the squares at most 4·played (4·D²)
+        cap = room if k == 0 else r[arm] + room * (k + 1)
+        r[arm] += (min(x * x, cap) - r[arm]) / (k + 1)
         self.arm_gaps[arm] = k + 1
-        total = sum(s for s, c in zip(self.arm_sq, self.arm_gaps, strict=True) if c > 0) / played
-        return math.sqrt(total) if total > 0.0 else self.d
+        total = sum(s for s, c in zip(r, self.arm_gaps, strict=True) if c > 0) / played
+        if total <= 0.0:
+            return self.d
+        self.arm_sq = [s / total for s in r]
+        return self.d * math.sqrt(total)
 
     def _context_baseline(self, ctx: int, n: int, loss: float) -> float:
         """(k·m_c + P·m)/(k + P); then m, m_c and k take the loss, each gap only as far

@@ -11,6 +11,7 @@ from tsi_core import Bandit
 from tsi_core.migrate import migrate
 
 M = 4
+ARMS = 2 * M + 1  # the arms' block: the arms with a gap, M mean squares, M counts
 
 
 def trained(rounds: int = 300, seed: int = 0) -> Bandit:
@@ -35,6 +36,7 @@ def test_d_squared_is_the_mean_of_the_arms_mean_squares_and_counts_are_the_gaps(
     b = trained()
     played = counts(b) > 0
     assert counts(b).sum() == b.n_updates - 1  # the first loss is the mean: no gap
+    assert b._row[-ARMS] == played.sum()  # the arms with a gap, kept in the row
     assert squares(b)[played].mean() == pytest.approx(1.0, rel=1e-12)  # in units of D²
 
 
@@ -61,7 +63,7 @@ def test_bytes_and_snapshots_from_before_keep_d_and_every_q():
     snap = b.to_dict()
     del snap["arm_mean_squares"], snap["arm_gap_counts"]
     for again in (
-        Bandit.unpack(b.pack()[: -8 * 2 * M], Bandit(M, variant="bobw"), "u"),
+        Bandit.unpack(b.pack()[: -8 * ARMS], Bandit(M, variant="bobw"), "u"),
         Bandit.from_dict({**snap, "version": 4}),
     ):
         assert again.D == b.D and again.probabilities().tolist() == q
@@ -75,7 +77,7 @@ def test_bytes_and_snapshots_from_before_keep_d_and_every_q():
 
 def test_a_fresh_bandit_before_any_gap_reads_back_from_old_bytes_with_none():
     b = Bandit(M, variant="bobw")
-    again = Bandit.unpack(b.pack()[: -8 * 2 * M], Bandit(M, variant="bobw"), "u")
+    again = Bandit.unpack(b.pack()[: -8 * ARMS], Bandit(M, variant="bobw"), "u")
     assert again._arm_stats.tolist() == [0.0] * (2 * M)
 
 
@@ -95,7 +97,8 @@ def test_bad_arm_statistics_are_refused_in_snapshots_and_in_bytes(squares_, coun
     with pytest.raises(ValueError, match=message):
         Bandit.from_dict({**snap, "arm_mean_squares": squares_, "arm_gap_counts": counts_})
     packed = b.pack()
-    blob = packed[: -8 * 2 * M] + struct.pack(f"<{2 * M}d", *squares_, *counts_)
+    played = sum(c > 0 for c in counts_)
+    blob = packed[: -8 * ARMS] + struct.pack(f"<{ARMS}d", played, *squares_, *counts_)
     with pytest.raises(ValueError, match=message):
         Bandit.unpack(blob, Bandit(M, variant="bobw"), "u")
     assert b.to_dict() == snap  # the source is untouched
@@ -111,6 +114,13 @@ def test_bad_arm_statistics_are_refused_in_snapshots_and_in_bytes(squares_, coun
 def test_arm_statistics_of_the_wrong_shape_or_type_are_refused(field, value, message):
     with pytest.raises(ValueError, match=message):
         Bandit.from_dict({**trained().to_dict(), field: value})
+
+
+def test_bytes_whose_count_of_arms_with_a_gap_disagrees_are_refused():
+    packed = trained().pack()
+    blob = packed[: -8 * ARMS] + struct.pack("<d", M - 1) + packed[-8 * (ARMS - 1) :]
+    with pytest.raises(ValueError, match="arms with a gap must be 4"):
+        Bandit.unpack(blob, Bandit(M, variant="bobw"), "u")
 
 
 def test_migration_carries_each_kept_arms_statistics_and_keeps_d():

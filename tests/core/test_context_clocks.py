@@ -68,7 +68,7 @@ def old_rate_probabilities(b: Bandit, ctx: int) -> list[float]:
 def test_bytes_packed_before_the_clocks_unpack_to_the_rate_each_context_had():
     b = trained()
     blob = b.pack()
-    old = blob[: -8 * (9 + 8)]  # the layout before: no clocks, context means, arm statistics
+    old = blob[: -8 * (9 + 9)]  # the layout before: no clocks, context means, arm statistics
     again = Bandit.unpack(old, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert again._clocks.tolist() == [(1.0 + b._vn) / 3 - 1.0] * 3
     for ctx in range(3):
@@ -111,8 +111,8 @@ def test_a_bad_clock_is_refused_in_snapshots_and_in_bytes(clocks, message):
         Bandit.from_dict(snap)
     if len(clocks) == 3:
         packed = b.pack()
-        # the clocks, then 3 context means and counts and 4 arms' mean squares and counts
-        blob = packed[: -8 * (9 + 8)] + struct.pack("<3d", *clocks) + packed[-8 * (6 + 8) :]
+        # the clocks, then 3 context means and counts and the 4 arms' block (9 values)
+        blob = packed[: -8 * (9 + 9)] + struct.pack("<3d", *clocks) + packed[-8 * (6 + 9) :]
         with pytest.raises(ValueError, match="context clocks must be finite and >= 0"):
             Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert b.to_dict()["clocks"] != clocks  # the source is untouched

@@ -68,7 +68,7 @@ def test_bytes_and_snapshots_from_before_serve_the_same_q_and_restart_each_mean(
     b = played(3, [0.0, 10.0, 20.0], 400)
     blob = b.pack()
     for again in (
-        Bandit.unpack(blob[: -8 * (6 + 8)], Bandit(4, Contextual(3), variant="bobw"), "u"),
+        Bandit.unpack(blob[: -8 * (6 + 9)], Bandit(4, Contextual(3), variant="bobw"), "u"),
         Bandit.from_dict({**b.to_dict(), "version": 3}),
     ):
         assert means(again) == [b.psi] * 3 and counts(again) == [0.0] * 3
@@ -98,7 +98,7 @@ def test_a_bad_mean_or_count_is_refused_in_snapshots_and_in_bytes(field, value, 
     with pytest.raises(ValueError, match=message):
         Bandit.from_dict({**snap, field: value})
     packed = b.pack()
-    at = len(packed) - 8 * 8 - 8 * (6 if field == "context_means" else 3)  # 4 arms' stats last
+    at = len(packed) - 8 * 9 - 8 * (6 if field == "context_means" else 3)  # the arms' 9 last
     blob = packed[:at] + struct.pack("<3d", *value) + packed[at + 24 :]
     with pytest.raises(ValueError, match=message):
         Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
@@ -124,7 +124,7 @@ def test_a_new_contexts_first_loss_is_learned_from_the_mean_of_all():
     fresh = Bandit(4, Contextual(4), variant="bobw")
     fresh._row[:] = np.concatenate([b._row[:6], b._state.ravel(), np.zeros(4), b._clocks,
                                     [0.0], means(b), [b.psi], counts(b), [0.0],
-                                    b._arm_stats])  # fmt: skip
+                                    b._row[-9:]])  # fmt: skip
     before = fresh.weight_shares(3).tolist()
     assert before == [0.25] * 4
     t = fresh.select(context=3, u=0.5)
