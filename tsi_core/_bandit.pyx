@@ -138,6 +138,23 @@ cdef inline double _get_double(const unsigned char* at) noexcept:
     return value
 
 
+cdef Py_ssize_t stored_columns(Kernel kernel, blob, BanditCore template) except -1:
+    """The columns after the head that packed bytes hold: the kernel's every one, or as
+    many as a row packed before the arms' gap statistics had (and before the context
+    means, or also the clocks); ValueError for bytes of any other size."""
+    cdef Py_ssize_t n_state = kernel.width - C_HEAD, size = PACKED_HEAD + 8 * n_state
+    cdef Py_ssize_t c = kernel.n_clocks, a = kernel.n_arm_stats
+    cdef Py_ssize_t n_old = n_state - (2 * a + 1 if a else 0)  # before the arm statistics
+    cdef tuple older = (n_old, n_old - 2 * c, n_old - 3 * c)  # no arms (means, clocks)
+    if type(blob) is bytes and len(<bytes>blob) == size:
+        return n_state
+    if type(blob) is bytes and (c or n_old < n_state) and (
+            len(<bytes>blob) in [PACKED_HEAD + 8 * n for n in older]):
+        return (len(<bytes>blob) - PACKED_HEAD) // 8
+    shape = template.structure.state_shape
+    raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
+
+
 def unpacked(type cls, blob, BanditCore template, instance_id):
     """A ``cls`` instance from ``BanditCore._packed`` bytes, configured as ``template``
     (``Bandit.unpack`` without its pending tickets); ValueError for bytes of another size
@@ -146,19 +163,10 @@ def unpacked(type cls, blob, BanditCore template, instance_id):
     (``Kernel.fill_clocks``) and the means from ψ (``Kernel.fill_means``); bytes packed
     before each arm had its own gap statistics get them from D (``Kernel.fill_arm_stats``)."""
     cdef Kernel kernel = template._kernel
-    cdef Py_ssize_t i, n_state = kernel.width - C_HEAD
-    cdef Py_ssize_t size = PACKED_HEAD + 8 * n_state
-    cdef Py_ssize_t c = kernel.n_clocks
+    cdef Py_ssize_t i, n_state = kernel.width - C_HEAD, c = kernel.n_clocks
     cdef Py_ssize_t a = kernel.n_arm_stats
     cdef Py_ssize_t n_old = n_state - (2 * a + 1 if a else 0)  # before the arm statistics
-    cdef Py_ssize_t n_stored = n_state
-    cdef tuple older = (n_old, n_old - 2 * c, n_old - 3 * c)  # no arms (means, clocks)
-    if type(blob) is bytes and len(<bytes>blob) != size and (c or n_old < n_state) and (
-            len(<bytes>blob) in [PACKED_HEAD + 8 * n for n in older]):
-        n_stored = (len(<bytes>blob) - PACKED_HEAD) // 8
-    elif type(blob) is not bytes or len(<bytes>blob) != size:
-        shape = template.structure.state_shape
-        raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
+    cdef Py_ssize_t n_stored = stored_columns(kernel, blob, template)
     cdef const unsigned char* at = <const unsigned char*>PyBytes_AS_STRING(blob)
     cdef double psi = _get_double(at), vn = _get_double(at + 8), d_mant = _get_double(at + 16)
     cdef int64_t d_exp = <int64_t>_get_u64(at + 24)

@@ -397,30 +397,35 @@ def test_the_holdout_gets_its_share_within_sampling_error():
         assert min(s["prob"] for s in held) >= 0.1 + 0.9 * 0.02 - 1e-12
 
 
-@pytest.mark.parametrize("seed", [0, SEED])
-def test_default_loss_is_what_lets_the_conversion_experiment_find_its_best_arm(seed):
+def last_fifth_shares(seed: int, with_default: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The signup experiment's arm shares over its last 1,000 of 5,000 requests, and every
+    logged prob; without default_loss when ``with_default`` is False."""
+    toml = registry_toml(SIGNUP, seed)
+    if not with_default:
+        toml = toml.replace("default_loss = 1.0\n", "")
+    registry = Registry.from_toml(toml)
+    assert (registry["signup"].default_loss is not None) == with_default
+    loop = run_demo(generate(20_000, seed=seed, scenarios=SIGNUP), registry)
+    served = sorted(loop.selections, key=lambda s: s["request_id"])
+    arms = np.array([s["arm"] for s in served])
+    assert len(arms) == 5000
+    return np.bincount(arms[4000:], minlength=4) / 1000, np.array([s["prob"] for s in served])
+
+
+def test_default_loss_is_what_lets_the_conversion_experiment_find_its_best_arm():
     """Feedback only for conversions: with default_loss the best flow (social, 16%) gets
-    the most traffic by the last fifth; without it every loss seen is 0, the
-    probabilities never leave uniform and the traffic stays spread evenly."""
-    shares = {}
-    for with_default in (True, False):
-        toml = registry_toml(SIGNUP, seed)
-        if not with_default:
-            toml = toml.replace("default_loss = 1.0\n", "")
-        registry = Registry.from_toml(toml)
-        assert (registry["signup"].default_loss is not None) == with_default
-        loop = run_demo(generate(20_000, seed=seed, scenarios=SIGNUP), registry)
-        served = sorted(loop.selections, key=lambda s: s["request_id"])
-        arms = np.array([s["arm"] for s in served])
-        assert len(arms) == 5000
-        shares[with_default] = np.bincount(arms[4000:], minlength=4) / 1000
-        probs = np.array([s["prob"] for s in served])
-        if not with_default:
-            assert np.allclose(probs, 0.25, atol=1e-12)
+    more than 80% of the last fifth in 18 of 20 seeds or more (a run can settle on the
+    second-best flow early and stay: one of these 20, about 7 in 100 over seeds 0-99);
+    without it every loss seen is 0, the probabilities never leave uniform and the
+    traffic stays spread evenly."""
     best = int(np.argmin(SIGNUP[0].means))
     assert SIGNUP[0].arms[best] == "social"
-    assert shares[True].argmax() == best and shares[True][best] > 0.8, shares
-    assert shares[False].max() < 0.35, shares
+    found = [last_fifth_shares(seed, True)[0][best] > 0.8 for seed in range(20)]
+    assert sum(found) >= 18, found
+    for seed in (0, SEED):
+        shares, probs = last_fifth_shares(seed, False)
+        assert np.allclose(probs, 0.25, atol=1e-12)
+        assert shares.max() < 0.35, shares
 
 
 def test_a_mean_of_feedback_that_is_all_equal_says_so(demo):
