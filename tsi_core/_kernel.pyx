@@ -550,9 +550,21 @@ cdef class Kernel:
             raise ValueError(f"{self.n_arm_stats} arm mean squares and counts, got {pair.shape[0]}")
         if self.n_arm_stats == 0:
             return None
-        block = np.concatenate([[np.count_nonzero(pair[self.n_arm_stats:])], pair])
-        cdef double[::1] values = block
+        cdef double[::1] values = self.arm_block(pair)
         return self.arm_stats_problem_of(&values[0], n_updates)
+
+    def arm_block(self, pair) -> np.ndarray:
+        """The row's last columns for the arms' mean squares and counts ``pair`` (2·M
+        values): the number of arms with a gap (a count above 0), then ``pair``; none for
+        the exponential-weights learner.
+
+        >>> Kernel("cumulative", 2, learner="tsallis").arm_block([1.5, 0.0, 3, 0]).tolist()
+        [1.0, 1.5, 0.0, 3.0, 0.0]
+        """
+        pair = np.ravel(pair).astype(float)
+        if self.n_arm_stats == 0:
+            return pair
+        return np.concatenate([[np.count_nonzero(pair[self.n_arm_stats:] > 0.0)], pair])
 
     cdef str arm_stats_problem_of(self, const double* stats, double n_updates):
         """The arms' block of a row: the number of arms with a gap, then the mean squares

@@ -225,11 +225,8 @@ class Bandit(BanditCore):
     @_arm_stats.setter
     def _arm_stats(self, value: np.ndarray) -> None:
         """Sets the column before them too: the number of arms with a gap."""
-        values = np.asarray(value, dtype=float).ravel()
-        m = self._table.kernel.n_arm_stats
-        if m:
-            self._row[self._row.shape[0] - 2 * m - 1] = np.count_nonzero(values[m:])
-        self._arm_stats[:] = values
+        block = self._table.kernel.arm_block(value)
+        self._row[self._row.shape[0] - block.shape[0] :] = block
 
     # ---------------------------------------------------------------- statistics
     @property
