@@ -9,22 +9,20 @@ the ``Ticket``. The instance's own uniform draws come straight from its numpy ge
 C interface: the same numbers ``Generator.random()`` returns.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_SET_ITEM
-from libc.math cimport INFINITY, isfinite, isnan
+from libc.math cimport isfinite
 from libc.stdint cimport int64_t, uint64_t
-from libc.string cimport memcpy
 
 import numpy as np
 
 from tsi_core._kernel cimport (
-    C_D_EXP, C_D_MANT, C_HEAD, C_N_ROUNDS, C_N_UPDATES, C_PSI, C_VN, WHY_FORCED, Alloc,
-    Kernel, Table, alloc_of,
+    C_N_ROUNDS, WHY_FORCED, Alloc, Kernel, Table, alloc_of,
 )
 from tsi_core._kernel import WHYS
+from tsi_core._packing cimport packed_row, row_from_bytes
 from tsi_core.allocation import Allocation, eligible_mask
 from tsi_core.ticket import Ticket, TicketError
 from tsi_core.validate import check_draw, check_loss, context_problem
@@ -104,100 +102,15 @@ cdef inline object field(object ticket, Py_ssize_t i):
     return <object>PyTuple_GET_ITEM(ticket, i)
 
 
-MAX_COUNT = 2**53  # counters live in the kernel's float64 rows: exact up to here
-cdef int64_t _MAX_COUNT = MAX_COUNT
-cdef enum:
-    PACKED_HEAD = 48  # ψ, V/D², D's mantissa (float64); D's exponent, updates, rounds (int64)
-
-
-cdef inline void _put_u64(unsigned char* at, uint64_t value) noexcept:
-    """``value`` little-endian at ``at`` (one store on a little-endian machine)."""
-    cdef int i
-    for i in range(8):
-        at[i] = (value >> (8 * i)) & 0xFF
-
-
-cdef inline uint64_t _get_u64(const unsigned char* at) noexcept:
-    cdef uint64_t value = 0
-    cdef int i
-    for i in range(8):
-        value |= (<uint64_t>at[i]) << (8 * i)
-    return value
-
-
-cdef inline void _put_double(unsigned char* at, double value) noexcept:
-    cdef uint64_t bits
-    memcpy(&bits, &value, 8)
-    _put_u64(at, bits)
-
-
-cdef inline double _get_double(const unsigned char* at) noexcept:
-    cdef uint64_t bits = _get_u64(at)
-    cdef double value
-    memcpy(&value, &bits, 8)
-    return value
-
-
-cdef Py_ssize_t stored_columns(Kernel kernel, blob, BanditCore template) except -1:
-    """The columns after the head that packed bytes hold: the kernel's every one, or as
-    many as a row packed before the arms' gap statistics had (and before the context
-    means, or also the clocks); ValueError for bytes of any other size."""
-    cdef Py_ssize_t n_state = kernel.width - C_HEAD, size = PACKED_HEAD + 8 * n_state
-    cdef Py_ssize_t c = kernel.n_clocks, a = kernel.n_arm_stats
-    cdef Py_ssize_t n_old = n_state - (2 * a + 1 if a else 0)  # before the arm statistics
-    cdef tuple older = (n_old, n_old - 2 * c, n_old - 3 * c)  # no arms (means, clocks)
-    if type(blob) is bytes and len(<bytes>blob) == size:
-        return n_state
-    if type(blob) is bytes and (c or n_old < n_state) and (
-            len(<bytes>blob) in [PACKED_HEAD + 8 * n for n in older]):
-        return (len(<bytes>blob) - PACKED_HEAD) // 8
-    shape = template.structure.state_shape
-    raise ValueError(f"a packed {shape} bandit is {size} bytes, got {blob!r:.80}")
-
-
 def unpacked(type cls, blob, BanditCore template, instance_id):
-    """A ``cls`` instance from ``BanditCore._packed`` bytes, configured as ``template``
-    (``Bandit.unpack`` without its pending tickets); ValueError for bytes of another size
-    or values no instance can hold. Bytes packed before each context had its own clock
-    and mean (the Tsallis learner with several contexts) get the clocks from the total
-    (``Kernel.fill_clocks``) and the means from ψ (``Kernel.fill_means``); bytes packed
-    before each arm had its own gap statistics get them from D (``Kernel.fill_arm_stats``)."""
+    """A ``cls`` instance from ``BanditCore._packed`` bytes of any release, configured as
+    ``template`` (``Bandit.unpack`` without its pending tickets); ValueError for bytes of
+    another layout or size or values no instance can hold (``_packing.row_from_bytes``)."""
     cdef Kernel kernel = template._kernel
-    cdef Py_ssize_t i, n_state = kernel.width - C_HEAD, c = kernel.n_clocks
-    cdef Py_ssize_t a = kernel.n_arm_stats
-    cdef Py_ssize_t n_old = n_state - (2 * a + 1 if a else 0)  # before the arm statistics
-    cdef Py_ssize_t n_stored = stored_columns(kernel, blob, template)
-    cdef const unsigned char* at = <const unsigned char*>PyBytes_AS_STRING(blob)
-    cdef double psi = _get_double(at), vn = _get_double(at + 8), d_mant = _get_double(at + 16)
-    cdef int64_t d_exp = <int64_t>_get_u64(at + 24)
-    cdef int64_t n_updates = <int64_t>_get_u64(at + 32), n_rounds = <int64_t>_get_u64(at + 40)
-    if isnan(psi) or not (0.0 <= vn < INFINITY) or not (0.0 <= d_mant < 1.0):
-        raise ValueError(f"packed statistics out of range: psi={psi}, vn={vn}, d={d_mant}")
     rows = np.empty((1, kernel.width))
     cdef double[:, ::1] view = rows
     cdef double* row = &view[0, 0]
-    row[C_PSI], row[C_VN], row[C_D_MANT] = psi, vn, d_mant
-    row[C_D_EXP], row[C_N_UPDATES], row[C_N_ROUNDS] = d_exp, n_updates, n_rounds
-    for i in range(n_stored):
-        row[C_HEAD + i] = _get_double(at + PACKED_HEAD + 8 * i)
-    if n_stored < n_old - 2 * c:
-        kernel.fill_clocks(vn, row + C_HEAD + kernel.n_state)
-    if n_stored < n_old:
-        kernel.fill_means(psi, row + C_HEAD + kernel.n_state + c)
-    if n_stored < n_state:
-        kernel.fill_arm_stats(d_mant != 0.0, row + C_HEAD + n_old)
-    counted = 0 <= n_updates <= _MAX_COUNT and 0 <= n_rounds <= _MAX_COUNT
-    problem = kernel.state_problem_of(row + C_HEAD)
-    if problem is None and c:
-        problem = kernel.clocks_problem_of(row + C_HEAD + kernel.n_state)
-    if problem is None and c and counted:
-        problem = kernel.means_problem_of(row + C_HEAD + kernel.n_state + c, n_updates)
-    if problem is None and n_old < n_state and counted:
-        problem = kernel.arm_stats_problem_of(row + C_HEAD + n_old, n_updates)
-    if not counted or problem is not None:
-        raise ValueError(
-            f"packed counters or weights invalid: {n_updates}, {n_rounds}, {problem}"
-        )
+    row_from_bytes(kernel, blob, row, template.structure.state_shape)
     made = cls.__new__(cls)  # the subclass's own fields (Bandit's slots) set by name
     made.n_arms, made.structure = template.n_arms, template.structure
     made.gamma, made.competition = template.gamma, template.competition
@@ -256,24 +169,9 @@ cdef class BanditCore:
         return 0
 
     def _packed(self) -> bytes:
-        """The row as bytes (``unpacked`` reads them): ψ, V/D² and D's mantissa as
-        float64, D's exponent and the counters as int64, then the state, the context
-        clocks, means and counts (``Kernel.n_clocks`` each), the number of arms with a gap,
-        the arms' mean squared gaps and gap counts (``Kernel.n_arm_stats`` each) as
-        float64, all little-endian."""
-        cdef Py_ssize_t i, n_state = self._kernel.width - C_HEAD
-        cdef bytes out = PyBytes_FromStringAndSize(NULL, PACKED_HEAD + 8 * n_state)
-        cdef unsigned char* at = <unsigned char*>PyBytes_AS_STRING(out)
-        cdef const double* row = self._data
-        _put_double(at, row[C_PSI])
-        _put_double(at + 8, row[C_VN])
-        _put_double(at + 16, row[C_D_MANT])
-        _put_u64(at + 24, <uint64_t><int64_t>row[C_D_EXP])
-        _put_u64(at + 32, <uint64_t><int64_t>row[C_N_UPDATES])
-        _put_u64(at + 40, <uint64_t><int64_t>row[C_N_ROUNDS])
-        for i in range(n_state):
-            _put_double(at + PACKED_HEAD + 8 * i, row[C_HEAD + i])
-        return out
+        """The row as bytes in the layout ``tsi_core._packing`` describes (``unpacked``
+        reads them back)."""
+        return packed_row(self._kernel, self._data)
 
     # ------------------------------------------------------------------ draws
     @property

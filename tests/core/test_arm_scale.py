@@ -2,11 +2,10 @@
 squared gap, so that an arm that is not played keeps its weight in D. Its per-arm
 statistics travel in snapshots, bytes and migrations, and bad ones are refused."""
 
-import struct
-
 import numpy as np
 import pytest
 
+from tests.core.packed_layout import columns_of, compact_of
 from tsi_core import Bandit
 from tsi_core.migrate import migrate
 
@@ -63,7 +62,7 @@ def test_bytes_and_snapshots_from_before_keep_d_and_every_q():
     snap = b.to_dict()
     del snap["arm_mean_squares"], snap["arm_gap_counts"]
     for again in (
-        Bandit.unpack(b.pack()[: -8 * ARMS], Bandit(M, variant="bobw"), "u"),
+        Bandit.unpack(columns_of(b._row)[: -8 * ARMS], Bandit(M, variant="bobw"), "u"),
         Bandit.from_dict({**snap, "version": 4}),
     ):
         assert again.D == b.D and again.probabilities().tolist() == q
@@ -77,7 +76,7 @@ def test_bytes_and_snapshots_from_before_keep_d_and_every_q():
 
 def test_a_fresh_bandit_before_any_gap_reads_back_from_old_bytes_with_none():
     b = Bandit(M, variant="bobw")
-    again = Bandit.unpack(b.pack()[: -8 * ARMS], Bandit(M, variant="bobw"), "u")
+    again = Bandit.unpack(columns_of(b._row)[: -8 * ARMS], Bandit(M, variant="bobw"), "u")
     assert again._arm_stats.tolist() == [0.0] * (2 * M)
 
 
@@ -96,11 +95,14 @@ def test_bad_arm_statistics_are_refused_in_snapshots_and_in_bytes(squares_, coun
     snap = b.to_dict()
     with pytest.raises(ValueError, match=message):
         Bandit.from_dict({**snap, "arm_mean_squares": squares_, "arm_gap_counts": counts_})
-    packed = b.pack()
-    played = sum(c > 0 for c in counts_)
-    blob = packed[: -8 * ARMS] + struct.pack(f"<{ARMS}d", played, *squares_, *counts_)
-    with pytest.raises(ValueError, match=message):
-        Bandit.unpack(blob, Bandit(M, variant="bobw"), "u")
+    row = np.array(b._row)
+    row[-ARMS:] = [sum(c > 0 for c in counts_), *squares_, *counts_]
+    blobs = [columns_of(row)]  # the columns of the release before; compact if it can say it
+    if all(c == int(c) and (c or not s) for s, c in zip(squares_, counts_, strict=True)):
+        blobs.append(compact_of(row, M))
+    for blob in blobs:
+        with pytest.raises(ValueError, match=message):
+            Bandit.unpack(blob, Bandit(M, variant="bobw"), "u")
     assert b.to_dict() == snap  # the source is untouched
 
 
@@ -117,8 +119,9 @@ def test_arm_statistics_of_the_wrong_shape_or_type_are_refused(field, value, mes
 
 
 def test_bytes_whose_count_of_arms_with_a_gap_disagrees_are_refused():
-    packed = trained().pack()
-    blob = packed[: -8 * ARMS] + struct.pack("<d", M - 1) + packed[-8 * (ARMS - 1) :]
+    row = np.array(trained()._row)
+    row[-ARMS] = M - 1  # compact arms derive it: only columns can disagree
+    blob = columns_of(row)
     with pytest.raises(ValueError, match="arms with a gap must be 4"):
         Bandit.unpack(blob, Bandit(M, variant="bobw"), "u")
 

@@ -9,6 +9,7 @@ import weakref
 import numpy as np
 import pytest
 
+from tests.core.packed_layout import layout_of
 from tsi_core import VARIANTS, Bandit, Contextual, Fixed, Markov, Switching, Ticket, TicketError
 
 
@@ -262,7 +263,7 @@ def test_pack_then_unpack_continues_exactly_like_the_original(competition):
         original.update(t, float((t.arm * 7 + i) % 5))
     packed = original.pack()
     copy = Bandit.unpack(packed, Bandit(4, competition), original.instance_id)
-    assert len(packed) == 8 * original._table.kernel.width  # 8 bytes a column, no more
+    assert packed == layout_of(original)  # the documented layout, nothing more
     for i in range(20):
         u = (i * 0.137) % 1.0
         a, b = original.select(context=ctx, u=u), copy.select(context=ctx, u=u)
@@ -286,7 +287,8 @@ def test_pack_refuses_while_a_ticket_is_pending_or_a_generator_is_owned():
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda blob: blob[:-8], "bytes"),
+        (lambda blob: blob[:-8], "end early"),
+        (lambda blob: blob[:40], "bytes of a known layout"),
         (lambda blob: bytearray(blob), "bytes"),
         (lambda blob: blob[:8] + np.array([np.nan]).tobytes() + blob[16:], "vn=nan"),
         (lambda blob: blob[:-8] + np.array([np.nan]).tobytes(), "weights"),

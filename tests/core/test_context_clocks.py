@@ -4,7 +4,6 @@ data written before the clocks (packed bytes, version-2 snapshots, a migration f
 shared clock) keep the rate each context had."""
 
 import math
-import struct
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from arena.lab.datasets import breast_cancer
 from arena.lab.environments import close_contextual
 from arena.runner import Contender, _tsi_matched, play
 from tests.core.bobw_reference import BobwReference
+from tests.core.packed_layout import columns_of, compact_of
 from tsi_core import Bandit, Contextual, migrate
 from tsi_core._kernel import Kernel
 from tsi_core.variant import TSALLIS_SCALE
@@ -68,7 +68,7 @@ def old_rate_probabilities(b: Bandit, ctx: int) -> list[float]:
 def test_bytes_packed_before_the_clocks_unpack_to_the_rate_each_context_had():
     b = trained()
     blob = b.pack()
-    old = blob[: -8 * (9 + 9)]  # the layout before: no clocks, context means, arm statistics
+    old = columns_of(b._row)[: -8 * (9 + 9)]  # before: no clocks, context means, arms' block
     again = Bandit.unpack(old, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert again._clocks.tolist() == [(1.0 + b._vn) / 3 - 1.0] * 3
     for ctx in range(3):
@@ -110,11 +110,12 @@ def test_a_bad_clock_is_refused_in_snapshots_and_in_bytes(clocks, message):
     with pytest.raises(ValueError, match=message):
         Bandit.from_dict(snap)
     if len(clocks) == 3:
-        packed = b.pack()
-        # the clocks, then 3 context means and counts and the 4 arms' block (9 values)
-        blob = packed[: -8 * (9 + 9)] + struct.pack("<3d", *clocks) + packed[-8 * (6 + 9) :]
-        with pytest.raises(ValueError, match="context clocks must be finite and >= 0"):
-            Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
+        row = np.array(b._row)
+        at = 6 + b._table.kernel.n_state  # the clocks follow the state
+        row[at : at + 3] = clocks
+        for blob in (columns_of(row), compact_of(row, 4)):
+            with pytest.raises(ValueError, match="context clocks must be finite and >= 0"):
+                Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert b.to_dict()["clocks"] != clocks  # the source is untouched
 
 

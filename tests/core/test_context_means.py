@@ -4,14 +4,13 @@ the mean ψ of every loss, (k·m_c + P·ψ)/(k + P). Data written before (packed
 snapshots before version 4, migrations from a learner without them) start each context's
 mean at its next loss."""
 
-import struct
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.core.bobw_reference import BobwReference
+from tests.core.packed_layout import columns_of, compact_of
 from tsi_core import Bandit, Contextual, migrate
 from tsi_core.variant import TSALLIS_SCALE
 
@@ -68,7 +67,9 @@ def test_bytes_and_snapshots_from_before_serve_the_same_q_and_restart_each_mean(
     b = played(3, [0.0, 10.0, 20.0], 400)
     blob = b.pack()
     for again in (
-        Bandit.unpack(blob[: -8 * (6 + 9)], Bandit(4, Contextual(3), variant="bobw"), "u"),
+        Bandit.unpack(
+            columns_of(b._row)[: -8 * (6 + 9)], Bandit(4, Contextual(3), variant="bobw"), "u"
+        ),
         Bandit.from_dict({**b.to_dict(), "version": 3}),
     ):
         assert means(again) == [b.psi] * 3 and counts(again) == [0.0] * 3
@@ -97,11 +98,12 @@ def test_a_bad_mean_or_count_is_refused_in_snapshots_and_in_bytes(field, value, 
     snap = b.to_dict()
     with pytest.raises(ValueError, match=message):
         Bandit.from_dict({**snap, field: value})
-    packed = b.pack()
-    at = len(packed) - 8 * 9 - 8 * (6 if field == "context_means" else 3)  # the arms' 9 last
-    blob = packed[:at] + struct.pack("<3d", *value) + packed[at + 24 :]
-    with pytest.raises(ValueError, match=message):
-        Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
+    row = np.array(b._row)
+    at = 6 + b._table.kernel.n_state + (3 if field == "context_means" else 6)  # after the clocks
+    row[at : at + 3] = value
+    for blob in (columns_of(row), compact_of(row, 4)):
+        with pytest.raises(ValueError, match=message):
+            Bandit.unpack(blob, Bandit(4, Contextual(3), variant="bobw"), "u")
     assert b.to_dict() == snap  # the source is untouched
 
 

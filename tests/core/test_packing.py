@@ -1,15 +1,16 @@
 """``Bandit.pack`` / ``unpack``: the bytes keep their layout (stored states are read back
 years later), every value is checked as it comes in, and a state's rule is the kernel's."""
 
+import doctest
 import math
-import struct
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tsi_core import Bandit, Contextual, Fixed, Markov, Switching
+from tests.core.packed_layout import HEAD, columns_of, compact_of, layout_of, varint
+from tsi_core import Bandit, Contextual, Fixed, Markov, Switching, _packing
 
 COMPETITIONS = {
     "fixed": lambda: Fixed(),
@@ -18,7 +19,6 @@ COMPETITIONS = {
     "switching, decaying": lambda: Switching(),
     "markov": lambda: Markov([[0.8, 0.2, 0.0], [0.1, 0.8, 0.1], [0.0, 0.2, 0.8]], [0, 1, 2]),
 }
-LAYOUT = struct.Struct("<dddqqq")  # ψ, V/D², D's mantissa, D's exponent, updates, rounds
 
 
 def played(kind: str, rounds: int, seed: int) -> Bandit:
@@ -34,13 +34,6 @@ def played(kind: str, rounds: int, seed: int) -> Bandit:
     return b
 
 
-def layout_of(b: Bandit) -> bytes:
-    """The bytes of the documented layout, written with ``struct`` (the oracle)."""
-    row = b._row
-    head = LAYOUT.pack(row[0], row[1], row[2], int(row[3]), int(row[4]), int(row[5]))
-    return head + np.asarray(row[6:], dtype="<f8").tobytes()
-
-
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(sorted(COMPETITIONS)), st.integers(0, 300), st.integers(0, 2**32 - 1))
 def test_packed_bytes_have_the_documented_layout_and_unpack_to_the_same_bandit(kind, rounds, seed):
@@ -50,6 +43,38 @@ def test_packed_bytes_have_the_documented_layout_and_unpack_to_the_same_bandit(k
     again = Bandit.unpack(blob, Bandit(3, COMPETITIONS[kind]()), b.instance_id)
     assert again.to_dict() == b.to_dict()
     assert again.pack() == blob
+
+
+@pytest.mark.parametrize("kind", ["fixed", "contextual"])
+def test_columns_written_by_the_release_before_compact_arms_read_as_the_same_bandit(kind):
+    b = played(kind, 300, 5)
+    old = columns_of(b._row)  # every column as float64, no layout tag
+    again = Bandit.unpack(old, Bandit(3, COMPETITIONS[kind]()), b.instance_id)
+    assert again.to_dict() == b.to_dict()
+    assert again.pack() == b.pack() and len(b.pack()) < len(old)
+
+
+COUNTS = st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**21, 2**53 - 1, 2**53])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(COUNTS, st.floats(0.0, 1e300)), min_size=3, max_size=3))
+def test_compact_arms_hold_every_count_up_to_2_to_the_53_and_every_mean_square(arms):
+    b = played("fixed", 20, 1)
+    row = np.array(b._row)
+    row[4] = 2**53  # updates: every count below it is allowed
+    counts = np.array([c for c, _ in arms], dtype=float)
+    squares = np.array([s if c else 0.0 for c, s in arms])
+    row[-7:] = [np.count_nonzero(counts), *squares, *counts]
+    blob = compact_of(row, 3)
+    again = Bandit.unpack(blob, Bandit(3), "x")
+    assert np.array_equal(again._row, row)
+    assert again.pack() == blob
+    assert len(blob) == HEAD.size + 8 * 3 + sum(len(varint(c)) + 8 * (c > 0) for c, _ in arms)
+
+
+def test_the_layout_module_examples_hold():
+    assert doctest.testmod(_packing).failed == 0
 
 
 def test_packing_stays_exact_over_a_long_heavy_tailed_run():
@@ -67,11 +92,21 @@ def test_packing_stays_exact_over_a_long_heavy_tailed_run():
     assert moved.to_dict() == live.to_dict()
 
 
-def damaged(field: int, value: float | int) -> bytes:
-    b = played("fixed", 20, 1)
-    values = list(LAYOUT.unpack_from(b.pack()))
+def damaged(field: int, value: float | int, tag: int | None = None) -> bytes:
+    """Bytes of a played bandit with head field ``field`` set to ``value`` (the layout tag
+    kept, or set to ``tag``)."""
+    blob = played("fixed", 20, 1).pack()
+    values = list(HEAD.unpack_from(blob))
+    kept = values[5] >> 56 if tag is None else tag
     values[field] = value
-    return LAYOUT.pack(*values) + b.pack()[LAYOUT.size :]
+    values[5] = values[5] & (2**56 - 1) | kept << 56
+    return HEAD.pack(*values) + blob[HEAD.size :]
+
+
+def compact_arms(*arms: bytes) -> bytes:
+    """Bytes of a 3-arm bobw bandit after 20 rounds with its arms' block replaced."""
+    blob = played("fixed", 20, 1).pack()
+    return blob[: HEAD.size + 8 * 3] + b"".join(arms)
 
 
 @pytest.mark.parametrize(
@@ -84,8 +119,16 @@ def damaged(field: int, value: float | int) -> bytes:
         (lambda: damaged(2, -0.25), "d=-0.25"),
         (lambda: damaged(4, -1), "invalid: -1, "),
         (lambda: damaged(5, 2**53 + 1), f"invalid: 20, {2**53 + 1}"),
-        (lambda: played("fixed", 20, 1).pack() + b"\0", "bytes"),
+        (lambda: played("fixed", 20, 1).pack() + b"\0", "1 bytes after the packed arm"),
         (lambda: "not bytes", "bytes"),
+        (lambda: b"\0" * 47, "bytes"),
+        (lambda: damaged(5, 20, tag=2), "layout 2 and"),
+        (lambda: damaged(5, 20, tag=0), "a packed \\(1, 3\\) bandit is 128 bytes, got 99"),
+        (lambda: compact_arms(varint(1) + b"\0" * 8, varint(1)), "end early, at arm 1"),
+        (lambda: compact_arms(varint(1) + b"\0" * 8, b"\x80"), "end early"),
+        (lambda: compact_arms(b"\x81\x00" + b"\0" * 8, varint(0), varint(0)), "shortest"),
+        (lambda: compact_arms(varint(2**53 + 1), b"\0" * 8, varint(0), varint(0)), "2\\^53"),
+        (lambda: compact_arms(varint(21) + b"\0" * 8, varint(0), varint(0)), "n_updates = 20"),
     ],
 )
 def test_unpack_names_each_damaged_value(blob, message):
@@ -126,8 +169,8 @@ def test_a_state_is_refused_by_its_kinds_rule_in_snapshots_and_in_bytes(kind, va
     data = b.to_dict()
     data["weights"] = [None if v == -math.inf else v for v in values]  # to_dict's -inf
     packed = b.pack()
-    rest = packed[LAYOUT.size + 8 * state.size :]  # the Tsallis learner's arm statistics
-    blob = packed[: LAYOUT.size] + state.astype("<f8").tobytes() + rest
+    rest = packed[HEAD.size + 8 * state.size :]  # the Tsallis learner's arm statistics
+    blob = packed[: HEAD.size] + state.astype("<f8").tobytes() + rest
     template = Bandit(3, COMPETITIONS[kind]())
     if expected is None:
         assert Bandit.unpack(blob, template, "x").pack() == blob

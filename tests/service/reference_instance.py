@@ -230,7 +230,7 @@ class Instance:
         return self._bandit
 
     def rest(self) -> None:
-        """Pack the bandit (about 130 bytes for 10 arms instead of ~470 live), unless it
+        """Pack the bandit (``Bandit.pack``, a few hundred bytes less than live), unless it
         has many pending tickets (a busy shared instance), which would have to be handed
         back at every unpack. The operator calls it when an epoch closes, for the keys the
         epoch touched: at most one pack and one unpack per instance and epoch."""

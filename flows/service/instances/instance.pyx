@@ -459,7 +459,7 @@ cdef class Instance:
         return self._bandit
 
     def rest(self) -> None:
-        """Pack the bandit (about 130 bytes for 10 arms), unless it has many pending
+        """Pack the bandit (``Bandit.pack``), unless it has many pending
         tickets (a busy shared instance), which would have to be handed back at every
         unpack."""
         if self._bandit is not None:
