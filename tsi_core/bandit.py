@@ -388,7 +388,7 @@ class Bandit(BanditCore):
         or (unless ``keep_pending``) has pending tickets: those stay live objects.
 
         The layout is ``tsi_core._packing``'s: at 10 arms 128 bytes for the exponential-
-        weights variants and 138 to 228 for the default (its arms' gap statistics), against
+        weights variants and 138 to about 250 for the default (its arms' gap statistics), against
         several hundred for the live object: services that keep one bandit per user hold
         them this way between events. Pending tickets are not in
         the bytes: with ``keep_pending=True`` the caller keeps them and hands them back to

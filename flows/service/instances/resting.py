@@ -1,7 +1,7 @@
 """An instance as it rests in a shard's snapshot: an entry, small for the common idle case.
 
 An idle instance (no ticket, no waiting feedback or kept answer) is its packed bandit
-(``Bandit.pack`` in ``tsi_core._packing``'s layout: at 10 arms 138 to about 230 bytes for
+(``Bandit.pack`` in ``tsi_core._packing``'s layout: at 10 arms 138 to about 250 bytes for
 the default learner, 128 for the others) and the definition it was packed under; any
 other instance is its full ``Instance.to_dict()``. A restart reads
 entries without building instances: an idle one becomes an instance on its next event,
