@@ -59,6 +59,11 @@ PSI, VN, D_MANT, D_EXP, N_UPDATES, N_ROUNDS, HEAD = range(7)
 #: the growth-bounded RMS of the gaps); D itself and the mean see every gap
 TSALLIS_CUT = 100.0
 cdef double CUT = TSALLIS_CUT
+#: the Tsallis learner's bound on a negative estimate: -TSALLIS_LOW/(η̃·sqrt(q)) (1 is the
+#: stability condition of Tsallis-INF's analysis; chosen on the tuning tables, 400 seeds:
+#: bench/bobw/estimate_bound.md)
+TSALLIS_LOW = 0.75
+cdef double LOW = TSALLIS_LOW
 #: several contexts: a context's baseline weighs its own mean by its count of losses k
 #: against the mean of every loss weighted TSALLIS_PRIOR: (k·m_c + P·ψ)/(k + P)
 TSALLIS_PRIOR = 30.0
@@ -923,7 +928,7 @@ cdef class Kernel:
         doubles in one update); m takes the gap as far as lim·D; S (the VN column) and the
         context's clock += 1 - q. The estimate of the played arm, in units of the new D, is
         (l - m)/(q·D) with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below
-        by -1/(η̃·sqrt(q)) (``tsallis_estimate``); when D changes the whole state is
+        by -c/(η̃·sqrt(q)) (c = ``TSALLIS_LOW``, ``tsallis_estimate``); when D changes the whole state is
         rescaled to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
@@ -1025,10 +1030,10 @@ cdef class Kernel:
 
     cdef inline void tsallis_estimate(self, double* state, int64_t arm, double q, double eta,
                                       double est) noexcept nogil:
-        """Φ_arm += est, kept above -1/(η̃·sqrt(q)): the stability condition of
-        Tsallis-INF's analysis for negative estimates. Above there is no bound: a rarely
-        played arm's large loss counts in full."""
-        cdef double low = -1.0 / (eta * sqrt(q))
+        """Φ_arm += est, kept above -c/(η̃·sqrt(q)), c = ``TSALLIS_LOW`` (c = 1 is the
+        stability condition of Tsallis-INF's analysis for negative estimates). Above there
+        is no bound: a rarely played arm's large loss counts in full."""
+        cdef double low = -LOW / (eta * sqrt(q))
         state[arm] += est if est > low else low
 
     cdef void cumulative_update(self, double* state, int ctx, int64_t arm,

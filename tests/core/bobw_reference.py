@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 CUT = 100.0
+LOW = 0.75  # a negative estimate is kept above -LOW/(η̃·sqrt(q))
 GRID = 2.0**10
 PRIOR = 30.0  # several contexts: the weight of the mean of every loss in a context's baseline
 
@@ -111,4 +112,4 @@ class BobwReference:
         return base
 
     def _add(self, ctx: int, arm: int, est: float, eta: float, q: float) -> None:
-        self.phi[ctx][arm] += max(-1.0 / (eta * math.sqrt(q)), est)
+        self.phi[ctx][arm] += max(-LOW / (eta * math.sqrt(q)), est)

@@ -116,9 +116,9 @@ GOLDEN = {
 # The same for the bobw variant (½-Tsallis-INF for Fixed and Contextual, robust's
 # round for Switching and Markov), recorded on the same kind of machine.
 GOLDEN_BOBW = {
-    "contextual": "f180933f8b33b921f396bf313474a719f90a2c65aec4828944ad100818a142d1",
+    "contextual": "c1ccda545d62b1d383753c50313a1939eaf408dfc8fc8a295de47ad35f6f1b2a",
     "decaying": "f786773ba4662e47df6a9c714bd319f4e881753a992cfd44e2bb1e6c18a07ddf",
-    "fixed": "bd2b366199c5470159899251e5bf39e4cf2e9afda26b5dd511e71df19bcfaf8d",
+    "fixed": "e6abcf020dae1bfb1db3f8623efc5b2abaf5228e8cb1633825f937b88549783c",
     "markov": "2f5aa03511d337db409d1c8ed74fffc6f4797470cfda14cecfc6d4cb0d2ee2c7",
     "switching": "3ee1d7992e8022b04891c654212a26a01134e4f21fca2af6ae283f3ad970a96f",
 }
@@ -152,13 +152,13 @@ def test_bobw_selections_are_the_recorded_bits_on_every_machine(name):
 
 # bobw with many arms (the sums' vector loop runs many times, and a tail of 1), 3,000
 # rounds. Re-recorded when D became the mean over the arms of each arm's mean squared gap
-# (a change of the rule, not of the arithmetic; before it the lanes had kept every bit of
-# the scalar chains).
+# and when the bound on a negative estimate became 0.75/(η̃·sqrt(q)) (changes of the rule,
+# not of the arithmetic; before them the lanes had kept every bit of the scalar chains).
 GOLDEN_BOBW_WIDE = {
-    ("fixed", 37): "60f007ec8f4810ded39a472281cf10465a30cb39fedc71525b6531c9eed83213",
-    ("fixed", 1000): "44b8723960dbd2fa4ed3fb11a89cf81e4b3750a80476537b5bd665308b92a287",
-    ("contextual", 37): "bb7582df554629d6c223bd125af1b8bb497c179e20e8470c8cc3d2a2f5937000",
-    ("contextual", 1000): "cad5987169cec1884c974e0d83f60bceaa8219b384644a1fcd64a6672b2ee0d3",
+    ("fixed", 37): "de7deb939c59b2e9219ee1b19bb53423ff8f255246cd59e2c9a5eb7b2b0a3052",
+    ("fixed", 1000): "7f1441968881d85e1b74e2874c90b16e67c2f1aea2afeb55d5736980f92272e9",
+    ("contextual", 37): "71c6d3f9cf86d56ab79efc6ec08b5330f1d99106fa7a5587bd3471a68a85851e",
+    ("contextual", 1000): "028b0f4fab5cb54254be3840bb6c9f7f5bc77974a4361528575cc2b4a2c9714a",
 }
 
 
@@ -260,9 +260,9 @@ GOLDEN_MIGRATION = {
 
 # The same for bobw, the default (the Tsallis learner's migrations keep p, not Φ).
 GOLDEN_MIGRATION_BOBW = {
-    "contextual": "ed4dc9d195d208098774c0f0d73d9a7799068359ffc51344543db9b694989f41",
+    "contextual": "967971994b8a0f0cb55d65934c3341d83fc2b8f2956e8c3fd2604348b76fa0be",
     "decaying": "7bf7aff4a69d15d144aac515822f4427249953a0a5048aa32f9c0d70316cb627",
-    "fixed": "da7690b75887c43d3a8180ec41b6ce5c9537b733cad15abb44d842eddea03c85",
+    "fixed": "a5bcffad79da33adac353caa04e03bc92d578a144f32441a873d4b293d761e79",
     "markov": "9bed575ca906afeaa122e8aef37facc9844ed7e4238308eda4b23bae72e14a88",
     "switching": "606b71454130924539466bce66c718c0710ef9c0afc055bf0042761e081aa632",
 }
