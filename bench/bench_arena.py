@@ -327,17 +327,19 @@ WHY_THE_FRONTIER = (
     "bound while its positive ones count in full (bench/bobw/estimate_bound.md, "
     '"With 40 seeds"). Since each arm keeps its own mean squared gap in D, D no longer '
     "shrinks on the arms that are played, and the one-arm spike tables stay within 1.5× "
-    "Thompson sampling up to c = 2 but for c = 1.75 (one scale over every gap locked 9 runs "
-    "of 40 on the 4-arm table at c = 2); lock-ins still multiply with c above 2 on the spike "
+    "Thompson sampling up to c = 2 (one scale over every gap locked 9 runs of 40 on the "
+    "4-arm table at c = 2); lock-ins still multiply with c above 2 on the spike "
     "tables, in some Bernoulli runs and at 10^5 rounds on close contextual arms; a smaller c "
     "locks in less and explores more. The FTL-breaker's regret is not monotone in c (it "
     "depends on how long play looks settled on the alternating sequence); per-user bandits "
-    "of 50 rounds stay at 0.93-0.99× Thompson sampling at every c. These held-out tables "
-    "cannot choose c without ceasing to be held out; on the tables that chose it "
-    "(bench/bobw/rate_choice.md, 40 seeds) the Bernoulli, Gaussian, heavy-tailed and "
-    "contextual tables sum to 430 at c = 2 and 455-760 at every other c, so the preset stays "
-    "2 and the worst stationary table, growth, the FTL-breaker and the per-user target are "
-    "the ones that gave way."
+    "of 50 rounds stay at 0.95-0.99× Thompson sampling at every c. These held-out tables "
+    "cannot choose c without ceasing to be held out; on the tables that chose it the "
+    "Bernoulli, Gaussian, heavy-tailed and contextual tables sum to 403 at c = 2, 447 at "
+    "1.75 and 458 at 2.5 over 400 seeds (bench/bobw/estimate_bound.md; over the 40 seeds "
+    "of rate_choice.md lock-ins in a few Bernoulli runs make them 491, 406 and 402), so the "
+    "preset stays 2 and the worst stationary table, growth, the FTL-breaker and the "
+    "per-user target are the ones that gave way. Every point has the bound on a negative "
+    "estimate at 0.75/(η̃·sqrt(q)), chosen on the same tables."
 )
 
 
