@@ -7,7 +7,8 @@ tables and seeds). A change of a compiled constant needs a rebuild before each r
     .venv/bin/python bench/bobw_sweep.py --seeds 400 --groups tuning spike_tune  # to choose
 
 The fourth column is the standard error of the mean, the fifth the runs above five times
-the mean (lock-ins): with 40 seeds one such run moves a tuning table's mean by 30-50%.
+the mean (lock-ins): with 40 seeds one such run moves a tuning table's mean a good deal
+(bench/bobw/estimate_bound.md).
 """
 
 from __future__ import annotations
