@@ -928,8 +928,8 @@ cdef class Kernel:
         doubles in one update); m takes the gap as far as lim·D; S (the VN column) and the
         context's clock += 1 - q. The estimate of the played arm, in units of the new D, is
         (l - m)/(q·D) with the uncut gap, cut to ±K (K = ``TSALLIS_CUT``) and bounded below
-        by -c/(η̃·sqrt(q)) (c = ``TSALLIS_LOW``, ``tsallis_estimate``); when D changes the whole state is
-        rescaled to the new unit."""
+        by -c/(η̃·sqrt(q)) (c = ``TSALLIS_LOW``, ``tsallis_estimate``); when D changes the
+        whole state is rescaled to the new unit."""
         cdef Py_ssize_t i
         cdef double n = row[C_N_UPDATES]  # losses before this one: n gaps with this one
         cdef double lim = sqrt(1.0 + 3.0 * n)  # a gap beyond lim·D would more than double D
