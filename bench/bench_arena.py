@@ -323,9 +323,13 @@ WHY_THE_FRONTIER = (
     "leader falls like 1/c², so the stationary tables explore less and diabetes (ten "
     "rules 5-15 apart under noise of about 38, where ε-greedy's greed fits) improves. But a "
     "run that pushes the best arm away early (an unlucky draw while q is small) rarely "
-    "brings it back: a rarely played arm's negative estimates are cut by the stability "
-    "bound while its positive ones count in full (bench/bobw/estimate_bound.md, "
-    '"With 40 seeds"). Since each arm keeps its own mean squared gap in D, D no longer '
+    "brings it back: an arm behind the leader is played with q ∝ S/(c²·distance²), and the "
+    "clock S = Σ(1 − q) grows like log t once play settles, so that q stays small. A wider "
+    "bound on negative estimates, a floor or a reset from each arm's observed mean does not "
+    "bring those runs back without costing the stationary tables more; a clock that grows "
+    'with the rounds does, at a larger cost (bench/bobw/estimate_bound.md, "Rules tried '
+    "against lock-ins under each arm's own scale\"). Since each arm keeps its own mean "
+    "squared gap in D, D no longer "
     "shrinks on the arms that are played, and the one-arm spike tables stay within 1.5× "
     "Thompson sampling up to c = 2 (one scale over every gap locked 9 runs of 40 on the "
     "4-arm table at c = 2); lock-ins still multiply with c above 2 on the spike "
