@@ -1,20 +1,26 @@
 """The one back-off helper every start-up call to the brokers goes through (``retried``):
 retriable errors are asked again with a growing pause until one deadline, others fail at
-once. A fake clock: nothing here waits."""
+once; the changelog's reads ask again on the same errors (``transient``). A fake clock:
+nothing here waits."""
 
 import concurrent.futures
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from flows.service.connectors import kafka_changelog
 from flows.service.connectors.kafka_admin import (
     BACKOFF_MOST_S,
+    LEADER_MOVING,
     Deadline,
     DeadlineError,
     NotReadyError,
     TopicError,
     retried,
+    transient,
 )
+from flows.service.connectors.kafka_changelog import KafkaChangelog
+from flows.service.shards.changelog import ChangelogError
 
 
 class Clock:
@@ -113,3 +119,43 @@ def test_one_deadline_is_shared_by_the_calls_given_it():
 def test_a_deadline_needs_time(seconds):
     with pytest.raises(ValueError, match=repr(seconds)):
         Deadline(seconds)
+
+
+@pytest.mark.parametrize("code", sorted(LEADER_MOVING))
+def test_a_leader_moving_is_asked_again_though_the_client_does_not_flag_it(code):
+    error = KafkaError(code)
+    assert transient(error)
+    clock = Clock()
+    call, lefts = failing(KafkaException(error))
+    assert retried(call, "reading t", Deadline(60.0, clock), sleep=clock.sleep) == "done"
+    assert len(lefts) == 2 and clock.pauses == [0.1]
+
+
+def test_the_changelog_reads_again_after_a_leader_epoch_error_and_refuses_others(
+    monkeypatch,
+):
+    """A restarted member read its changelog's ends while the partition's leader epoch
+    moved ("Leader epoch is newer than broker epoch"): the read is asked again, not
+    failed; an error that never passes fails at once, naming it."""
+    monkeypatch.setattr(kafka_changelog.time, "sleep", lambda seconds: None)
+    changelog = KafkaChangelog(["127.0.0.1:1"], "app-changelog")
+    answers = [KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, None]
+    asked: list[dict[int, int]] = []
+
+    def read_all(wanted):
+        asked.append(dict(wanted))
+        code = answers.pop(0)
+        if code is not None:
+            raise KafkaException(KafkaError(code))
+        return {p: [(5, "k", b"v")] for p in wanted}
+
+    monkeypatch.setattr(changelog, "_read_all", read_all)
+    assert changelog.read("shard-003-of-008", after=4) == [(5, "k", b"v")]
+    assert asked == [{3: 4}] * 3
+
+    def refused(wanted):
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    monkeypatch.setattr(changelog, "_read_all", refused)
+    with pytest.raises(ChangelogError, match=r"app-changelog.*[Aa]uthoriz"):
+        changelog.read("shard-003-of-008", after=4)

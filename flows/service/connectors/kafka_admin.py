@@ -87,11 +87,22 @@ def service_topics(topics: Topics) -> tuple[list[str], list[str]]:
 #: Errors a broker that is slow, just back or just given a new topic answers with: asked
 #: again, they pass (partitions still electing leaders, a topic's metadata not spread yet,
 #: a coordinator loading, a request or connection lost on the way).
-RETRIABLE = frozenset(
+#: A partition's leader moving (a broker restarting, an election): the leader epochs of a
+#: client's metadata and of the broker disagree for a moment, which the client marks as
+#: not retriable although asking again passes (Kafka's Java client retries them).
+LEADER_MOVING = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
+RETRIABLE = frozenset(
+    {
+        *LEADER_MOVING,
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError.NOT_CONTROLLER,
         KafkaError._TIMED_OUT,
@@ -182,9 +193,18 @@ def _retriable_reason(exc: Exception) -> str | None:
     if isinstance(exc, NotReadyError):
         return str(exc)
     err = exc.args[0] if exc.args else None
-    if isinstance(err, KafkaError) and (err.retriable() or err.code() in RETRIABLE):
-        return err.str()
-    return None
+    return err.str() if transient(err) else None
+
+
+def transient(error: object) -> bool:
+    """Whether a Kafka ``error`` goes away by itself (``RETRIABLE``, or flagged so).
+
+    >>> transient(KafkaError(KafkaError.UNKNOWN_LEADER_EPOCH))
+    True
+    >>> transient(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    False
+    """
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in RETRIABLE)
 
 
 # --------------------------------------------------------------------------- the brokers

@@ -33,6 +33,7 @@ from flows.service.connectors.kafka_admin import (
     admin_client,
     max_message_bytes,
     offsets_at,
+    transient,
 )
 from flows.service.connectors.kafka_sink import names_of
 from flows.service.shards.changelog import (
@@ -190,7 +191,9 @@ class KafkaChangelog:
             try:
                 return self._read_all(wanted)
             except (ChangelogTimeoutError, KafkaException) as exc:
-                if isinstance(exc, KafkaException) and not _transient(exc):
+                if isinstance(exc, KafkaException) and not transient(
+                    exc.args[0] if exc.args else None
+                ):
                     raise ChangelogError(f"{self.topic}: {exc}") from None
                 if time.monotonic() >= next_log:
                     next_log = time.monotonic() + _WAIT_LOG_S
@@ -258,7 +261,7 @@ class KafkaChangelog:
                 if error is not None:
                     if error.code() == ConfluentKafkaError._PARTITION_EOF:
                         left.discard(partition)
-                    elif not error.retriable():
+                    elif not transient(error):
                         raise ChangelogError(f"{self.topic}[{partition}]: {error}")
                     continue
                 if message.offset() > wanted[partition]:
@@ -269,14 +272,6 @@ class KafkaChangelog:
 
 class ChangelogTimeoutError(ChangelogError):
     """A changelog read that made no progress in time: the broker is slow or away."""
-
-
-def _transient(exc: KafkaException) -> bool:
-    """Whether a client error goes away by itself (a leader moving, a broker restarting)."""
-    error = exc.args[0] if exc.args else None
-    return isinstance(error, ConfluentKafkaError) and (
-        error.retriable() or error.code() in _LEADER_MOVING or error.code() in _LOCAL_WAITS
-    )
 
 
 class KafkaMirror:
@@ -399,13 +394,3 @@ class KafkaMirror:
 
 
 _MARKER_BYTES = MARKER_KEY.encode()
-_LEADER_MOVING = (
-    ConfluentKafkaError.NOT_LEADER_FOR_PARTITION,
-    ConfluentKafkaError.LEADER_NOT_AVAILABLE,
-    ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART,
-)
-_LOCAL_WAITS = (
-    ConfluentKafkaError._TIMED_OUT,
-    ConfluentKafkaError._TRANSPORT,
-    ConfluentKafkaError._ALL_BROKERS_DOWN,
-)
