@@ -160,7 +160,7 @@ def chosen_plan(
             plan = replace(plan, **{name: value})
     if args.memory_stages:
         stages = tuple(int(x) for x in args.memory_stages.split(","))
-        plan = replace(plan, memory_stages=stages, idle_stages=stages)
+        plan = replace(plan, memory_stages=stages, idle_stages=stages, seasoned_stages=stages[:1])
     if args.memory_no_recovery:
         plan = replace(plan, memory_recovery=False)
     command = "python bench/bench_flow.py" + (" --quick" if args.quick else "")
@@ -202,7 +202,11 @@ def main() -> None:
         ("--repeats", int, "throughput repeats"),
         ("--latency-seconds", float, "measured seconds of each latency run"),
         ("--latency-rounds", int, "runs of each latency configuration run in rounds"),
-        ("--memory-stages", str, "cumulative instances of the memory runs, e.g. 30000,100000"),
+        (
+            "--memory-stages",
+            str,
+            "cumulative instances of the memory runs, e.g. 30000,100000 (seasoned: the first)",
+        ),
     ):
         parser.add_argument(name, type=kind, help=f"{text} (default: the plan's)")
     args = parser.parse_args()

@@ -25,7 +25,7 @@ from flow_kafka import Broker, Counter, bulk_producer, log, new_topics, produce_
 from flow_plan import EXPERIMENT, HELPERS, ROOT, RUN_DEFAULT, WARM_UNITS, Plan, registry_toml
 from flow_service import check_alive, service_process, wait_for
 from flow_throughput import TSI_RUN_RECOVERY
-from flow_workload import feedback_value, instance_key, request_value
+from flow_workload import feedback_value, instance_key, loss_of, request_value
 
 
 def rss_of(pid: int) -> dict[str, int]:
@@ -43,25 +43,40 @@ class MemoryVariant:
     feedback_ttl: float
     events: bool  # each request followed by its feedback on the combined events topic
     idle_wait: float  # seconds to wait after the last answer before reading the RSS
+    rounds: int = 1  # decisions per unit (with events: each with its loss), round by round
 
 
 # RSS is read 12 s after the last answer: the 10 s epoch has closed and packed the bandits
 # its keys touched (what a service with many more users than active ones holds)
 OPEN_TICKETS = MemoryVariant("open ticket (request, no feedback; TTL 3600 s)", 3600.0, False, 12.0)
 IDLE = MemoryVariant("idle (request + feedback, events topic; TTL 1 s, expired)", 1.0, True, 12.0)
+# a long-lived user's idle instance: its arms have had gaps, so its bandit packs larger
+# than after the first loss alone (which makes no gap); measured beside IDLE at one stage
+SEASONED = MemoryVariant(
+    "seasoned idle (20 rounds of request + feedback, events topic; TTL 1 s, expired)",
+    1.0,
+    True,
+    12.0,
+    rounds=20,
+)
 
 
 def memory_messages(
-    topics: dict[str, str], units: Iterable[str], rid: str
+    topics: dict[str, str], units: Iterable[str], rid: str, rounds: int = 1
 ) -> Iterator[tuple[str, str, bytes]]:
-    """One request per unit, or request then feedback on the events topic."""
-    for unit in units:
-        key = instance_key(unit)
-        if "events" in topics:
-            yield topics["events"], key, request_value(unit, rid, typed=True)
-            yield topics["events"], key, feedback_value(unit, rid, 1.0, typed=True)
-        else:
-            yield topics["requests"], key, request_value(unit, rid)
+    """One request per unit and round, or request then feedback on the events topic (a
+    loss that differs from round to round, so the arms have gaps); round by round, every
+    unit in each."""
+    units = list(units)
+    for r in range(rounds):
+        for i, unit in enumerate(units):
+            key, ask = instance_key(unit), rid if rounds == 1 else f"{rid}{r}"
+            if "events" in topics:
+                yield topics["events"], key, request_value(unit, ask, typed=True)
+                loss = 1.0 if r == 0 else loss_of(i * rounds + r)
+                yield topics["events"], key, feedback_value(unit, ask, loss, typed=True)
+            else:
+                yield topics["requests"], key, request_value(unit, ask)
 
 
 def memory_run(
@@ -79,7 +94,7 @@ def memory_run(
     topics = new_topics(bk.bootstrap, kinds)
     registry_path = workdir / f"registry-ttl-{variant.feedback_ttl:g}.toml"
     registry_path.write_text(registry_toml(variant.feedback_ttl))
-    logfile = workdir / f"memory-ttl-{variant.feedback_ttl:g}.log"
+    logfile = workdir / f"memory-ttl-{variant.feedback_ttl:g}-rounds-{variant.rounds}.log"
     directory = str(logfile.with_suffix(".recovery"))
     server = tuple(a.replace("{recovery}", directory) for a in TSI_RUN_RECOVERY)
     producer = bulk_producer(bk.bootstrap)
@@ -96,8 +111,9 @@ def memory_run(
         for n in stages:
             log(f"memory, {variant.name}: {n:,} instances")
             t0 = time.perf_counter()
-            produce_all(producer, memory_messages(topics, (f"u{i}" for i in range(done, n)), "r"))
-            wait_for(counter, topics["sel"], WARM_UNITS + n, proc, logfile)
+            units = (f"u{i}" for i in range(done, n))
+            produce_all(producer, memory_messages(topics, units, "r", variant.rounds))
+            wait_for(counter, topics["sel"], WARM_UNITS + n * variant.rounds, proc, logfile)
             seconds = time.perf_counter() - t0
             time.sleep(variant.idle_wait)
             results.append(memory_stage(n, (n - done) / seconds, base, rss_of(proc.pid)))
@@ -154,6 +170,9 @@ def memory(bk: Broker, plan: Plan, counter: Counter, workdir: Path) -> dict[str,
             bk, OPEN_TICKETS, plan.memory_stages, counter, workdir, plan.memory_recovery
         ),
         "idle": memory_run(bk, IDLE, plan.idle_stages, counter, workdir, plan.memory_recovery),
+        "seasoned": memory_run(
+            bk, SEASONED, plan.seasoned_stages, counter, workdir, plan.memory_recovery
+        ),
         "python_breakdown": python_breakdown(),
         "bytewax_floor": json.loads(floor.stdout.strip().splitlines()[-1]),
     }

@@ -20,7 +20,8 @@ WARM_UNITS = 100  # warm-up requests of the memory run
 TARGET_REFERENCE_RATIO = 0.8
 TARGET_P99_MS = 20.0
 SLOW_MS = 50.0  # the share of answers slower than this is reported too
-TARGET_BYTES_PER_INSTANCE = {"open_tickets": 400, "idle": 250}
+#: seasoned: an idle instance of a long-lived user, held to the idle target
+TARGET_BYTES_PER_INSTANCE = {"open_tickets": 400, "idle": 250, "seasoned": 250}
 
 
 def registry_toml(feedback_ttl: float = 3600.0) -> str:
@@ -55,6 +56,7 @@ class Plan:
     latency_once: tuple[LatencyConfig, ...]  # run once each, after the rounds
     memory_stages: tuple[int, ...]  # cumulative numbers of instances, open tickets
     idle_stages: tuple[int, ...]  # the same, idle instances
+    seasoned_stages: tuple[int, ...]  # the same, idle instances of 20 rounds each
     # the memory runs' service: ``tsi run --recovery-dir DIR`` (what users run: recovery
     # and its changelog on), else ``python -m bytewax.run`` without recovery
     memory_recovery: bool = True
@@ -151,6 +153,7 @@ FULL = Plan(
     ),
     memory_stages=(100_000, 300_000, 1_000_000),
     idle_stages=(100_000, 300_000, 1_000_000),
+    seasoned_stages=(100_000,),
 )
 QUICK = Plan(
     mode="quick",
@@ -166,6 +169,7 @@ QUICK = Plan(
     latency_once=(),
     memory_stages=(30_000, 100_000),
     idle_stages=(30_000, 100_000),
+    seasoned_stages=(30_000,),
 )
 #: run only when named (``--latency-configs TEXT``): what an earlier tail was made of
 DIAGNOSTIC_LATENCY = (

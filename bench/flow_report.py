@@ -88,7 +88,7 @@ def pct(x: float | None) -> str:
 
 
 MODES = (("separate", "requests + feedback topics"), ("events", "events topic"))
-MEMORY_STATES = (("open_tickets", "open ticket"), ("idle", "idle"))
+MEMORY_STATES = (("open_tickets", "open ticket"), ("idle", "idle"), ("seasoned", "seasoned idle"))
 REFERENCE_TEXT = {
     "python_1": "Python (confluent-kafka, one thread), one hop",
     "kcat_1": "C: kcat consuming, grep, kcat producing (three processes), one hop",
@@ -326,7 +326,9 @@ def report_memory(mem: dict[str, Any]) -> list[str]:
         f"baseline = RSS after {WARM_UNITS} warm-up instances. Open ticket: one "
         "request per unit, the selection waits for its feedback (TTL 3600 s). Idle: request "
         "then feedback on the events topic with feedback_ttl = 1 s, RSS read once the "
-        "settled answers have expired, so only the instance (bandit state) remains. At rest: "
+        "settled answers have expired, so only the instance (bandit state) remains. Seasoned "
+        "idle: the same, 20 rounds per unit (round by round, losses that differ), so the "
+        "arms have had gaps, as a long-lived user's have. At rest: "
         "the RSS 12 s after the stage's last answer; peak: the process's VmHWM (the most it "
         "ever held), both over the same baseline.",
         "",
@@ -345,6 +347,25 @@ def report_memory(mem: dict[str, Any]) -> list[str]:
             )
     lines.append("")
     return lines + memory_notes(mem)
+
+
+def seasoned_note(mem: dict[str, Any]) -> list[str]:
+    """What a long-lived user's instance holds beyond a first-loss one: seasoned idle over
+    idle at the seasoned run's stage (the same number of instances, the same run)."""
+    seasoned, idle = mem.get("seasoned"), mem.get("idle")
+    if not (seasoned and idle):
+        return []
+    last = seasoned["stages"][-1]
+    same = [st for st in idle["stages"] if st["instances"] == last["instances"]]
+    if not same:
+        return []
+    rest = last["bytes_per_instance"] - same[0]["bytes_per_instance"]
+    peak = last["peak_bytes_per_instance"] - same[0]["peak_bytes_per_instance"]
+    return [
+        f"- seasoned idle over idle at {last['instances']:,} instances: {rest:+,.0f} B per "
+        f"instance at rest, {peak:+,.0f} B at the peak (what a long-lived user's instance "
+        "holds beyond one that has had its first loss only)."
+    ]
 
 
 def memory_notes(mem: dict[str, Any]) -> list[str]:
@@ -367,6 +388,7 @@ def memory_notes(mem: dict[str, Any]) -> list[str]:
     b, floor = mem["python_breakdown"], mem["bytewax_floor"]
     return [
         *lines,
+        *seasoned_note(mem),
         f"- Python objects of one `Instance` alone (tracemalloc, 10,000 instances, in this "
         f"process, without Bytewax's per-key state): open ticket {b['open_ticket']:,.0f} B, "
         f"settled (answer kept for the TTL) {b['settled']:,.0f} B, idle after expiry "
