@@ -176,7 +176,8 @@ def chosen_plan(
     return plan, only, command
 
 
-def main() -> None:
+def parsed_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The command line's parser and what it read."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes)")
     parser.add_argument(
@@ -209,7 +210,11 @@ def main() -> None:
         ),
     ):
         parser.add_argument(name, type=kind, help=f"{text} (default: the plan's)")
-    args = parser.parse_args()
+    return parser, parser.parse_args()
+
+
+def main() -> None:
+    parser, args = parsed_args()
     plan, only, command = chosen_plan(parser, args)
     if "throughput" in only:
         try:
