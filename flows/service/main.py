@@ -71,12 +71,25 @@ def _shards(settings: Settings, recovery: str | None) -> int:
         raise SystemExit(f"tsi: {exc}") from None
 
 
+def _check_stored_inputs(recovery: Path, settings: Settings) -> None:
+    """``tsi run``'s refusal of a directory holding other input topics' positions."""
+    from flows.service.connectors.kafka_admin import service_topics
+    from flows.service.runtime.startup import StartupError, check_stored_inputs
+
+    try:
+        check_stored_inputs(recovery, service_topics(settings.topics)[0])
+    except StartupError as exc:
+        raise SystemExit(f"tsi: {exc}") from None
+
+
 def __getattr__(name: str) -> Any:
     if name == "flow":
         settings = Settings.from_env()
         if settings.members > 1:  # tsi run reads the internal topic's partitions first
             raise SystemExit("tsi: members (TSI_MEMBERS > 1) are started with `tsi run`")
         recovery, process = _recovery_dir(), _process_id()
+        if recovery:
+            _check_stored_inputs(Path(recovery), settings)
         service = Service.from_settings(settings, shards=_shards(settings, recovery))
         try:
             flow = service.flow(

@@ -225,3 +225,20 @@ def test_a_damaged_member_note_never_refuses_a_start_on_its_own(
     assert parts == [] and list(tmp_path.glob("rec.behind-*"))
     note_layout(store, Members(3, 2))
     assert last_layout(store) == Members(3, 2) and not list(path.parent.glob("*.tmp"))
+
+
+def test_stored_positions_of_topics_not_read_are_refused_and_added_topics_pass(
+    tmp_path, monkeypatch
+):
+    """``check_stored_inputs``: a directory holding positions of a topic this run does not
+    read is refused naming it; one whose topics this run reads, or that holds no commit,
+    passes."""
+    from flows.service.runtime import startup
+
+    (tmp_path / "part-0.sqlite3").write_bytes(b"")
+    monkeypatch.setattr(startup, "store_offsets", lambda d: {("a.events", 0): 5})
+    with pytest.raises(startup.StartupError, match=r"positions of a\.events, .*reads b\.events"):
+        startup.check_stored_inputs(tmp_path, ["b.events"])
+    startup.check_stored_inputs(tmp_path, ["a.events", "b.events"])
+    monkeypatch.setattr(startup, "store_offsets", lambda d: None)  # nothing committed yet
+    startup.check_stored_inputs(tmp_path, ["b.events"])

@@ -27,6 +27,7 @@ from tests.service.streams import (
     service_env,
     start_service,
 )
+from tests.service.test_operating import tsi
 
 
 def kill_repeatedly(env, recovery, rng, producer):
@@ -134,3 +135,75 @@ def test_a_refused_output_fails_the_flow_and_is_delivered_after_restart(kafka_bo
         for _, v, _ in part
     }
     assert answered == {f"r{i}" for i in range(60)}  # nothing lost with the failed batch
+
+
+def other_topics_setup(bootstrap, tmp_path):
+    """An old and a new events topic (the old one with 40 events), the output topics, the
+    registry file and an initialised recovery directory."""
+    old = create_topic(bootstrap, unique_topic("ev-old"), 2)
+    new = create_topic(bootstrap, unique_topic("ev-new"), 2)
+    dlq_topic = create_topic(bootstrap, unique_topic("dlq"), 1)
+    sel_topic = create_topic(bootstrap, unique_topic("sel"), 2)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for key, value in event_stream(random.Random(5))[:40]:
+        producer.produce(old, key=key, value=value)
+    assert producer.flush(30) == 0
+    (tmp_path / "registry.toml").write_text(REGISTRY_TOML)
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True)
+    return old, new, sel_topic, dlq_topic, recovery
+
+
+def test_a_directory_of_other_input_topics_is_refused_in_one_line_and_kept(
+    kafka_bootstrap, tmp_path
+):
+    """A recovery directory written for one events topic, started on another
+    (``python -m bytewax.run``): one line naming both and the way out (Bytewax would stop
+    the flow at every start on the old topic's positions); the directory still serves its
+    own topic."""
+    old, new, sel_topic, dlq_topic, recovery = other_topics_setup(kafka_bootstrap, tmp_path)
+
+    def run(topic):
+        env = service_env(
+            kafka_bootstrap,
+            tmp_path / "registry.toml",
+            topic,
+            sel_topic,
+            dlq_topic,
+            TSI_STOP_AT_END="1",
+        )
+        proc = start_service(env, recovery)
+        _, err = proc.communicate(timeout=120)
+        return proc.returncode, err.decode()
+
+    code, err = run(old)
+    assert code == 0, err[-2000:]
+    code, err = run(new)
+    assert code == 1, err[-2000:]
+    said = err.strip().splitlines()[-1]
+    assert f"holds the input positions of {old}, which this run does not read" in said
+    assert f"(it reads {new})" in said and "routing map" not in err
+    code, err = run(old)
+    assert code == 0, err[-2000:]
+
+
+def test_tsi_run_refuses_a_directory_of_other_input_topics_with_status_2(kafka_bootstrap, tmp_path):
+    """The same refusal from ``tsi run``: exit status 2, the reason on its last line."""
+    old, new, sel_topic, dlq_topic, recovery = other_topics_setup(kafka_bootstrap, tmp_path)
+    group = unique_topic("group")
+
+    def run(topic):
+        args = ["run", "--registry", tmp_path / "registry.toml", "--brokers", kafka_bootstrap]
+        args += ["--events-topic", topic, "--selections-topic", sel_topic]
+        args += ["--dlq-topic", dlq_topic, "--recovery-dir", recovery, "--group-id", group]
+        args += ["--no-changelog", "--stop-at-end", "--log-file", tmp_path / "run.log"]
+        return tsi(*args, timeout=180)
+
+    served = run(old)
+    assert served.returncode == 0, served.stderr[-2000:]
+    ended = run(new)
+    assert ended.returncode == 2, ended.stderr[-2000:]
+    said = ended.stderr.strip().splitlines()[-1]
+    assert f"holds the input positions of {old}, which this run does not read" in said
+    assert "Traceback" not in ended.stderr and "routing map" not in ended.stderr

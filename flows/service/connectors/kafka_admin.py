@@ -84,9 +84,6 @@ def service_topics(topics: Topics) -> tuple[list[str], list[str]]:
 
 
 # --------------------------------------------------------------------------- retrying
-#: Errors a broker that is slow, just back or just given a new topic answers with: asked
-#: again, they pass (partitions still electing leaders, a topic's metadata not spread yet,
-#: a coordinator loading, a request or connection lost on the way).
 #: A partition's leader moving (a broker restarting, an election): the leader epochs of a
 #: client's metadata and of the broker disagree for a moment, which the client marks as
 #: not retriable although asking again passes (Kafka's Java client retries them).
@@ -100,6 +97,9 @@ LEADER_MOVING = frozenset(
         KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
+#: Errors a broker that is slow, just back or just given a new topic answers with: asked
+#: again, they pass (partitions still electing leaders, a topic's metadata not spread yet,
+#: a coordinator loading, a request or connection lost on the way).
 RETRIABLE = frozenset(
     {
         *LEADER_MOVING,

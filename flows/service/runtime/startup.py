@@ -237,7 +237,29 @@ def check_store(options: Settings) -> list[Path]:
     flow_shards(options.shards, stored_shards(options.recovery_dir), None)  # --shards agrees
     check_cluster_keys(options)
     seeded_inputs(options.recovery_dir)  # an imported store's positions can be read
+    if parts:
+        check_stored_inputs(options.recovery_dir, service_topics(options.topics)[0])
     return parts
+
+
+def check_stored_inputs(recovery_dir: Path, inputs: list[str]) -> None:
+    """Refuse (``StartupError``, one line) a recovery directory holding the positions of
+    input topics this run does not read: Bytewax would stop the flow at every start (a key
+    of its input step that no partition of the new topics routes).
+
+    >>> import tempfile; check_stored_inputs(Path(tempfile.mkdtemp()), ["t.events"])
+    """
+    stored = store_offsets(recovery_dir) if any(Path(recovery_dir).glob("part-*")) else None
+    others = sorted({topic for topic, _ in stored or {}} - set(inputs))
+    if others:
+        raise StartupError(
+            f"recovery directory {recovery_dir} holds the input positions of "
+            f"{', '.join(others)}, which this run does not read (it reads "
+            f"{', '.join(inputs)}): run with the topics it was written for, or move the "
+            f"instances to a new directory with `tsi state export FILE --recovery-dir "
+            f"{recovery_dir}` and `tsi state import FILE --recovery-dir NEW_DIR`, then run "
+            "from NEW_DIR"
+        )
 
 
 def check_cluster_keys(options: Settings) -> None:
