@@ -294,6 +294,41 @@ def test_a_user_back_with_kept_answers_builds_them_only_when_read():
     assert shard.store.instances[key].bandit.n_updates == 4 and answer.round == 4
 
 
+def test_a_user_kept_live_is_in_the_lingering_heap_once_however_often_it_is_tried():
+    """Each generation's turn tries to put a user with several kept answers to rest; it
+    stays live until LINGER after its newest answer, with one entry in the heap, and rests
+    then; a newer answer moves its time (the older entry is passed over)."""
+    now = [1_700_000_100.0]
+    registry = Registry.from_toml(
+        '[experiments.user]\narms = ["a", "b"]\nper_unit = true\nretry_window = 3600\n'
+    )
+    shard = ShardLogic(FlowContext(LiveRegistry(registry), lambda: now[0], rest_after=0.0))
+    experiment = registry["user"]
+    key = experiment.instance_key("u1")
+
+    def send(kind, rid):
+        raw = orjson.dumps(message(kind, "user", "u1", rid, 1.0, None, None, None))
+        event = (parse_request if kind == "request" else parse_feedback)(raw, Origin("t"))
+        return shard.handle([(key, experiment, event)])
+
+    for rid in ("r1", "r2"):
+        send("request", rid)
+        send("feedback", rid)
+    for _ in range(50):  # every call turns a generation (rest_after 0) and tries again
+        now[0] += 0.5
+        shard.wake()
+    store = shard.store
+    assert key in store.instances and len(store.lingering) == 1
+    send("request", "r3")
+    send("feedback", "r3")  # a newer answer: a later time
+    for _ in range(5):
+        shard.wake()
+    assert len(store.lingering) == 2 and store.lingers[key] == store.lingering.first_time() + 25
+    now[0] += LINGER
+    shard.wake()
+    assert key in store.resting and not len(store.lingering) and not store.lingers
+
+
 def test_an_error_handling_an_event_is_its_dead_letter(monkeypatch):
     script = [("event", ("request", "user", "u1", f"r{i}", 0.0, None, None, None)) for i in (1, 2)]
     reference, *_ = run(script, False)

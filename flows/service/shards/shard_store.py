@@ -160,6 +160,7 @@ class ShardStore:
         self.new_per_generation = new_per_generation(context.shards)  # turns it early
         self.touched = self.generations.touched  # the same set, for the compiled loop
         self.lingering = TimeHeap()  # (when to look again, key) of those kept live (LINGER)
+        self.lingers: dict[str, float] = {}  # each one's time in the heap (older ones: stale)
         self.log: ShardLog | None = None
         self.loop: Any = None  # what the compiled loop keeps between calls (_event_loop)
         self.problems: list[DeadLetter] = []  # what went wrong restoring, handed out once
@@ -434,8 +435,11 @@ class ShardStore:
         if len(self.lingering) and budget > 0:  # those kept live whose time has come
             now = self._now()
             while len(self.lingering) and budget > 0 and self.lingering.first_time() <= now:
-                _, key = self.lingering.pop()
+                at, key = self.lingering.pop()
                 budget -= 1
+                if self.lingers.get(key) != at:  # pushed again later: that one counts
+                    continue
+                del self.lingers[key]
                 if key not in self.touched and key in self.instances:
                     self._put_to_rest([self.instances[key]])
         if generations.unwritten and budget > 0:
@@ -459,6 +463,13 @@ class ShardStore:
         changelog, one each, each also sent to it (``ChangelogLayer.write``)."""
         return encode(entries) if self.changelog is None else self.changelog.write(entries)
 
+    def _linger(self, key: str, until: float) -> None:
+        """Keep ``key`` live until ``until``: one entry in the heap per key and time, not one
+        per try to put it to rest (a generation's turn tries every second)."""
+        if self.lingers.get(key) != until:
+            self.lingers[key] = until
+            self.lingering.push(until, key)
+
     def _put_to_rest(self, instances: list[Instance]) -> None:
         """Pack ``instances`` and hold the idle ones and those waiting on entries as
         bytes (one no longer live, e.g. named twice: two closes may save a key twice, is
@@ -472,7 +483,7 @@ class ShardStore:
             if newest is not None:
                 now = self._now() if now is None else now
                 if newest + LINGER > now:
-                    self.lingering.push(newest + LINGER, instance.key)
+                    self._linger(instance.key, newest + LINGER)
                     continue
             instance.rest()
             if self.resting.put_instance(instance):  # its deadline, if any, goes with it
