@@ -257,11 +257,9 @@ def test_events_from_another_process_reach_the_receiving_registrys_experiment():
     assert shard.store.instances["user\x1fu1"].bandit.n_updates == 1
 
 
-def test_a_user_back_with_kept_answers_builds_them_only_when_read():
-    """A user who rested with several kept answers comes back: its answers stay in its
-    book, its new request and feedback are served beside them, and a retry of an old
-    request builds that one answer into an entry, answered as first."""
-    now = [1_700_000_100.0]
+def one_user(now):
+    """A shard of per-user bandits whose answers are kept for an hour, on the clock
+    ``now[0]``, and ``send(kind, rid)``: unit u1's request or feedback, handled; its key."""
     registry = Registry.from_toml(
         '[experiments.user]\narms = ["a", "b", "c"]\nper_unit = true\nretry_window = 3600\n'
     )
@@ -274,6 +272,15 @@ def test_a_user_back_with_kept_answers_builds_them_only_when_read():
         event = (parse_request if kind == "request" else parse_feedback)(raw, Origin("t"))
         return shard.handle([(key, experiment, event)])
 
+    return shard, key, send
+
+
+def test_a_user_back_with_kept_answers_builds_them_only_when_read():
+    """A user who rested with several kept answers comes back: its answers stay in its
+    book, its new request and feedback are served beside them, and a retry of an old
+    request builds that one answer into an entry, answered as first."""
+    now = [1_700_000_100.0]
+    shard, key, send = one_user(now)
     first = {rid: send("request", rid) for rid in ("r1", "r2", "r3")}
     for rid in first:
         send("feedback", rid)
@@ -299,18 +306,7 @@ def test_a_user_kept_live_is_in_the_lingering_heap_once_however_often_it_is_trie
     stays live until LINGER after its newest answer, with one entry in the heap, and rests
     then; a newer answer moves its time (the older entry is passed over)."""
     now = [1_700_000_100.0]
-    registry = Registry.from_toml(
-        '[experiments.user]\narms = ["a", "b"]\nper_unit = true\nretry_window = 3600\n'
-    )
-    shard = ShardLogic(FlowContext(LiveRegistry(registry), lambda: now[0], rest_after=0.0))
-    experiment = registry["user"]
-    key = experiment.instance_key("u1")
-
-    def send(kind, rid):
-        raw = orjson.dumps(message(kind, "user", "u1", rid, 1.0, None, None, None))
-        event = (parse_request if kind == "request" else parse_feedback)(raw, Origin("t"))
-        return shard.handle([(key, experiment, event)])
-
+    shard, key, send = one_user(now)
     for rid in ("r1", "r2"):
         send("request", rid)
         send("feedback", rid)

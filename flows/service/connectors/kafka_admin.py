@@ -192,18 +192,20 @@ def _retriable_reason(exc: Exception) -> str | None:
         return "no answer"
     if isinstance(exc, NotReadyError):
         return str(exc)
-    err = exc.args[0] if exc.args else None
-    return err.str() if transient(err) else None
+    return exc.args[0].str() if transient(exc) else None
 
 
 def transient(error: object) -> bool:
-    """Whether a Kafka ``error`` goes away by itself (``RETRIABLE``, or flagged so).
+    """Whether a Kafka ``error`` (or the ``KafkaException`` holding it) goes away by itself
+    (``RETRIABLE``, or flagged so).
 
     >>> transient(KafkaError(KafkaError.UNKNOWN_LEADER_EPOCH))
     True
-    >>> transient(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    >>> transient(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
     False
     """
+    if isinstance(error, KafkaException):
+        error = error.args[0] if error.args else None
     return isinstance(error, KafkaError) and (error.retriable() or error.code() in RETRIABLE)
 
 

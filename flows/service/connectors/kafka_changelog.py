@@ -191,9 +191,7 @@ class KafkaChangelog:
             try:
                 return self._read_all(wanted)
             except (ChangelogTimeoutError, KafkaException) as exc:
-                if isinstance(exc, KafkaException) and not transient(
-                    exc.args[0] if exc.args else None
-                ):
+                if isinstance(exc, KafkaException) and not transient(exc):
                     raise ChangelogError(f"{self.topic}: {exc}") from None
                 if time.monotonic() >= next_log:
                     next_log = time.monotonic() + _WAIT_LOG_S

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -249,7 +250,10 @@ def check_stored_inputs(recovery_dir: Path, inputs: list[str]) -> None:
 
     >>> import tempfile; check_stored_inputs(Path(tempfile.mkdtemp()), ["t.events"])
     """
-    stored = store_offsets(recovery_dir) if any(Path(recovery_dir).glob("part-*")) else None
+    try:
+        stored = store_offsets(recovery_dir)
+    except (FileNotFoundError, sqlite3.DatabaseError):  # no partitions yet, or refused elsewhere
+        stored = None
     others = sorted({topic for topic, _ in stored or {}} - set(inputs))
     if others:
         raise StartupError(
