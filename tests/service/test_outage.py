@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 
 import orjson
 from confluent_kafka import Producer
@@ -63,6 +64,17 @@ class Load:
             self._thread.join()
             assert self._producer.flush(120) == 0
         return set(self.sent)
+
+
+def inputs(port: int) -> str:
+    """The service's metrics of its input partitions (lag, consumers rebuilt)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError as exc:
+        return f"(no metrics: {exc})"
+    wanted = ("tsi_consumer_lag{", "tsi_input_rebuilds_total{")
+    return "\n".join(line for line in text.splitlines() if line.startswith(wanted))
 
 
 def outlive(proc, seconds: float) -> None:
@@ -137,7 +149,8 @@ def test_a_broker_outage_longer_than_any_timeout_is_waited_out(tmp_path):
                 missing = sorted(sent - got)[:10]
                 raise AssertionError(
                     f"{len(sent - got)} of {len(sent)} requests unanswered (e.g. {missing}),"
-                    f" {len(got - sent)} answers never sent; the service's log ends:\n{log}"
+                    f" {len(got - sent)} answers never sent; the inputs:\n{inputs(port)}\n"
+                    f"the service's log ends:\n{log}"
                 ) from None
             wait_for(lambda: ready(port), proc, seconds=60, what="readiness after the outage")
             assert proc.poll() is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,8 +23,9 @@ from bytewax.inputs import StatefulSourcePartition
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
+from flows.service.connectors.end_watch import END_WATCH, stalled
 from flows.service.connectors.stopping import Stop
-from flows.service.observe.metrics import observe_kafka_stats
+from flows.service.observe.metrics import INPUT_REBUILDS, observe_kafka_stats
 from flows.service.observe.stream_clock import STREAM_CLOCK
 from flows.service.wire._records import internal_message, kafka_batch
 from flows.service.wire.events import DeadLetter, Origin
@@ -88,6 +90,8 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
 
     - librdkafka's statistics (every second) feed readiness and consumer lag
       (``flows.metrics.observe_kafka_stats``) and stream time;
+    - a consumer whose fetcher stopped while the partition has more to read is rebuilt
+      at the partition's position (``flows.service.connectors.end_watch``);
     - each snapshot (an epoch's close) is reported through ``on_epoch``;
     - with ``commits`` (a ``group.id`` of the service's own), the offset of the previous
       snapshot is committed to that group when the next is taken (that epoch is done), and
@@ -113,9 +117,42 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         self._eof = False
         config["stats_cb"] = self._process_stats
         self._config = config  # the consumer's: its group commits a deferred final offset
-        self._consumer = Consumer(config)
-        self._consumer.assign([TopicPartition(topic, index, offset)])
+        self._fetching = (-1, "none")  # librdkafka's next offset to fetch, fetch state
+        self._moved_at = time.monotonic()  # when the fetch or read position last moved
+        self._read_to = offset
+        self._consumer = self._assigned()
         STREAM_CLOCK.expect(topic, index)
+        END_WATCH.watch(topic, index, config)
+
+    def _assigned(self) -> Consumer:
+        """A consumer of the partition, at the partition's position."""
+        consumer = Consumer(self._config)
+        consumer.assign([TopicPartition(self._topic, self._part_idx, self._offset)])
+        return consumer
+
+    def _unstick(self) -> None:
+        """Rebuild the consumer when its fetcher has stopped (``end_watch.stalled``)."""
+        if self._offset != self._read_to:  # statistics may be off: reading is moving too
+            self._read_to, self._moved_at = self._offset, time.monotonic()
+        end = END_WATCH.end(self._topic, self._part_idx)
+        position = max(self._fetching[0], self._offset)
+        if self._fetching[1] == "none" or not stalled(end, position, self._moved_at):
+            return  # without statistics, a transaction's end marker would look unread
+        log.warning(
+            "%s[%d]: nothing fetched for %.0f s while its end is %d and the position %d "
+            "(librdkafka fetch state %s): its consumer is rebuilt at %d",
+            self._topic,
+            self._part_idx,
+            time.monotonic() - self._moved_at,
+            end.offset if end else -1,
+            position,
+            self._fetching[1],
+            self._offset,
+        )
+        INPUT_REBUILDS.labels(self._topic, str(self._part_idx)).inc()
+        self._consumer.close()
+        self._consumer = self._assigned()
+        self._moved_at = time.monotonic()
 
     def next_batch(self) -> list[Any]:
         """What one ``consume`` read: ``KafkaSourceMessage``s and ``KafkaError``s, or
@@ -123,6 +160,7 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         Kafka's errors."""
         if Stop.asked():  # a clean end: Bytewax finishes and commits the epoch
             raise StopIteration
+        self._unstick()
         if not self._reading.batched:
             return self._messages()
         items = self._consume()
@@ -187,6 +225,18 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
             stats = {}
         observe_kafka_stats(stats, self._offset)  # never raises
         STREAM_CLOCK.note_position(self._topic, self._part_idx, self._caught_up(stats))
+        self._note_fetching(stats)
+
+    def _note_fetching(self, stats: dict[str, Any]) -> None:
+        """The fetcher's position and state, and when the position last moved."""
+        try:
+            mine = stats["topics"][self._topic]["partitions"][str(self._part_idx)]
+            fetching = (int(mine["next_offset"]), str(mine.get("fetch_state", "?")))
+        except (KeyError, TypeError, ValueError):
+            return
+        if fetching[0] != self._fetching[0]:
+            self._moved_at = time.monotonic()
+        self._fetching = fetching
 
     def _caught_up(self, stats: dict[str, Any]) -> bool | None:
         """Whether this partition has read all there is (stream time,
@@ -240,6 +290,7 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         else:
             self._commit(asynchronous=False)
         STREAM_CLOCK.forget(self._topic, self._part_idx)
+        END_WATCH.forget(self._topic, self._part_idx)
         self._consumer.close()
 
 

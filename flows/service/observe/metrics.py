@@ -26,6 +26,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_last_epoch_timestamp_seconds`` | gauge | | Unix time an input last closed an epoch |
 | ``tsi_last_broker_contact_timestamp_seconds`` | gauge | | Unix time a broker was last reached |
 | ``tsi_consumer_lag`` | gauge | topic, partition | high watermark − next offset to read |
+| ``tsi_input_rebuilds_total`` | counter | topic, partition | consumers rebuilt: their fetcher stopped |
 | ``tsi_ready`` | gauge | | 1 while ``/ready`` answers 200, else 0 |
 | ``tsi_shards_held`` | gauge | | shards this process's start restores (0: none named) |
 | ``tsi_shards_restored`` | gauge | | of those, the shards restored so far |
@@ -203,6 +204,11 @@ _EXPIRY = {
 }
 
 DEAD_LETTERS = Counter("tsi_dead_letters", "Dead letters by reason.", ["reason"])
+INPUT_REBUILDS = Counter(
+    "tsi_input_rebuilds",
+    "Input partition consumers rebuilt because their fetcher had stopped.",
+    ["topic", "partition"],
+)
 CONTEXT_OTHER = Counter(
     "tsi_context_other",
     "Named-context requests whose value of an attribute was not listed (its other slot).",
