@@ -97,6 +97,9 @@ def test_a_partition_whose_fetcher_stopped_is_rebuilt_and_reads_on(kafka_bootstr
         as_if_still_for(partition, STALL_S - 5)
         assert partition.next_batch() == [] and rebuilds(topic) == 0  # not still long enough
         as_if_still_for(partition, STALL_S + 1)
+        partition._called_at -= 6.0  # the worker was held elsewhere: it did not ask to read
+        assert partition.next_batch() == [] and rebuilds(topic) == 0
+        as_if_still_for(partition, STALL_S + 1)
         read(partition, offsets, lambda: len(offsets) >= 150)
         assert offsets == list(range(150))  # from where it was: nothing skipped or twice
         assert rebuilds(topic) == 1

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 CAUGHT_UP_LAG = 1000
 
 _EOF = ConfluentKafkaError._PARTITION_EOF
+#: Seconds between two reads of a partition after which its stillness counts afresh: the
+#: worker was held elsewhere (an epoch's close waiting for the brokers), not the fetcher.
+_WORKER_AWAY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         self._fetching = (-1, "none")  # librdkafka's next offset to fetch, fetch state
         self._moved_at = time.monotonic()  # when the fetch or read position last moved
         self._read_to = offset
+        self._called_at = self._moved_at  # the worker's last call
         self._consumer = self._assigned()
         STREAM_CLOCK.expect(topic, index)
         END_WATCH.watch(topic, index, config)
@@ -132,8 +136,12 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
 
     def _unstick(self) -> None:
         """Rebuild the consumer when its fetcher has stopped (``end_watch.stalled``)."""
+        now = time.monotonic()
+        if now - self._called_at > _WORKER_AWAY_S:  # a worker held elsewhere reads nothing
+            self._moved_at = now
+        self._called_at = now
         if self._offset != self._read_to:  # statistics may be off: reading is moving too
-            self._read_to, self._moved_at = self._offset, time.monotonic()
+            self._read_to, self._moved_at = self._offset, now
         end = END_WATCH.end(self._topic, self._part_idx)
         position = max(self._fetching[0], self._offset)
         if self._fetching[1] == "none" or not stalled(end, position, self._moved_at):
