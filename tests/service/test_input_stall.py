@@ -107,6 +107,22 @@ def test_a_partition_whose_fetcher_stopped_is_rebuilt_and_reads_on(kafka_bootstr
         partition.close()
 
 
+def test_a_stopped_fetcher_s_old_end_does_not_count_as_caught_up():
+    """Stream time: expiry waits while the watch's end lies beyond the position, though
+    the partition's own statistics (from a fetcher that stopped) say it read all."""
+    config = {"bootstrap.servers": "127.0.0.1:9", "group.id": "test-stall", "log_level": 0}
+    partition = ObservedPartition(config, "events", 0, 10, Reading())
+    stats = {"topics": {"events": {"partitions": {"0": {"hi_offset": 10, "lo_offset": 0}}}}}
+    try:
+        assert partition._caught_up(stats) is True
+        END_WATCH._ends[("events", 0)] = End(10 + 1001, time.monotonic())
+        assert partition._caught_up(stats) is False
+        END_WATCH._ends[("events", 0)] = End(10 + 1000, time.monotonic())  # a busy one's lag
+        assert partition._caught_up(stats) is True
+    finally:
+        partition.close()
+
+
 def test_the_watch_keeps_the_ends_it_had_when_an_ask_fails():
     answers = iter([[7], RuntimeError("brokers away")])  # then read again below
 

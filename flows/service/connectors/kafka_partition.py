@@ -249,7 +249,8 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
     def _caught_up(self, stats: dict[str, Any]) -> bool | None:
         """Whether this partition has read all there is (stream time,
         ``flows.service.observe.stream_clock``), or None while its end is not known: librdkafka
-        reports an empty partition's end (``hi_offset``) only after its first fetch."""
+        reports an empty partition's end (``hi_offset``) only after its first fetch, and a
+        fetcher that stopped reports an old one (the watch's end is newer then)."""
         try:
             partitions = stats["topics"][self._topic]["partitions"]
             check_partition_count(self._topic, partitions, self._built_with)
@@ -258,6 +259,9 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
             starts = (mine.get("lo_offset", -1), mine.get("committed_offset", -1))
         except (KeyError, TypeError, ValueError):
             return None
+        watched = END_WATCH.end(self._topic, self._part_idx)
+        if watched is not None and end >= 0:
+            end = max(end, watched.offset)
         if end < 0:
             return None
         if self._offset < 0:  # nothing read yet: caught up if there is nothing to read
