@@ -1,5 +1,7 @@
 """The Bytewax logic of a shard of instances: guarded events, timers, snapshots."""
 
+import gc
+
 import orjson
 from bytewax.operators import StatefulBatchLogic as StatefulLogic
 
@@ -89,6 +91,27 @@ def test_an_instance_unchanged_for_a_generation_is_put_to_rest():
     assert "e" not in logic.store.instances and "e" in logic.store.resting
     logic.handle(item(logic, "e", request("r2")))  # built again from its bytes
     assert logic.store.instances["e"].bandit.n_updates == 1
+
+
+def test_the_live_and_resting_gauges_follow_an_instance_put_to_rest():
+    from prometheus_client import REGISTRY as METRICS
+
+    def held():
+        return tuple(METRICS.get_sample_value(f"tsi_instances_{s}") for s in ("live", "resting"))
+
+    now = [0.0]
+    logic = logic_builder(REGISTRY, clock=lambda: now[0], snapshots=False, rest_after=0.0)(None)
+    live, resting = held()
+    logic.handle(item(logic, "e", request("r1")))
+    assert held() == (live + 1, resting)
+    now[0] = 1e6
+    logic.wake()
+    logic.handle([])
+    logic.handle([])
+    assert "e" in logic.store.resting and held() == (live, resting + 1)
+    del logic
+    gc.collect()
+    assert held() == (live, resting)  # a store gone is no longer counted
 
 
 def test_a_shard_no_event_reaches_is_woken_to_put_its_instances_to_rest():

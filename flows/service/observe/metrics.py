@@ -19,6 +19,8 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_pending_tickets`` | gauge | experiment | open tickets: selections awaiting feedback |
 | ``tsi_early_feedback`` | gauge | experiment | feedback buffered, awaiting its request |
 | ``tsi_instances`` | gauge | experiment | instances held (built on a first event, or restored) |
+| ``tsi_instances_live`` | gauge | | of the process's instances, those built (active users) |
+| ``tsi_instances_resting`` | gauge | | those resting as packed bytes (``flows.service.observe.held``) |
 | ``tsi_processing_seconds`` | histogram | kind | wall time of one event in the operator |
 | ``tsi_event_age_seconds`` | histogram | kind | flow clock − event ``ts`` (Unix s), if it has one |
 | ``tsi_last_event_timestamp_seconds`` | gauge | | Unix time the operator last handled an event |

@@ -24,6 +24,7 @@ from flows.service.instances._deadline_queue import TimeHeap
 from flows.service.instances.instance import Instance, Output
 from flows.service.instances.registry import Experiment, LiveRegistry
 from flows.service.instances.resting import Entry, Resting, entry_of, open_tickets, revive
+from flows.service.observe.held import hold
 from flows.service.observe.metrics import observe_expired, observe_restored
 from flows.service.observe.restoring import RESTORING
 from flows.service.observe.stream_clock import StreamClock
@@ -167,6 +168,7 @@ class ShardStore:
         self.foreign: list[Entry] = []  # a shard of another shard count: kept as they are
         self.changelog: ChangelogLayer | None = None  # its log's mirror, and the guard
         self.dormant: dict[str, Any] | None = None  # resumed, another member's: kept as is
+        hold(self)  # counted live and resting (``tsi_instances_live``, ``_resting``)
         if resume:
             self._start(resume["shard"], resume)
 
