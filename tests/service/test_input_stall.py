@@ -57,6 +57,7 @@ def as_if_still_for(partition, seconds):
     """The fetch position has not moved for ``seconds`` while the brokers answered; the
     watch asks the end now."""
     partition._moved_at = END_WATCH._since = time.monotonic() - seconds
+    partition._look_at = 0.0  # its next read looks
     END_WATCH.ask()
 
 

@@ -41,6 +41,8 @@ _EOF = ConfluentKafkaError._PARTITION_EOF
 #: Seconds between two reads of a partition after which its stillness counts afresh: the
 #: worker was held elsewhere (an epoch's close waiting for the brokers), not the fetcher.
 _WORKER_AWAY_S = 5.0
+#: Seconds between two looks at whether a partition's fetcher stopped.
+_LOOK_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         self._moved_at = time.monotonic()  # when the fetch or read position last moved
         self._read_to = offset
         self._called_at = self._moved_at  # the worker's last call
+        self._look_at = self._moved_at  # the next look at whether the fetcher stopped
         self._consumer = self._assigned()
         STREAM_CLOCK.expect(topic, index)
         END_WATCH.watch(topic, index, config)
@@ -134,12 +137,8 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         consumer.assign([TopicPartition(self._topic, self._part_idx, self._offset)])
         return consumer
 
-    def _unstick(self) -> None:
+    def _unstick(self, now: float) -> None:
         """Rebuild the consumer when its fetcher has stopped (``end_watch.stalled``)."""
-        now = time.monotonic()
-        if now - self._called_at > _WORKER_AWAY_S:  # a worker held elsewhere reads nothing
-            self._moved_at = now
-        self._called_at = now
         if self._offset != self._read_to:  # statistics may be off: reading is moving too
             self._read_to, self._moved_at = self._offset, now
         end = END_WATCH.end(self._topic, self._part_idx)
@@ -168,7 +167,13 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         Kafka's errors."""
         if Stop.asked():  # a clean end: Bytewax finishes and commits the epoch
             raise StopIteration
-        self._unstick()
+        now = time.monotonic()
+        if now - self._called_at > _WORKER_AWAY_S:  # a worker held elsewhere reads nothing
+            self._moved_at = now
+        self._called_at = now
+        if now >= self._look_at:  # a few looks a second: a stop counts after a minute
+            self._look_at = now + _LOOK_EVERY_S
+            self._unstick(now)
         if not self._reading.batched:
             return self._messages()
         items = self._consume()
