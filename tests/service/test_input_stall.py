@@ -56,8 +56,8 @@ def rebuilds(topic):
 def as_if_still_for(partition, seconds):
     """The fetch position has not moved for ``seconds`` while the brokers answered; the
     watch asks the end now."""
-    partition._moved_at = END_WATCH._since = time.monotonic() - seconds
-    partition._look_at = 0.0  # its next read looks
+    partition._still.moved_at = END_WATCH._since = time.monotonic() - seconds
+    partition._still.look_at = 0.0  # its next read looks
     END_WATCH.ask()
 
 
@@ -71,7 +71,7 @@ def test_a_partition_with_nothing_more_to_read_is_never_rebuilt(kafka_bootstrap,
         offsets = []
         read(partition, offsets, lambda: len(offsets) == 10)
         end = 11 if transactional else 10  # the commit marker takes an offset
-        read(partition, offsets, lambda: partition._fetching[0] == end)  # statistics came
+        read(partition, offsets, lambda: partition._still.fetching[0] == end)  # statistics came
         as_if_still_for(partition, STALL_S + 1)
         assert END_WATCH.end(topic, 0).offset == end
         for _ in range(5):
@@ -92,13 +92,13 @@ def test_a_partition_whose_fetcher_stopped_is_rebuilt_and_reads_on(kafka_bootstr
         read(partition, offsets, lambda: len(offsets) == 100)
         partition._consumer.pause([TopicPartition(topic, 0)])  # a fetcher that stopped
         produce(kafka_bootstrap, topic, [b"%d" % i for i in range(100, 150)])
-        read(partition, offsets, lambda: partition._fetching[0] == 100)
+        read(partition, offsets, lambda: partition._still.fetching[0] == 100)
         for _ in range(100):  # fetching nothing while the partition holds 50 more
             assert partition.next_batch() == []
         as_if_still_for(partition, STALL_S - 5)
         assert partition.next_batch() == [] and rebuilds(topic) == 0  # not still long enough
         as_if_still_for(partition, STALL_S + 1)
-        partition._called_at -= 6.0  # the worker was held elsewhere: it did not ask to read
+        partition._still.called_at -= 6.0  # the worker was held elsewhere: it did not ask to read
         assert partition.next_batch() == [] and rebuilds(topic) == 0
         as_if_still_for(partition, STALL_S + 1)
         read(partition, offsets, lambda: len(offsets) >= 150)

@@ -23,7 +23,7 @@ from bytewax.inputs import StatefulSourcePartition
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 
-from flows.service.connectors.end_watch import END_WATCH, stalled
+from flows.service.connectors.end_watch import END_WATCH, Stillness
 from flows.service.connectors.stopping import Stop
 from flows.service.observe.metrics import INPUT_REBUILDS, observe_kafka_stats
 from flows.service.observe.stream_clock import STREAM_CLOCK
@@ -38,11 +38,6 @@ log = logging.getLogger(__name__)
 CAUGHT_UP_LAG = 1000
 
 _EOF = ConfluentKafkaError._PARTITION_EOF
-#: Seconds between two reads of a partition after which its stillness counts afresh: the
-#: worker was held elsewhere (an epoch's close waiting for the brokers), not the fetcher.
-_WORKER_AWAY_S = 5.0
-#: Seconds between two looks at whether a partition's fetcher stopped.
-_LOOK_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -122,11 +117,7 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         self._eof = False
         config["stats_cb"] = self._process_stats
         self._config = config  # the consumer's: its group commits a deferred final offset
-        self._fetching = (-1, "none")  # librdkafka's next offset to fetch, fetch state
-        self._moved_at = time.monotonic()  # when the fetch or read position last moved
-        self._read_to = offset
-        self._called_at = self._moved_at  # the worker's last call
-        self._look_at = self._moved_at  # the next look at whether the fetcher stopped
+        self._still = Stillness(END_WATCH, topic, index, offset, time.monotonic())
         self._consumer = self._assigned()
         STREAM_CLOCK.expect(topic, index)
         END_WATCH.watch(topic, index, config)
@@ -137,29 +128,24 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         consumer.assign([TopicPartition(self._topic, self._part_idx, self._offset)])
         return consumer
 
-    def _unstick(self, now: float) -> None:
-        """Rebuild the consumer when its fetcher has stopped (``end_watch.stalled``)."""
-        if self._offset != self._read_to:  # statistics may be off: reading is moving too
-            self._read_to, self._moved_at = self._offset, now
+    def _rebuild(self) -> None:
+        """A new consumer at the partition's position: the fetcher stopped."""
         end = END_WATCH.end(self._topic, self._part_idx)
-        position = max(self._fetching[0], self._offset)
-        if self._fetching[1] == "none" or not stalled(end, position, self._moved_at):
-            return  # without statistics, a transaction's end marker would look unread
         log.warning(
             "%s[%d]: nothing fetched for %.0f s while its end is %d and the position %d "
             "(librdkafka fetch state %s): its consumer is rebuilt at %d",
             self._topic,
             self._part_idx,
-            time.monotonic() - self._moved_at,
+            time.monotonic() - self._still.moved_at,
             end.offset if end else -1,
-            position,
-            self._fetching[1],
+            self._still.position(self._offset),
+            self._still.fetching[1],
             self._offset,
         )
         INPUT_REBUILDS.labels(self._topic, str(self._part_idx)).inc()
         self._consumer.close()
         self._consumer = self._assigned()
-        self._moved_at = time.monotonic()
+        self._still.moved_at = time.monotonic()
 
     def next_batch(self) -> list[Any]:
         """What one ``consume`` read: ``KafkaSourceMessage``s and ``KafkaError``s, or
@@ -167,13 +153,8 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         Kafka's errors."""
         if Stop.asked():  # a clean end: Bytewax finishes and commits the epoch
             raise StopIteration
-        now = time.monotonic()
-        if now - self._called_at > _WORKER_AWAY_S:  # a worker held elsewhere reads nothing
-            self._moved_at = now
-        self._called_at = now
-        if now >= self._look_at:  # a few looks a second: a stop counts after a minute
-            self._look_at = now + _LOOK_EVERY_S
-            self._unstick(now)
+        if self._still.stopped(time.monotonic(), self._offset):
+            self._rebuild()
         if not self._reading.batched:
             return self._messages()
         items = self._consume()
@@ -241,15 +222,13 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         self._note_fetching(stats)
 
     def _note_fetching(self, stats: dict[str, Any]) -> None:
-        """The fetcher's position and state, and when the position last moved."""
+        """The fetcher's position and state (``Stillness``)."""
         try:
             mine = stats["topics"][self._topic]["partitions"][str(self._part_idx)]
-            fetching = (int(mine["next_offset"]), str(mine.get("fetch_state", "?")))
+            next_offset, state = int(mine["next_offset"]), str(mine.get("fetch_state", "?"))
         except (KeyError, TypeError, ValueError):
             return
-        if fetching[0] != self._fetching[0]:
-            self._moved_at = time.monotonic()
-        self._fetching = fetching
+        self._still.note_fetching(next_offset, state, time.monotonic())
 
     def _caught_up(self, stats: dict[str, Any]) -> bool | None:
         """Whether this partition has read all there is (stream time,
