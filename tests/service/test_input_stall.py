@@ -57,7 +57,7 @@ def as_if_still_for(partition, seconds):
     """The fetch position has not moved for ``seconds`` while the brokers answered; the
     watch asks the end now."""
     partition._still.moved_at = END_WATCH._since = time.monotonic() - seconds
-    partition._still.look_at = 0.0  # its next read looks
+    partition._still.look_at = time.monotonic()  # its next read looks
     END_WATCH.ask()
 
 
@@ -98,7 +98,7 @@ def test_a_partition_whose_fetcher_stopped_is_rebuilt_and_reads_on(kafka_bootstr
         as_if_still_for(partition, STALL_S - 5)
         assert partition.next_batch() == [] and rebuilds(topic) == 0  # not still long enough
         as_if_still_for(partition, STALL_S + 1)
-        partition._still.called_at -= 6.0  # the worker was held elsewhere: it did not ask to read
+        partition._still.look_at -= 6.0  # the worker was held elsewhere: it did not read
         assert partition.next_batch() == [] and rebuilds(topic) == 0
         as_if_still_for(partition, STALL_S + 1)
         read(partition, offsets, lambda: len(offsets) >= 150)

@@ -168,17 +168,17 @@ END_WATCH = EndWatch()
 
 class Stillness:
     """How long one partition's fetch position has stood still while its worker read it:
-    ``stopped`` at each read says when to rebuild its consumer (``stalled`` against the
-    watch's end, a look every ``LOOK_EVERY_S``); ``note_fetching`` takes librdkafka's
-    statistics of the partition.
+    ``stopped``, at a read once ``look_at`` has come (every ``LOOK_EVERY_S``), says when
+    to rebuild its consumer (``stalled`` against the watch's end); ``note_fetching`` takes
+    librdkafka's statistics of the partition.
 
     >>> watch = EndWatch(ask=lambda config, parts: [9], start=False)
     >>> watch.watch("t", 0, {}); watch.ask()
     >>> still = Stillness(watch, "t", 0, offset=4, now=0.0)
     >>> still.note_fetching(4, "active", now=0.0)
     >>> watch._ends[("t", 0)] = End(9, at=STALL_S + 1.0)  # asked a minute on, still at 4
-    >>> still.stopped(now=0.5, offset=4), still.stopped(now=0.6, offset=4)  # a look, none
-    (True, False)
+    >>> still.stopped(now=0.5, offset=4), still.look_at
+    (True, 1.0)
     """
 
     def __init__(self, watch: EndWatch, topic: str, partition: int, offset: int, now: float):
@@ -186,8 +186,7 @@ class Stillness:
         self.fetching = (-1, "none")  # librdkafka's next offset to fetch, fetch state
         self.moved_at = now  # when the fetch or read position last moved
         self.read_to = offset
-        self.called_at = now  # the worker's last read
-        self.look_at = now  # the next look
+        self.look_at = now  # the next look (a read long after it: the worker was away)
 
     def note_fetching(self, next_offset: int, state: str, now: float) -> None:
         """The fetcher's next offset and state (from the statistics)."""
@@ -196,13 +195,11 @@ class Stillness:
         self.fetching = (next_offset, state)
 
     def stopped(self, now: float, offset: int) -> bool:
-        """At each read (``offset``: the next the partition reads): whether its fetcher has
-        stopped. Never without statistics: a transaction's end marker would look unread."""
-        if now - self.called_at > WORKER_AWAY_S:  # a worker held elsewhere reads nothing
+        """At a read once ``look_at`` has come (``offset``: the next the partition reads):
+        whether its fetcher has stopped. Never without statistics: a transaction's end
+        marker would look unread."""
+        if now - self.look_at > WORKER_AWAY_S:  # a worker held elsewhere reads nothing
             self.moved_at = now
-        self.called_at = now
-        if now < self.look_at:
-            return False
         self.look_at = now + LOOK_EVERY_S
         if offset != self.read_to:  # the statistics may be off: reading moves too
             self.read_to, self.moved_at = offset, now

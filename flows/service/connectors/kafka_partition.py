@@ -153,7 +153,8 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
         Kafka's errors."""
         if Stop.asked():  # a clean end: Bytewax finishes and commits the epoch
             raise StopIteration
-        if self._still.stopped(time.monotonic(), self._offset):
+        now = time.monotonic()
+        if now >= self._still.look_at and self._still.stopped(now, self._offset):
             self._rebuild()
         if not self._reading.batched:
             return self._messages()
