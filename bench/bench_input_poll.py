@@ -1,7 +1,7 @@
 """What an input partition's empty poll costs with the look at a stopped fetcher.
 
-Bytewax calls an input partition again 1 ms after an empty batch, so an idle service pays
-this per partition a thousand times a second. The reference is ``next_batch`` as it was
+Bytewax calls an input partition again soon after an empty batch, so an idle service pays
+this per partition many times a second. The reference is ``next_batch`` as it was
 before the look (the stop check and the partition's own read), timed in the same run,
 alternating, on a consumer with nothing to read (no broker needed).
 
