@@ -4,6 +4,7 @@ end marker included) is never rebuilt. A paused consumer stands for a stuck fetc
 fetches nothing while the partition fills, as one stuck after a broker restart did.
 """
 
+import threading
 import time
 
 import pytest
@@ -100,12 +101,32 @@ def test_a_partition_whose_fetcher_stopped_is_rebuilt_and_reads_on(kafka_bootstr
         as_if_still_for(partition, STALL_S + 1)
         partition._still.look_at -= 6.0  # the worker was held elsewhere: it did not read
         assert partition.next_batch() == [] and rebuilds(topic) == 0
+        wedged = Wedged(partition._consumer)
+        partition._consumer = wedged  # its close waits (seen: on its group's coordinator)
         as_if_still_for(partition, STALL_S + 1)
-        read(partition, offsets, lambda: len(offsets) >= 150)
+        read(partition, offsets, lambda: len(offsets) >= 150)  # the worker is not held
         assert offsets == list(range(150))  # from where it was: nothing skipped or twice
         assert rebuilds(topic) == 1
+        assert wedged.closing.wait(10)  # closed aside
+        wedged.release.set()
     finally:
         partition.close()
+
+
+class Wedged:
+    """A consumer whose close waits until released."""
+
+    def __init__(self, consumer):
+        self.consumer = consumer
+        self.closing, self.release = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.consumer, name)
+
+    def close(self):
+        self.closing.set()
+        self.release.wait(60)
+        self.consumer.close()
 
 
 def test_a_stopped_fetcher_s_old_end_does_not_count_as_caught_up():

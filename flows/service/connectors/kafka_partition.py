@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,8 +144,10 @@ class ObservedPartition(StatefulSourcePartition[Any, Any]):
             self._offset,
         )
         INPUT_REBUILDS.labels(self._topic, str(self._part_idx)).inc()
-        self._consumer.close()
-        self._consumer = self._assigned()
+        stuck, self._consumer = self._consumer, self._assigned()
+        # closed aside: a wedged consumer's close can wait for ever on its group's
+        # coordinator (seen: the worker held, no epoch closed again)
+        threading.Thread(target=stuck.close, name="tsi-close-stuck", daemon=True).start()
         self._still.moved_at = time.monotonic()
 
     def next_batch(self) -> list[Any]:
