@@ -20,7 +20,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_early_feedback`` | gauge | experiment | feedback buffered, awaiting its request |
 | ``tsi_instances`` | gauge | experiment | instances held (built on a first event, or restored) |
 | ``tsi_instances_live`` | gauge | | of the process's instances, those built (active users) |
-| ``tsi_instances_resting`` | gauge | | those resting as packed bytes (``flows.service.observe.held``) |
+| ``tsi_instances_resting`` | gauge | | those resting as packed bytes (``observe.held``) |
 | ``tsi_processing_seconds`` | histogram | kind | wall time of one event in the operator |
 | ``tsi_event_age_seconds`` | histogram | kind | flow clock − event ``ts`` (Unix s), if it has one |
 | ``tsi_last_event_timestamp_seconds`` | gauge | | Unix time the operator last handled an event |
@@ -28,7 +28,7 @@ cluster serves its own (sum them in Prometheus).
 | ``tsi_last_epoch_timestamp_seconds`` | gauge | | Unix time an input last closed an epoch |
 | ``tsi_last_broker_contact_timestamp_seconds`` | gauge | | Unix time a broker was last reached |
 | ``tsi_consumer_lag`` | gauge | topic, partition | high watermark − next offset to read |
-| ``tsi_input_rebuilds_total`` | counter | topic, partition | consumers rebuilt: their fetcher stopped |
+| ``tsi_input_rebuilds_total`` | counter | topic, partition | consumers rebuilt: fetcher stopped |
 | ``tsi_ready`` | gauge | | 1 while ``/ready`` answers 200, else 0 |
 | ``tsi_shards_held`` | gauge | | shards this process's start restores (0: none named) |
 | ``tsi_shards_restored`` | gauge | | of those, the shards restored so far |
