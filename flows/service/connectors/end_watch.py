@@ -1,13 +1,14 @@
 """Input partitions whose consumer stopped fetching.
 
 librdkafka refetches by itself after a broker outage, but a partition's fetcher can stay
-stuck after one (seen after a broker restart under load: one partition of two never read
-again, the other served, the broker up). Its own statistics cannot tell: a fetcher that
-does not fetch learns no new end either. So a thread of the process asks each read
-partition's end of its leader every ``ASK_EVERY_S`` (one batched ListOffsets, off the
-worker), and a partition whose fetch position has not moved for ``STALL_S`` while its end
-lay beyond it rebuilds its consumer at its own position
-(``kafka_partition.ObservedPartition``): nothing is skipped or read twice.
+stuck after one (seen after a broker's hang on a loaded host: one partition of two not
+read for minutes while librdkafka called it "active", the other served, the broker up).
+Its own statistics cannot tell: a fetcher that does not fetch learns no new end either.
+So a thread of the process asks each read partition's end of its leader every
+``ASK_EVERY_S`` (one batched ListOffsets, off the worker), and a partition whose fetch
+position has not moved for ``STALL_S`` while its end lay beyond it rebuilds its consumer
+at its own position (``kafka_partition.ObservedPartition``): nothing is skipped or read
+twice.
 
 >>> stalled(End(10, at=100.0), position=5, moved_at=30.0)
 True
